@@ -1,0 +1,212 @@
+"""`ModelView`: an architecture-neutral view of a loaded Hugging Face model.
+
+The view resolves modules by attribute path on every access, so surgery that replaces a module
+(for example a pruned or low-rank Linear) is seen at once. Widths (heads, KV heads, MLP width)
+are read from the modules' shapes, never from the config, because after pruning they differ per
+layer while the config still holds the dense values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import nn
+
+from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
+from slimkit.primitives.errors import SlimkitError
+
+LinearRole = Literal["q", "k", "v", "o", "up", "gate", "down"]
+LINEAR_ROLES: tuple[LinearRole, ...] = ("q", "k", "v", "o", "up", "gate", "down")
+
+# Attributes that attention implementations read at run time, and how each follows from the
+# per-layer head counts. An attention module gets whichever of these it already has.
+_HEAD_ATTRS = {
+    "num_heads": lambda h, kv, d: h,
+    "num_attention_heads": lambda h, kv, d: h,
+    "num_key_value_heads": lambda h, kv, d: kv,
+    "num_key_value_groups": lambda h, kv, d: h // kv,
+    "all_head_size": lambda h, kv, d: h * d,
+}
+
+
+def _get(root: nn.Module, path: str) -> nn.Module:
+    return root.get_submodule(path)
+
+
+def _set(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, name, module)
+
+
+def out_features(module: nn.Module) -> int:
+    return int(module.out_features)
+
+
+def in_features(module: nn.Module) -> int:
+    return int(module.in_features)
+
+
+@dataclass
+class NormView:
+    module: nn.Module
+    kind: str
+    placement: str
+
+
+class LayerView:
+    """One decoder/encoder layer: its attention, MLP and norms, with widths read from shapes."""
+
+    def __init__(self, index: int, module: nn.Module, spec: ArchSpec) -> None:
+        self.index = index
+        self.module = module
+        self.spec = spec
+
+    # -- modules -------------------------------------------------------------------------------
+    def linear(self, role: LinearRole) -> nn.Module:
+        path = getattr(self.spec, role)
+        if path is None:
+            raise KeyError(f"{self.spec.model_type} layers have no '{role}' projection")
+        return _get(self.module, path)
+
+    def set_linear(self, role: LinearRole, module: nn.Module) -> None:
+        _set(self.module, getattr(self.spec, role), module)
+
+    def linear_path(self, role: LinearRole) -> str:
+        return getattr(self.spec, role)
+
+    @property
+    def roles(self) -> tuple[LinearRole, ...]:
+        return tuple(r for r in LINEAR_ROLES if getattr(self.spec, r) is not None)
+
+    @property
+    def attention(self) -> nn.Module:
+        return _get(self.module, self.spec.attention)
+
+    @property
+    def attn_norm(self) -> NormView:
+        return NormView(_get(self.module, self.spec.attn_norm), self.spec.norm_kind, self.spec.norm_placement)
+
+    @property
+    def mlp_norm(self) -> NormView:
+        return NormView(_get(self.module, self.spec.mlp_norm), self.spec.norm_kind, self.spec.norm_placement)
+
+    @property
+    def mlp_kind(self) -> str:
+        return self.spec.mlp_kind
+
+    @property
+    def mlp_input_roles(self) -> tuple[LinearRole, ...]:
+        """The projections that read the residual stream into the MLP (up, and gate if gated)."""
+        return ("gate", "up") if self.spec.gate is not None else ("up",)
+
+    # -- widths --------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return int(getattr(self.attention, self.spec.head_dim_attr))
+
+    @property
+    def num_heads(self) -> int:
+        return out_features(self.linear("q")) // self.head_dim
+
+    @property
+    def num_kv_heads(self) -> int:
+        return out_features(self.linear("k")) // self.head_dim
+
+    @property
+    def mlp_width(self) -> int:
+        return out_features(self.linear("up"))
+
+    @property
+    def rope(self) -> bool:
+        return self.spec.rope
+
+    def widths(self) -> dict[str, int]:
+        return {
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            self.spec.intermediate_size_key: self.mlp_width,
+        }
+
+    def sync_head_counts(self) -> None:
+        """Update the attention module's run-time head attributes from its projection shapes."""
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if kv == 0 or h % kv:
+            raise ValueError(f"layer {self.index}: {h} query heads cannot be grouped over {kv} KV heads")
+        attn = self.attention
+        for attr, rule in _HEAD_ATTRS.items():
+            if hasattr(attn, attr):
+                setattr(attn, attr, rule(h, kv, d))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+
+class ModelView:
+    """Architecture-neutral access to a Hugging Face model (causal LM, encoder or task model)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in ARCH_SPECS:
+            raise SlimkitError(
+                f"no ModelView adapter for model_type '{model_type}'; supported: {', '.join(sorted(ARCH_SPECS))}"
+            )
+        self.model = model
+        self.spec = ARCH_SPECS[model_type]
+        self.config = model.config
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model.base_model
+
+    @property
+    def layer_list(self) -> nn.ModuleList:
+        return _get(self.base, self.spec.layers)
+
+    @property
+    def layers(self) -> list[LayerView]:
+        return [LayerView(i, m, self.spec) for i, m in enumerate(self.layer_list)]
+
+    def layer(self, index: int) -> LayerView:
+        return LayerView(index, self.layer_list[index], self.spec)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_list)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return _get(self.base, self.spec.embed)
+
+    @property
+    def final_norm(self) -> NormView | None:
+        if self.spec.final_norm is None:
+            return None
+        return NormView(_get(self.base, self.spec.final_norm), self.spec.norm_kind, self.spec.norm_placement)
+
+    @property
+    def head(self) -> nn.Module | None:
+        if self.spec.head is None or not hasattr(self.model, self.spec.head):
+            return None
+        return _get(self.model, self.spec.head)
+
+    @property
+    def tied(self) -> bool:
+        head = self.head
+        return head is not None and head.weight is self.embed_tokens.weight
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.embed_tokens.weight.shape[1])
+
+    @property
+    def activation(self) -> str:
+        return str(getattr(self.config, self.spec.activation_attr))
+
+    def layer_widths(self) -> list[dict[str, int]]:
+        return [layer.widths() for layer in self.layers]
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())

@@ -1,0 +1,152 @@
+"""`load(dir)`: rebuild a model saved by :func:`slimkit.save` (or any HF folder) with identical outputs.
+
+A folder without ``per_layer_config`` and without manifest modules goes through the model class's
+own ``from_pretrained``. Otherwise the model is built from the global config, every parameter
+whose saved shape differs is given a module of the saved shape (shape-driven materialisation, so
+no architecture's forward pass is copied), each layer's attention head attributes are re-synced
+from its projection shapes, and the weights are loaded strictly. The materialised widths are then
+checked against ``per_layer_config``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from safetensors import safe_open
+from torch import nn
+
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.io.save import MANIFEST_NAME
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(directory) / MANIFEST_NAME
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _model_class(config: transformers.PretrainedConfig, task: str) -> type:
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModel if task == "encoder" else transformers.AutoModelForCausalLM
+
+
+def _saved_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise SlimkitError(f"{directory} holds no .safetensors weights")
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                shapes[key] = tuple(handle.get_slice(key).get_shape())
+    return shapes
+
+
+def _load_state(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    return state
+
+
+def _resized(module: nn.Module, shapes: dict[str, tuple[int, ...]]) -> nn.Module:
+    """A fresh module of ``module``'s kind with the saved parameter shapes."""
+    weight = shapes["weight"]
+    if isinstance(module, nn.Linear):
+        return nn.Linear(weight[1], weight[0], bias="bias" in shapes)
+    if isinstance(module, nn.Embedding):
+        return nn.Embedding(weight[0], weight[1], padding_idx=module.padding_idx)
+    if isinstance(module, nn.LayerNorm):
+        return nn.LayerNorm(weight[0], eps=module.eps, elementwise_affine=True, bias="bias" in shapes)
+    if hasattr(module, "weight") and module.weight.dim() == 1:  # RMSNorm variants: same class, new width
+        new = module.__class__.__new__(module.__class__)
+        new.__dict__.update(module.__dict__)
+        new._parameters = {"weight": nn.Parameter(torch.empty(weight))}
+        return new
+    raise SlimkitError(f"cannot materialise a {type(module).__name__} of saved shape {weight}")
+
+
+def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> None:
+    """Replace every module whose parameters differ in shape from ``saved``."""
+    by_module: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if name in saved and tuple(param.shape) != saved[name]:
+            module_path, _, pname = name.rpartition(".")
+            by_module.setdefault(module_path, {})
+    for module_path in by_module:
+        module = model.get_submodule(module_path)
+        prefix = module_path + "."
+        shapes = {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix) and "." not in k[len(prefix) :]}
+        parent_path, _, child = module_path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        setattr(parent, child, _resized(module, shapes))
+
+
+def _check_widths(model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
+    view = ModelView(model)
+    for index, expected in per_layer.items():
+        actual = view.layer(int(index)).widths()
+        wrong = {k: (v, actual.get(k)) for k, v in expected.items() if actual.get(k) != v}
+        if wrong:
+            raise SlimkitError(f"layer {index}: saved weights disagree with per_layer_config {wrong}")
+
+
+def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Module, Any]:
+    """Load ``(model, tokenizer)`` from ``directory`` in float32 and eval mode."""
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise SlimkitError(f"{directory} is not a model folder (no config.json)")
+    config_dict = json.loads(config_path.read_text())
+    per_layer = config_dict.pop("per_layer_config", None)
+    manifest = read_manifest(directory) or {}
+
+    if per_layer is None and not manifest.get("modules"):
+        config = transformers.AutoConfig.from_pretrained(directory)
+        cls = _model_class(config, task)
+        model = cls.from_pretrained(directory, dtype=torch.float32)
+        return model.eval(), _load_tokenizer(directory, config)
+
+    model_type = config_dict.pop("model_type")
+    config_dict.pop("transformers_version", None)
+    # Built from the global (HF-valid) widths; the saved per-layer widths are materialised below.
+    config = transformers.AutoConfig.for_model(model_type, **config_dict)
+    tokenizer = _load_tokenizer(directory, config)
+    model = _model_class(config, task)._from_config(config, dtype=torch.float32)
+    saved = _saved_shapes(directory)
+    materialise_shapes(model, saved)
+    view = ModelView(model)
+    for layer in view.layers:
+        layer.sync_head_counts()
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    state = _load_state(directory)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    head = view.spec.head
+    tied = {k for k in missing if view.tied and head is not None and k.startswith(head + ".")}
+    if set(missing) - tied or unexpected:
+        raise SlimkitError(
+            f"{directory}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]})"
+        )
+    if per_layer:
+        _check_widths(model, per_layer)
+    return model.eval(), tokenizer
+
+
+def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> Any:
+    if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        return None
+    # The config is passed so the tokenizer never parses config.json (whose per_layer_config
+    # transformers would turn into a heterogeneous config).
+    return transformers.AutoTokenizer.from_pretrained(directory, config=config)

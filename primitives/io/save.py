@@ -1,0 +1,113 @@
+"""`save(model, tokenizer, dir, manifest)`: a folder another program can read.
+
+Layout of ``dir``: ``model.safetensors`` and ``config.json`` (written by ``save_pretrained``),
+the tokenizer files, and ``slimkit_manifest.json``.
+
+Per-layer widths. The config's global width fields keep values Hugging Face accepts. When every
+layer has the same widths and the config class validates them, those become the global values and
+no ``per_layer_config`` is written, so a plain ``AutoModelForCausalLM.from_pretrained(dir)`` loads
+the model. Otherwise the global fields keep the dense values and ``per_layer_config`` (the
+standard transformers field, a mapping from layer index to overrides) lists every layer's widths;
+transformers 5.23 parses that field but its Llama modeling does not build from it, so
+:func:`slimkit.load` materialises the widths itself.
+
+The manifest records what the HF config cannot express (later: low-rank pairs, residual adapters),
+the per-layer widths, and whatever the caller passes (recipe, seed, data slices); library versions
+are added here. The folder is written to a temporary sibling and renamed into place, so an
+interrupted save never leaves a folder that loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from slimkit.primitives.arch import ModelView
+
+MANIFEST_NAME = "slimkit_manifest.json"
+MANIFEST_FORMAT = 1
+_VERSIONED = ("slimkit", "torch", "transformers", "torch-pruning", "peft", "lm-eval", "datasets")
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in _VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _config_accepts(config_class: type, values: dict[str, Any]) -> bool:
+    try:
+        config_class(**values).validate()
+    except Exception:  # noqa: BLE001 - any refusal by the config class means "not representable"
+        return False
+    return True
+
+
+def width_config(model: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, int]] | None]:
+    """Global config updates and the ``per_layer_config`` (None when uniform and representable)."""
+    view = ModelView(model)
+    widths = view.layer_widths()
+    config_dict = model.config.to_dict()
+    if all(w == widths[0] for w in widths):
+        candidate = {**config_dict, **widths[0]}
+        candidate.pop("model_type", None)
+        candidate.pop("transformers_version", None)
+        if _config_accepts(type(model.config), candidate):
+            return dict(widths[0]), None
+    return {}, {str(i): w for i, w in enumerate(widths)}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def save(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, manifest: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (and ``tokenizer`` if given) to ``directory`` atomically; returns the path.
+
+    ``directory`` must not exist or must be empty; it is replaced in one rename.
+    """
+    target = Path(directory)
+    if target.exists() and any(target.iterdir()):
+        raise FileExistsError(f"{target} exists and is not empty")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    global_widths, per_layer = width_config(model)
+    view = ModelView(model)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-partial-", dir=target.parent))
+    try:
+        # save_pretrained validates the in-memory config, which still holds HF-valid global widths.
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        config_path = tmp / "config.json"
+        config = json.loads(config_path.read_text())
+        config.update(global_widths)
+        if per_layer is not None:
+            config["per_layer_config"] = per_layer
+        _write_json(config_path, config)
+        record = {
+            "format": MANIFEST_FORMAT,
+            "model_type": view.spec.model_type,
+            "layer_widths": view.layer_widths(),
+            "modules": [],
+            "versions": versions(),
+            **(manifest or {}),
+        }
+        _write_json(tmp / MANIFEST_NAME, record)
+        if target.exists():
+            target.rmdir()
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

