@@ -56,6 +56,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.paths import cache_root, data_file
@@ -157,7 +158,9 @@ def _prepare_arc(file_name: str) -> list[dict[str, Any]]:
         labels = [str(choice["label"]) for choice in choices]
         answer = str(doc["answerKey"]).strip()
         if answer not in labels:
-            raise SlimkitError(f"arc/{file_name}: question {doc['id']} has answerKey {answer!r} not in {labels}")
+            raise SlimkitError(
+                f"arc/{file_name}: question {doc['id']} has answerKey {answer!r} not in {labels}"
+            )
         out.append(
             {
                 "id": doc["id"],
@@ -324,7 +327,7 @@ def _render_tasks(names: list[str], include_dir: Path) -> None:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """lm-eval's INFO/WARNING chatter and the datasets progress bars off; restored afterwards."""
+    """lm-eval's INFO/WARNING chatter, the datasets progress bars and lm-eval's run-record extras off."""
     import datasets
 
     logger = logging.getLogger("lm_eval")
@@ -333,7 +336,16 @@ def _quiet() -> Iterator[None]:
     logger.setLevel(logging.ERROR)
     datasets.utils.logging.disable_progress_bar()
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            import lm_eval.evaluator
+
+            # Run-record extras that simple_evaluate adds to its output: `git describe` in the working
+            # directory (which prints "fatal: ..." outside a repository with commits) and torch's
+            # collect_env report (about 2 s of subprocesses). Neither is used here.
+            for name, stub in (("get_git_commit_hash", lambda: None), ("add_env_info", lambda storage: None)):
+                if hasattr(lm_eval.evaluator, name):
+                    stack.enter_context(mock.patch.object(lm_eval.evaluator, name, stub))
+            yield
     finally:
         logger.setLevel(old_level)
         if bars_were_on:
@@ -409,10 +421,10 @@ def evaluate_zeroshot(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise SlimkitError(f"batch_size must be a positive integer, got {batch_size!r}")
 
-    with _quiet():
-        import lm_eval
-        from lm_eval.tasks import TaskManager
+    import lm_eval
+    from lm_eval.tasks import TaskManager
 
+    with _quiet():
         with tempfile.TemporaryDirectory(prefix="slimkit-lm-eval-") as include_dir:
             _render_tasks(names, Path(include_dir))
             task_manager = TaskManager(include_path=include_dir, include_defaults=False)

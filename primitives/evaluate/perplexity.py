@@ -1,0 +1,70 @@
+"""Perplexity over non-overlapping windows of a tokenised corpus.
+
+The corpus (see :mod:`slimkit.primitives.textdata`) is tokenised once, cut into consecutive
+windows of ``seq_len`` tokens, and the first ``max_tokens // seq_len`` windows are scored
+(``max_tokens=None``: all of them). Every window is scored independently (no context carried
+over), each predicting its tokens 2..L, as GPTQ/SparseGPT/Wanda-style evaluation does; the
+result states windows, length and tokens used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch.nn import functional as F
+
+from slimkit.primitives import textdata
+from slimkit.primitives.errors import SlimkitError
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    dataset: str
+    perplexity: float
+    windows: int
+    seq_len: int
+    tokens: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def windows_of(ids: torch.Tensor, seq_len: int, max_tokens: int | None) -> torch.Tensor:
+    count = ids.numel() // seq_len
+    if max_tokens is not None:
+        count = min(count, max_tokens // seq_len)
+    if count < 1:
+        raise SlimkitError(f"perplexity needs at least one window of {seq_len} tokens (budget {max_tokens})")
+    return ids[: count * seq_len].reshape(count, seq_len)
+
+
+def perplexity_of_windows(model, windows: torch.Tensor, batch_size: int = 4, progress=None) -> float:
+    nll, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, windows.shape[0], batch_size):
+            batch = windows[start : start + batch_size]
+            logits = model(batch, use_cache=False).logits[:, :-1].float()
+            targets = batch[:, 1:]
+            nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum").item()
+            count += targets.numel()
+            if progress is not None:
+                progress(batch.shape[0])
+    return math.exp(nll / count)
+
+
+def perplexity(
+    model,
+    tokenizer,
+    dataset: str = "wikitext2",
+    seq_len: int = 512,
+    max_tokens: int | None = 16384,
+    batch_size: int = 4,
+    progress=None,
+) -> PerplexityResult:
+    ids = tokenizer(textdata.text(dataset), return_tensors="pt", add_special_tokens=False).input_ids[0]
+    windows = windows_of(ids, seq_len, max_tokens)
+    value = perplexity_of_windows(model, windows, batch_size, progress)
+    return PerplexityResult(dataset, value, windows.shape[0], seq_len, windows.numel())

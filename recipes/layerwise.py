@@ -1,0 +1,49 @@
+"""Running layer-scoped stages one layer at a time.
+
+For each layer: run it on its captured inputs with hooks that accumulate each projection's input
+norms, apply the stages with those statistics, then produce the next layer's inputs. With
+``propagate="compressed"`` (the ``sequential`` stage) the next inputs come from the compressed
+layer, so later layers see the errors of earlier ones, as SparseGPT/Wanda/LoRAP do; with
+``"dense"`` (a layer stage at the top level) they come from the layer before compression, which
+equals calibrating the whole dense model once. Only one layer's activations are alive at a time,
+so peak memory is the model plus one layer's calibration activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from slimkit.primitives.calibration import capture_layer_inputs, input_norm_hooks, run_layer
+from slimkit.recipes.context import Context
+from slimkit.recipes.registry import stage_def
+from slimkit.recipes.schema import StageSpec
+
+
+def run_layerwise(
+    ctx: Context,
+    stages: list[StageSpec],
+    propagate: Literal["dense", "compressed"],
+    on_layer: Callable[[int], None] | None = None,
+) -> None:
+    view = ctx.view
+    definitions = [(stage_def(s.stage), s.parsed_args()) for s in stages]
+    needs_stats = any(d.needs_calibration(a) for d, a in definitions)
+    inputs = capture_layer_inputs(ctx.model, view.layer(0).module, ctx.calibration_batches()) if needs_stats else None
+    for layer in view.layers:
+        stats: dict = {}
+        outputs = None
+        if inputs is not None:
+            modules = {role: layer.linear(role) for role in layer.roles}
+            with input_norm_hooks(modules) as accumulators:
+                outputs = run_layer(layer.module, inputs)
+            stats["input_norms"] = {role: acc.norms() for role, acc in accumulators.items()}
+            stats["tokens"] = inputs.tokens
+        for definition, args in definitions:
+            definition.fn(ctx, args, ctx.view.layer(layer.index), stats)
+        if inputs is not None:
+            if propagate == "compressed":
+                outputs = run_layer(ctx.view.layer(layer.index).module, inputs)
+            inputs.hidden = outputs
+        if on_layer is not None:
+            on_layer(layer.index)

@@ -1,0 +1,221 @@
+"""Executing a recipe: load, calibrate, run stages, save, evaluate, report.
+
+Everything is written to a hidden sibling of the output folder and renamed into place at the end,
+so an interrupted run leaves no ``DIR/model/`` that loads (and an existing ``DIR`` is only
+replaced, with ``force``, once the new run has finished).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+import slimkit
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import count_macs, params_by_part
+from slimkit.primitives.io import versions
+from slimkit.primitives.sources import load_source
+from slimkit.recipes.context import Context
+from slimkit.recipes.layerwise import run_layerwise
+from slimkit.recipes.progress import Tracker
+from slimkit.recipes.registry import stage_def
+from slimkit.recipes.schema import CalibrationConfig, EvalConfig, Recipe, SequentialSpec
+from slimkit.recipes.stages import TARGET_PART
+
+MACS_SEQ_LEN = 128
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def check_output_dir(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise SlimkitError(f"output {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise SlimkitError(f"output directory {out} exists and is not empty (use --force to replace it)")
+
+
+class Timings:
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    @contextmanager
+    def stage(self, label: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[label] = self.stages.get(label, 0.0) + time.perf_counter() - start
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": time.perf_counter() - self.start, "stages": self.stages}
+
+
+def _calibrate(ctx: Context, recipe: Recipe) -> dict[str, Any] | None:
+    if not recipe.needs_calibration():
+        return None
+    config = recipe.calibration or CalibrationConfig()
+    spec = CalibrationSpec(config.dataset, config.samples, config.seq_len, recipe.seed)
+    ctx.calibration = calibration_batches(ctx.tokenizer, spec)
+    return spec.describe()
+
+
+def _run_stages(ctx: Context, recipe: Recipe, timings: Timings, tracker: Tracker) -> None:
+    for index, item in enumerate(recipe.stages):
+        if isinstance(item, SequentialSpec):
+            label = f"{index}:sequential[{','.join(s.stage for s in item.sequential)}]"
+            children, propagate = item.sequential, "compressed"
+        else:
+            label = f"{index}:{item.stage}"
+            definition = stage_def(item.stage)
+            if definition.scope == "model":
+                with timings.stage(label):
+                    definition.fn(ctx, item.parsed_args())
+                continue
+            children, propagate = [item], "dense"
+        with timings.stage(label), tracker.task(label, ctx.view.num_layers) as advance:
+            run_layerwise(ctx, children, propagate, on_layer=lambda _i: advance(1))
+
+
+def evaluate(model, tokenizer, config: EvalConfig, tracker: Tracker, timings: Timings) -> tuple[dict, dict]:
+    """Run the configured evaluations; returns flat ``metrics`` and per-evaluation ``details``."""
+    from slimkit.primitives.evaluate.perplexity import perplexity
+
+    metrics: dict[str, float] = {}
+    details: dict[str, Any] = {}
+    ppl = config.perplexity
+    if ppl is not None:
+        details["perplexity"] = []
+        for dataset in ppl.datasets:
+            with timings.stage(f"eval:{dataset}"), tracker.task(f"perplexity {dataset}", None) as advance:
+                result = perplexity(model, tokenizer, dataset, ppl.seq_len, ppl.max_tokens, ppl.batch_size, advance)
+            metrics[f"{dataset}_ppl"] = result.perplexity
+            details["perplexity"].append(result.as_dict())
+    zs = config.zeroshot
+    if zs is not None and zs.tasks:
+        from slimkit.primitives.evaluate.zeroshot import evaluate_zeroshot
+
+        with timings.stage("eval:zeroshot"):
+            results = evaluate_zeroshot(model, tokenizer, zs.tasks, limit=zs.limit, batch_size=zs.batch_size)
+        details["zeroshot"] = {"limit": zs.limit, "results": results}
+        for task, values in results.items():
+            for key in ("acc", "acc_norm"):
+                if key in values:
+                    metrics[f"{task}_{key}"] = values[key]
+        metrics["zeroshot_mean_acc"] = sum(v["acc"] for v in results.values()) / len(results)
+    if config.speed:
+        from slimkit.primitives.evaluate.speed import throughput
+
+        with timings.stage("eval:speed"):
+            details["speed"] = throughput(model, len(tokenizer)).as_dict()
+    return metrics, details
+
+
+def run_recipe(
+    recipe: Recipe,
+    raw: dict[str, Any],
+    out: Path,
+    force: bool = False,
+    run_eval: bool = True,
+    tracker: Tracker | None = None,
+) -> dict[str, Any]:
+    """Run ``recipe`` and write ``out/model``, ``out/report.json``, ``out/report.md``; returns the report."""
+    tracker = tracker or Tracker()
+    out = Path(out)
+    check_output_dir(out, force)
+    timings = Timings()
+    torch.manual_seed(recipe.seed)
+
+    with timings.stage("load"):
+        model, tokenizer, info = load_source(recipe.model)
+    if tokenizer is None:
+        raise SlimkitError(f"model source '{recipe.model}' has no tokenizer")
+    ctx = Context(
+        recipe=recipe,
+        model=model,
+        tokenizer=tokenizer,
+        source={"name": info.name, "path": info.path},
+        generator=torch.Generator().manual_seed(recipe.seed),
+    )
+    ctx.params_before = params_by_part(model)
+    widths_before = ctx.view.layer_widths()
+    macs_before = count_macs(model, MACS_SEQ_LEN)
+
+    with timings.stage("calibration"):
+        calibration = _calibrate(ctx, recipe)
+    _run_stages(ctx, recipe, timings, tracker)
+
+    params_after = params_by_part(ctx.model)
+    part = TARGET_PART[recipe.target.of]
+    if calibration and recipe.eval.perplexity and calibration["dataset"] in recipe.eval.perplexity.datasets:
+        ctx.notes.append(
+            f"calibration and perplexity evaluation both use {calibration['dataset']}: "
+            "the perplexity on it is optimistic"
+        )
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        manifest = {
+            "recipe_name": recipe.name,
+            "recipe": raw,
+            "seed": recipe.seed,
+            "source": ctx.source,
+            "calibration": calibration,
+            "target": recipe.target.model_dump(),
+            **ctx.manifest,
+        }
+        with timings.stage("save"):
+            slimkit.save(ctx.model, tokenizer, staging / "model", manifest=manifest)
+            (staging / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        metrics, details = evaluate(ctx.model, tokenizer, recipe.eval, tracker, timings) if run_eval else ({}, {})
+        report = {
+            "recipe": recipe.name,
+            "model": recipe.model,
+            "seed": recipe.seed,
+            "target": {
+                "ratio": recipe.target.ratio,
+                "of": recipe.target.of,
+                "achieved": 1.0 - params_after[part] / ctx.params_before[part],
+            },
+            "params": {
+                "before": ctx.params_before["total"],
+                "after": params_after["total"],
+                "removed_ratio": 1.0 - params_after["total"] / ctx.params_before["total"],
+                "by_part_before": ctx.params_before,
+                "by_part_after": params_after,
+            },
+            "macs": {"before": macs_before, "after": count_macs(ctx.model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN},
+            "timings_s": timings.as_dict(),
+            "peak_rss_mb": peak_rss_mb(),
+            "metrics": metrics,
+            "evaluation": details,
+            "calibration": calibration,
+            "stages": ctx.stage_report,
+            "layers": {"before": widths_before, "after": ModelView(ctx.model).layer_widths()},
+            "notes": ctx.notes,
+            "versions": versions(),
+        }
+        from slimkit.recipes.report import write_report
+
+        write_report(report, staging)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
