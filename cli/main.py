@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from slimkit.primitives.errors import SlimkitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Structured compression of transformer LMs.")
@@ -38,7 +37,6 @@ def _split_csv(value: str | None) -> list[str]:
 def recipe_list() -> None:
     """List the bundled recipes."""
     from rich.table import Table
-
     from slimkit.recipes.loading import bundled_recipes, load_recipe
 
     table = Table("recipe", "target", "description")
@@ -103,12 +101,10 @@ def eval_command(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
 ) -> None:
     """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, throughput."""
+    from pydantic import ValidationError
     from rich.table import Table
-
     from slimkit.primitives.evaluate.counting import count_params
     from slimkit.primitives.sources import load_source
-    from pydantic import ValidationError
-
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.runner import Timings, evaluate
     from slimkit.recipes.schema import EvalConfig, format_validation_error
@@ -131,7 +127,9 @@ def eval_command(
     for key, value in metrics.items():
         table.add_row(key, f"{value:.4f}")
     for item in details.get("perplexity", []):
-        table.add_row(f"{item['dataset']} windows", f"{item['windows']} x {item['seq_len']} = {item['tokens']:,} tokens")
+        table.add_row(
+            f"{item['dataset']} windows", f"{item['windows']} x {item['seq_len']} = {item['tokens']:,} tokens"
+        )
     if "speed" in details:
         table.add_row("prefill tokens/s", f"{details['speed']['prefill_tokens_per_s']:.1f}")
         table.add_row("decode tokens/s", f"{details['speed']['decode_tokens_per_s']:.1f}")
@@ -144,7 +142,6 @@ def eval_command(
 def inspect_command(model: Annotated[str, typer.Argument(help="Model source name or folder.")]) -> None:
     """Per-layer widths and parameter counts of a model."""
     from rich.table import Table
-
     from slimkit.primitives.arch import ModelView
     from slimkit.primitives.evaluate.counting import params_by_part
     from slimkit.primitives.sources import load_source

@@ -8,6 +8,7 @@ The repository's ``data/`` folder is installed as the ``slimkit.data`` package, 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from slimkit.primitives.errors import SlimkitError
@@ -36,3 +37,16 @@ def cache_root() -> Path:
     root = Path(os.environ.get("SLIMKIT_CACHE_DIR", Path.home() / ".cache" / "slimkit"))
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def staging_dir(target: Path) -> Path:
+    """A new hidden sibling of ``target`` to build it in before one atomic ``os.replace``.
+
+    Created with the permissions a plain ``mkdir`` would give (``mkdtemp`` alone makes it 0700).
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o777 & ~umask)
+    return path

@@ -17,13 +17,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.paths import cache_root
+from slimkit.primitives.paths import cache_root, staging_dir
 
 
 @dataclass(frozen=True)
@@ -87,8 +86,7 @@ def _convert_gguf(source: NamedSource, package_dir: Path, target: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    tmp = staging_dir(target)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

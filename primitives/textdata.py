@@ -1,11 +1,12 @@
 """Named local text corpora, read through the ``datasets`` library from the shipped files.
 
-| name | file | text |
-| --- | --- | --- |
-| ``wikitext2`` | ``wikitext2/wiki.test.raw`` | the raw test split; CRLF normalised to LF. This copy has no blank lines, so the text equals ``"".join(test["text"])`` of the HF release, not the ``"\\n\\n".join`` GPTQ-style scripts use: perplexities are close to, not equal to, published ones |
-| ``ptb`` | ``ptb/ptb.test.txt`` (``valid``: ``ptb.valid.txt``) | sentences stripped and joined by a space, as ``" ".join(sentence)`` over ptb_text_only |
-| ``c4`` | ``c4/c4_validation_2k.jsonl`` | documents (2,000 validation documents) |
-| ``alpaca`` | ``alpaca/alpaca_5000.json`` | each record rendered as instruction / input / response text |
+* ``wikitext2``: ``wikitext2/wiki.test.raw``, the raw test split with CRLF normalised to LF. This
+  copy has no blank lines, so the text equals ``"".join(test["text"])`` of the HF release, not
+  the ``"\n\n".join`` of GPTQ-style scripts: perplexities are close to, not equal to, published ones.
+* ``ptb``: ``ptb/ptb.test.txt`` (split ``valid``: ``ptb.valid.txt``), sentences stripped and
+  joined by a space, as ``" ".join(sentence)`` over ptb_text_only.
+* ``c4``: ``c4/c4_validation_2k.jsonl``, 2,000 validation documents.
+* ``alpaca``: ``alpaca/alpaca_5000.json``, each record rendered as instruction / input / response.
 
 ``documents(name)`` returns the list of documents (one for the streams wikitext2 and ptb);
 ``text(name)`` the whole corpus as one string.
@@ -75,7 +76,7 @@ def documents(name: str, split: str | None = None) -> tuple[str, ...]:
         records = datasets.load_dataset("json", data_files=path, split="train")
     except SlimkitError:
         raise
-    except Exception as error:  # noqa: BLE001 - a corrupt file is the user's input problem
+    except Exception as error:
         raise SlimkitError(f"cannot read dataset '{name}' from {path}: {type(error).__name__}: {error}") from error
     if name == "alpaca":
         return tuple(_alpaca_text(r) for r in records)

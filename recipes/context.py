@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-
 from slimkit.primitives.arch import ModelView
 from slimkit.recipes.schema import Recipe
+from torch import nn
 
 
 @dataclass

@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.schema import Recipe, format_validation_error
 
@@ -32,7 +31,9 @@ def recipe_path(name_or_file: str) -> Path:
         if not path.is_file():
             raise SlimkitError(f"recipe file not found: {path}")
         return path
-    raise SlimkitError(f"unknown recipe '{name_or_file}'; bundled: {', '.join(sorted(bundled))}, or a path to a .yaml file")
+    raise SlimkitError(
+        f"unknown recipe '{name_or_file}'; bundled: {', '.join(sorted(bundled))}, or a path to a .yaml file"
+    )
 
 
 def parse_yaml(text: str, origin: str) -> dict[str, Any]:

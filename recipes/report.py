@@ -67,7 +67,11 @@ def markdown(report: dict[str, Any], plot_name: str | None) -> str:
         lines += ["", f"Calibration: {c['samples']} x {c['seq_len']} tokens of {c['dataset']} (seed {c['seed']})."]
     lines += ["", "| stage | seconds |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings_s"]["stages"].items()]
-    lines += [f"| total | {report['timings_s']['total']:.1f} |", "", f"Peak resident memory: {report['peak_rss_mb']:.0f} MB."]
+    lines += [
+        f"| total | {report['timings_s']['total']:.1f} |",
+        "",
+        f"Peak resident memory: {report['peak_rss_mb']:.0f} MB.",
+    ]
     for note in report.get("notes", []):
         lines.append(f"\n> {note}")
     if plot_name:

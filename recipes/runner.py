@@ -10,22 +10,21 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import slimkit
 import torch
 import yaml
-
-import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.io import versions
+from slimkit.primitives.paths import staging_dir
 from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import run_layerwise
@@ -167,8 +166,7 @@ def run_recipe(
             "the perplexity on it is optimistic"
         )
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    staging = staging_dir(out)
     try:
         manifest = {
             "recipe_name": recipe.name,

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
-
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 

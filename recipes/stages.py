@@ -10,7 +10,6 @@ from typing import Literal
 
 import torch
 from pydantic import Field
-
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import mlp_channel_group
@@ -41,12 +40,15 @@ def mlp_channel_ratio(target: Target, params_before: dict[str, int]) -> float:
     removes r x the MLP's parameters: r = ratio x params(of) / params(mlp).
     """
     if target.of == "attention":
-        raise SlimkitError("stage mlp_channels cannot meet a target of 'attention'; use target.of: mlp, layers or model")
+        raise SlimkitError(
+            "stage mlp_channels cannot meet a target of 'attention'; use target.of: mlp, layers or model"
+        )
     ratio = target.ratio * params_before[TARGET_PART[target.of]] / params_before["mlp"]
     if ratio >= 1.0:
+        most = params_before["mlp"] / params_before[TARGET_PART[target.of]]
         raise SlimkitError(
             f"target.ratio={target.ratio} of {target.of} would remove {ratio:.0%} of the MLP channels; "
-            f"MLP channel pruning alone can remove less than {params_before['mlp'] / params_before[TARGET_PART[target.of]]:.0%}"
+            f"MLP channel pruning alone can remove less than {most:.0%}"
             f" of the {target.of}"
         )
     return ratio

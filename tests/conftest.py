@@ -8,10 +8,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from tests.tiny import byte_tokenizer, tiny_bert, tiny_llama, tiny_opt  # noqa: E402
+from tests.tiny import byte_tokenizer, tiny_bert, tiny_llama, tiny_opt
 
 
 @pytest.fixture(autouse=True)

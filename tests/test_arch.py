@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.surgery import prune_attention_heads, prune_mlp_channels

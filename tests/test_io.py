@@ -6,12 +6,11 @@ import importlib
 import json
 
 import pytest
-import torch
-from transformers import AutoModel, AutoModelForCausalLM
-
 import slimkit
+import torch
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.surgery import prune_attention_heads, prune_mlp_channels
+from transformers import AutoModel, AutoModelForCausalLM
 
 
 def _logits(model, ids):

@@ -17,13 +17,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from slimkit.primitives.errors import SlimkitError  # noqa: E402
-from slimkit.primitives.evaluate.zeroshot import (  # noqa: E402
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.zeroshot import (
     ZEROSHOT_TASKS,
     evaluate_zeroshot,
     prepare_task_data,
 )
-from slimkit.primitives.paths import data_root  # noqa: E402
+from slimkit.primitives.paths import data_root
 
 EXPECTED_COUNTS = {
     "piqa": 1838,
@@ -86,7 +86,9 @@ def test_boolq_string_labels_map_to_no_yes_order():
 def test_arc_letter_and_digit_labels():
     records = _records("arc_easy")
     first = records[0]
-    assert first["choices"]["text"][first["choices"]["label"].index(first["answerKey"])].startswith("Sunlight")
+    assert first["choices"]["text"][first["choices"]["label"].index(first["answerKey"])].startswith(
+        "Sunlight"
+    )
     digit = next(r for r in records if r["choices"]["label"][0] == "1")
     assert digit["answerKey"] in digit["choices"]["label"]
     sizes = {len(r["choices"]["text"]) for r in records + _records("arc_challenge")}
@@ -114,7 +116,8 @@ def test_hellaswag_follows_lm_eval_preprocess():
     first = _records("hellaswag")[0]
     # activity_label + ": " + ctx_a + " " + ctx_b.capitalize(), as lm-eval's process_docs builds it.
     assert first["query"] == (
-        "Pole vault: Pole vault is a sport where you run with a pole and stop and swing your body. A few women"
+        "Pole vault: Pole vault is a sport where you run with a pole and stop and swing your body."
+        " A few women"
     )
     assert first["label"] == 3 and len(first["choices"]) == 4
 
@@ -166,7 +169,10 @@ def _tiny_model_and_tokenizer():
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = ["Question: which answer is right?\nAnswer: the first one.", "The man went to the store. Yes, no."]
+    corpus = [
+        "Question: which answer is right?\nAnswer: the first one.",
+        "The man went to the store. Yes, no.",
+    ]
     backend.train_from_iterator(corpus * 20, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
 
@@ -206,5 +212,6 @@ def test_evaluate_tiny_model_all_tasks():
                 assert value * 4 == pytest.approx(round(value * 4)), (task, name, value)
     # The caller's model is left as it was.
     assert model.training
+    assert "tie_weights" not in vars(model)
     after = model.state_dict()
     assert all(before[k].equal(after[k]) for k in before)

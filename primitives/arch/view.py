@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torch import nn
-
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 from slimkit.primitives.errors import SlimkitError
+from torch import nn
 
 LinearRole = Literal["q", "k", "v", "o", "up", "gate", "down"]
 LINEAR_ROLES: tuple[LinearRole, ...] = ("q", "k", "v", "o", "up", "gate", "down")

@@ -11,9 +11,8 @@ x seq_len`` per token each (full, non-causal count). Embedding look-ups and norm
 
 from __future__ import annotations
 
-from torch import nn
-
 from slimkit.primitives.arch import ModelView
+from torch import nn
 
 PARTS = ("embeddings", "attention", "mlp", "norms", "head", "other")
 

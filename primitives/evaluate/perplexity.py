@@ -13,10 +13,9 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-from torch.nn import functional as F
-
 from slimkit.primitives import textdata
 from slimkit.primitives.errors import SlimkitError
+from torch.nn import functional as F
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,19 @@ def perplexity_of_windows(model, windows: torch.Tensor, batch_size: int = 4, pro
     return math.exp(nll / count)
 
 
+def corpus_ids(tokenizer, text: str, needed: int | None) -> torch.Tensor:
+    """Token ids of ``text``; with a budget, only a prefix long enough for ``needed`` tokens is tokenised.
+
+    The prefix is 8 characters per needed token (English BPE averages about 4) and
+    its last token is dropped, since the cut may split a word; the full text is used if that falls short.
+    """
+    if needed is not None and len(text) > 8 * (needed + 1):
+        ids = tokenizer(text[: 8 * (needed + 1)], return_tensors="pt", add_special_tokens=False).input_ids[0][:-1]
+        if ids.numel() >= needed:
+            return ids
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+
+
 def perplexity(
     model,
     tokenizer,
@@ -64,7 +76,7 @@ def perplexity(
     batch_size: int = 4,
     progress=None,
 ) -> PerplexityResult:
-    ids = tokenizer(textdata.text(dataset), return_tensors="pt", add_special_tokens=False).input_ids[0]
+    ids = corpus_ids(tokenizer, textdata.text(dataset), max_tokens)
     windows = windows_of(ids, seq_len, max_tokens)
     value = perplexity_of_windows(model, windows, batch_size, progress)
     return PerplexityResult(dataset, value, windows.shape[0], seq_len, windows.numel())

@@ -53,4 +53,6 @@ def throughput(model, vocab_size: int, batch: int = 1, prompt_len: int = 128, ne
     prefill_s = statistics.median(_timed(prefill) for _ in range(repeats))
     generate_s = statistics.median(_timed(decode) for _ in range(repeats))
     decode_s = max(generate_s - prefill_s, 1e-9)
-    return Throughput(batch * prompt_len / prefill_s, batch * new_tokens / decode_s, batch, prompt_len, new_tokens, repeats)
+    return Throughput(
+        batch * prompt_len / prefill_s, batch * new_tokens / decode_s, batch, prompt_len, new_tokens, repeats
+    )

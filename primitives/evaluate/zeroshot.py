@@ -360,19 +360,15 @@ def _untouched(model: Any) -> Iterator[None]:
     config still says ``tie_word_embeddings``; the training flag is restored afterwards.
     """
     was_training = getattr(model, "training", False)
-    own = vars(model).get("tie_weights") if hasattr(model, "__dict__") else None
-    patched = hasattr(model, "tie_weights") and hasattr(model, "__dict__")
-    if patched:
-        model.tie_weights = lambda *args, **kwargs: None
+    patch = (
+        mock.patch.object(model, "tie_weights", lambda *args, **kwargs: None)
+        if hasattr(model, "tie_weights")
+        else None
+    )
     try:
-        yield
+        with patch if patch is not None else contextlib.nullcontext():
+            yield
     finally:
-        if patched:
-            if own is not None:
-                model.tie_weights = own
-            else:
-                with contextlib.suppress(AttributeError):
-                    del model.tie_weights
         if was_training and hasattr(model, "train"):
             model.train(True)
 
@@ -400,8 +396,8 @@ def evaluate_zeroshot(
     """Zero-shot accuracy of a causal LM on the given tasks (see the module docstring for each task).
 
     Args:
-        model: a ``transformers`` causal LM object (any device; it is evaluated where it is, in eval mode,
-            and its training flag is restored afterwards).
+        model: a ``transformers`` causal LM object (any device; it is evaluated where it is, in eval mode;
+            its training flag is restored afterwards and HFLM's ``tie_weights()`` call is skipped).
         tokenizer: its tokenizer. lm-eval sets a pad token on it when it has none.
         tasks: names from :data:`ZEROSHOT_TASKS`; duplicates are ignored.
         limit: evaluate only the first ``limit`` records of each task (``None``: all).
@@ -445,6 +441,10 @@ def evaluate_zeroshot(
                     write_out=False,
                     log_samples=False,
                     apply_chat_template=False,
+                    # Multiple-choice scoring draws no random numbers; leave the caller's RNG states alone.
+                    random_seed=None,
+                    numpy_random_seed=None,
+                    torch_random_seed=None,
                 )
                 elapsed = time.perf_counter() - started
     if output is None:  # only non-zero ranks of a distributed run get None

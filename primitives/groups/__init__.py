@@ -31,7 +31,7 @@ class Group:
 
 def mlp_channel_group(layer: LayerView) -> Group:
     """MLP channel ``i``: row ``i`` of gate and up (or fc1), column ``i`` of down (or fc2)."""
-    members = tuple(Member(role, 0) for role in layer.mlp_input_roles) + (Member("down", 1),)
+    members = (*(Member(role, 0) for role in layer.mlp_input_roles), Member("down", 1))
     return Group(kind="mlp_channel", layer=layer.index, members=members, size=layer.mlp_width)
 
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 import torch
-
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.groups import Group
 

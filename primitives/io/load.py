@@ -18,11 +18,10 @@ from typing import Any
 import torch
 import transformers
 from safetensors import safe_open
-from torch import nn
-
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.save import MANIFEST_NAME
+from torch import nn
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -81,7 +80,7 @@ def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> N
     by_module: dict[str, dict[str, tuple[int, ...]]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if name in saved and tuple(param.shape) != saved[name]:
-            module_path, _, pname = name.rpartition(".")
+            module_path = name.rpartition(".")[0]
             by_module.setdefault(module_path, {})
     for module_path in by_module:
         module = model.get_submodule(module_path)

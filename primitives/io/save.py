@@ -22,14 +22,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.paths import staging_dir
+from torch import nn
 
 MANIFEST_NAME = "slimkit_manifest.json"
 MANIFEST_FORMAT = 1
@@ -49,7 +48,7 @@ def versions() -> dict[str, str]:
 def _config_accepts(config_class: type, values: dict[str, Any]) -> bool:
     try:
         config_class(**values).validate()
-    except Exception:  # noqa: BLE001 - any refusal by the config class means "not representable"
+    except Exception:
         return False
     return True
 
@@ -72,7 +71,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def save(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, manifest: dict[str, Any] | None = None) -> Path:
+def save(
+    model: nn.Module, tokenizer: Any, directory: str | os.PathLike, manifest: dict[str, Any] | None = None
+) -> Path:
     """Write ``model`` (and ``tokenizer`` if given) to ``directory`` atomically; returns the path.
 
     ``directory`` must not exist or must be empty; it is replaced in one rename.
@@ -80,11 +81,10 @@ def save(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, manifes
     target = Path(directory)
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
-    target.parent.mkdir(parents=True, exist_ok=True)
     global_widths, per_layer = width_config(model)
     view = ModelView(model)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-partial-", dir=target.parent))
+    tmp = staging_dir(target)
     try:
         # save_pretrained validates the in-memory config, which still holds HF-valid global widths.
         model.save_pretrained(tmp, safe_serialization=True)

@@ -10,7 +10,7 @@ import torch
 def keep_count(width: int, remove_ratio: float, multiple: int = 1) -> int:
     """Units kept when ``remove_ratio`` of ``width`` is removed, rounded to ``multiple``; at least one multiple."""
     kept = width * (1.0 - remove_ratio)
-    kept = int(round(kept / multiple)) * multiple
+    kept = round(kept / multiple) * multiple
     return max(multiple, min(width, kept))
 
 

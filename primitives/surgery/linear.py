@@ -6,7 +6,9 @@ import torch
 from torch import nn
 
 
-def slice_linear(linear: nn.Linear, keep_out: torch.Tensor | None = None, keep_in: torch.Tensor | None = None) -> nn.Linear:
+def slice_linear(
+    linear: nn.Linear, keep_out: torch.Tensor | None = None, keep_in: torch.Tensor | None = None
+) -> nn.Linear:
     """A new Linear holding ``linear.weight[keep_out][:, keep_in]`` (and ``bias[keep_out]``)."""
     weight = linear.weight.detach()
     bias = linear.bias.detach() if linear.bias is not None else None

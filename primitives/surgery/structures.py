@@ -9,7 +9,6 @@ Head counts on the attention module are re-synced from the new shapes.
 from __future__ import annotations
 
 import torch
-
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.surgery.linear import slice_linear
 

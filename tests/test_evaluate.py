@@ -1,0 +1,72 @@
+"""Perplexity, parameter and MAC counts on tiny models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from slimkit.primitives import textdata
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.evaluate.counting import count_macs, params_by_part
+from slimkit.primitives.evaluate.perplexity import perplexity, perplexity_of_windows, windows_of
+from slimkit.primitives.evaluate.speed import throughput
+from slimkit.primitives.surgery import prune_mlp_channels
+
+
+def test_windows_are_non_overlapping_and_budgeted():
+    ids = torch.arange(25)
+    w = windows_of(ids, 10, None)
+    assert w.tolist() == [list(range(10)), list(range(10, 20))]
+    assert windows_of(ids, 5, 12).shape == (2, 5)
+
+
+def test_uniform_model_has_vocab_perplexity():
+    class Uniform(torch.nn.Module):
+        def forward(self, ids, use_cache=False):
+            return type("O", (), {"logits": torch.zeros(*ids.shape, 7)})()
+
+    windows = torch.randint(0, 7, (3, 6))
+    assert perplexity_of_windows(Uniform(), windows, batch_size=2) == pytest.approx(7.0)
+
+
+def test_perplexity_on_tiny_llama(tokenizer):
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(vocab_size=len(tokenizer))
+    result = perplexity(model, tokenizer, "wikitext2", seq_len=32, max_tokens=100)
+    assert (result.windows, result.seq_len, result.tokens) == (3, 32, 96)
+    assert math.isfinite(result.perplexity) and result.perplexity > 1
+
+
+def test_textdata_quirks():
+    wiki = textdata.text("wikitext2")
+    assert "\r" not in wiki and wiki.startswith(" = Robert Boulter = \n")
+    assert textdata.text("ptb").startswith("no it was n't black monday but while")
+    assert len(textdata.documents("c4")) == 2000 and len(textdata.documents("alpaca")) == 5000
+
+
+def test_params_by_part_hand_count(llama):
+    # hidden 48, 6 heads x 8, 2 kv heads, mlp 64, vocab 300, 3 layers, tied head.
+    parts = params_by_part(llama)
+    attention = 48 * 48 + 2 * (48 * 16) + 48 * 48
+    mlp = 3 * 48 * 64
+    assert parts["attention"] == 3 * attention and parts["mlp"] == 3 * mlp
+    assert parts["embeddings"] == 300 * 48 and parts["head"] == 0
+    assert parts["norms"] == 3 * 2 * 48 + 48
+    assert parts["total"] == sum(p.numel() for p in llama.parameters())
+    assert parts["layers"] == parts["attention"] + parts["mlp"] + 3 * 2 * 48
+
+
+def test_macs_follow_pruning(llama):
+    seq = 16
+    attention_matmuls = 3 * 2 * 6 * 8 * seq
+    linear = 3 * (48 * 48 + 2 * 48 * 16 + 48 * 48 + 3 * 48 * 64) + 300 * 48
+    assert count_macs(llama, seq) == (linear + attention_matmuls) * seq
+    prune_mlp_channels(ModelView(llama).layer(0), torch.arange(32))
+    assert count_macs(llama, seq) == (linear - 3 * 48 * 32 + attention_matmuls) * seq
+
+
+def test_throughput_reports_positive_rates(llama):
+    result = throughput(llama, vocab_size=300, prompt_len=8, new_tokens=4, repeats=1)
+    assert result.prefill_tokens_per_s > 0 and result.decode_tokens_per_s > 0

@@ -1,0 +1,127 @@
+"""Recipe schema, overrides, bundled recipes, and an end-to-end run on a tiny local model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import slimkit
+import torch
+import yaml
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.recipes.loading import apply_override, bundled_recipes, load_recipe, validate
+from slimkit.recipes.runner import run_recipe
+from slimkit.recipes.stages import mlp_channel_ratio
+from transformers import AutoModelForCausalLM
+
+
+def tiny_recipe(model_dir, **changes) -> dict:
+    recipe = {
+        "name": "tiny-wanda",
+        "model": str(model_dir),
+        "seed": 0,
+        "calibration": {"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2},
+        "target": {"ratio": 0.25, "of": "mlp"},
+        "stages": [{"sequential": [{"stage": "mlp_channels", "args": {"scorer": "activation"}}]}],
+        "eval": {"perplexity": {"datasets": ["wikitext2"], "seq_len": 32, "max_tokens": 128}},
+    }
+    recipe.update(changes)
+    return recipe
+
+
+def test_bundled_recipes_validate():
+    names = set(bundled_recipes())
+    assert {"wanda-channels", "magnitude", "random"} <= names
+    for name in names:
+        recipe, _ = load_recipe(name)
+        assert recipe.name == name
+
+
+def test_overrides_by_dotted_path():
+    data = {"target": {"ratio": 0.2}, "stages": [{"stage": "mlp_channels", "args": {}}]}
+    apply_override(data, "target.ratio=0.3")
+    apply_override(data, "stages.0.args.scorer=magnitude")
+    apply_override(data, "eval.zeroshot=null")
+    assert data["target"]["ratio"] == 0.3 and data["stages"][0]["args"]["scorer"] == "magnitude"
+    assert data["eval"] == {"zeroshot": None}
+    with pytest.raises(SlimkitError, match="not an index"):
+        apply_override(data, "stages.4.args.scorer=x")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"target": {"ratio": 1.0}}, "target.ratio: Input should be less than 1"),
+        ({"target": {"ratio": -0.1}}, "target.ratio: Input should be greater than or equal to 0"),
+        ({"target": {"ratio": 0.2, "of": "heads"}}, "target.of: Input should be 'model', 'layers', 'mlp' or"),
+        ({"stages": [{"stage": "prune_everything"}]}, "stages.0: unknown stage 'prune_everything'; allowed: "),
+        (
+            {"stages": [{"stage": "mlp_channels", "args": {"scorer": "taylor9"}}]},
+            "stages.0: args.scorer: Input should be 'activation', 'magnitude' or 'random'",
+        ),
+        (
+            {"stages": [{"stage": "mlp_channels", "args": {"aggregate": "l2"}}]},
+            "args: unknown field 'aggregate'; allowed: scorer, aggregation, ratio, round_to",
+        ),
+        ({"calibration": {"dataset": "wiki103"}}, "calibration.dataset: unknown dataset 'wiki103'; allowed:"),
+        ({"eval": {"zeroshot": {"tasks": ["mmlu"]}}}, "eval.zeroshot.tasks: unknown zero-shot task 'mmlu'"),
+        ({"stagez": []}, "unknown field 'stagez'; allowed: name, description"),
+    ],
+)
+def test_bad_recipes_name_field_and_allowed_values(tmp_path, change, message):
+    with pytest.raises(SlimkitError) as error:
+        validate(tiny_recipe(tmp_path, **change), "r.yaml")
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_ratio_conversion_model_to_mlp():
+    from slimkit.recipes.schema import Target
+
+    before = {"total": 1000, "layers": 800, "mlp": 500, "attention": 300}
+    assert mlp_channel_ratio(Target(ratio=0.1, of="model"), before) == pytest.approx(0.2)
+    assert mlp_channel_ratio(Target(ratio=0.25, of="mlp"), before) == pytest.approx(0.25)
+    with pytest.raises(SlimkitError, match="would remove 120% of the MLP channels"):
+        mlp_channel_ratio(Target(ratio=0.6, of="model"), before)
+
+
+def test_end_to_end_tiny_run(tmp_path, tiny_llama_dir):
+    recipe = validate(tiny_recipe(tiny_llama_dir), "tiny")
+    out = tmp_path / "run"
+    report = run_recipe(recipe, tiny_recipe(tiny_llama_dir), out)
+    saved = json.loads((out / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    for key in ("recipe", "model", "seed", "timings_s", "peak_rss_mb", "metrics", "versions", "macs"):
+        assert key in saved
+    assert saved["target"] == {"ratio": 0.25, "of": "mlp", "achieved": pytest.approx(0.25)}
+    assert saved["params"]["after"] < saved["params"]["before"]
+    assert saved["macs"]["after"] < saved["macs"]["before"]
+    assert 0 < saved["params"]["removed_ratio"] < 0.25
+    assert set(saved["timings_s"]["stages"]) >= {"load", "calibration", "0:sequential[mlp_channels]", "save"}
+    assert saved["metrics"]["wikitext2_ppl"] > 1
+    assert (out / "report.md").read_text().startswith("# slimkit report: tiny-wanda")
+    assert (out / "widths.png").stat().st_size > 1000
+    model, _tok = slimkit.load(out / "model")
+    assert ModelView(model).layer(0).mlp_width == 48
+    plain = AutoModelForCausalLM.from_pretrained(out / "model")
+    ids = torch.randint(3, 200, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, model(ids).logits)
+    assert yaml.safe_load((out / "model" / "recipe.yaml").read_text())["name"] == "tiny-wanda"
+    manifest = json.loads((out / "model" / "slimkit_manifest.json").read_text())
+    assert manifest["calibration"]["tokens"] == 128 and manifest["seed"] == 0
+
+
+def test_calibrating_on_the_evaluation_set_is_noted(tmp_path, tiny_llama_dir):
+    raw = tiny_recipe(tiny_llama_dir, calibration={"dataset": "wikitext2", "samples": 2, "seq_len": 16})
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run")
+    assert any("both use wikitext2" in note for note in report["notes"])
+
+
+def test_top_level_layer_stage_uses_dense_statistics(tmp_path, tiny_llama_dir):
+    raw = tiny_recipe(tiny_llama_dir, stages=[{"stage": "mlp_channels", "args": {"scorer": "magnitude"}}])
+    raw["eval"] = {"perplexity": None}
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    assert report["calibration"] is None and report["metrics"] == {}
+    assert all(w["intermediate_size"] == 48 for w in report["layers"]["after"])
