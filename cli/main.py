@@ -106,7 +106,7 @@ def eval_command(
     from slimkit.primitives.evaluate.counting import count_params
     from slimkit.primitives.sources import load_source
     from slimkit.recipes.progress import RichTracker
-    from slimkit.recipes.runner import Timings, evaluate
+    from slimkit.recipes.runner import Timings, evaluate, preflight_data
     from slimkit.recipes.schema import EvalConfig, format_validation_error
 
     config = {
@@ -120,6 +120,7 @@ def eval_command(
         eval_config = EvalConfig.model_validate(config)
     except ValidationError as error:
         raise SlimkitError(f"slimkit eval: {format_validation_error(error)}") from None
+    preflight_data(eval_config, None)
     loaded, tokenizer, info = load_source(model)
     metrics, details = evaluate(loaded, tokenizer, eval_config, RichTracker(), Timings())
     table = Table("metric", "value")
@@ -170,7 +171,8 @@ def inspect_command(model: Annotated[str, typer.Argument(help="Model source name
 def main() -> None:
     """Entry point: runs the Typer app, turning input errors into one line and exit status 2."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode Typer returns the exit code of an interrupted command (130).
+        code = app(standalone_mode=False)
     except SlimkitError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
@@ -189,6 +191,10 @@ def main() -> None:
             print("aborted", file=sys.stderr)
             sys.exit(1)
         raise
+    if isinstance(code, int) and code != 0:
+        if code == 130:
+            print("interrupted", file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

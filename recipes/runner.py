@@ -65,9 +65,9 @@ class Timings:
 
 
 def _calibrate(ctx: Context, recipe: Recipe) -> dict[str, Any] | None:
-    if not recipe.needs_calibration():
+    config = recipe.calibration_config()
+    if config is None:
         return None
-    config = recipe.calibration or CalibrationConfig()
     spec = CalibrationSpec(config.dataset, config.samples, config.seq_len, recipe.seed)
     ctx.calibration = calibration_batches(ctx.tokenizer, spec)
     return spec.describe()
@@ -88,6 +88,22 @@ def _run_stages(ctx: Context, recipe: Recipe, timings: Timings, tracker: Tracker
             children, propagate = [item], "dense"
         with timings.stage(label), tracker.task(label, ctx.view.num_layers) as advance:
             run_layerwise(ctx, children, propagate, on_layer=lambda _i: advance(1))
+
+
+def preflight_data(config: EvalConfig, calibration: CalibrationConfig | None) -> None:
+    """Read every data file the run will need now, so a missing one fails before any compute."""
+    from slimkit.primitives import textdata
+
+    if calibration is not None:
+        textdata.documents(calibration.dataset)
+    if config.perplexity is not None:
+        for dataset in config.perplexity.datasets:
+            textdata.documents(dataset)
+    if config.zeroshot is not None:
+        from slimkit.primitives.evaluate.zeroshot import prepare_task_data
+
+        for task in config.zeroshot.tasks:
+            prepare_task_data(task)
 
 
 def evaluate(model, tokenizer, config: EvalConfig, tracker: Tracker, timings: Timings) -> tuple[dict, dict]:
@@ -136,6 +152,10 @@ def run_recipe(
     tracker = tracker or Tracker()
     out = Path(out)
     check_output_dir(out, force)
+    preflight_data(
+        recipe.eval if run_eval else EvalConfig(perplexity=None),
+        recipe.calibration_config(),
+    )
     timings = Timings()
     torch.manual_seed(recipe.seed)
 

@@ -158,6 +158,12 @@ class Recipe(Strict):
     def needs_calibration(self) -> bool:
         return any(stage_def(s.stage).needs_calibration(s.parsed_args()) for s in self.flat_stages())
 
+    def calibration_config(self) -> CalibrationConfig | None:
+        """Calibration settings when a stage needs them (the defaults if the recipe gives none)."""
+        if not self.needs_calibration():
+            return None
+        return self.calibration or CalibrationConfig()
+
 
 def _loc(parts: tuple[Any, ...]) -> str:
     # Drop pydantic's union tag ("stage"/"sequential" right after a list index) for readability.

@@ -86,9 +86,7 @@ def test_boolq_string_labels_map_to_no_yes_order():
 def test_arc_letter_and_digit_labels():
     records = _records("arc_easy")
     first = records[0]
-    assert first["choices"]["text"][first["choices"]["label"].index(first["answerKey"])].startswith(
-        "Sunlight"
-    )
+    assert first["choices"]["text"][first["choices"]["label"].index(first["answerKey"])].startswith("Sunlight")
     digit = next(r for r in records if r["choices"]["label"][0] == "1")
     assert digit["answerKey"] in digit["choices"]["label"]
     sizes = {len(r["choices"]["text"]) for r in records + _records("arc_challenge")}
@@ -116,8 +114,7 @@ def test_hellaswag_follows_lm_eval_preprocess():
     first = _records("hellaswag")[0]
     # activity_label + ": " + ctx_a + " " + ctx_b.capitalize(), as lm-eval's process_docs builds it.
     assert first["query"] == (
-        "Pole vault: Pole vault is a sport where you run with a pole and stop and swing your body."
-        " A few women"
+        "Pole vault: Pole vault is a sport where you run with a pole and stop and swing your body. A few women"
     )
     assert first["label"] == 3 and len(first["choices"]) == 4
 

@@ -158,9 +158,7 @@ def _prepare_arc(file_name: str) -> list[dict[str, Any]]:
         labels = [str(choice["label"]) for choice in choices]
         answer = str(doc["answerKey"]).strip()
         if answer not in labels:
-            raise SlimkitError(
-                f"arc/{file_name}: question {doc['id']} has answerKey {answer!r} not in {labels}"
-            )
+            raise SlimkitError(f"arc/{file_name}: question {doc['id']} has answerKey {answer!r} not in {labels}")
         out.append(
             {
                 "id": doc["id"],
@@ -361,9 +359,7 @@ def _untouched(model: Any) -> Iterator[None]:
     """
     was_training = getattr(model, "training", False)
     patch = (
-        mock.patch.object(model, "tie_weights", lambda *args, **kwargs: None)
-        if hasattr(model, "tie_weights")
-        else None
+        mock.patch.object(model, "tie_weights", lambda *args, **kwargs: None) if hasattr(model, "tie_weights") else None
     )
     try:
         with patch if patch is not None else contextlib.nullcontext():
