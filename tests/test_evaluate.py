@@ -70,3 +70,17 @@ def test_macs_follow_pruning(llama):
 def test_throughput_reports_positive_rates(llama):
     result = throughput(llama, vocab_size=300, prompt_len=8, new_tokens=4, repeats=1)
     assert result.prefill_tokens_per_s > 0 and result.decode_tokens_per_s > 0
+
+
+def test_chunked_head_equals_full_logits(tokenizer):
+    from torch.nn import functional as F
+
+    from tests.tiny import tiny_llama, tiny_opt
+
+    windows = torch.randint(3, 250, (3, 20))
+    for model in (tiny_llama(vocab_size=len(tokenizer)), tiny_opt(vocab_size=len(tokenizer))):
+        with torch.no_grad():
+            logits = model(windows).logits[:, :-1]
+        expected = math.exp(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1)).item())
+        got = perplexity_of_windows(model, windows, batch_size=2, chunk_tokens=7)
+        assert got == pytest.approx(expected, rel=1e-5)

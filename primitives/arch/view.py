@@ -147,7 +147,7 @@ class ModelView:
     """Architecture-neutral access to a Hugging Face model (causal LM, encoder or task model)."""
 
     def __init__(self, model: nn.Module) -> None:
-        model_type = getattr(model.config, "model_type", None)
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
         if model_type not in ARCH_SPECS:
             raise SlimkitError(
                 f"no ModelView adapter for model_type '{model_type}'; supported: {', '.join(sorted(ARCH_SPECS))}"
