@@ -10,9 +10,8 @@ import json
 import math
 
 import pytest
-import torch
-
 import slimkit
+import torch
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.evaluate.counting import count_params
 from slimkit.primitives.evaluate.perplexity import perplexity
@@ -36,7 +35,7 @@ def smollm2(real_cache, monkeypatch):
 
 
 def test_smollm2_source_facts(smollm2, real_cache):
-    model, tokenizer, info = smollm2
+    model, tokenizer, _info = smollm2
     view = ModelView(model)
     assert view.spec.model_type == "llama" and view.num_layers == 30 and view.hidden_size == 576
     layer = view.layer(0)
@@ -53,7 +52,7 @@ def test_smollm2_source_facts(smollm2, real_cache):
 
 
 def test_minilm_source_facts():
-    model, tokenizer, info = slimkit.load_source("minilm-l6")
+    model, tokenizer, _info = slimkit.load_source("minilm-l6")
     view = ModelView(model)
     assert view.spec.model_type == "bert" and view.num_layers == 6 and view.hidden_size == 384
     assert view.layer(0).num_heads == 12 and view.layer(0).attn_norm.placement == "post"
