@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from slimkit.primitives.errors import SlimkitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Structured compression of transformer LMs.")
@@ -37,6 +38,7 @@ def _split_csv(value: str | None) -> list[str]:
 def recipe_list() -> None:
     """List the bundled recipes."""
     from rich.table import Table
+
     from slimkit.recipes.loading import bundled_recipes, load_recipe
 
     table = Table("recipe", "target", "description")
@@ -103,6 +105,7 @@ def eval_command(
     """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, throughput."""
     from pydantic import ValidationError
     from rich.table import Table
+
     from slimkit.primitives.evaluate.counting import count_params
     from slimkit.primitives.sources import load_source
     from slimkit.recipes.progress import RichTracker
@@ -143,6 +146,7 @@ def eval_command(
 def inspect_command(model: Annotated[str, typer.Argument(help="Model source name or folder.")]) -> None:
     """Per-layer widths and parameter counts of a model."""
     from rich.table import Table
+
     from slimkit.primitives.arch import ModelView
     from slimkit.primitives.evaluate.counting import params_by_part
     from slimkit.primitives.sources import load_source

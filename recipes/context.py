@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from slimkit.primitives.arch import ModelView
-from slimkit.recipes.schema import Recipe
 from torch import nn
+
+from slimkit.primitives.arch import ModelView
+from slimkit.recipes.progress import Tracker
+from slimkit.recipes.schema import Recipe
 
 
 @dataclass
@@ -27,6 +29,8 @@ class Context:
     """Warnings and facts for the report."""
     stage_report: dict[str, Any] = field(default_factory=dict)
     """What each stage wants in the report, by stage label."""
+    tracker: Tracker = field(default_factory=Tracker)
+    """Progress bars for long stages."""
 
     @property
     def view(self) -> ModelView:

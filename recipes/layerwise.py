@@ -34,10 +34,10 @@ def run_layerwise(
         stats: dict = {}
         outputs = None
         if inputs is not None:
-            modules = {role: layer.linear(role) for role in layer.roles}
+            modules = {view.path_of(layer.linear(role)): layer.linear(role) for role in layer.roles}
             with input_norm_hooks(modules) as accumulators:
                 outputs = run_layer(layer.module, inputs)
-            stats["input_norms"] = {role: acc.norms() for role, acc in accumulators.items()}
+            stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}
             stats["tokens"] = inputs.tokens
         for definition, args in definitions:
             definition.fn(ctx, args, ctx.view.layer(layer.index), stats)

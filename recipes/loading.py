@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.schema import Recipe, format_validation_error
 

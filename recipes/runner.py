@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import slimkit
 import torch
 import yaml
+
+import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
@@ -169,6 +170,7 @@ def run_recipe(
         tokenizer=tokenizer,
         source={"name": info.name, "path": info.path},
         generator=torch.Generator().manual_seed(recipe.seed),
+        tracker=tracker,
     )
     ctx.params_before = params_by_part(model)
     widths_before = ctx.view.layer_widths()

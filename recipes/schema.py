@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 
@@ -43,7 +44,7 @@ class Strict(BaseModel):
         return data
 
 
-def _check_corpus(name: str) -> str:
+def check_corpus(name: str) -> str:
     if name not in CORPORA:
         raise ValueError(f"unknown dataset '{name}'; allowed: {', '.join(CORPORA)}")
     return name
@@ -55,7 +56,7 @@ class CalibrationConfig(Strict):
     seq_len: int = Field(128, ge=2)
     batch_size: int = Field(8, ge=1)
 
-    _dataset = field_validator("dataset")(_check_corpus)
+    _dataset = field_validator("dataset")(check_corpus)
 
 
 class Target(Strict):
@@ -113,7 +114,7 @@ class PerplexityEval(Strict):
     @field_validator("datasets")
     @classmethod
     def _known(cls, names: list[str]) -> list[str]:
-        return [_check_corpus(n) for n in names]
+        return [check_corpus(n) for n in names]
 
 
 class ZeroshotEval(Strict):

@@ -1,7 +1,12 @@
 """Built-in stages (importing this module registers them).
 
-The foundation ships one stage, ``mlp_channels``; the pruning-core issue adds heads, KV groups,
-hidden features and more scorers under the same registry.
+* ``prune`` (model scope): score coupling groups of the chosen kinds in the eligible layers with
+  statistics of the dense model (input norms from one calibration pass, or calibration-loss
+  gradients for ``taylor``), choose kept units by the selection rules so the recipe target is met,
+  check the whole plan, then remove the units.
+* ``prune_layer`` (layer scope, usable inside ``sequential``): the same for one layer at a time,
+  with that layer's statistics (uniform selection; no gradients, no hidden features).
+* ``lora`` (model scope): LoRA recovery fine-tuning with peft, merged into the weights.
 """
 
 from __future__ import annotations
@@ -9,64 +14,182 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
+
 from slimkit.primitives.arch import LayerView
-from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.groups import mlp_channel_group
-from slimkit.primitives.importance import NEEDS_CALIBRATION, SCORERS
-from slimkit.primitives.select import keep_count, keep_top
-from slimkit.primitives.surgery import prune_mlp_channels
+from slimkit.primitives.calibration import input_norm_hooks
+from slimkit.primitives.calibration.gradients import accumulate_gradients
+from slimkit.primitives.finetune import LoraConfig, lora_recover
+from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.importance import NEEDS, score_group
+from slimkit.primitives.select import eligible_layers
+from slimkit.primitives.select.plan import SelectionRules, plan, solve_fraction
+from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict, Target
+from slimkit.recipes.schema import Strict, Target, check_corpus
 
 # Which entry of params_by_part a target is a ratio of.
 TARGET_PART = {"model": "total", "layers": "layers", "mlp": "mlp", "attention": "attention"}
+GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
 
 
-class MLPChannelArgs(Strict):
-    scorer: Literal["activation", "magnitude", "random"] = "activation"
+class PruneArgs(Strict):
+    groups: list[GroupKind] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
+    scorer: Literal["activation", "magnitude", "random", "taylor"] = "activation"
     aggregation: Literal["l1", "l2", "linf", "mean"] = "l2"
+    order: Literal["first", "second", "mix"] = "first"
+    """Taylor term (taylor only)."""
+    level: Literal["element", "vector"] = "vector"
+    """Taylor element-wise or vector-wise importance (taylor only)."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
-    """Fraction of each layer's MLP channels to remove; None derives it from the recipe target."""
-    round_to: int = Field(1, ge=1)
-    """Keep a multiple of this many channels per layer."""
+    """Fraction of units removed from every group; None solves it from the recipe target."""
+    selection: Literal["uniform", "global"] = "uniform"
+    skip_first: int = Field(0, ge=0)
+    skip_last: int = Field(0, ge=0)
+    round_to: dict[GroupKind, int] = Field(default_factory=dict)
+    min_keep: int = Field(1, ge=1)
+    protect_lowest: float = Field(0.0, ge=0.0, lt=1.0)
+    """Retain the least important fraction of units (LoRAP Eq. 11)."""
+
+    @model_validator(mode="after")
+    def _compatible(self) -> PruneArgs:
+        if "attention_head" in self.groups and "kv_group" in self.groups:
+            raise ValueError("groups: choose attention_head or kv_group, not both")
+        if any(v < 1 for v in self.round_to.values()):
+            raise ValueError("round_to: multiples must be >= 1")
+        return self
+
+    def rules(self) -> SelectionRules:
+        return SelectionRules(self.selection, dict(self.round_to), self.min_keep, self.protect_lowest)
+
+    def scorer_args(self) -> dict:
+        return {"aggregation": self.aggregation, "order": self.order, "level": self.level}
 
 
-def mlp_channel_ratio(target: Target, params_before: dict[str, int]) -> float:
-    """Uniform per-layer fraction of MLP channels that removes ``target.ratio`` of ``target.of``.
-
-    MLP parameters are (almost) all per-channel, so removing a fraction r of every layer's channels
-    removes r x the MLP's parameters: r = ratio x params(of) / params(mlp).
-    """
-    if target.of == "attention":
-        raise SlimkitError(
-            "stage mlp_channels cannot meet a target of 'attention'; use target.of: mlp, layers or model"
-        )
-    ratio = target.ratio * params_before[TARGET_PART[target.of]] / params_before["mlp"]
-    if ratio >= 1.0:
-        most = params_before["mlp"] / params_before[TARGET_PART[target.of]]
-        raise SlimkitError(
-            f"target.ratio={target.ratio} of {target.of} would remove {ratio:.0%} of the MLP channels; "
-            f"MLP channel pruning alone can remove less than {most:.0%}"
-            f" of the {target.of}"
-        )
-    return ratio
+class PruneLayerArgs(PruneArgs):
+    @model_validator(mode="after")
+    def _layer_scope(self) -> PruneLayerArgs:
+        if self.selection != "uniform":
+            raise ValueError("selection: prune_layer works one layer at a time; use uniform (or the prune stage)")
+        if self.scorer == "taylor":
+            raise ValueError("scorer: taylor needs whole-model gradients; use the prune stage")
+        if "hidden_feature" in self.groups:
+            raise ValueError("groups: hidden_feature spans every layer; use the prune stage")
+        return self
 
 
-@register_stage(
-    "mlp_channels",
-    args=MLPChannelArgs,
-    scope="layer",
-    needs_calibration=lambda args: args.scorer in NEEDS_CALIBRATION,
-)
-def mlp_channels(ctx: Context, args: MLPChannelArgs, layer: LayerView, stats: dict) -> None:
-    """Score MLP channels (gate/up rows + down column) and remove the lowest, uniformly per layer."""
-    ratio = args.ratio if args.ratio is not None else mlp_channel_ratio(ctx.recipe.target, ctx.params_before)
-    group = mlp_channel_group(layer)
-    scores = SCORERS[args.scorer](group, layer, stats, aggregation=args.aggregation, generator=ctx.generator)
-    if not torch.isfinite(scores).all():
-        raise RuntimeError(f"layer {layer.index}: non-finite {args.scorer} scores")
-    keep = keep_top(scores, keep_count(group.size, ratio, args.round_to))
-    prune_mlp_channels(layer, keep)
-    ctx.stage_report.setdefault("mlp_channels", {})["channel_ratio"] = ratio
+def _needs(args: PruneArgs) -> set[str]:
+    return set(NEEDS.get(args.scorer, ()))
+
+
+def _wanted(ctx: Context, target: Target) -> tuple[str, int]:
+    part = TARGET_PART[target.of]
+    return part, round(target.ratio * ctx.params_before[part])
+
+
+def _dense_input_norms(ctx: Context) -> dict[str, torch.Tensor]:
+    view = ctx.view
+    modules = {}
+    for layer in view.layers:
+        for role in layer.roles:
+            modules[view.path_of(layer.linear(role))] = layer.linear(role)
+    with input_norm_hooks(modules) as accumulators, torch.no_grad():
+        for batch in ctx.calibration_batches():
+            ctx.model(batch, use_cache=False)
+    return {path: acc.norms() for path, acc in accumulators.items()}
+
+
+def _score_and_prune(ctx: Context, args: PruneArgs, groups: list[Group], stats: dict, fraction: float | None) -> float:
+    scores = [
+        score_group(args.scorer, g, ctx.model, stats, generator=ctx.generator, **args.scorer_args()) for g in groups
+    ]
+    rules = args.rules()
+    if fraction is None:
+        part, wanted = _wanted(ctx, ctx.recipe.target)
+        fraction = solve_fraction(ctx.model, groups, scores, rules, part, wanted)
+    keeps = plan(groups, scores, fraction, rules)  # validated before any weight changes
+    for group, keep in zip(groups, keeps, strict=True):
+        remove_units(ctx.model, group, keep)
+    return fraction
+
+
+def _record(ctx: Context, name: str, fraction: float, args: PruneArgs, layers: list[int] | None = None) -> None:
+    entry = ctx.stage_report.setdefault(name, {})
+    entry.update({"unit_fraction": fraction, "groups": list(args.groups), "scorer": args.scorer})
+    if layers is not None:
+        entry["layers"] = layers
+
+
+@register_stage("prune", args=PruneArgs, scope="model", needs_calibration=lambda a: bool(_needs(a)))
+def prune(ctx: Context, args: PruneArgs) -> None:
+    """Score coupling groups on the dense model and remove the least important units to meet the target."""
+    view = ctx.view
+    layers = eligible_layers(view.num_layers, args.skip_first, args.skip_last)
+    groups: list[Group] = []
+    for kind in args.groups:
+        groups += build_groups(ctx.model, kind, None if kind == "hidden_feature" else layers)
+    stats: dict = {}
+    if "input_norms" in _needs(args):
+        stats["input_norms"] = _dense_input_norms(ctx)
+    if "gradients" in _needs(args):
+        stats["gradients"] = accumulate_gradients(ctx.model, ctx.calibration_batches())
+    fraction = _score_and_prune(ctx, args, groups, stats, args.ratio)
+    _record(ctx, "prune", fraction, args, layers)
+
+
+@register_stage("prune_layer", args=PruneLayerArgs, scope="layer", needs_calibration=lambda a: bool(_needs(a)))
+def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dict) -> None:
+    """Score and remove units of one layer (inside `sequential`, with that layer's statistics)."""
+    eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
+    if layer.index not in eligible:
+        return
+    groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
+    fraction = args.ratio
+    if fraction is None:
+        fraction = ctx.stage_report.get("prune_layer", {}).get("unit_fraction")
+    if fraction is None:
+        fraction = layer_fraction(ctx, args)
+    _score_and_prune(ctx, args, groups, stats, fraction)
+    _record(ctx, "prune_layer", fraction, args)
+
+
+def layer_fraction(ctx: Context, args: PruneLayerArgs) -> float:
+    """The uniform unit fraction meeting the target, solved once on the still-dense model's shapes."""
+    eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
+    groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, eligible)]
+    scores = [torch.zeros(g.size) for g in groups]
+    part, wanted = _wanted(ctx, ctx.recipe.target)
+    return solve_fraction(ctx.model, groups, scores, args.rules(), part, wanted)
+
+
+class LoraArgs(Strict):
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] | None = None
+    """Linear module names to adapt; None: every attention and MLP projection of the layers."""
+    learning_rate: float = Field(1e-4, gt=0)
+    steps: int = Field(50, ge=0)
+    batch_size: int = Field(4, ge=1)
+    seq_len: int = Field(128, ge=2)
+    dataset: str = "alpaca"
+    weight_decay: float = Field(0.0, ge=0.0)
+
+    _dataset = field_validator("dataset")(check_corpus)
+
+
+def default_lora_targets(ctx: Context) -> tuple[str, ...]:
+    layer = ctx.view.layer(0)
+    return tuple(layer.linear_path(role).rsplit(".", 1)[-1] for role in layer.roles)
+
+
+@register_stage("lora", args=LoraArgs, scope="model")
+def lora(ctx: Context, args: LoraArgs) -> None:
+    """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
+    values = args.model_dump()
+    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
+    config = LoraConfig(**values, seed=ctx.recipe.seed)
+    with ctx.tracker.task("lora", config.steps) as advance:
+        ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
+    ctx.stage_report["lora"] = report

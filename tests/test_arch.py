@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.surgery import prune_attention_heads, prune_mlp_channels
+from slimkit.primitives.surgery import prune_layer
 
 
 def test_llama_view_reads_gqa_widths(llama):
@@ -59,9 +60,9 @@ def test_view_follows_surgery(family, request):
     model = request.getfixturevalue(family)
     view = ModelView(model)
     layer = view.layer(0)
-    prune_mlp_channels(layer, torch.arange(0, layer.mlp_width, 2))
+    prune_layer(model, "mlp_channel", 0, torch.arange(0, layer.mlp_width, 2))
     groups = layer.num_kv_heads
-    prune_attention_heads(layer, torch.arange(groups - 1))
+    prune_layer(model, "kv_group", 0, torch.arange(groups - 1))
     assert view.layer(0).mlp_width == (64 if family == "llama" else 48) // 2
     assert view.layer(0).num_kv_heads == groups - 1
     ids = torch.randint(3, 100, (2, 7))

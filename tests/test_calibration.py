@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import (
     CalibrationSpec,

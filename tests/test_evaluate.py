@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
+
 from slimkit.primitives import textdata
-from slimkit.primitives.arch import ModelView
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.perplexity import perplexity, perplexity_of_windows, windows_of
 from slimkit.primitives.evaluate.speed import throughput
-from slimkit.primitives.surgery import prune_mlp_channels
+from slimkit.primitives.surgery import prune_layer
 
 
 def test_windows_are_non_overlapping_and_budgeted():
@@ -63,7 +63,7 @@ def test_macs_follow_pruning(llama):
     attention_matmuls = 3 * 2 * 6 * 8 * seq
     linear = 3 * (48 * 48 + 2 * 48 * 16 + 48 * 48 + 3 * 48 * 64) + 300 * 48
     assert count_macs(llama, seq) == (linear + attention_matmuls) * seq
-    prune_mlp_channels(ModelView(llama).layer(0), torch.arange(32))
+    prune_layer(llama, "mlp_channel", 0, torch.arange(32))
     assert count_macs(llama, seq) == (linear - 3 * 48 * 32 + attention_matmuls) * seq
 
 

@@ -6,11 +6,12 @@ import importlib
 import json
 
 import pytest
-import slimkit
 import torch
-from slimkit.primitives.arch import ModelView
-from slimkit.primitives.surgery import prune_attention_heads, prune_mlp_channels
 from transformers import AutoModel, AutoModelForCausalLM
+
+import slimkit
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.surgery import prune_layer
 
 
 def _logits(model, ids):
@@ -23,9 +24,8 @@ def _prune_non_uniform(model):
     view = ModelView(model)
     for layer in view.layers:
         width = layer.mlp_width - 4 * (layer.index + 1)
-        prune_mlp_channels(layer, torch.randperm(layer.mlp_width)[:width])
-    first = view.layer(0)
-    prune_attention_heads(first, torch.tensor([first.num_kv_heads - 1]))
+        prune_layer(model, "mlp_channel", layer.index, torch.randperm(layer.mlp_width)[:width])
+    prune_layer(model, "kv_group", 0, torch.tensor([view.layer(0).num_kv_heads - 1]))
 
 
 @pytest.mark.parametrize("family", ["llama", "opt", "bert"])
@@ -49,8 +49,8 @@ def test_non_uniform_round_trip_identical_logits(family, request, tmp_path, toke
 def test_uniform_result_loads_with_plain_from_pretrained(llama, tmp_path, tokenizer):
     view = ModelView(llama)
     for layer in view.layers:
-        prune_mlp_channels(layer, torch.arange(40))
-        prune_attention_heads(layer, torch.tensor([1]))
+        prune_layer(llama, "mlp_channel", layer.index, torch.arange(40))
+        prune_layer(llama, "kv_group", layer.index, torch.tensor([1]))
     ids = torch.randint(3, 200, (2, 9))
     before = _logits(llama, ids)
     path = slimkit.save(llama, tokenizer, tmp_path / "m")
@@ -63,7 +63,7 @@ def test_uniform_result_loads_with_plain_from_pretrained(llama, tmp_path, tokeni
 
 def test_uniform_bert_loads_with_plain_auto_model(bert, tmp_path):
     for layer in ModelView(bert).layers:
-        prune_mlp_channels(layer, torch.arange(30))
+        prune_layer(bert, "mlp_channel", layer.index, torch.arange(30))
     ids = torch.randint(3, 200, (2, 9))
     before = _logits(bert, ids)
     path = slimkit.save(bert, None, tmp_path / "m")

@@ -10,8 +10,9 @@ import json
 import math
 
 import pytest
-import slimkit
 import torch
+
+import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.evaluate.counting import count_params
 from slimkit.primitives.evaluate.perplexity import perplexity

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import slimkit
 import torch
 import yaml
+from transformers import AutoModelForCausalLM
+
+import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import apply_override, bundled_recipes, load_recipe, validate
 from slimkit.recipes.runner import run_recipe
-from slimkit.recipes.stages import mlp_channel_ratio
-from transformers import AutoModelForCausalLM
 
 
 def tiny_recipe(model_dir, **changes) -> dict:
@@ -23,7 +23,7 @@ def tiny_recipe(model_dir, **changes) -> dict:
         "seed": 0,
         "calibration": {"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2},
         "target": {"ratio": 0.25, "of": "mlp"},
-        "stages": [{"sequential": [{"stage": "mlp_channels", "args": {"scorer": "activation"}}]}],
+        "stages": [{"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}]}],
         "eval": {"perplexity": {"datasets": ["wikitext2"], "seq_len": 32, "max_tokens": 128}},
     }
     recipe.update(changes)
@@ -39,7 +39,7 @@ def test_bundled_recipes_validate():
 
 
 def test_overrides_by_dotted_path():
-    data = {"target": {"ratio": 0.2}, "stages": [{"stage": "mlp_channels", "args": {}}]}
+    data = {"target": {"ratio": 0.2}, "stages": [{"stage": "prune_layer", "args": {}}]}
     apply_override(data, "target.ratio=0.3")
     apply_override(data, "stages.0.args.scorer=magnitude")
     apply_override(data, "eval.zeroshot=null")
@@ -57,12 +57,12 @@ def test_overrides_by_dotted_path():
         ({"target": {"ratio": 0.2, "of": "heads"}}, "target.of: Input should be 'model', 'layers', 'mlp' or"),
         ({"stages": [{"stage": "prune_everything"}]}, "stages.0: unknown stage 'prune_everything'; allowed: "),
         (
-            {"stages": [{"stage": "mlp_channels", "args": {"scorer": "taylor9"}}]},
-            "stages.0: args.scorer: Input should be 'activation', 'magnitude' or 'random'",
+            {"stages": [{"stage": "prune", "args": {"scorer": "taylor9"}}]},
+            "stages.0: args.scorer: Input should be 'activation', 'magnitude', 'random' or 'taylor'",
         ),
         (
-            {"stages": [{"stage": "mlp_channels", "args": {"aggregate": "l2"}}]},
-            "args: unknown field 'aggregate'; allowed: scorer, aggregation, ratio, round_to",
+            {"stages": [{"stage": "prune", "args": {"aggregate": "l2"}}]},
+            "args: unknown field 'aggregate'; allowed: groups, scorer, aggregation, order, level, ratio",
         ),
         ({"calibration": {"dataset": "wiki103"}}, "calibration.dataset: unknown dataset 'wiki103'; allowed:"),
         ({"eval": {"zeroshot": {"tasks": ["mmlu"]}}}, "eval.zeroshot.tasks: unknown zero-shot task 'mmlu'"),
@@ -76,14 +76,18 @@ def test_bad_recipes_name_field_and_allowed_values(tmp_path, change, message):
     assert "\n" not in str(error.value)
 
 
-def test_ratio_conversion_model_to_mlp():
-    from slimkit.recipes.schema import Target
-
-    before = {"total": 1000, "layers": 800, "mlp": 500, "attention": 300}
-    assert mlp_channel_ratio(Target(ratio=0.1, of="model"), before) == pytest.approx(0.2)
-    assert mlp_channel_ratio(Target(ratio=0.25, of="mlp"), before) == pytest.approx(0.25)
-    with pytest.raises(SlimkitError, match="would remove 120% of the MLP channels"):
-        mlp_channel_ratio(Target(ratio=0.6, of="model"), before)
+@pytest.mark.parametrize(
+    ("stage", "args", "message"),
+    [
+        ("prune_layer", {"scorer": "taylor"}, "taylor needs whole-model gradients"),
+        ("prune_layer", {"groups": ["hidden_feature"]}, "hidden_feature spans every layer"),
+        ("prune", {"groups": ["attention_head", "kv_group"]}, "choose attention_head or kv_group"),
+        ("prune", {"groups": ["heads"]}, "Input should be 'mlp_channel', 'attention_head'"),
+    ],
+)
+def test_stage_argument_rules(tmp_path, stage, args, message):
+    with pytest.raises(SlimkitError, match=message):
+        validate(tiny_recipe(tmp_path, stages=[{"stage": stage, "args": args}]), "r.yaml")
 
 
 def test_end_to_end_tiny_run(tmp_path, tiny_llama_dir):
@@ -98,7 +102,7 @@ def test_end_to_end_tiny_run(tmp_path, tiny_llama_dir):
     assert saved["params"]["after"] < saved["params"]["before"]
     assert saved["macs"]["after"] < saved["macs"]["before"]
     assert 0 < saved["params"]["removed_ratio"] < 0.25
-    assert set(saved["timings_s"]["stages"]) >= {"load", "calibration", "0:sequential[mlp_channels]", "save"}
+    assert set(saved["timings_s"]["stages"]) >= {"load", "calibration", "0:sequential[prune_layer]", "save"}
     assert saved["metrics"]["wikitext2_ppl"] > 1
     assert (out / "report.md").read_text().startswith("# slimkit report: tiny-wanda")
     assert (out / "widths.png").stat().st_size > 1000
@@ -120,7 +124,7 @@ def test_calibrating_on_the_evaluation_set_is_noted(tmp_path, tiny_llama_dir):
 
 
 def test_top_level_layer_stage_uses_dense_statistics(tmp_path, tiny_llama_dir):
-    raw = tiny_recipe(tiny_llama_dir, stages=[{"stage": "mlp_channels", "args": {"scorer": "magnitude"}}])
+    raw = tiny_recipe(tiny_llama_dir, stages=[{"stage": "prune_layer", "args": {"scorer": "magnitude"}}])
     raw["eval"] = {"perplexity": None}
     report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
     assert report["calibration"] is None and report["metrics"] == {}

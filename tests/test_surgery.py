@@ -1,52 +1,97 @@
-"""Removing structure equals zeroing it out (lossless surgery), on random inputs."""
+"""Removing units equals zeroing their contribution (lossless surgery), on random inputs."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
+
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.surgery import prune_attention_heads, prune_mlp_channels, slice_linear
+from slimkit.primitives.groups import build_groups, layer_group
+from slimkit.primitives.surgery import prune_layer, remove_units
 
 
 def _logits(model, ids):
     with torch.no_grad():
-        return model(ids).logits
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def test_slice_linear_hand_case():
-    linear = torch.nn.Linear(3, 4)
+def _zero_unit_outputs(model, kind: str, layer: int, units: list[int]) -> None:
+    """Zero what the units write to the residual stream (o / down input columns)."""
+    group = layer_group(model, kind, layer)
     with torch.no_grad():
-        linear.weight.copy_(torch.arange(12.0).reshape(4, 3))
-        linear.bias.copy_(torch.tensor([10.0, 20.0, 30.0, 40.0]))
-    new = slice_linear(linear, keep_out=torch.tensor([3, 1]), keep_in=torch.tensor([0, 2]))
-    assert new.weight.tolist() == [[9.0, 11.0], [3.0, 5.0]]
-    assert new.bias.tolist() == [40.0, 20.0]
+        for member in group.members:
+            if member.dim == 1 and member.param == "weight":  # o / down columns
+                tensor = member.tensor(model)
+                tensor[:, member.indices[units].reshape(-1)] = 0.0
 
 
-def test_mlp_channel_removal_equals_zeroing(llama):
+@pytest.mark.parametrize("family", ["llama", "opt", "bert"])
+@pytest.mark.parametrize(
+    ("kind", "keep"),
+    [("mlp_channel", [0, 5, 7, 20, 33]), ("kv_group", [1]), ("attention_head", [1, 2, 4, 5])],
+)
+def test_removal_equals_zeroing(family, kind, keep, request):
+    model = request.getfixturevalue(family)
     ids = torch.randint(3, 200, (2, 11))
-    view = ModelView(llama)
-    layer = view.layer(1)
-    keep = torch.tensor([0, 5, 7, 20, 33, 63])
-    drop = torch.tensor(sorted(set(range(layer.mlp_width)) - set(keep.tolist())))
-    with torch.no_grad():
-        layer.linear("down").weight[:, drop] = 0.0
-    zeroed = _logits(llama, ids)
-    prune_mlp_channels(layer, keep)
-    assert view.layer(1).mlp_width == 6
-    torch.testing.assert_close(_logits(llama, ids), zeroed, rtol=1e-5, atol=1e-5)
+    group = layer_group(model, kind, 1)
+    if kind == "attention_head" and family == "llama":
+        keep = [1, 2, 4, 5]  # two of three query heads in each of the 2 KV groups (GQA parity)
+    elif kind == "attention_head":
+        keep = [0, 2, 3]
+    dropped = sorted(set(range(group.size)) - set(keep))
+    _zero_unit_outputs(model, kind, 1, dropped)
+    zeroed = _logits(model, ids)
+    remove_units(model, group, torch.tensor(keep))
+    torch.testing.assert_close(_logits(model, ids), zeroed, rtol=1e-5, atol=1e-5)
+    assert layer_group(model, kind, 1).size == len(keep)
 
 
-def test_kv_group_removal_equals_zeroing_its_heads(llama):
-    ids = torch.randint(3, 200, (2, 11))
+def test_gqa_head_removal_updates_attributes_and_config(llama):
+    prune_layer(llama, "attention_head", 0, torch.tensor([0, 1, 3, 4]))
+    attention = llama.model.layers[0].self_attn
     view = ModelView(llama)
-    layer = view.layer(0)
-    d, group = layer.head_dim, layer.num_heads // layer.num_kv_heads  # 8, 3
-    removed_q_heads = range(0 * group, 1 * group)  # KV group 0 and its three query heads
+    assert (view.layer(0).num_heads, view.layer(0).num_kv_heads, attention.num_key_value_groups) == (4, 2, 2)
+    assert llama.config.num_attention_heads == 6  # layers differ: the config keeps the dense value
+    for index in (1, 2):
+        prune_layer(llama, "attention_head", index, torch.tensor([0, 1, 3, 4]))
+    assert (llama.config.num_attention_heads, llama.config.num_key_value_heads) == (4, 2)
+
+
+def test_hidden_feature_removal_keeps_tying_and_runs(llama):
+    group = build_groups(llama, "hidden_feature")[0]
+    remove_units(llama, group, torch.arange(36))
+    view = ModelView(llama)
+    assert view.hidden_size == 36 and view.tied and llama.config.hidden_size == 36
+    assert view.head.in_features == 36 and llama.model.norm.weight.shape == (36,)
+    assert view.layer(2).linear("down").out_features == 36
+    assert torch.isfinite(_logits(llama, torch.randint(3, 200, (1, 5)))).all()
+
+
+def test_hidden_feature_removal_equals_zeroing_up_to_the_rms_scale(llama):
+    """Removing features equals zeroing them everywhere, once each RMSNorm's weight absorbs the
+    change of its mean over d features to a mean over d - k (with eps = 0 so the scale is exact)."""
+    ids = torch.randint(3, 200, (2, 7))
+    for module in llama.modules():
+        if hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = 0.0
+    pruned = copy.deepcopy(llama)
+    dropped = torch.tensor([3, 17, 30])
+    d = llama.config.hidden_size
+    group = build_groups(llama, "hidden_feature")[0]
     with torch.no_grad():
-        for h in removed_q_heads:
-            layer.linear("o").weight[:, h * d : (h + 1) * d] = 0.0
-    zeroed = _logits(llama, ids)
-    prune_attention_heads(layer, torch.tensor([1]))
-    assert (view.layer(0).num_heads, view.layer(0).num_kv_heads) == (3, 1)
-    assert llama.model.layers[0].self_attn.num_key_value_groups == 3
-    torch.testing.assert_close(_logits(llama, ids), zeroed, rtol=1e-5, atol=1e-5)
+        for member in group.members:
+            tensor = member.tensor(llama)
+            if "norm" in member.module:
+                tensor.mul_(((d - len(dropped)) / d) ** 0.5)
+            tensor.index_fill_(member.dim, member.indices[dropped].reshape(-1), 0.0)
+    kept = torch.tensor(sorted(set(range(d)) - set(dropped.tolist())))
+    remove_units(pruned, build_groups(pruned, "hidden_feature")[0], kept)
+    torch.testing.assert_close(_logits(pruned, ids), _logits(llama, ids), rtol=1e-4, atol=1e-5)
+
+
+def test_score_only_kinds_are_refused(llama):
+    with pytest.raises(ValueError, match="cannot be removed"):
+        remove_units(llama, layer_group(llama, "qk_dim", 0), torch.arange(2))

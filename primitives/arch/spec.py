@@ -41,6 +41,10 @@ class ArchSpec:
     """Attribute on the attention module holding the per-head width."""
     intermediate_size_key: str
     """Config key of the MLP width (``intermediate_size`` or ``ffn_dim``)."""
+    extra_embeddings: tuple[str, ...] = ()
+    """Other embeddings that write the residual stream (positions, token types), relative to base."""
+    extra_norms: tuple[str, ...] = ()
+    """Other norms on the residual stream outside the layers (e.g. BERT's embedding LayerNorm)."""
 
     @property
     def mlp_kind(self) -> MLPKind:
@@ -93,6 +97,7 @@ _OPT = ArchSpec(
     activation_attr="activation_function",
     head_dim_attr="head_dim",
     intermediate_size_key="ffn_dim",
+    extra_embeddings=("decoder.embed_positions",),
 )
 
 _BERT = ArchSpec(
@@ -117,6 +122,8 @@ _BERT = ArchSpec(
     activation_attr="hidden_act",
     head_dim_attr="attention_head_size",
     intermediate_size_key="intermediate_size",
+    extra_embeddings=("embeddings.position_embeddings", "embeddings.token_type_embeddings"),
+    extra_norms=("embeddings.LayerNorm",),
 )
 
 # Qwen2 and Mistral keep Llama's module names (Qwen2 adds q/k/v biases, which the view handles

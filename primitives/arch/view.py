@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from torch import nn
+
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 from slimkit.primitives.errors import SlimkitError
-from torch import nn
 
 LinearRole = Literal["q", "k", "v", "o", "up", "gate", "down"]
 LINEAR_ROLES: tuple[LinearRole, ...] = ("q", "k", "v", "o", "up", "gate", "down")
@@ -203,6 +204,13 @@ class ModelView:
     @property
     def activation(self) -> str:
         return str(getattr(self.config, self.spec.activation_attr))
+
+    def path_of(self, module: nn.Module) -> str:
+        """The module's path inside the model (``model.get_submodule(path) is module``)."""
+        for name, candidate in self.model.named_modules():
+            if candidate is module:
+                return name
+        raise KeyError(f"{type(module).__name__} is not part of this model")
 
     def layer_widths(self) -> list[dict[str, int]]:
         return [layer.widths() for layer in self.layers]

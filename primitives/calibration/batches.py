@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+
 from slimkit.primitives import textdata
 from slimkit.primitives.errors import SlimkitError
 

@@ -11,41 +11,49 @@ x seq_len`` per token each (full, non-causal count). Embedding look-ups and norm
 
 from __future__ import annotations
 
-from slimkit.primitives.arch import ModelView
 from torch import nn
+
+from slimkit.primitives.arch import ModelView
 
 PARTS = ("embeddings", "attention", "mlp", "norms", "head", "other")
 
 
-def _numel(params, seen: set[int]) -> int:
-    total = 0
-    for p in params:
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
+def param_parts(model: nn.Module) -> dict[int, tuple[str, bool]]:
+    """``id(parameter) -> (part, inside_layers)`` for every parameter (tied ones once)."""
+    view = ModelView(model)
+    parts: dict[int, tuple[str, bool]] = {}
+
+    def claim(params, part: str, in_layers: bool) -> None:
+        for p in params:
+            parts.setdefault(id(p), (part, in_layers))
+
+    claim(view.embed_tokens.parameters(), "embeddings", False)
+    for layer in view.layers:
+        for role in layer.roles:
+            claim(layer.linear(role).parameters(), "attention" if role in ("q", "k", "v", "o") else "mlp", True)
+        claim(layer.attn_norm.module.parameters(), "norms", True)
+        claim(layer.mlp_norm.module.parameters(), "norms", True)
+        claim(layer.module.parameters(), "other", True)
+    if view.final_norm is not None:
+        claim(view.final_norm.module.parameters(), "norms", False)
+    if view.head is not None:
+        claim(view.head.parameters(), "head", False)
+    claim(model.parameters(), "other", False)  # position embeddings and anything else outside the layers
+    return parts
 
 
 def params_by_part(model: nn.Module) -> dict[str, int]:
-    view = ModelView(model)
+    parts = param_parts(model)
+    counts = dict.fromkeys((*PARTS, "layers", "total"), 0)
     seen: set[int] = set()
-    counts = dict.fromkeys(PARTS, 0)
-    counts["embeddings"] = _numel(view.embed_tokens.parameters(), seen)
-    for layer in view.layers:
-        for role in layer.roles:
-            part = "attention" if role in ("q", "k", "v", "o") else "mlp"
-            counts[part] += _numel(layer.linear(role).parameters(), seen)
-        counts["norms"] += _numel(layer.attn_norm.module.parameters(), seen)
-        counts["norms"] += _numel(layer.mlp_norm.module.parameters(), seen)
-        counts["other"] += _numel(layer.module.parameters(), seen)
-    if view.final_norm is not None:
-        counts["norms"] += _numel(view.final_norm.module.parameters(), seen)
-    if view.head is not None:
-        counts["head"] = _numel(view.head.parameters(), seen)
-    # Position embeddings and anything else outside the layers.
-    counts["other"] += _numel(model.parameters(), seen)
-    counts["layers"] = sum(layer.num_params() for layer in view.layers)
-    counts["total"] = sum(counts[p] for p in PARTS)
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        part, in_layers = parts[id(p)]
+        counts[part] += p.numel()
+        counts["layers"] += p.numel() if in_layers else 0
+        counts["total"] += p.numel()
     return counts
 
 

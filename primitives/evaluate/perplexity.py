@@ -13,10 +13,11 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.nn import functional as F
+
 from slimkit.primitives import textdata
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from torch.nn import functional as F
 
 
 @dataclass(frozen=True)

@@ -1,38 +1,214 @@
 """Coupling groups: the units that must be removed together.
 
-A :class:`Group` lists the (projection role, dimension) pairs of one layer that share an index:
-removing unit ``i`` removes index ``i`` along ``dim`` of every member (``dim=0``: output rows,
-``dim=1``: input columns). This module has the MLP-channel group; the pruning-core issue adds
-heads, KV groups, QK/VO dims, hidden features and the torch-pruning builder on the same type.
+One :class:`Group` type. A group is a tuple of :class:`Member` s, each a parameter (module path
+inside the model, parameter name), the dimension its units run along, and an index matrix
+``indices[u]`` giving the positions unit ``u`` occupies in that dimension. Removing unit ``u``
+removes ``indices[u]`` along ``dim`` of every member; scoring unit ``u`` sums over every member.
+
+Kinds built from a :class:`ModelView` (:func:`build_groups`):
+
+* ``mlp_channel``: one intermediate channel: rows of gate/up (or fc1) and their biases, the
+  column of down (fc2).
+* ``attention_head``: one query head: its ``head_dim`` rows of q (+bias) and columns of o. Under
+  GQA heads must be removed evenly across KV groups (``extra["kv_groups"]``, see ``select``);
+  without GQA the head also owns its k and v rows.
+* ``kv_group``: a KV head with the query heads sharing it: those rows of q, k, v (+biases) and
+  columns of o; without GQA this is one head.
+* ``qk_dim``: dimension j of every head's query and key: row j of each head in q and k (with
+  RoPE, j and j + head_dim/2 rotate together and form one unit).
+* ``vo_dim``: dimension j of every head's value and output: row j of each KV head in v, column j
+  of each query head in o.
+* ``hidden_feature``: one residual-stream feature: the embedding columns (token, position, type),
+  input columns of every q/k/v/gate/up, output rows (+bias) of every o/down, every norm weight
+  (+bias), the final norm and the head column; a tied head is one parameter.
+
+``qk_dim`` and ``vo_dim`` are groups for scoring (CCE, SP3); HF attention modules keep one
+``head_dim`` for q, k and v, so physically removing them is left to later issues.
+
+Alternatively :mod:`slimkit.primitives.groups.torch_pruning` builds groups from torch-pruning's
+``DependencyGraph`` for models with no adapter, returning the same type.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from slimkit.primitives.arch import LayerView
-from slimkit.primitives.arch.view import LinearRole
+import torch
+from torch import nn
+
+from slimkit.primitives.arch import LayerView, ModelView
+
+GROUP_KINDS = ("mlp_channel", "attention_head", "kv_group", "qk_dim", "vo_dim", "hidden_feature")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Member:
-    role: LinearRole
+    module: str
+    """Module path inside the model (``model.get_submodule(module)``)."""
+    param: str
+    """Parameter name on that module (``weight`` or ``bias``)."""
     dim: int
+    indices: torch.Tensor
+    """``[units, per_unit]`` positions along ``dim`` that each unit occupies."""
+
+    def tensor(self, model: nn.Module) -> torch.Tensor:
+        return getattr(model.get_submodule(self.module), self.param)
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}.{self.param}" if self.module else self.param
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Group:
     kind: str
-    layer: int
+    layer: int | None
+    """Layer index, or None for model-wide groups (hidden features)."""
     members: tuple[Member, ...]
-    size: int
-    """Number of units (e.g. MLP channels) in the group."""
+    extra: dict = field(default_factory=dict)
+    """Kind-specific facts selection needs (e.g. ``kv_groups`` for attention heads)."""
+
+    @property
+    def size(self) -> int:
+        return int(self.members[0].indices.shape[0])
+
+    def params_per_unit(self, model: nn.Module) -> int:
+        """Parameters removed with one unit: each distinct member's slice (tied parameters once)."""
+        total = 0
+        seen: set[int] = set()
+        for member in self.members:
+            tensor = member.tensor(model)
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            total += member.indices.shape[1] * (tensor.numel() // tensor.shape[member.dim])
+        return total
 
 
-def mlp_channel_group(layer: LayerView) -> Group:
-    """MLP channel ``i``: row ``i`` of gate and up (or fc1), column ``i`` of down (or fc2)."""
-    members = (*(Member(role, 0) for role in layer.mlp_input_roles), Member("down", 1))
-    return Group(kind="mlp_channel", layer=layer.index, members=members, size=layer.mlp_width)
+def _blocks(units: int, width: int, stride: int | None = None, offset: int = 0) -> torch.Tensor:
+    """``[units, width]`` contiguous blocks: unit u covers offset + u*stride + [0, width)."""
+    stride = width if stride is None else stride
+    return offset + torch.arange(units)[:, None] * stride + torch.arange(width)[None, :]
 
 
-__all__ = ["Group", "Member", "mlp_channel_group"]
+def _linear_members(path: str, module: nn.Module, dim: int, indices: torch.Tensor) -> list[Member]:
+    """The weight along ``dim`` and, for output dimensions, the bias along 0."""
+    members = [Member(path, "weight", dim, indices)]
+    if dim == 0 and getattr(module, "bias", None) is not None:
+        members.append(Member(path, "bias", 0, indices))
+    return members
+
+
+def _layer_path(view: ModelView, layer: LayerView, role: str) -> str:
+    return f"{view.path_of(layer.module)}.{layer.linear_path(role)}"
+
+
+def mlp_channel_group(view: ModelView, layer: LayerView) -> Group:
+    units = _blocks(layer.mlp_width, 1)
+    members: list[Member] = []
+    for role in layer.mlp_input_roles:
+        members += _linear_members(_layer_path(view, layer, role), layer.linear(role), 0, units)
+    members += _linear_members(_layer_path(view, layer, "down"), layer.linear("down"), 1, units)
+    return Group("mlp_channel", layer.index, tuple(members))
+
+
+def attention_head_group(view: ModelView, layer: LayerView) -> Group:
+    if layer.num_kv_heads == layer.num_heads:  # no GQA: a head owns its key and value too
+        return Group("attention_head", layer.index, kv_group_group(view, layer).members, {"kv_groups": 1})
+    units = _blocks(layer.num_heads, layer.head_dim)
+    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, units)
+    members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, units)
+    return Group("attention_head", layer.index, tuple(members), {"kv_groups": layer.num_kv_heads})
+
+
+def kv_group_group(view: ModelView, layer: LayerView) -> Group:
+    d, kv = layer.head_dim, layer.num_kv_heads
+    per_group = layer.num_heads // kv
+    q_units, kv_units = _blocks(kv, per_group * d), _blocks(kv, d)
+    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, q_units)
+    members += _linear_members(_layer_path(view, layer, "k"), layer.linear("k"), 0, kv_units)
+    members += _linear_members(_layer_path(view, layer, "v"), layer.linear("v"), 0, kv_units)
+    members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, q_units)
+    return Group("kv_group", layer.index, tuple(members))
+
+
+def _dims_across_heads(heads: int, head_dim: int, dims: torch.Tensor) -> torch.Tensor:
+    """``[units, heads * per_unit]``: unit u's positions ``dims[u]`` inside every head."""
+    offsets = torch.arange(heads)[None, :, None] * head_dim
+    return (offsets + dims[:, None, :]).reshape(dims.shape[0], -1)
+
+
+def qk_dim_group(view: ModelView, layer: LayerView) -> Group:
+    d = layer.head_dim
+    if layer.rope:  # rotate_half pairs dimension j with j + d/2
+        dims = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1)
+    else:
+        dims = torch.arange(d)[:, None]
+    q = _dims_across_heads(layer.num_heads, d, dims)
+    k = _dims_across_heads(layer.num_kv_heads, d, dims)
+    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, q)
+    members += _linear_members(_layer_path(view, layer, "k"), layer.linear("k"), 0, k)
+    return Group("qk_dim", layer.index, tuple(members), {"rope_pairs": layer.rope})
+
+
+def vo_dim_group(view: ModelView, layer: LayerView) -> Group:
+    d = layer.head_dim
+    dims = torch.arange(d)[:, None]
+    members = _linear_members(
+        _layer_path(view, layer, "v"), layer.linear("v"), 0, _dims_across_heads(layer.num_kv_heads, d, dims)
+    )
+    members += _linear_members(
+        _layer_path(view, layer, "o"), layer.linear("o"), 1, _dims_across_heads(layer.num_heads, d, dims)
+    )
+    return Group("vo_dim", layer.index, tuple(members))
+
+
+def hidden_feature_group(view: ModelView) -> Group:
+    units = _blocks(view.hidden_size, 1)
+    members: list[Member] = [Member(view.path_of(view.embed_tokens), "weight", 1, units)]
+    for path in view.spec.extra_embeddings:
+        members.append(Member(view.path_of(view.base.get_submodule(path)), "weight", 1, units))
+    norms = [view.base.get_submodule(path) for path in view.spec.extra_norms]
+    for layer in view.layers:
+        for role in layer.roles:
+            reads_stream = role not in ("o", "down")
+            members += _linear_members(
+                _layer_path(view, layer, role), layer.linear(role), 1 if reads_stream else 0, units
+            )
+        norms += [layer.attn_norm.module, layer.mlp_norm.module]
+    if view.final_norm is not None:
+        norms.append(view.final_norm.module)
+    for norm in norms:
+        path = view.path_of(norm)
+        members += [Member(path, name, 0, units) for name, _ in norm.named_parameters(recurse=False)]
+    head = view.head
+    if head is not None and not view.tied:
+        members.append(Member(view.path_of(head), "weight", 1, units))
+    return Group("hidden_feature", None, tuple(members))
+
+
+_LAYER_BUILDERS = {
+    "mlp_channel": mlp_channel_group,
+    "attention_head": attention_head_group,
+    "kv_group": kv_group_group,
+    "qk_dim": qk_dim_group,
+    "vo_dim": vo_dim_group,
+}
+
+
+def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -> list[Group]:
+    """Groups of ``kind`` from the model's :class:`ModelView` (all layers unless ``layers`` is given)."""
+    view = ModelView(model)
+    if kind == "hidden_feature":
+        return [hidden_feature_group(view)]
+    if kind not in _LAYER_BUILDERS:
+        raise ValueError(f"unknown group kind '{kind}'; allowed: {', '.join(GROUP_KINDS)}")
+    indices = range(view.num_layers) if layers is None else layers
+    return [_LAYER_BUILDERS[kind](view, view.layer(i)) for i in indices]
+
+
+def layer_group(model: nn.Module, kind: str, layer: int) -> Group:
+    return build_groups(model, kind, [layer])[0]
+
+
+__all__ = ["GROUP_KINDS", "Group", "Member", "build_groups", "layer_group"]

@@ -1,70 +1,127 @@
-"""Importance scorers: ``score(group, layer, stats) -> 1-D tensor`` over the group's units.
+"""Importance scorers: ``score(group, model, stats, **args) -> 1-D tensor`` over the group's units.
 
-Registered by name for recipes (:data:`SCORERS`). Scores of a group sum over its members; within
-a member, per-weight scores are aggregated over the unit's row or column with ``aggregation``
-(``l1``, ``l2``, ``linf`` or ``mean``).
+Registered by name in :data:`SCORERS`. Each scorer gives a per-element score for every member
+parameter; unit ``u`` of a member gathers the elements at ``member.indices[u]`` along ``member.dim``
+(every row/column element there), reduces them with ``aggregation`` (``l1`` sum of absolute values,
+``l2``, ``linf`` max, ``mean`` of absolute values), and a group's score is the sum over its members.
 
-* ``magnitude``: |W_ij|.
-* ``activation`` (Wanda-style): |W_ij| * ||X_j||_2, with ``X_j`` the j-th input feature of that
-  projection over all calibration tokens. For a down projection the unit is an input column, so
-  every weight of column i shares ||X_i||.
+* ``magnitude``: |W| (``aggregation`` l1 or l2 gives the L1 / L2 magnitude of the unit).
+* ``activation`` (Wanda-style): |W_ij| * ||X_j||_2 for Linear weights, ``X_j`` the j-th input
+  feature of that Linear over the calibration tokens (stats ``input_norms`` by module path). Biases,
+  norms and embeddings carry no activation term and are left out, as Wanda scores weights only.
+* ``taylor`` (LLM-Pruner, Ma et al. 2023, Eqs. 3-5): with g the calibration-loss gradient and
+  h = sum over batches of g^2 (diagonal Fisher), the per-element salience is ``first`` g*w,
+  ``second`` 0.5*h*w^2, or ``mix`` g*w - 0.5*h*w^2. ``level: element`` aggregates |salience| per
+  unit (LLM-Pruner's element-wise importance); ``level: vector`` takes |sum of salience| over each
+  member's slice of the unit (its vector-wise importance), then sums over members.
 * ``random``: uniform noise from the run's seeded generator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from slimkit.primitives.arch import LayerView
-from slimkit.primitives.groups import Group
+from torch import nn
+
+from slimkit.primitives.groups import Group, Member
 
 Aggregation = Literal["l1", "l2", "linf", "mean"]
 AGGREGATIONS: tuple[str, ...] = ("l1", "l2", "linf", "mean")
 
 
-def aggregate(weights: torch.Tensor, dim: int, how: Aggregation) -> torch.Tensor:
-    """Reduce per-weight scores to one score per unit; units run along ``dim``."""
-    other = 1 - dim
+def reduce_units(values: torch.Tensor, how: Aggregation) -> torch.Tensor:
+    """``[units, k]`` -> ``[units]``."""
     if how == "l1":
-        return weights.abs().sum(dim=other)
+        return values.abs().sum(dim=1)
     if how == "l2":
-        return weights.pow(2).sum(dim=other).sqrt()
+        return values.pow(2).sum(dim=1).sqrt()
     if how == "linf":
-        return weights.abs().amax(dim=other)
+        return values.abs().amax(dim=1)
     if how == "mean":
-        return weights.abs().mean(dim=other)
+        return values.abs().mean(dim=1)
     raise ValueError(f"unknown aggregation '{how}'; allowed: {', '.join(AGGREGATIONS)}")
 
 
-def weight_scores(
-    group: Group, layer: LayerView, input_norms: Mapping[str, torch.Tensor] | None, aggregation: Aggregation
-) -> torch.Tensor:
+def gather_units(values: torch.Tensor, member: Member) -> torch.Tensor:
+    """The elements of each unit of ``member``: ``[units, per_unit * rest]``."""
+    moved = values.movedim(member.dim, 0)
+    picked = moved[member.indices.reshape(-1)]
+    return picked.reshape(member.indices.shape[0], -1)
+
+
+def member_sum(group: Group, model: nn.Module, per_member: Callable[[Member, torch.Tensor], torch.Tensor | None]):
+    """Sum over distinct member parameters of ``per_member(member, tensor) -> [units]`` (None skips)."""
     total = torch.zeros(group.size)
+    seen: set[tuple[int, int]] = set()
     for member in group.members:
-        weight = layer.linear(member.role).weight.detach().float().abs()
-        if input_norms is not None:
-            weight = weight * input_norms[member.role].to(weight)[None, :]
-        total += aggregate(weight, member.dim, aggregation)
+        tensor = member.tensor(model)
+        key = (id(tensor), member.dim)
+        if key in seen:
+            continue
+        seen.add(key)
+        scores = per_member(member, tensor.detach().float())
+        if scores is not None:
+            total += scores
     return total
 
 
-def magnitude(group: Group, layer: LayerView, stats: Mapping, aggregation: Aggregation = "l1", **_) -> torch.Tensor:
-    return weight_scores(group, layer, None, aggregation)
+def magnitude(group: Group, model: nn.Module, stats: Mapping, aggregation: Aggregation = "l1", **_) -> torch.Tensor:
+    return member_sum(group, model, lambda m, w: reduce_units(gather_units(w.abs(), m), aggregation))
 
 
-def activation(group: Group, layer: LayerView, stats: Mapping, aggregation: Aggregation = "l2", **_) -> torch.Tensor:
-    return weight_scores(group, layer, stats["input_norms"], aggregation)
+def activation(group: Group, model: nn.Module, stats: Mapping, aggregation: Aggregation = "l2", **_) -> torch.Tensor:
+    norms: Mapping[str, torch.Tensor] = stats["input_norms"]
+
+    def score(member: Member, weight: torch.Tensor) -> torch.Tensor | None:
+        module = model.get_submodule(member.module)
+        if member.param != "weight" or not isinstance(module, nn.Linear):
+            return None
+        weighted = weight.abs() * norms[member.module].to(weight)[None, :]
+        return reduce_units(gather_units(weighted, member), aggregation)
+
+    return member_sum(group, model, score)
 
 
-def random(group: Group, layer: LayerView, stats: Mapping, generator: torch.Generator | None = None, **_):
+def taylor(
+    group: Group,
+    model: nn.Module,
+    stats: Mapping,
+    order: Literal["first", "second", "mix"] = "first",
+    level: Literal["element", "vector"] = "vector",
+    aggregation: Aggregation = "l1",
+    **_,
+) -> torch.Tensor:
+    gradients = stats["gradients"]
+
+    def score(member: Member, weight: torch.Tensor) -> torch.Tensor:
+        grad, grad_sq = (t.float() for t in gradients.of(member.tensor(model)))
+        first = grad * weight
+        second = 0.5 * grad_sq * weight * weight
+        salience = {"first": first, "second": second, "mix": first - second}[order]
+        units = gather_units(salience, member)
+        return units.sum(dim=1).abs() if level == "vector" else reduce_units(units, aggregation)
+
+    return member_sum(group, model, score)
+
+
+def random(group: Group, model: nn.Module, stats: Mapping, generator: torch.Generator | None = None, **_):
     return torch.rand(group.size, generator=generator)
 
 
 SCORERS: dict[str, Callable[..., torch.Tensor]] = {
     "magnitude": magnitude,
     "activation": activation,
+    "taylor": taylor,
     "random": random,
 }
-NEEDS_CALIBRATION = {"activation"}
+NEEDS: dict[str, tuple[str, ...]] = {"activation": ("input_norms",), "taylor": ("gradients",)}
+
+
+def score_group(name: str, group: Group, model: nn.Module, stats: Mapping, **args: Any) -> torch.Tensor:
+    scores = SCORERS[name](group, model, stats, **args)
+    if not torch.isfinite(scores).all():
+        where = f"layer {group.layer}" if group.layer is not None else "model"
+        raise RuntimeError(f"{where}: non-finite {name} scores for {group.kind}")
+    return scores

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 import transformers
 from safetensors import safe_open
+from torch import nn
+
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.save import MANIFEST_NAME
-from torch import nn
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:

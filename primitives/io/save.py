@@ -26,9 +26,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.paths import staging_dir
-from torch import nn
 
 MANIFEST_NAME = "slimkit_manifest.json"
 MANIFEST_FORMAT = 1
@@ -45,7 +46,7 @@ def versions() -> dict[str, str]:
     return found
 
 
-def _config_accepts(config_class: type, values: dict[str, Any]) -> bool:
+def config_accepts(config_class: type, values: dict[str, Any]) -> bool:
     try:
         config_class(**values).validate()
     except Exception:
@@ -58,12 +59,13 @@ def width_config(model: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, 
     view = ModelView(model)
     widths = view.layer_widths()
     config_dict = model.config.to_dict()
+    hidden = {"hidden_size": view.hidden_size}
     if all(w == widths[0] for w in widths):
-        candidate = {**config_dict, **widths[0]}
+        candidate = {**config_dict, **widths[0], **hidden}
         candidate.pop("model_type", None)
         candidate.pop("transformers_version", None)
-        if _config_accepts(type(model.config), candidate):
-            return dict(widths[0]), None
+        if config_accepts(type(model.config), candidate):
+            return {**widths[0], **hidden}, None
     return {}, {str(i): w for i, w in enumerate(widths)}
 
 

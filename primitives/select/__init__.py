@@ -1,4 +1,16 @@
-"""Turning scores into kept indices."""
+"""Turning scores into kept indices.
+
+Rules (all pure functions on tensors):
+
+* :func:`keep_count`: units kept when a fraction is removed, rounded to a multiple, with a minimum.
+* :func:`keep_top`: the highest-scoring units.
+* :func:`keep_top_per_block`: the same number of top units inside each block (GQA parity: query
+  heads are removed evenly from every KV group so the heads-per-KV-head ratio stays an integer).
+* :func:`protect_lowest`: LoRAP's rule (Eq. 11): retain the least important ``fraction`` of units
+  and remove the next-lowest ones instead, while the kept count still meets the budget.
+* :func:`global_keep`: one threshold across several layers' scores, with a per-layer minimum.
+* :func:`eligible_layers`: skip the first/last k layers.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +18,25 @@ import math
 
 import torch
 
+from slimkit.primitives.errors import SlimkitError
 
-def keep_count(width: int, remove_ratio: float, multiple: int = 1) -> int:
-    """Units kept when ``remove_ratio`` of ``width`` is removed, rounded to ``multiple``; at least one multiple."""
-    kept = width * (1.0 - remove_ratio)
-    kept = round(kept / multiple) * multiple
-    return max(multiple, min(width, kept))
+
+def keep_count(width: int, remove_ratio: float, multiple: int = 1, minimum: int = 1) -> int:
+    """Units kept when ``remove_ratio`` of ``width`` is removed, rounded to ``multiple``.
+
+    Never below ``minimum`` (itself rounded up to the multiple) and never above ``width``.
+    """
+    kept = round(width * (1.0 - remove_ratio) / multiple) * multiple
+    floor = math.ceil(minimum / multiple) * multiple
+    return max(floor, min(width, kept))
+
+
+def check_rounding(width: int, multiple: int, minimum: int, where: str) -> None:
+    floor = math.ceil(minimum / multiple) * multiple
+    if floor > width or floor == 0:
+        raise SlimkitError(
+            f"{where}: cannot keep a multiple of {multiple} of {width} units with at least {minimum} kept"
+        )
 
 
 def keep_top(scores: torch.Tensor, count: int) -> torch.Tensor:
@@ -22,8 +47,59 @@ def keep_top(scores: torch.Tensor, count: int) -> torch.Tensor:
     return order[:count].sort().values
 
 
-def units_to_remove(params_to_remove: float, params_per_unit: int) -> int:
-    return math.ceil(params_to_remove / params_per_unit - 1e-9)
+def keep_top_per_block(scores: torch.Tensor, blocks: int, count: int) -> torch.Tensor:
+    """Keep ``count / blocks`` top units inside each of ``blocks`` equal consecutive blocks."""
+    if scores.numel() % blocks or count % blocks:
+        raise ValueError(f"{scores.numel()} units / keep {count} do not split evenly over {blocks} blocks")
+    per_block, size = count // blocks, scores.numel() // blocks
+    kept = [keep_top(scores[b * size : (b + 1) * size], per_block) + b * size for b in range(blocks)]
+    return torch.cat(kept)
 
 
-__all__ = ["keep_count", "keep_top", "units_to_remove"]
+def protect_lowest(scores: torch.Tensor, count: int, fraction: float) -> torch.Tensor:
+    """Keep ``count`` units: the lowest ``fraction`` of all units, then the highest-scoring rest.
+
+    LoRAP (Eq. 11) retains the least important 1% of channels this way.
+    """
+    protected = min(math.ceil(fraction * scores.numel()), count) if fraction > 0 else 0
+    ascending = torch.argsort(scores, stable=True)
+    lowest = ascending[:protected]
+    rest = scores.clone()
+    rest[lowest] = -torch.inf
+    top = torch.argsort(rest, descending=True, stable=True)[: count - protected]
+    return torch.cat([lowest, top]).sort().values
+
+
+def global_keep(scores: list[torch.Tensor], remove_ratio: float, minimum: int = 1) -> list[int]:
+    """Per-layer kept counts for removing ``remove_ratio`` of all units by one global threshold."""
+    total = sum(s.numel() for s in scores)
+    to_remove = round(remove_ratio * total)
+    pooled = torch.cat([s.float() for s in scores])
+    owner = torch.cat([torch.full((s.numel(),), i) for i, s in enumerate(scores)])
+    kept = [s.numel() for s in scores]
+    for index in torch.argsort(pooled, stable=True).tolist():
+        if to_remove == 0:
+            break
+        layer = int(owner[index])
+        if kept[layer] > minimum:
+            kept[layer] -= 1
+            to_remove -= 1
+    return kept
+
+
+def eligible_layers(num_layers: int, skip_first: int = 0, skip_last: int = 0) -> list[int]:
+    layers = list(range(skip_first, num_layers - skip_last))
+    if not layers:
+        raise SlimkitError(f"skip_first={skip_first} and skip_last={skip_last} leave none of {num_layers} layers")
+    return layers
+
+
+__all__ = [
+    "check_rounding",
+    "eligible_layers",
+    "global_keep",
+    "keep_count",
+    "keep_top",
+    "keep_top_per_block",
+    "protect_lowest",
+]

@@ -1,6 +1,17 @@
-"""Physical removal of structure: slicing Linear rows/columns, MLP channels, attention heads."""
+"""Physical removal of structure: the units of coupling groups (see :mod:`.units`)."""
 
-from slimkit.primitives.surgery.linear import slice_linear
-from slimkit.primitives.surgery.structures import prune_attention_heads, prune_mlp_channels
+from __future__ import annotations
 
-__all__ = ["prune_attention_heads", "prune_mlp_channels", "slice_linear"]
+import torch
+from torch import nn
+
+from slimkit.primitives.groups import layer_group
+from slimkit.primitives.surgery.units import REMOVABLE_KINDS, remove_units, sync_config
+
+
+def prune_layer(model: nn.Module, kind: str, layer: int, keep: torch.Tensor) -> None:
+    """Keep units ``keep`` of the ``kind`` group of ``layer`` (e.g. MLP channels, KV groups)."""
+    remove_units(model, layer_group(model, kind, layer), keep)
+
+
+__all__ = ["REMOVABLE_KINDS", "prune_layer", "remove_units", "sync_config"]

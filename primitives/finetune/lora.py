@@ -1,0 +1,210 @@
+"""LoRA recovery fine-tuning: train low-rank adapters on a compressed model, then merge them in.
+
+What is trained: LoRA adapters (peft) on the Linear layers named in ``LoraConfig.target_modules``
+(by default every attention and MLP projection of a llama-style layer); all base weights stay
+frozen. Each wrapped Linear gets adapters of its own shape, so pruned models whose layers differ
+in width need no special handling.
+
+On what: ``steps * batch_size`` windows of ``seq_len`` tokens drawn from the slimkit corpus
+``LoraConfig.dataset`` with :func:`calibration_batches` (seeded by ``LoraConfig.seed``), with the
+causal-LM loss (labels are the input ids; the model shifts them). AdamW over the adapter
+parameters only, constant learning rate, one optimizer step per batch. Adapter initialisation,
+dropout and data are all seeded, so a run is reproducible; the global RNG state is left untouched.
+
+After training the adapters are merged into the base weights (peft ``merge_and_unload``), so the
+model holds plain ``nn.Linear`` layers again, is modified in place and can be saved with
+:func:`slimkit.save`. If training fails or the loss becomes non-finite, the adapters are removed
+without merging and the model is left as it was.
+
+Reported: ``steps``, ``tokens`` (trained tokens), ``loss_first``, ``loss_last``, ``losses`` (one
+per step), ``trainable_params`` (adapter parameters), ``seconds`` (training and merge) and
+``config`` (the :class:`LoraConfig` as a dict).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.errors import SlimkitError
+
+LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """slimkit's LoRA recovery settings (not peft's ``LoraConfig``)."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = LLAMA_TARGETS
+    learning_rate: float = 1e-4
+    steps: int = 50  # optimizer steps
+    batch_size: int = 4
+    seq_len: int = 128
+    dataset: str = "alpaca"  # a slimkit corpus name
+    seed: int = 0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        targets = (self.target_modules,) if isinstance(self.target_modules, str) else tuple(self.target_modules)
+        object.__setattr__(self, "target_modules", targets)
+        problems = []
+        if self.rank < 1:
+            problems.append(f"rank must be >= 1 (got {self.rank})")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout must be in [0, 1) (got {self.dropout})")
+        if not targets:
+            problems.append("target_modules must name at least one module")
+        if not self.learning_rate > 0:
+            problems.append(f"learning_rate must be > 0 (got {self.learning_rate})")
+        if self.steps < 0:
+            problems.append(f"steps must be >= 0 (got {self.steps})")
+        if self.batch_size < 1:
+            problems.append(f"batch_size must be >= 1 (got {self.batch_size})")
+        if self.seq_len < 2:
+            problems.append(f"seq_len must be >= 2 (got {self.seq_len})")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay must be >= 0 (got {self.weight_decay})")
+        if problems:
+            raise SlimkitError("lora: " + "; ".join(problems))
+
+
+@dataclass
+class LoraTraining:
+    """A trained, not yet merged run: the peft-wrapped model and what :func:`merge_lora` restores."""
+
+    peft_model: nn.Module
+    report: dict[str, Any]
+    base_requires_grad: dict[str, bool] = field(repr=False)
+    started: float = field(repr=False, default=0.0)
+
+
+def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
+    """Raise :class:`SlimkitError` unless every target names Linear layers of ``model``."""
+    kinds: dict[str, set[str]] = {}
+    for name, module in model.named_modules():
+        if name:
+            kinds.setdefault(name.rpartition(".")[2], set()).add(type(module).__name__)
+    linears = sorted({name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+    for target in targets:
+        if target not in kinds:
+            raise SlimkitError(f"lora target module '{target}' not in the model; found: {', '.join(linears)}")
+        if target not in linears:
+            kind = ", ".join(sorted(kinds[target]))
+            raise SlimkitError(
+                f"lora target module '{target}' is a {kind}, not a Linear layer; Linear layers: {', '.join(linears)}"
+            )
+
+
+def _rng_devices(model: nn.Module) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+def _unwrap(peft_model: nn.Module, base_requires_grad: dict[str, bool], merge: bool) -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model = peft_model.merge_and_unload() if merge else peft_model.unload()
+    for name, param in model.named_parameters():
+        param.requires_grad_(base_requires_grad.get(name, param.requires_grad))
+    return model.eval()
+
+
+def train_lora(
+    model: nn.Module, tokenizer, config: LoraConfig, progress: Callable[[int], None] | None = None
+) -> LoraTraining:
+    """Wrap ``model`` with LoRA adapters and train them; :func:`merge_lora` finishes the run.
+
+    ``progress(step)`` is called after each optimizer step (1-based).
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    started = time.perf_counter()
+    check_targets(model, config.target_modules)
+    ids = None
+    if config.steps > 0:
+        spec = CalibrationSpec(config.dataset, config.steps * config.batch_size, config.seq_len, config.seed)
+        ids = calibration_batches(tokenizer, spec)
+    base_requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
+    device = next(model.parameters()).device
+    peft_config = PeftLoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=list(config.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    losses: list[float] = []
+    with torch.random.fork_rng(devices=_rng_devices(model)):
+        torch.manual_seed(config.seed)
+        with warnings.catch_warnings():
+            # peft 0.21 calls transformers' deprecated `is_gradient_checkpointing` when wrapping.
+            warnings.simplefilter("ignore", FutureWarning)
+            peft_model = get_peft_model(model, peft_config)
+        try:
+            params = [p for p in peft_model.parameters() if p.requires_grad]
+            trainable = sum(p.numel() for p in params)
+            if config.steps > 0:
+                optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+                peft_model.train()
+                for step in range(config.steps):
+                    batch = ids[step * config.batch_size : (step + 1) * config.batch_size].to(device)
+                    loss = peft_model(input_ids=batch, labels=batch, use_cache=False).loss
+                    value = float(loss.detach())
+                    if not math.isfinite(value):
+                        raise SlimkitError(
+                            f"lora training diverged: loss {value} at step {step + 1}; "
+                            f"try a lower learning_rate (got {config.learning_rate})"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    losses.append(value)
+                    if progress is not None:
+                        progress(step + 1)
+                optimizer.zero_grad(set_to_none=True)
+            peft_model.eval()
+        except BaseException:
+            _unwrap(peft_model, base_requires_grad, merge=False)
+            raise
+    report = {
+        "steps": config.steps,
+        "tokens": config.steps * config.batch_size * config.seq_len,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "losses": losses,
+        "trainable_params": trainable,
+        "seconds": time.perf_counter() - started,
+        "config": asdict(config),
+    }
+    return LoraTraining(peft_model, report, base_requires_grad, started)
+
+
+def merge_lora(training: LoraTraining) -> nn.Module:
+    """Merge the trained adapters into the base weights; the plain model again, in eval mode."""
+    model = _unwrap(training.peft_model, training.base_requires_grad, merge=True)
+    training.report["seconds"] = time.perf_counter() - training.started
+    return model
+
+
+def lora_recover(
+    model: nn.Module, tokenizer, config: LoraConfig, progress: Callable[[int], None] | None = None
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Train LoRA adapters on ``config.dataset`` for ``config.steps`` steps and merge them into ``model``.
+
+    ``model`` is modified in place (peft's merge replaces each wrapped Linear by its base layer);
+    the returned model is the same object. Returns ``(model, report)``.
+    """
+    training = train_lora(model, tokenizer, config, progress)
+    return merge_lora(training), training.report

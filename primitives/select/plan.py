@@ -1,0 +1,146 @@
+"""A pruning plan: from scored groups and a budget to the kept units of every group.
+
+The budget is a fraction ``r`` of units removed from every group (``uniform``) or from the pool
+of each kind's units across layers (``global``). :func:`solve_fraction` finds the ``r`` whose
+plan removes the wanted number of parameters of the target's part (bisection on exact counts,
+rounding included), so the achieved ratio lands on the target up to one rounding step. A plan is
+validated completely before any weight changes: a group that would lose every unit, or a rounding
+its shape cannot satisfy, fails with the layer and the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import param_parts
+from slimkit.primitives.groups import Group
+from slimkit.primitives.select import global_keep, keep_top, keep_top_per_block, protect_lowest
+
+
+@dataclass(frozen=True)
+class SelectionRules:
+    mode: str = "uniform"
+    round_to: dict[str, int] = field(default_factory=dict)
+    min_keep: int = 1
+    protect_lowest: float = 0.0
+
+
+def _where(group: Group) -> str:
+    return f"layer {group.layer} {group.kind}" if group.layer is not None else group.kind
+
+
+def multiple_for(group: Group, rules: SelectionRules) -> int:
+    multiple = rules.round_to.get(group.kind, 1)
+    blocks = group.extra.get("kv_groups", 1)
+    return multiple * blocks // math.gcd(multiple, blocks)
+
+
+def _round(count: float, multiple: int) -> int:
+    return round(count / multiple) * multiple
+
+
+def kept_counts(groups: list[Group], scores: list[torch.Tensor], fraction: float, rules: SelectionRules) -> list[int]:
+    """Kept units per group for removing ``fraction`` (clamped to the rules' minimum)."""
+    raw: list[float] = [g.size * (1.0 - fraction) for g in groups]
+    if rules.mode == "global":  # one threshold per kind: scores of different kinds do not compare
+        for kind in dict.fromkeys(g.kind for g in groups):
+            members = [i for i, g in enumerate(groups) if g.kind == kind]
+            counts = global_keep([scores[i] for i in members], fraction, rules.min_keep)
+            for i, count in zip(members, counts, strict=True):
+                raw[i] = count
+    counts = []
+    for group, count in zip(groups, raw, strict=True):
+        multiple = multiple_for(group, rules)
+        floor = math.ceil(rules.min_keep / multiple) * multiple
+        counts.append(max(floor, min(group.size, _round(count, multiple))))
+    return counts
+
+
+def validate_counts(groups: list[Group], counts: list[int], fraction: float, rules: SelectionRules) -> None:
+    for group, count in zip(groups, counts, strict=True):
+        multiple = multiple_for(group, rules)
+        if group.size % multiple and multiple > group.size:
+            raise SlimkitError(f"{_where(group)}: cannot round {group.size} units to a multiple of {multiple}")
+        floor = math.ceil(rules.min_keep / multiple) * multiple
+        if floor > group.size:
+            raise SlimkitError(
+                f"{_where(group)}: keeping at least {rules.min_keep} unit(s) in multiples of {multiple} "
+                f"needs {floor}, but the group has {group.size}"
+            )
+        wanted = group.size * (1.0 - fraction) if rules.mode == "uniform" else count
+        if _round(wanted, multiple) < floor:
+            raise SlimkitError(
+                f"{_where(group)}: removing {fraction:.1%} of {group.size} units would leave "
+                f"{max(_round(wanted, multiple), 0)}, fewer than the minimum {floor}"
+            )
+
+
+def removed_params(
+    model: nn.Module, groups: list[Group], counts: list[int], part: str, parts: dict[int, tuple[str, bool]]
+) -> int:
+    """Parameters of ``part`` (``total``, ``layers``, ``mlp``, ``attention``) the counts remove."""
+    total = 0
+    for group, count in zip(groups, counts, strict=True):
+        removed_units = group.size - count
+        seen: set[int] = set()
+        for member in group.members:
+            tensor = member.tensor(model)
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            name, in_layers = parts[id(tensor)]
+            if part == "total" or name == part or (part == "layers" and in_layers):
+                per_unit = member.indices.shape[1] * (tensor.numel() // tensor.shape[member.dim])
+                total += removed_units * per_unit
+    return total
+
+
+def solve_fraction(
+    model: nn.Module,
+    groups: list[Group],
+    scores: list[torch.Tensor],
+    rules: SelectionRules,
+    part: str,
+    wanted: int,
+) -> float:
+    """The removal fraction whose (rounded) plan removes closest to ``wanted`` parameters of ``part``."""
+    parts = param_parts(model)
+
+    def removed(fraction: float) -> int:
+        return removed_params(model, groups, kept_counts(groups, scores, fraction, rules), part, parts)
+
+    most = removed(1.0)
+    if wanted > most:
+        raise SlimkitError(
+            f"the target needs {wanted:,} parameters of {part} removed, but these groups can remove at most "
+            f"{most:,} (min_keep {rules.min_keep})"
+        )
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        middle = (low + high) / 2
+        if removed(middle) < wanted:
+            low = middle
+        else:
+            high = middle
+    return min((low, high), key=lambda f: abs(removed(f) - wanted))
+
+
+def keep_indices(group: Group, scores: torch.Tensor, count: int, rules: SelectionRules) -> torch.Tensor:
+    blocks = group.extra.get("kv_groups", 1)
+    if blocks > 1:
+        return keep_top_per_block(scores, blocks, count)
+    if rules.protect_lowest > 0:
+        return protect_lowest(scores, count, rules.protect_lowest)
+    return keep_top(scores, count)
+
+
+def plan(groups: list[Group], scores: list[torch.Tensor], fraction: float, rules: SelectionRules) -> list[torch.Tensor]:
+    """Kept unit indices for every group; raises before anything is changed if a rule cannot hold."""
+    counts = kept_counts(groups, scores, fraction, rules)
+    validate_counts(groups, counts, fraction, rules)
+    return [keep_indices(g, s, c, rules) for g, s, c in zip(groups, scores, counts, strict=True)]
