@@ -77,3 +77,31 @@ def test_wanda_channels_end_to_end_on_smollm2(real_cache, monkeypatch, tmp_path)
     model, tokenizer = slimkit.load(tmp_path / "run" / "model")
     again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=2048)
     assert again.perplexity == pytest.approx(ppl, rel=1e-4)
+
+
+def test_llm_pruner_meets_the_target_and_reloads(real_cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
+    overrides = [
+        "target.ratio=0.2",
+        "calibration.samples=4",
+        "stages.1.args.steps=1",
+        "stages.1.args.batch_size=1",
+        "eval.perplexity.datasets=[wikitext2]",
+        "eval.perplexity.max_tokens=1024",
+        "eval.perplexity.seq_len=256",
+    ]
+    recipe, raw = load_recipe("llm-pruner", overrides)
+    report = run_recipe(recipe, raw, tmp_path / "run")
+    assert abs(report["target"]["achieved"] - 0.2) < 0.01
+    widths = report["layers"]["after"]
+    assert widths[0] == widths[-1] == {
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+    }
+    assert all(w["num_attention_heads"] % 3 == 0 and w["num_key_value_heads"] == 3 for w in widths)
+    assert report["stages"]["lora"]["steps"] == 1
+    model, tokenizer = slimkit.load(tmp_path / "run" / "model")
+    again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=1024)
+    assert again.perplexity == pytest.approx(report["metrics"]["wikitext2_ppl"], rel=1e-4)
