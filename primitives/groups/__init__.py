@@ -72,17 +72,20 @@ class Group:
     def size(self) -> int:
         return int(self.members[0].indices.shape[0])
 
-    def params_per_unit(self, model: nn.Module) -> int:
-        """Parameters removed with one unit: each distinct member's slice (tied parameters once)."""
-        total = 0
+    def unit_slices(self, model: nn.Module) -> list[tuple[torch.Tensor, int]]:
+        """``(parameter, elements one unit removes from it)`` per distinct parameter (tied ones once)."""
+        slices: list[tuple[torch.Tensor, int]] = []
         seen: set[int] = set()
         for member in self.members:
             tensor = member.tensor(model)
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            total += member.indices.shape[1] * (tensor.numel() // tensor.shape[member.dim])
-        return total
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                slices.append((tensor, member.indices.shape[1] * (tensor.numel() // tensor.shape[member.dim])))
+        return slices
+
+    def params_per_unit(self, model: nn.Module) -> int:
+        """Parameters removed with one unit."""
+        return sum(per_unit for _tensor, per_unit in self.unit_slices(model))
 
 
 def _blocks(units: int, width: int, stride: int | None = None, offset: int = 0) -> torch.Tensor:

@@ -86,17 +86,10 @@ def removed_params(
     """Parameters of ``part`` (``total``, ``layers``, ``mlp``, ``attention``) the counts remove."""
     total = 0
     for group, count in zip(groups, counts, strict=True):
-        removed_units = group.size - count
-        seen: set[int] = set()
-        for member in group.members:
-            tensor = member.tensor(model)
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
+        for tensor, per_unit in group.unit_slices(model):
             name, in_layers = parts[id(tensor)]
             if part == "total" or name == part or (part == "layers" and in_layers):
-                per_unit = member.indices.shape[1] * (tensor.numel() // tensor.shape[member.dim])
-                total += removed_units * per_unit
+                total += (group.size - count) * per_unit
     return total
 
 
