@@ -23,7 +23,7 @@ from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance import NEEDS, score_group
 from slimkit.primitives.select import eligible_layers
-from slimkit.primitives.select.plan import SelectionRules, plan, solve_fraction
+from slimkit.primitives.select.plan import SelectionRules, check_shapes, plan, solve_fraction
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
@@ -105,6 +105,7 @@ def _score_and_prune(ctx: Context, args: PruneArgs, groups: list[Group], stats: 
         score_group(args.scorer, g, ctx.model, stats, generator=ctx.generator, **args.scorer_args()) for g in groups
     ]
     rules = args.rules()
+    check_shapes(groups, rules)
     if fraction is None:
         part, wanted = _wanted(ctx, ctx.recipe.target)
         fraction = solve_fraction(ctx.model, groups, scores, rules, part, wanted)
@@ -159,6 +160,7 @@ def layer_fraction(ctx: Context, args: PruneLayerArgs) -> float:
     eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
     groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, eligible)]
     scores = [torch.zeros(g.size) for g in groups]
+    check_shapes(groups, args.rules())
     part, wanted = _wanted(ctx, ctx.recipe.target)
     return solve_fraction(ctx.model, groups, scores, args.rules(), part, wanted)
 

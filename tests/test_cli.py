@@ -149,3 +149,28 @@ def test_console_script_prints_no_traceback(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: recipe file not found: {tmp_path / 'missing.yaml'}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            {"groups": ["attention_head"], "ratio": 0.9},
+            "layer 0 attention_head: removing 90.0% of 6 units would leave 0",
+        ),
+        ({"groups": ["kv_group"], "round_to": {"kv_group": 4}}, "layer 0 kv_group: cannot round 2 units to a multiple"),
+        ({"groups": ["kv_group"], "skip_first": 2, "skip_last": 1}, "leave none of 3 layers"),
+    ],
+)
+def test_impossible_pruning_fails_before_any_change(monkeypatch, capsys, tmp_path, tiny_llama_dir, args, message):
+    import slimkit.primitives.surgery.units as units
+
+    def must_not_run(*_args, **_kwargs):
+        raise AssertionError("weights changed before the plan was validated")
+
+    monkeypatch.setattr(units, "remove_units", must_not_run)
+    recipe = tiny_recipe(tiny_llama_dir, stages=[{"stage": "prune", "args": {"scorer": "magnitude", **args}}])
+    file = write_recipe(tmp_path / "r.yaml", recipe)
+    code, _, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, message)
+    assert not (tmp_path / "o").exists()

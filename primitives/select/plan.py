@@ -61,10 +61,11 @@ def kept_counts(groups: list[Group], scores: list[torch.Tensor], fraction: float
     return counts
 
 
-def validate_counts(groups: list[Group], counts: list[int], fraction: float, rules: SelectionRules) -> None:
-    for group, count in zip(groups, counts, strict=True):
+def check_shapes(groups: list[Group], rules: SelectionRules) -> None:
+    """Rounding and minimum rules every group's shape must allow, whatever the budget."""
+    for group in groups:
         multiple = multiple_for(group, rules)
-        if group.size % multiple and multiple > group.size:
+        if multiple > group.size:
             raise SlimkitError(f"{_where(group)}: cannot round {group.size} units to a multiple of {multiple}")
         floor = math.ceil(rules.min_keep / multiple) * multiple
         if floor > group.size:
@@ -72,6 +73,13 @@ def validate_counts(groups: list[Group], counts: list[int], fraction: float, rul
                 f"{_where(group)}: keeping at least {rules.min_keep} unit(s) in multiples of {multiple} "
                 f"needs {floor}, but the group has {group.size}"
             )
+
+
+def validate_counts(groups: list[Group], counts: list[int], fraction: float, rules: SelectionRules) -> None:
+    check_shapes(groups, rules)
+    for group, count in zip(groups, counts, strict=True):
+        multiple = multiple_for(group, rules)
+        floor = math.ceil(rules.min_keep / multiple) * multiple
         wanted = group.size * (1.0 - fraction) if rules.mode == "uniform" else count
         if _round(wanted, multiple) < floor:
             raise SlimkitError(
