@@ -66,7 +66,13 @@ def test_minilm_source_facts():
 
 def test_wanda_channels_end_to_end_on_smollm2(real_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
-    overrides = ["calibration.samples=8", "eval.perplexity.max_tokens=2048", "eval.perplexity.seq_len=256"]
+    overrides = [
+        "calibration.samples=8",
+        "eval.perplexity.max_tokens=2048",
+        "eval.perplexity.seq_len=256",
+        "target.of=mlp",
+        "stages.0.sequential.0.args.groups=[mlp_channel]",
+    ]
     recipe, raw = load_recipe("wanda-channels", overrides)
     report = run_recipe(recipe, raw, tmp_path / "run")
     assert report["target"]["achieved"] == pytest.approx(0.2, abs=1e-3)
