@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=16384)
     parser.add_argument("--name", default="compare")
+    parser.add_argument("--keep", type=Path, default=None, help="keep each run's output folder under this folder")
     args = parser.parse_args()
 
     datasets = args.ppl.split(",")
@@ -64,7 +65,8 @@ def main() -> None:
         f"eval.perplexity.max_tokens={args.max_tokens}",
     ]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="slimkit-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="slimkit-bench-") as scratch:
+        tmp = args.keep or Path(scratch)
         dense_json = Path(tmp) / "dense.json"
         _slimkit(
             "eval",

@@ -100,14 +100,38 @@ def test_llm_pruner_meets_the_target_and_reloads(real_cache, monkeypatch, tmp_pa
     report = run_recipe(recipe, raw, tmp_path / "run")
     assert abs(report["target"]["achieved"] - 0.2) < 0.01
     widths = report["layers"]["after"]
-    assert widths[0] == widths[-1] == {
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "head_dim": 64,
-        "intermediate_size": 1536,
-    }
+    assert (
+        widths[0]
+        == widths[-1]
+        == {
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "head_dim": 64,
+            "intermediate_size": 1536,
+        }
+    )
     assert all(w["num_attention_heads"] % 3 == 0 and w["num_key_value_heads"] == 3 for w in widths)
     assert report["stages"]["lora"]["steps"] == 1
     model, tokenizer = slimkit.load(tmp_path / "run" / "model")
+    again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=1024)
+    assert again.perplexity == pytest.approx(report["metrics"]["wikitext2_ppl"], rel=1e-4)
+
+
+def test_lorap_low_rank_pairs_survive_save_and_load(real_cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
+    overrides = [
+        "calibration.samples=4",
+        "calibration.batch_size=4",
+        "stages.1.args.steps=0",
+        "eval.perplexity.datasets=[wikitext2]",
+        "eval.perplexity.max_tokens=1024",
+        "eval.perplexity.seq_len=256",
+    ]
+    recipe, raw = load_recipe("lorap", overrides)
+    report = run_recipe(recipe, raw, tmp_path / "run")
+    assert abs(report["target"]["achieved"] - 0.2) < 0.01
+    assert report["stages"]["lowrank"]["ranks"]["0"] == {"q": 142, "k": 71, "v": None, "o": None}
+    model, tokenizer = slimkit.load(tmp_path / "run" / "model")
+    assert type(ModelView(model).layer(5).linear("q")).__name__ == "LowRankLinear"
     again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=1024)
     assert again.perplexity == pytest.approx(report["metrics"]["wikitext2_ppl"], rel=1e-4)

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.lowrank.module import member_target
 
 GROUP_KINDS = ("mlp_channel", "attention_head", "kv_group", "qk_dim", "vo_dim", "hidden_feature")
 
@@ -95,10 +96,18 @@ def _blocks(units: int, width: int, stride: int | None = None, offset: int = 0) 
 
 
 def _linear_members(path: str, module: nn.Module, dim: int, indices: torch.Tensor) -> list[Member]:
-    """The weight along ``dim`` and, for output dimensions, the bias along 0."""
-    members = [Member(path, "weight", dim, indices)]
+    """The weight along ``dim`` and, for output dimensions, the bias along 0.
+
+    A low-rank pair keeps its output dimension in ``second`` and its input dimension in ``first``.
+    """
+
+    def member(param: str, along: int) -> Member:
+        sub_path, name = member_target(module, param, along)
+        return Member(f"{path}.{sub_path}" if sub_path else path, name, along, indices)
+
+    members = [member("weight", dim)]
     if dim == 0 and getattr(module, "bias", None) is not None:
-        members.append(Member(path, "bias", 0, indices))
+        members.append(member("bias", 0))
     return members
 
 

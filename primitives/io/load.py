@@ -1,7 +1,8 @@
 """`load(dir)`: rebuild a model saved by :func:`slimkit.save` (or any HF folder) with identical outputs.
 
 A folder without ``per_layer_config`` and without manifest modules goes through the model class's
-own ``from_pretrained``. Otherwise the model is built from the global config, every parameter
+own ``from_pretrained``. Otherwise the model is built from the global config, the manifest's
+modules (low-rank pairs) are put in place, every parameter
 whose saved shape differs is given a module of the saved shape (shape-driven materialisation, so
 no architecture's forward pass is copied), each layer's attention head attributes are re-synced
 from its projection shapes, and the weights are loaded strictly. The materialised widths are then
@@ -23,6 +24,7 @@ from torch import nn
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.save import MANIFEST_NAME
+from slimkit.primitives.lowrank.module import materialise_lowrank
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -124,6 +126,7 @@ def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Modu
     tokenizer = _load_tokenizer(directory, config)
     model = _model_class(config, task)._from_config(config, dtype=torch.float32)
     saved = _saved_shapes(directory)
+    materialise_lowrank(model, manifest.get("modules", []))
     materialise_shapes(model, saved)
     view = ModelView(model)
     for layer in view.layers:

@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.paths import staging_dir
 
 MANIFEST_NAME = "slimkit_manifest.json"
@@ -102,7 +103,7 @@ def save(
             "format": MANIFEST_FORMAT,
             "model_type": view.spec.model_type,
             "layer_widths": view.layer_widths(),
-            "modules": [],
+            "modules": lowrank_entries(model),
             "versions": versions(),
             **(manifest or {}),
         }

@@ -1,4 +1,4 @@
-"""Built-in stages (importing this module registers them).
+"""Pruning stages.
 
 * ``prune`` (model scope): score coupling groups of the chosen kinds in the eligible layers with
   statistics of the dense model (input norms from one calibration pass, or calibration-loss
@@ -6,7 +6,10 @@
   check the whole plan, then remove the units.
 * ``prune_layer`` (layer scope, usable inside ``sequential``): the same for one layer at a time,
   with that layer's statistics (uniform selection; no gradients, no hidden features).
-* ``lora`` (model scope): LoRA recovery fine-tuning with peft, merged into the weights.
+
+The removal fraction is solved so the recipe target is met (``ratio_rule: solve``), or set to
+LoRAP's layer ratio Ratio_l = Param_total x Ratio_s / (layers x Param_layer) (Appendix C.1,
+``ratio_rule: layer``) so that every layer's sub-layers lose the same fraction.
 """
 
 from __future__ import annotations
@@ -14,20 +17,21 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
-from slimkit.primitives.finetune import LoraConfig, lora_recover
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance import NEEDS, score_group
+from slimkit.primitives.lowrank import layer_ratio
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, check_shapes, plan, solve_fraction
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict, Target, check_corpus
+from slimkit.recipes.schema import Strict, Target
 
 # Which entry of params_by_part a target is a ratio of.
 TARGET_PART = {"model": "total", "layers": "layers", "mlp": "mlp", "attention": "attention"}
@@ -51,6 +55,8 @@ class PruneArgs(Strict):
     min_keep: int = Field(1, ge=1)
     protect_lowest: float = Field(0.0, ge=0.0, lt=1.0)
     """Retain the least important fraction of units (LoRAP Eq. 11)."""
+    ratio_rule: Literal["solve", "layer"] = "solve"
+    """How the fraction follows from the target when ``ratio`` is not given (see module docstring)."""
 
     @model_validator(mode="after")
     def _compatible(self) -> PruneArgs:
@@ -88,6 +94,20 @@ def _wanted(ctx: Context, target: Target) -> tuple[str, int]:
     return part, round(target.ratio * ctx.params_before[part])
 
 
+def lorap_layer_ratio(ctx: Context) -> float:
+    """LoRAP Appendix C.1: the per-layer ratio that removes the target ratio of the whole model.
+
+    Param_layer counts one layer's compressible parameters (attention and MLP projections) of the
+    dense model, averaged over the layers.
+    """
+    target = ctx.recipe.target
+    if target.of != "model":
+        raise SlimkitError(f"ratio_rule: layer needs target.of: model (got {target.of})")
+    layers = ctx.view.num_layers
+    layer_params = (ctx.params_before["attention"] + ctx.params_before["mlp"]) // layers
+    return layer_ratio(ctx.params_before["total"], target.ratio, layers, layer_params)
+
+
 def _dense_input_norms(ctx: Context) -> dict[str, torch.Tensor]:
     view = ctx.view
     modules = {}
@@ -106,6 +126,8 @@ def _score_and_prune(ctx: Context, args: PruneArgs, groups: list[Group], stats: 
     ]
     rules = args.rules()
     check_shapes(groups, rules)
+    if fraction is None and args.ratio_rule == "layer":
+        fraction = lorap_layer_ratio(ctx)
     if fraction is None:
         part, wanted = _wanted(ctx, ctx.recipe.target)
         fraction = solve_fraction(ctx.model, groups, scores, rules, part, wanted)
@@ -148,9 +170,12 @@ def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dic
     groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
     fraction = args.ratio
     if fraction is None:
-        fraction = ctx.stage_report.get("prune_layer", {}).get("unit_fraction")
-    if fraction is None:
-        fraction = layer_fraction(ctx, args)
+        # Solved once, at the first eligible layer while the model is still dense, per group set.
+        solved = ctx.stage_report.setdefault("prune_layer", {}).setdefault("fractions", {})
+        key = "+".join(args.groups)
+        if key not in solved:
+            solved[key] = lorap_layer_ratio(ctx) if args.ratio_rule == "layer" else layer_fraction(ctx, args)
+        fraction = solved[key]
     _score_and_prune(ctx, args, groups, stats, fraction)
     _record(ctx, "prune_layer", fraction, args)
 
@@ -163,35 +188,3 @@ def layer_fraction(ctx: Context, args: PruneLayerArgs) -> float:
     check_shapes(groups, args.rules())
     part, wanted = _wanted(ctx, ctx.recipe.target)
     return solve_fraction(ctx.model, groups, scores, args.rules(), part, wanted)
-
-
-class LoraArgs(Strict):
-    rank: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.05, ge=0.0, lt=1.0)
-    target_modules: list[str] | None = None
-    """Linear module names to adapt; None: every attention and MLP projection of the layers."""
-    learning_rate: float = Field(1e-4, gt=0)
-    steps: int = Field(50, ge=0)
-    batch_size: int = Field(4, ge=1)
-    seq_len: int = Field(128, ge=2)
-    dataset: str = "alpaca"
-    weight_decay: float = Field(0.0, ge=0.0)
-
-    _dataset = field_validator("dataset")(check_corpus)
-
-
-def default_lora_targets(ctx: Context) -> tuple[str, ...]:
-    layer = ctx.view.layer(0)
-    return tuple(layer.linear_path(role).rsplit(".", 1)[-1] for role in layer.roles)
-
-
-@register_stage("lora", args=LoraArgs, scope="model")
-def lora(ctx: Context, args: LoraArgs) -> None:
-    """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
-    values = args.model_dump()
-    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
-    config = LoraConfig(**values, seed=ctx.recipe.seed)
-    with ctx.tracker.task("lora", config.steps) as advance:
-        ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
-    ctx.stage_report["lora"] = report

@@ -1,0 +1,127 @@
+"""Truncated SVD and activation-weighted SVD (AWSVD) factorisations of a weight matrix.
+
+Notation follows LoRAP (Li et al., 2024, arXiv:2404.09695), §2.4 and §3.2. A Linear computes
+``y = W x`` with ``W`` of shape ``d_out x d_in`` (``nn.Linear.weight``); a rank-``r`` factorisation
+replaces it by ``y ≈ L R x`` (Eq. 3) with ``L: d_out x r`` and ``R: r x d_in``.
+
+* :func:`truncated_svd` is Eq. 4: ``SVD(W) = U Σ Vᵀ``, ``L = U_r Σ_r``, ``R = V_rᵀ``; by
+  Eckart–Young–Mirsky it minimises ``||W − L R||`` (Frobenius and spectral) over rank-``r`` pairs.
+* :func:`activation_weighted_svd` is AWSVD, Eqs. 5–7: ``D = diag(||X_1||₂, …, ||X_{d_in}||₂)`` from
+  the layer's calibration inputs (Eq. 5; :class:`~slimkit.primitives.calibration.capture.InputNormAccumulator`
+  gives exactly these norms), ``SVD(W D) = U Σ Vᵀ``, ``L = U_r Σ_r``, ``R = V_rᵀ D⁻¹``, which minimises
+  ``||(W − L R) D||`` (Eq. 7).
+
+Reading of the paper: Eq. 6 writes the weighted error as ``Σ_ij (W_ij − (LR)_ij)² ||X_j||₂`` (norm
+to the first power), but Eq. 7 and its closed-form solution use ``D = diag(||X_j||₂)`` inside the
+norm, i.e. they weight the squared error by ``||X_j||₂²``. We implement Eq. 7 and its closed form
+(the algorithm the paper states); with ``||X_j||₂²`` weights the objective is the output error
+``||(W − LR) Xᵀ||_F²`` under the approximation that input features are uncorrelated.
+
+The paper writes ``SVD(W) = U Σ V`` with ``V`` already transposed; here ``Vᵀ`` is explicit.
+
+Σ is folded into ``L`` as in the paper (``L = U_r Σ_r``), so ``R`` has orthonormal rows (before
+``D⁻¹``). Factors are computed in ``compute_dtype`` (float64 by default, for accuracy at a
+negligible cost for attention-sized matrices) and returned in ``W``'s dtype and device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_EPS = 1e-6
+"""Relative floor for activation norms in AWSVD: norms are clamped to ``eps * max(norms)``."""
+
+
+def _check_rank(weight: torch.Tensor, rank: int) -> None:
+    if weight.dim() != 2:
+        raise ValueError(f"expected a 2-D weight matrix, got shape {tuple(weight.shape)}")
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"rank must be an int, got {type(rank).__name__}")
+    full = min(weight.shape)
+    if not 1 <= rank <= full:
+        raise ValueError(f"rank must be in [1, {full}] for a {tuple(weight.shape)} matrix, got {rank}")
+
+
+def _svd_factors(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(U_r Σ_r, V_rᵀ)`` of ``matrix`` (already in the compute dtype)."""
+    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+    return u[:, :rank] * s[:rank], vh[:rank, :]
+
+
+def truncated_svd(
+    weight: torch.Tensor, rank: int, *, compute_dtype: torch.dtype | None = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best rank-``rank`` factorisation ``W ≈ L @ R`` (LoRAP Eq. 4).
+
+    Returns ``L = U_r Σ_r`` (``d_out x rank``) and ``R = V_rᵀ`` (``rank x d_in``) in ``weight``'s
+    dtype and device. ``rank == min(d_out, d_in)`` reconstructs ``W`` up to round-off.
+    ``compute_dtype=None`` computes in ``weight``'s own dtype.
+    """
+    _check_rank(weight, rank)
+    work = weight.detach().to(compute_dtype or weight.dtype)
+    left, right = _svd_factors(work, rank)
+    return left.to(weight.dtype), right.to(weight.dtype)
+
+
+def clamp_norms(input_norms: torch.Tensor, eps: float = DEFAULT_EPS) -> torch.Tensor:
+    """The diagonal of ``D`` (Eq. 5) made safe to invert.
+
+    Norms below ``eps * max(norms)`` are raised to that floor (an input feature that never fired
+    gets the smallest weight, not an infinite ``D⁻¹``). If every norm is zero (no signal at all),
+    ``D = I`` and AWSVD reduces to plain SVD. Negative or non-finite norms raise ``ValueError``.
+    """
+    norms = input_norms.detach()
+    if norms.dim() != 1:
+        raise ValueError(f"input_norms must be a vector, got shape {tuple(norms.shape)}")
+    if not torch.isfinite(norms).all() or (norms < 0).any():
+        raise ValueError(
+            "input_norms must be finite and non-negative (pass ||X_j||_2, e.g. InputNormAccumulator.norms())"
+        )
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    top = norms.max()
+    if top <= 0:
+        return torch.ones_like(norms)
+    return norms.clamp_min(top * eps)
+
+
+def activation_weighted_svd(
+    weight: torch.Tensor,
+    input_norms: torch.Tensor,
+    rank: int,
+    *,
+    eps: float = DEFAULT_EPS,
+    compute_dtype: torch.dtype | None = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AWSVD (LoRAP Eqs. 5–7): the rank-``rank`` ``L @ R`` minimising ``||(W − L R) D||``.
+
+    ``input_norms[j] = ||X_j||₂`` is the ℓ2 norm of input feature ``j`` over all calibration tokens
+    (Eq. 5), length ``d_in``. With ``D = diag(input_norms)`` (floored by :func:`clamp_norms`):
+    ``SVD(W D) = U Σ Vᵀ``, ``L = U_r Σ_r``, ``R = V_rᵀ D⁻¹`` (the closed form below Eq. 7).
+    Returns ``(L, R)`` in ``weight``'s dtype and device. Constant norms give plain SVD.
+    """
+    _check_rank(weight, rank)
+    if input_norms.shape != (weight.shape[1],):
+        raise ValueError(
+            f"input_norms must have d_in={weight.shape[1]} entries for a {tuple(weight.shape)} weight, "
+            f"got shape {tuple(input_norms.shape)}"
+        )
+    dtype = compute_dtype or weight.dtype
+    d = clamp_norms(input_norms.to(device=weight.device, dtype=dtype), eps)
+    work = weight.detach().to(dtype)
+    left, right = _svd_factors(work * d[None, :], rank)
+    right = right / d[None, :]
+    return left.to(weight.dtype), right.to(weight.dtype)
+
+
+def weighted_error(
+    weight: torch.Tensor, left: torch.Tensor, right: torch.Tensor, input_norms: torch.Tensor | None = None
+) -> float:
+    """``||(W − L R) D||_F`` (Eq. 7's objective, Frobenius); ``D = I`` when ``input_norms`` is None."""
+    residual = weight.double() - left.double() @ right.double()
+    if input_norms is not None:
+        residual = residual * input_norms.double().to(residual.device)[None, :]
+    return float(torch.linalg.matrix_norm(residual))
+
+
+__all__ = ["DEFAULT_EPS", "activation_weighted_svd", "clamp_norms", "truncated_svd", "weighted_error"]

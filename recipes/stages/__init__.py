@@ -1,0 +1,11 @@
+"""Built-in stages; importing this package registers them with the stage registry.
+
+* :mod:`.prune`: ``prune`` (model scope) and ``prune_layer`` (layer scope) over coupling groups.
+* :mod:`.lowrank`: ``lowrank`` (layer scope), LoRAP's (activation-weighted) SVD of projections.
+* :mod:`.lora`: ``lora`` (model scope), LoRA recovery merged into the weights.
+"""
+
+from slimkit.recipes.stages import lora, lowrank, prune
+from slimkit.recipes.stages.prune import TARGET_PART
+
+__all__ = ["TARGET_PART", "lora", "lowrank", "prune"]
