@@ -67,6 +67,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="slimkit-bench-") as scratch:
         tmp = args.keep or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         dense_json = Path(tmp) / "dense.json"
         _slimkit(
             "eval",
