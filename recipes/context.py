@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +33,8 @@ class Context:
     """What each stage wants in the report, by stage label."""
     tracker: Tracker = field(default_factory=Tracker)
     """Progress bars for long stages."""
+    artifacts: dict[str, Callable[[Path], Any]] = field(default_factory=dict)
+    """Extra outputs a stage leaves for the run folder: name -> writer of ``OUT/<name>/``."""
 
     @property
     def view(self) -> ModelView:

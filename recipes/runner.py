@@ -232,6 +232,9 @@ def run_recipe(
         }
         from slimkit.recipes.report import write_report
 
+        for name, writer in ctx.artifacts.items():
+            writer(staging / name)
+
         write_report(report, staging)
         if out.exists():
             shutil.rmtree(out)

@@ -135,3 +135,18 @@ def test_lorap_low_rank_pairs_survive_save_and_load(real_cache, monkeypatch, tmp
     assert type(ModelView(model).layer(5).linear("q")).__name__ == "LowRankLinear"
     again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=1024)
     assert again.perplexity == pytest.approx(report["metrics"]["wikitext2_ppl"], rel=1e-4)
+
+
+def test_prunenet_is_calibration_free_and_reuses_its_policy(real_cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
+    evals = ["eval.perplexity.datasets=[wikitext2]", "eval.perplexity.max_tokens=1024", "eval.perplexity.seq_len=256"]
+    recipe, raw = load_recipe("prunenet", ["stages.0.args.episodes=2", *evals])
+    report = run_recipe(recipe, raw, tmp_path / "r20")
+    assert report["calibration"] is None and report["target"]["achieved"] == pytest.approx(0.2, abs=1e-3)
+    assert len(report["stages"]["prunenet"]["policy"]["episode_penalty"]) == 2
+    policy = tmp_path / "r20" / "policy"
+    recipe, raw = load_recipe("prunenet", ["target.ratio=0.3", f"stages.0.args.policy={policy}", *evals])
+    second = run_recipe(recipe, raw, tmp_path / "r30")
+    assert second["stages"]["prunenet"]["policy"] == {"loaded_from": str(policy)}
+    model, _tokenizer = slimkit.load(tmp_path / "r30" / "model")
+    assert {layer.mlp_width for layer in ModelView(model).layers} == {1075}

@@ -2,10 +2,11 @@
 
 * :mod:`.prune`: ``prune`` (model scope) and ``prune_layer`` (layer scope) over coupling groups.
 * :mod:`.lowrank`: ``lowrank`` (layer scope), LoRAP's (activation-weighted) SVD of projections.
+* :mod:`.prunenet`: ``prunenet`` (model scope), calibration-free policy-learned MLP pruning.
 * :mod:`.lora`: ``lora`` (model scope), LoRA recovery merged into the weights.
 """
 
-from slimkit.recipes.stages import lora, lowrank, prune
+from slimkit.recipes.stages import lora, lowrank, prune, prunenet
 from slimkit.recipes.stages.prune import TARGET_PART
 
-__all__ = ["TARGET_PART", "lora", "lowrank", "prune"]
+__all__ = ["TARGET_PART", "lora", "lowrank", "prune", "prunenet"]

@@ -1,0 +1,44 @@
+"""The `prunenet` stage on a tiny model: calibration-free, saves its policy, reuses it at another ratio."""
+
+from __future__ import annotations
+
+import pytest
+
+import slimkit
+from slimkit.primitives.arch import ModelView
+from slimkit.recipes.loading import validate
+from slimkit.recipes.runner import run_recipe
+from tests.test_recipes import tiny_recipe
+
+
+def prunenet_recipe(model_dir, ratio: float, **args):
+    stage = {"stage": "prunenet", "args": {"episodes": 2, **args}}
+    raw = tiny_recipe(model_dir, target={"ratio": ratio, "of": "mlp"}, stages=[stage])
+    raw.pop("calibration")
+    return raw
+
+
+def test_prunenet_trains_saves_and_reuses_its_policy(tmp_path, tiny_llama_dir):
+    raw = prunenet_recipe(tiny_llama_dir, 0.25)
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "first")
+    assert report["calibration"] is None
+    assert report["stages"]["prunenet"]["policy"]["episodes"] == 2
+    assert all(w["intermediate_size"] == 48 for w in report["layers"]["after"])
+    assert report["target"]["achieved"] == pytest.approx(0.25)
+    policy_dir = tmp_path / "first" / "policy"
+    assert (policy_dir / "policy.safetensors").is_file() and (policy_dir / "policy.json").is_file()
+
+    reuse = prunenet_recipe(tiny_llama_dir, 0.5, policy=str(policy_dir))
+    second = run_recipe(validate(reuse, "tiny"), reuse, tmp_path / "second")
+    assert second["stages"]["prunenet"]["policy"] == {"loaded_from": str(policy_dir)}
+    assert not (tmp_path / "second" / "policy").exists()
+    model, _ = slimkit.load(tmp_path / "second" / "model")
+    assert [layer.mlp_width for layer in ModelView(model).layers] == [32, 32, 32]
+
+
+@pytest.mark.parametrize("selection", ["random", "deterministic"])
+def test_prunenet_ablations_run(tmp_path, tiny_llama_dir, selection):
+    raw = prunenet_recipe(tiny_llama_dir, 0.25, selection=selection, schedule="linear")
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    ratios = report["stages"]["prunenet"]["layer_ratios"]
+    assert sum(ratios) / len(ratios) == pytest.approx(0.25) and ratios[0] > ratios[-1]
