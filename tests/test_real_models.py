@@ -22,6 +22,15 @@ from slimkit.recipes.runner import run_recipe
 
 pytestmark = pytest.mark.real
 
+# A small perplexity budget for the end-to-end runs: 4 windows of 256 tokens of WikiText-2.
+SMALL_EVAL = ["eval.perplexity.datasets=[wikitext2]", "eval.perplexity.max_tokens=1024", "eval.perplexity.seq_len=256"]
+
+
+def assert_reloaded_perplexity(model, tokenizer, report) -> None:
+    """The saved model, reloaded, reproduces the perplexity the run reported."""
+    again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=1024)
+    assert again.perplexity == pytest.approx(report["metrics"]["wikitext2_ppl"], rel=1e-4)
+
 
 @pytest.fixture(scope="module")
 def real_cache(tmp_path_factory):
@@ -92,9 +101,7 @@ def test_llm_pruner_meets_the_target_and_reloads(real_cache, monkeypatch, tmp_pa
         "calibration.samples=4",
         "stages.1.args.steps=1",
         "stages.1.args.batch_size=1",
-        "eval.perplexity.datasets=[wikitext2]",
-        "eval.perplexity.max_tokens=1024",
-        "eval.perplexity.seq_len=256",
+        *SMALL_EVAL,
     ]
     recipe, raw = load_recipe("llm-pruner", overrides)
     report = run_recipe(recipe, raw, tmp_path / "run")
@@ -113,8 +120,7 @@ def test_llm_pruner_meets_the_target_and_reloads(real_cache, monkeypatch, tmp_pa
     assert all(w["num_attention_heads"] % 3 == 0 and w["num_key_value_heads"] == 3 for w in widths)
     assert report["stages"]["lora"]["steps"] == 1
     model, tokenizer = slimkit.load(tmp_path / "run" / "model")
-    again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=1024)
-    assert again.perplexity == pytest.approx(report["metrics"]["wikitext2_ppl"], rel=1e-4)
+    assert_reloaded_perplexity(model, tokenizer, report)
 
 
 def test_lorap_low_rank_pairs_survive_save_and_load(real_cache, monkeypatch, tmp_path):
@@ -123,9 +129,7 @@ def test_lorap_low_rank_pairs_survive_save_and_load(real_cache, monkeypatch, tmp
         "calibration.samples=4",
         "calibration.batch_size=4",
         "stages.1.args.steps=0",
-        "eval.perplexity.datasets=[wikitext2]",
-        "eval.perplexity.max_tokens=1024",
-        "eval.perplexity.seq_len=256",
+        *SMALL_EVAL,
     ]
     recipe, raw = load_recipe("lorap", overrides)
     report = run_recipe(recipe, raw, tmp_path / "run")
@@ -133,13 +137,12 @@ def test_lorap_low_rank_pairs_survive_save_and_load(real_cache, monkeypatch, tmp
     assert report["stages"]["lowrank"]["ranks"]["0"] == {"q": 142, "k": 71, "v": None, "o": None}
     model, tokenizer = slimkit.load(tmp_path / "run" / "model")
     assert type(ModelView(model).layer(5).linear("q")).__name__ == "LowRankLinear"
-    again = perplexity(model, tokenizer, "wikitext2", seq_len=256, max_tokens=1024)
-    assert again.perplexity == pytest.approx(report["metrics"]["wikitext2_ppl"], rel=1e-4)
+    assert_reloaded_perplexity(model, tokenizer, report)
 
 
 def test_prunenet_is_calibration_free_and_reuses_its_policy(real_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
-    evals = ["eval.perplexity.datasets=[wikitext2]", "eval.perplexity.max_tokens=1024", "eval.perplexity.seq_len=256"]
+    evals = SMALL_EVAL
     recipe, raw = load_recipe("prunenet", ["stages.0.args.episodes=2", *evals])
     report = run_recipe(recipe, raw, tmp_path / "r20")
     assert report["calibration"] is None and report["target"]["achieved"] == pytest.approx(0.2, abs=1e-3)
