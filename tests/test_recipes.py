@@ -129,3 +129,13 @@ def test_top_level_layer_stage_uses_dense_statistics(tmp_path, tiny_llama_dir):
     report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
     assert report["calibration"] is None and report["metrics"] == {}
     assert all(w["intermediate_size"] == 48 for w in report["layers"]["after"])
+
+
+def test_zero_shot_evaluation_through_the_runner(tmp_path, tiny_llama_dir):
+    raw = tiny_recipe(tiny_llama_dir)
+    raw["eval"] = {"perplexity": None, "zeroshot": {"tasks": ["piqa", "boolq"], "limit": 2, "batch_size": 2}}
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run")
+    metrics = report["metrics"]
+    assert {"piqa_acc", "piqa_acc_norm", "boolq_acc", "zeroshot_mean_acc"} <= set(metrics)
+    assert metrics["zeroshot_mean_acc"] == pytest.approx((metrics["piqa_acc"] + metrics["boolq_acc"]) / 2)
+    assert report["evaluation"]["zeroshot"]["results"]["piqa"]["n"] == 2
