@@ -44,10 +44,6 @@ def out_features(module: nn.Module) -> int:
     return int(module.out_features)
 
 
-def in_features(module: nn.Module) -> int:
-    return int(module.in_features)
-
-
 @dataclass
 class NormView:
     module: nn.Module

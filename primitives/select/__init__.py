@@ -21,22 +21,19 @@ import torch
 from slimkit.primitives.errors import SlimkitError
 
 
+def min_kept(multiple: int, minimum: int) -> int:
+    """The fewest units a rule may keep: ``minimum`` rounded up to the multiple."""
+    return math.ceil(minimum / multiple) * multiple
+
+
+def round_kept(count: float, width: int, multiple: int = 1, minimum: int = 1) -> int:
+    """``count`` kept units rounded to ``multiple``, never below :func:`min_kept` nor above ``width``."""
+    return max(min_kept(multiple, minimum), min(width, round(count / multiple) * multiple))
+
+
 def keep_count(width: int, remove_ratio: float, multiple: int = 1, minimum: int = 1) -> int:
-    """Units kept when ``remove_ratio`` of ``width`` is removed, rounded to ``multiple``.
-
-    Never below ``minimum`` (itself rounded up to the multiple) and never above ``width``.
-    """
-    kept = round(width * (1.0 - remove_ratio) / multiple) * multiple
-    floor = math.ceil(minimum / multiple) * multiple
-    return max(floor, min(width, kept))
-
-
-def check_rounding(width: int, multiple: int, minimum: int, where: str) -> None:
-    floor = math.ceil(minimum / multiple) * multiple
-    if floor > width or floor == 0:
-        raise SlimkitError(
-            f"{where}: cannot keep a multiple of {multiple} of {width} units with at least {minimum} kept"
-        )
+    """Units kept when ``remove_ratio`` of ``width`` is removed (see :func:`round_kept`)."""
+    return round_kept(width * (1.0 - remove_ratio), width, multiple, minimum)
 
 
 def keep_top(scores: torch.Tensor, count: int) -> torch.Tensor:
@@ -95,11 +92,12 @@ def eligible_layers(num_layers: int, skip_first: int = 0, skip_last: int = 0) ->
 
 
 __all__ = [
-    "check_rounding",
     "eligible_layers",
     "global_keep",
     "keep_count",
     "keep_top",
     "keep_top_per_block",
+    "min_kept",
     "protect_lowest",
+    "round_kept",
 ]

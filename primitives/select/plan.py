@@ -19,7 +19,7 @@ from torch import nn
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.groups import Group
-from slimkit.primitives.select import global_keep, keep_top, keep_top_per_block, protect_lowest
+from slimkit.primitives.select import global_keep, keep_top, keep_top_per_block, min_kept, protect_lowest, round_kept
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,6 @@ def multiple_for(group: Group, rules: SelectionRules) -> int:
     return multiple * blocks // math.gcd(multiple, blocks)
 
 
-def _round(count: float, multiple: int) -> int:
-    return round(count / multiple) * multiple
-
-
 def kept_counts(groups: list[Group], scores: list[torch.Tensor], fraction: float, rules: SelectionRules) -> list[int]:
     """Kept units per group for removing ``fraction`` (clamped to the rules' minimum)."""
     raw: list[float] = [g.size * (1.0 - fraction) for g in groups]
@@ -53,12 +49,9 @@ def kept_counts(groups: list[Group], scores: list[torch.Tensor], fraction: float
             counts = global_keep([scores[i] for i in members], fraction, rules.min_keep)
             for i, count in zip(members, counts, strict=True):
                 raw[i] = count
-    counts = []
-    for group, count in zip(groups, raw, strict=True):
-        multiple = multiple_for(group, rules)
-        floor = math.ceil(rules.min_keep / multiple) * multiple
-        counts.append(max(floor, min(group.size, _round(count, multiple))))
-    return counts
+    return [
+        round_kept(count, g.size, multiple_for(g, rules), rules.min_keep) for g, count in zip(groups, raw, strict=True)
+    ]
 
 
 def check_shapes(groups: list[Group], rules: SelectionRules) -> None:
@@ -67,7 +60,7 @@ def check_shapes(groups: list[Group], rules: SelectionRules) -> None:
         multiple = multiple_for(group, rules)
         if multiple > group.size:
             raise SlimkitError(f"{_where(group)}: cannot round {group.size} units to a multiple of {multiple}")
-        floor = math.ceil(rules.min_keep / multiple) * multiple
+        floor = min_kept(multiple, rules.min_keep)
         if floor > group.size:
             raise SlimkitError(
                 f"{_where(group)}: keeping at least {rules.min_keep} unit(s) in multiples of {multiple} "
@@ -79,12 +72,12 @@ def validate_counts(groups: list[Group], counts: list[int], fraction: float, rul
     check_shapes(groups, rules)
     for group, count in zip(groups, counts, strict=True):
         multiple = multiple_for(group, rules)
-        floor = math.ceil(rules.min_keep / multiple) * multiple
+        floor = min_kept(multiple, rules.min_keep)
         wanted = group.size * (1.0 - fraction) if rules.mode == "uniform" else count
-        if _round(wanted, multiple) < floor:
+        if round(wanted / multiple) * multiple < floor:
             raise SlimkitError(
                 f"{_where(group)}: removing {fraction:.1%} of {group.size} units would leave "
-                f"{max(_round(wanted, multiple), 0)}, fewer than the minimum {floor}"
+                f"{max(round(wanted / multiple) * multiple, 0)}, fewer than the minimum {floor}"
             )
 
 
