@@ -1,0 +1,294 @@
+"""SP3's expected sparsity (Appendix C, Eq. 30), the Lagrangian pruning loss (Eq. 14) and final binarisation.
+
+The count (Eq. 30)
+------------------
+
+:func:`expected_size` is the sum inside Eq. 30, a pure function of one value per mask entry. Given
+keep probabilities ``P(z ≠ 0)`` (:meth:`MaskSet.keep_probs`) it is the expected number of weights
+left (every term is a product of independent gates, so the expectation factorises); given 0/1 masks
+it is exactly the number of weights of the pruned, fused model. With the block-centric names of
+:mod:`~slimkit.primitives.optim.masks` (``a = mha_in``, ``c = mha_out``, ``a' = ffn_in``,
+``c' = ffn_out``), per layer::
+
+    W_Q:  z_MHA Σ_j z_head_j · Σ_k a_k · Σ_l z_Q[j,l]      (likewise W_K with z_K, W_V with z_V)
+    W_O:  z_MHA Σ_j z_head_j · Σ_k c_k · Σ_l z_O[j,l]
+    W_U:  z_FFN · Σ_k a'_k · Σ_l z_f[l]                    (and W_gate, for gated MLPs)
+    W_D:  z_FFN · Σ_k c'_k · Σ_l z_f[l]
+    W_R:  (Σ_k a_k)(Σ_l c_l) + (Σ_k a'_k)(Σ_l c'_l)        the residual matrices (Eq. 18)
+
+Readings of the paper (what is done here and why)
+-------------------------------------------------
+
+* **Residual matrices.** Eq. 30 prints the residual terms with one index, ``Σ_k z_out^k z_in^k``
+  (a diagonal), but the matrix that fusing adds, ``W_R = Pr(diag(z_in) P_in P_out diag(z_out))``
+  (Eq. 18), is dense: ``|z_in| × |z_out|`` weights. ``residual="dense"`` (default) counts the dense
+  matrix, so the binary count equals the fused model; ``residual="diagonal"`` is Eq. 30 as printed;
+  ``residual="none"`` counts none (CoFi's masks-only model, a shared hidden mask, or Group PCA
+  inside a group where ``U' = U`` needs no matrix, Appendix F.1). ``residual_blocks`` limits the
+  count to some blocks (order ``mha_0, ffn_0, mha_1, ...``; e.g. Group PCA boundaries). A block
+  with neither hidden mask (absent, or its level inactive) has no residual matrix: without hidden
+  masks the projections can be folded back and nothing is added.
+* **Projection matrices inside heads.** ``P_Q, P_K, P_V, P_O`` are fused into ``W_Q, W_K, W_V, W_O``
+  (Eq. 15), so they add no weights: a head's projected ``W_Q`` has ``|z_Q|`` rows. Likewise
+  ``P_in, P_out`` are fused into the block weights and ``W_R``. Nothing else is counted for them.
+* **Which hidden mask masks which matrix.** Eq. 30 (not Eq. 15, whose ``M``/``F`` superscripts are
+  shifted by one block) is followed: Q, K, V read the previous block's ``z_out``, O writes into this
+  block's ``z_in``.
+* **Masks inside heads are counted separately.** Like Eq. 30, ``W_Q`` rows follow ``z_Q`` and
+  ``W_K`` rows ``z_K``; a runnable model needs the same QK (and VO) dimensions on both sides, so
+  :func:`couple_intermediate` (used by :func:`binarize`) keeps a dimension in both only when both
+  masks keep it; the count then equals the runnable model's.
+* **Scope and ``M``.** Like CoFi (and Table 1's note), only the weight matrices of the attention
+  and MLP blocks (plus residual matrices) are counted: no embeddings, norms, pooler or head, and no
+  biases unless ``include_bias`` (then each kept output row of a Linear adds one). ``M`` is the same
+  count for the dense model without masks and without residual matrices (:func:`dense_size`),
+  unless ``total`` is given.
+* **Sparsity vs density.** Eq. 30 as printed is the *kept* fraction ``size / M``; the paper's ``t``
+  is a target *sparsity* (e.g. "94% sparsity"). Like CoFi, ``ŝ = 1 − size / M``
+  (:func:`expected_sparsity`), so ``ŝ − t`` in Eq. 14 is negative while too few weights are gone.
+  With residual matrices, unpruned masks give ``ŝ < 0``.
+* **GQA.** With fewer KV heads, a KV head is kept when any query head of its group is: its
+  probability is ``1 − Π_j (1 − z_head_j)`` (exact for 0/1 masks, the expectation for independent
+  gates).
+
+The Lagrangian (Eq. 14)
+-----------------------
+
+``L = λ₁ (ŝ − t) + λ₂ (ŝ − t)²`` with ``λ₁, λ₂`` (start at 0) maximised while the masks and weights
+minimise (Wang et al. 2020; CoFi). :func:`lagrangian_optimizer` gives an AdamW with
+``maximize=True`` for the multipliers; :func:`negate_gradients` instead flips their gradients so one
+minimising optimiser can hold every parameter. After a step with ``ŝ < t``, ``λ₁ < 0`` and
+``λ₂ > 0``, so the loss pushes ``ŝ`` up.
+
+Binarisation (§3.2)
+-------------------
+
+"Mask variables falling below a certain threshold — set in accordance with the desired sparsity
+level — are converted to 0": :func:`binarize` takes one score per mask entry (``log α`` by default;
+the deterministic value and ``P(z ≠ 0)`` are monotone in it, so they select the same entries, but
+``log α`` has no ties where the deterministic value clamps at 0 or 1) and finds the *lowest* global
+threshold ``τ`` whose kept set ``{score ≥ τ}`` reaches sparsity ``≥ t`` under the 0/1 count (the
+count is monotone in every mask, so a binary search over the distinct scores finds it). Entries
+tied at ``τ`` are kept or dropped together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.optim.masks import MaskShape, MaskValues
+
+Residual = Literal["dense", "diagonal", "none"]
+RESIDUALS: tuple[str, ...] = ("dense", "diagonal", "none")
+Number = torch.Tensor | float
+
+
+def _layer(values: list[torch.Tensor] | None, i: int) -> torch.Tensor | None:
+    return None if values is None else values[i].double()
+
+
+def _total(z: torch.Tensor | None, full: int) -> Number:
+    return float(full) if z is None else z.sum()
+
+
+def _residual(a: torch.Tensor | None, c: torch.Tensor | None, d: int, residual: Residual) -> Number:
+    if residual == "none" or (a is None and c is None):
+        return 0.0
+    if residual == "dense":
+        return _total(a, d) * _total(c, d)
+    return _diag(a, c)
+
+
+def _diag(a: torch.Tensor | None, c: torch.Tensor | None) -> Number:
+    if a is None:
+        return c.sum()
+    if c is None:
+        return a.sum()
+    return (a * c).sum()
+
+
+def _head_dims(heads: torch.Tensor | None, dims: torch.Tensor | None, n_heads: int, head_dim: int) -> Number:
+    """``Σ_j z_head_j Σ_l z[j, l]``: kept rows of one projection."""
+    if dims is None:
+        return float(n_heads * head_dim) if heads is None else heads.sum() * head_dim
+    per_head = dims.sum(-1)
+    return per_head.sum() if heads is None else (heads * per_head).sum()
+
+
+def _kv_heads(heads: torch.Tensor | None, n_heads: int, n_kv: int) -> torch.Tensor | None:
+    """Keep value of each KV head: ``1 − Π (1 − z_head)`` over its query heads (itself without GQA)."""
+    if heads is None or n_kv == n_heads:
+        return heads
+    return 1.0 - (1.0 - heads.view(n_kv, n_heads // n_kv)).prod(-1)
+
+
+def _check(residual: str, shape: MaskShape, residual_blocks: Sequence[bool] | None) -> None:
+    if residual not in RESIDUALS:
+        raise SlimkitError(f"unknown residual count '{residual}'; allowed: {', '.join(RESIDUALS)}")
+    if residual_blocks is not None and len(residual_blocks) != 2 * shape.num_layers:
+        raise ValueError(f"residual_blocks needs {2 * shape.num_layers} entries (mha_0, ffn_0, ...)")
+
+
+def expected_size(
+    values: MaskValues,
+    shape: MaskShape,
+    *,
+    residual: Residual = "dense",
+    residual_blocks: Sequence[bool] | None = None,
+    include_bias: bool = False,
+) -> torch.Tensor:
+    """The sum of Eq. 30 (see the module docstring): expected weights left, or the pruned count for 0/1 masks.
+
+    Differentiable in the mask values; computed in float64.
+    """
+    _check(residual, shape, residual_blocks)
+    values.check(shape)
+    d, dh = shape.hidden, shape.head_dim
+    total: Number = 0.0
+    for i in range(shape.num_layers):
+        h, kv = shape.heads[i], shape.kv_heads[i]
+        a, c = _layer(values.mha_in, i), _layer(values.mha_out, i)
+        a2, c2 = _layer(values.ffn_in, i), _layer(values.ffn_out, i)
+        heads = _layer(values.head, i)
+        kv_keep = _kv_heads(heads, h, kv)
+        rows_q = _head_dims(heads, _layer(values.q, i), h, dh)
+        rows_k = _head_dims(kv_keep, _layer(values.k, i), kv, dh)
+        rows_v = _head_dims(kv_keep, _layer(values.v, i), kv, dh)
+        cols_o = _head_dims(heads, _layer(values.o, i), h, dh)
+        n_in, n_out = _total(a, d), _total(c, d)
+        attn = n_in * (rows_q + rows_k + rows_v) + n_out * cols_o
+        n_f = _total(_layer(values.f, i), shape.ffn[i])
+        n_in2, n_out2 = _total(a2, d), _total(c2, d)
+        mlp = n_f * (n_in2 * (2 if shape.gated else 1) + n_out2)
+        if include_bias:
+            b = shape.bias
+            attn = attn + rows_q * ("q" in b) + rows_k * ("k" in b) + rows_v * ("v" in b) + n_out * ("o" in b)
+            mlp = mlp + n_f * ("up" in b) + n_f * ("gate" in b and shape.gated) + n_out2 * ("down" in b)
+        z_mha, z_ffn = _layer(values.mha, i), _layer(values.ffn, i)
+        total = total + (attn if z_mha is None else z_mha * attn) + (mlp if z_ffn is None else z_ffn * mlp)
+        for block, (x, y) in enumerate(((a, c), (a2, c2))):
+            if residual_blocks is None or residual_blocks[2 * i + block]:
+                total = total + _residual(x, y, d, residual)
+    return torch.as_tensor(total, dtype=torch.float64)
+
+
+def dense_size(shape: MaskShape, *, include_bias: bool = False) -> int:
+    """``M``: the counted weights of the dense model (no masks, no residual matrices)."""
+    return int(expected_size(MaskValues(), shape, residual="none", include_bias=include_bias))
+
+
+def expected_sparsity(
+    values: MaskValues,
+    shape: MaskShape,
+    *,
+    total: float | None = None,
+    residual: Residual = "dense",
+    residual_blocks: Sequence[bool] | None = None,
+    include_bias: bool = False,
+) -> torch.Tensor:
+    """``ŝ = 1 − size / M`` (Eq. 30; ``M`` = :func:`dense_size` unless ``total`` is given)."""
+    size = expected_size(values, shape, residual=residual, residual_blocks=residual_blocks, include_bias=include_bias)
+    m = float(total) if total is not None else float(dense_size(shape, include_bias=include_bias))
+    return 1.0 - size / m
+
+
+# -- Lagrangian ---------------------------------------------------------------------------------------
+
+
+class Lagrangian(nn.Module):
+    """Eq. 14: ``λ₁ (ŝ − t) + λ₂ (ŝ − t)²`` with learned multipliers (start at 0), to be maximised over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lambda_1 = nn.Parameter(torch.zeros(()))
+        self.lambda_2 = nn.Parameter(torch.zeros(()))
+
+    def forward(self, s_hat: torch.Tensor, target: float) -> torch.Tensor:
+        gap = s_hat - target
+        return self.lambda_1.to(gap.dtype) * gap + self.lambda_2.to(gap.dtype) * gap * gap
+
+
+def lagrangian_optimizer(lagrangian: Lagrangian, lr: float) -> torch.optim.Optimizer:
+    """AdamW that *ascends* the multipliers (``maximize=True``, no weight decay)."""
+    return torch.optim.AdamW(lagrangian.parameters(), lr=lr, weight_decay=0.0, maximize=True)
+
+
+def negate_gradients(module: nn.Module) -> list[RemovableHandle]:
+    """Flip the gradients of ``module``'s parameters, so a minimising optimiser ascends them."""
+    return [p.register_hook(torch.neg) for p in module.parameters()]
+
+
+# -- binarisation -------------------------------------------------------------------------------------
+
+
+def couple_intermediate(masks: MaskValues) -> MaskValues:
+    """0/1 masks with ``z_Q = z_K = z_Q z_K`` and ``z_V = z_O = z_V z_O`` (dimensions a runnable model keeps)."""
+    out = masks
+    for left, right in (("q", "k"), ("v", "o")):
+        x, y = getattr(masks, left), getattr(masks, right)
+        if x is not None and y is not None:
+            both = [p * q for p, q in zip(x, y, strict=True)]
+            out = replace(out, **{left: both, right: list(both)})
+    return out
+
+
+@dataclass(frozen=True)
+class Binarized:
+    masks: MaskValues
+    """0/1 masks (float32); fields absent from the scores stay ``None`` (all ones)."""
+    threshold: float
+    """Entries with score ``>= threshold`` are kept (``inf``: nothing kept)."""
+    sparsity: float
+    """The sparsity of the binary masks under the same count."""
+    size: int
+
+
+def binarize(
+    scores: MaskValues,
+    shape: MaskShape,
+    target: float,
+    *,
+    total: float | None = None,
+    residual: Residual = "dense",
+    residual_blocks: Sequence[bool] | None = None,
+    include_bias: bool = False,
+    couple: bool = True,
+) -> Binarized:
+    """The lowest global threshold on ``scores`` whose kept set reaches sparsity ``>= target`` (§3.2).
+
+    ``scores`` holds one score per mask entry for the masks to binarise (e.g. :meth:`MaskSet.scores`);
+    ``couple`` first intersects the QK and VO masks (:func:`couple_intermediate`), as the fused
+    model will.
+    """
+    names = scores.present()
+    flat = torch.cat([t.detach().double().flatten() for _, values in scores.items() for t in values])
+    count = dict(total=total, residual=residual, residual_blocks=residual_blocks, include_bias=include_bias)
+
+    def masks_at(tau: float) -> MaskValues:
+        masks = scores.map(lambda t: (t.detach() >= tau).float())
+        return couple_intermediate(masks) if couple else masks
+
+    def sparsity_at(tau: float) -> float:
+        return float(expected_sparsity(masks_at(tau), shape, **count))
+
+    candidates = [*torch.unique(flat).tolist(), float("inf")] if names else [float("inf")]
+    if sparsity_at(float("inf")) < target:
+        raise SlimkitError(f"target sparsity {target} is out of reach: removing every masked unit gives less")
+    lo, hi = 0, len(candidates) - 1  # sparsity is non-decreasing in the threshold; hi always meets the target
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sparsity_at(candidates[mid]) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    tau = candidates[hi]
+    masks = masks_at(tau)
+    size = round(float(expected_size(masks, shape, **{k: v for k, v in count.items() if k != "total"})))
+    return Binarized(masks=masks, threshold=tau, sparsity=sparsity_at(tau), size=size)
