@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install lint
+.PHONY: demo test install lint bench bench-quick
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,14 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The benchmark grid (benchmarks/grid.yaml): every recipe x ratio x recovery setting on smollm2-135m,
+# written to benchmarks/results/<date>-grid.{json,md,png}; hours on a 2-core CPU. Pass options with
+# BENCH_ARGS, e.g. make bench BENCH_ARGS="--only lorap,llm-pruner --ratios 20 --keep runs/bench --resume".
+BENCH_ARGS ?=
+bench: install
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+# The smoke-sized grid (one ratio, recovery off, small budgets): minutes.
+bench-quick: install
+	$(PY) -m benchmarks.run --quick $(BENCH_ARGS)

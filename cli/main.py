@@ -92,9 +92,15 @@ def recipe_run(
 @app.command("eval")
 def eval_command(
     model: Annotated[str, typer.Argument(help="Model source name or folder (e.g. smollm2-135m, runs/x/model).")],
-    ppl: Annotated[str, typer.Option("--ppl", help="Comma-separated perplexity datasets.")] = "wikitext2",
+    ppl: Annotated[
+        str | None,
+        typer.Option("--ppl", help="Comma-separated perplexity datasets (default wikitext2, none with --glue)."),
+    ] = None,
     zeroshot: Annotated[str | None, typer.Option("--zeroshot", help="Comma-separated zero-shot tasks.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="Samples per zero-shot task.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Samples per zero-shot task / GLUE dev set.")] = None,
+    glue: Annotated[
+        str | None, typer.Option("--glue", help="GLUE task (sst2, mrpc, rte, stsb): dev-set metrics of a task model.")
+    ] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Perplexity window length.")] = 512,
     max_tokens: Annotated[
         int | None, typer.Option("--max-tokens", help="Perplexity token budget (0 = whole test set).")
@@ -102,7 +108,7 @@ def eval_command(
     speed: Annotated[bool, typer.Option("--speed", help="Also measure prefill/decode tokens per second.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
 ) -> None:
-    """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, throughput."""
+    """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput."""
     from pydantic import ValidationError
     from rich.table import Table
 
@@ -112,12 +118,15 @@ def eval_command(
     from slimkit.recipes.runner import Timings, evaluate, preflight_data
     from slimkit.recipes.schema import EvalConfig, format_validation_error
 
+    if ppl is None:
+        ppl = "" if glue else "wikitext2"
     config = {
         "perplexity": {"datasets": _split_csv(ppl), "seq_len": seq_len, "max_tokens": max_tokens or None}
         if ppl
         else None,
         "zeroshot": {"tasks": _split_csv(zeroshot), "limit": limit} if zeroshot else None,
         "speed": speed,
+        "glue": {"task": glue, "limit": limit} if glue else None,
     }
     try:
         eval_config = EvalConfig.model_validate(config)
@@ -134,6 +143,8 @@ def eval_command(
         table.add_row(
             f"{item['dataset']} windows", f"{item['windows']} x {item['seq_len']} = {item['tokens']:,} tokens"
         )
+    if "glue" in details:
+        table.add_row("glue dev examples", f"{details['glue']['task']}: {details['glue']['examples']}")
     if "speed" in details:
         table.add_row("prefill tokens/s", f"{details['speed']['prefill_tokens_per_s']:.1f}")
         table.add_row("decode tokens/s", f"{details['speed']['decode_tokens_per_s']:.1f}")

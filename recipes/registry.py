@@ -28,6 +28,8 @@ class StageDef:
     fn: Callable[..., Any]
     summary: str
     needs_calibration: Callable[[BaseModel], bool]
+    needs_task: bool = False
+    """The stage works on a GLUE task model: the recipe must name its ``task``."""
 
 
 STAGES: dict[str, StageDef] = {}
@@ -38,12 +40,13 @@ def register_stage(
     args: type[BaseModel],
     scope: Scope,
     needs_calibration: Callable[[BaseModel], bool] = lambda _args: False,
+    needs_task: bool = False,
 ):
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in STAGES:
             raise ValueError(f"stage '{name}' registered twice")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        STAGES[name] = StageDef(name, args, scope, fn, summary, needs_calibration)
+        STAGES[name] = StageDef(name, args, scope, fn, summary, needs_calibration, needs_task)
         return fn
 
     return decorate

@@ -31,7 +31,7 @@ from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import run_layerwise
 from slimkit.recipes.progress import Tracker
 from slimkit.recipes.registry import stage_def
-from slimkit.recipes.schema import CalibrationConfig, EvalConfig, Recipe, SequentialSpec
+from slimkit.recipes.schema import CalibrationConfig, EvalConfig, Recipe, SequentialSpec, is_glue_dataset
 from slimkit.recipes.stages import TARGET_PART
 
 MACS_SEQ_LEN = 128
@@ -69,7 +69,8 @@ def _calibrate(ctx: Context, recipe: Recipe) -> dict[str, Any] | None:
     config = recipe.calibration_config()
     if config is None:
         return None
-    spec = CalibrationSpec(config.dataset, config.samples, config.seq_len, recipe.seed)
+    examples = config.examples if is_glue_dataset(config.dataset) else None
+    spec = CalibrationSpec(config.dataset, config.samples, config.seq_len, recipe.seed, examples=examples)
     ctx.calibration = calibration_batches(ctx.tokenizer, spec)
     return spec.describe()
 
@@ -93,10 +94,14 @@ def _run_stages(ctx: Context, recipe: Recipe, timings: Timings, tracker: Tracker
 
 def preflight_data(config: EvalConfig, calibration: CalibrationConfig | None) -> None:
     """Read every data file the run will need now, so a missing one fails before any compute."""
-    from slimkit.primitives import textdata
+    from slimkit.primitives import gluedata, textdata
 
     if calibration is not None:
-        textdata.documents(calibration.dataset)
+        task = gluedata.calibration_task(calibration.dataset)
+        if task is not None:
+            gluedata.read_split(task, "train")
+        else:
+            textdata.documents(calibration.dataset)
     if config.perplexity is not None:
         for dataset in config.perplexity.datasets:
             textdata.documents(dataset)
@@ -105,6 +110,8 @@ def preflight_data(config: EvalConfig, calibration: CalibrationConfig | None) ->
 
         for task in config.zeroshot.tasks:
             prepare_task_data(task)
+    if config.glue is not None and config.glue.task is not None:
+        gluedata.read_split(config.glue.task, "dev")
 
 
 def evaluate(model, tokenizer, config: EvalConfig, tracker: Tracker, timings: Timings) -> tuple[dict, dict]:
@@ -133,12 +140,31 @@ def evaluate(model, tokenizer, config: EvalConfig, tracker: Tracker, timings: Ti
                 if key in values:
                     metrics[f"{task}_{key}"] = values[key]
         metrics["zeroshot_mean_acc"] = sum(v["acc"] for v in results.values()) / len(results)
+    if config.glue is not None:
+        metrics.update(_evaluate_glue(model, tokenizer, config, tracker, timings, details))
     if config.speed:
         from slimkit.primitives.evaluate.speed import throughput
 
         with timings.stage("eval:speed"):
             details["speed"] = throughput(model, len(tokenizer)).as_dict()
     return metrics, details
+
+
+def _evaluate_glue(model, tokenizer, config: EvalConfig, tracker: Tracker, timings: Timings, details: dict) -> dict:
+    """GLUE dev metrics as ``glue_<task>_<metric>``; the task is the config's, else the one the model records."""
+    from slimkit.primitives.evaluate.glue import evaluate_glue
+    from slimkit.primitives.gluedata import glue_task
+
+    task = config.glue.task or getattr(getattr(model, "config", None), "finetuning_task", None)
+    if task is None:
+        raise SlimkitError("eval.glue: no task given and the model records none; name one (e.g. --glue sst2)")
+    settings = config.glue
+    with timings.stage(f"eval:glue_{task}"), tracker.task(f"glue {task}", None) as advance:
+        result = evaluate_glue(
+            model, tokenizer, task, settings.limit, settings.batch_size, settings.max_length, advance
+        )
+    details["glue"] = result
+    return {f"glue_{task}_{key}": result[key] for key in glue_task(task).metrics}
 
 
 def run_recipe(
@@ -162,6 +188,10 @@ def run_recipe(
 
     with timings.stage("load"):
         model, tokenizer, info = load_source(recipe.model)
+        if recipe.task is not None:
+            from slimkit.primitives.finetune.glue import task_model
+
+            model = task_model(model, recipe.task, seed=recipe.seed)
     if tokenizer is None:
         raise SlimkitError(f"model source '{recipe.model}' has no tokenizer")
     ctx = Context(

@@ -15,6 +15,12 @@ eval:
   perplexity: {datasets: [wikitext2], seq_len: 512, max_tokens: 16384}
   zeroshot: {tasks: [piqa, arc_easy], limit: 100}
 ```
+
+GLUE (BERT encoders): ``task: sst2`` (or mrpc, rte, stsb) makes the loaded encoder a sequence
+classifier for that task (:func:`slimkit.primitives.finetune.glue.task_model`), lets stages that need
+a task model run (``glue_finetune``), lets ``calibration.dataset: glue`` mean that task's train split,
+and changes the evaluation defaults: ``eval.glue`` on the task's dev split instead of perplexity
+(a classifier has no language-model head, so ``eval.perplexity`` and ``eval.zeroshot`` are refused).
 """
 
 from __future__ import annotations
@@ -50,13 +56,45 @@ def check_corpus(name: str) -> str:
     return name
 
 
+def check_glue_task(name: str) -> str:
+    from slimkit.primitives.gluedata import GLUE_TASKS
+
+    if name not in GLUE_TASKS:
+        raise ValueError(f"unknown GLUE task '{name}'; allowed: {', '.join(GLUE_TASKS)}")
+    return name
+
+
+def is_glue_dataset(name: str) -> bool:
+    return name == "glue" or name.startswith("glue-")
+
+
+def check_calibration_dataset(name: str) -> str:
+    """A text corpus, ``glue`` (the recipe's task's train split) or ``glue-<task>``."""
+    from slimkit.primitives.gluedata import GLUE_TASKS
+
+    tasks = [f"glue-{t}" for t in GLUE_TASKS]
+    if name in CORPORA or name == "glue" or name in tasks:
+        return name
+    raise ValueError(
+        f"unknown dataset '{name}'; allowed: {', '.join(CORPORA)}, glue (the recipe's task), {', '.join(tasks)}"
+    )
+
+
 class CalibrationConfig(Strict):
     dataset: str = "c4"
     samples: int = Field(32, ge=1)
     seq_len: int = Field(128, ge=2)
     batch_size: int = Field(8, ge=1)
+    examples: int = Field(512, ge=1)
+    """GLUE datasets only: training examples drawn and packed before the windows are cut (SP3: 512)."""
 
-    _dataset = field_validator("dataset")(check_corpus)
+    _dataset = field_validator("dataset")(check_calibration_dataset)
+
+    @model_validator(mode="after")
+    def _examples_for_glue_only(self) -> CalibrationConfig:
+        if "examples" in self.model_fields_set and not is_glue_dataset(self.dataset):
+            raise ValueError("examples: applies to GLUE calibration datasets only (glue, glue-<task>)")
+        return self
 
 
 class Target(Strict):
@@ -133,10 +171,25 @@ class ZeroshotEval(Strict):
         return names
 
 
+class GlueEval(Strict):
+    task: str | None = None
+    """A GLUE task; None: the recipe's ``task`` (else the task the model records, ``finetuning_task``)."""
+    limit: int | None = Field(None, ge=1)
+    """The first ``limit`` dev examples in file order (None: the whole dev split)."""
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(128, ge=8)
+
+    @field_validator("task")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        return name if name is None else check_glue_task(name)
+
+
 class EvalConfig(Strict):
     perplexity: PerplexityEval | None = Field(default_factory=PerplexityEval)
     zeroshot: ZeroshotEval | None = None
     speed: bool = False
+    glue: GlueEval | None = None
 
 
 class Recipe(Strict):
@@ -144,11 +197,45 @@ class Recipe(Strict):
     description: str = ""
     paper: str | None = None
     model: str = "smollm2-135m"
+    task: str | None = None
+    """A GLUE task (sst2, mrpc, rte, stsb): the model becomes a sequence classifier for it (see above)."""
     seed: int = 0
     calibration: CalibrationConfig | None = None
     target: Target
     stages: list[StageItem] = Field(min_length=1)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, name: str | None) -> str | None:
+        return name if name is None else check_glue_task(name)
+
+    @model_validator(mode="after")
+    def _task_rules(self) -> Recipe:
+        for index, spec in enumerate(self.flat_stages()):
+            if self.task is None and stage_def(spec.stage).needs_task:
+                raise ValueError(f"stages.{index}: stage '{spec.stage}' needs the recipe's task (a GLUE task)")
+        if self.task is None:
+            if self.calibration is not None and self.calibration.dataset == "glue":
+                raise ValueError("calibration.dataset: glue means the recipe's task, but task is not set")
+            return self
+        evaluation = self.eval
+        if "perplexity" not in evaluation.model_fields_set:
+            evaluation.perplexity = None
+        if "glue" not in evaluation.model_fields_set:
+            evaluation.glue = GlueEval()
+        if evaluation.perplexity is not None:
+            raise ValueError("eval.perplexity: a GLUE task model has no language-model head; set it to null")
+        if evaluation.zeroshot is not None and evaluation.zeroshot.tasks:
+            raise ValueError("eval.zeroshot: a GLUE task model has no language-model head; set it to null")
+        if evaluation.glue is not None:
+            if evaluation.glue.task not in (None, self.task):
+                raise ValueError(
+                    f"eval.glue.task: the recipe's task is {self.task}; its model cannot be evaluated on "
+                    f"{evaluation.glue.task}"
+                )
+            evaluation.glue.task = self.task
+        return self
 
     def flat_stages(self) -> list[StageSpec]:
         flat: list[StageSpec] = []
@@ -163,7 +250,10 @@ class Recipe(Strict):
         """Calibration settings when a stage needs them (the defaults if the recipe gives none)."""
         if not self.needs_calibration():
             return None
-        return self.calibration or CalibrationConfig()
+        config = self.calibration or CalibrationConfig()
+        if config.dataset == "glue":
+            return config.model_copy(update={"dataset": f"glue-{self.task}"})
+        return config
 
 
 def _loc(parts: tuple[Any, ...]) -> str:

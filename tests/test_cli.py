@@ -64,7 +64,8 @@ def test_yaml_syntax_error(monkeypatch, capsys, tmp_path):
 def test_unknown_stage_and_argument(monkeypatch, capsys, tmp_path):
     bad_stage = tiny_recipe(tmp_path, stages=[{"stage": "heads", "args": {}}])
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "validate", write_recipe(tmp_path / "a.yaml", bad_stage))
-    assert_one_line_error(code, err, "stages.0: unknown stage 'heads'; allowed: lora, lowrank, prune, prune_layer")
+    assert_one_line_error(code, err, "stages.0: unknown stage 'heads'; allowed: ")
+    assert all(name in err for name in ("lora", "lowrank", "prune", "prune_layer"))
     bad_arg = tiny_recipe(tmp_path, stages=[{"stage": "prune", "args": {"scorer": "activation", "p": 2}}])
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "validate", write_recipe(tmp_path / "b.yaml", bad_arg))
     assert_one_line_error(code, err, "unknown field 'p'; allowed: groups, scorer, aggregation")

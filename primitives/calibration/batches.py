@@ -4,6 +4,10 @@ Stream corpora (wikitext2, ptb) give N random windows of the tokenised text. Doc
 (c4, alpaca) follow the SparseGPT/Wanda C4 loader: draw a random document, redraw while it has
 fewer than L tokens, then take a random L-token window of it. Documents are tokenised lazily so a
 small calibration set does not tokenise the whole corpus.
+
+GLUE datasets (``glue-sst2``, ``glue-mrpc``, ``glue-rte``, ``glue-stsb``) pack ``examples`` training
+examples of the task (SP3 section 4.1: 512) into one stream and draw non-overlapping windows of it;
+see :func:`slimkit.primitives.gluedata.calibration_ids`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from slimkit.primitives import textdata
+from slimkit.primitives import gluedata, textdata
 from slimkit.primitives.errors import SlimkitError
 
 
@@ -23,9 +27,14 @@ class CalibrationSpec:
     seq_len: int = 128
     seed: int = 0
     split: str | None = None
+    examples: int | None = None
+    """GLUE datasets only: training examples packed before the windows are drawn (None: 512)."""
 
     def describe(self) -> dict:
-        return {**asdict(self), "tokens": self.samples * self.seq_len}
+        record = {**asdict(self), "tokens": self.samples * self.seq_len}
+        if self.examples is None:
+            record.pop("examples")
+        return record
 
 
 def _stream_windows(ids: torch.Tensor, spec: CalibrationSpec, generator: torch.Generator) -> torch.Tensor:
@@ -57,6 +66,12 @@ def calibration_batches(tokenizer, spec: CalibrationSpec) -> torch.Tensor:
     """Token ids ``[samples, seq_len]`` drawn from ``spec.dataset`` with ``spec.seed``."""
     if spec.samples < 1 or spec.seq_len < 2:
         raise SlimkitError(f"calibration needs samples >= 1 and seq_len >= 2 (got {spec.samples}, {spec.seq_len})")
+    task = gluedata.calibration_task(spec.dataset)
+    if task is not None:
+        examples = spec.examples or 512
+        return gluedata.calibration_ids(
+            tokenizer, task, spec.samples, spec.seq_len, spec.seed, examples, spec.split or "train"
+        )
     generator = torch.Generator().manual_seed(spec.seed)
     corpus = textdata.corpus(spec.dataset)
     docs = textdata.documents(spec.dataset, spec.split)

@@ -56,7 +56,8 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
     if view is None or view.head is None:
         logits = model(batch, use_cache=False).logits[:, :-1].float()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="sum").item()
-    hidden = view.base(batch, use_cache=False)[0][:, :-1].reshape(-1, view.hidden_size)
+    hidden = view.base(batch, use_cache=False)[0][:, :-1]
+    hidden = hidden.reshape(-1, hidden.shape[-1])  # the head's width (may differ from the embeddings')
     total = 0.0
     for start in range(0, hidden.shape[0], chunk_tokens):
         logits = view.head(hidden[start : start + chunk_tokens]).float()

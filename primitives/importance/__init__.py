@@ -15,6 +15,9 @@ parameter; unit ``u`` of a member gathers the elements at ``member.indices[u]`` 
   unit (LLM-Pruner's element-wise importance); ``level: vector`` takes |sum of salience| over each
   member's slice of the unit (its vector-wise importance), then sums over members.
 * ``random``: uniform noise from the run's seeded generator.
+* ``coupled`` (CCE Eqs. 2-6, 8): coupled components q_i k_i, v_i o_i and MLP kernels scored through the
+  gradient on their product (:mod:`.coupled`); PLATON smoothing for any scorer is in :mod:`.platon`, the
+  LoRA-gradient proxy in :mod:`.lora_proxy`.
 """
 
 from __future__ import annotations
@@ -125,3 +128,10 @@ def score_group(name: str, group: Group, model: nn.Module, stats: Mapping, **arg
         where = f"layer {group.layer}" if group.layer is not None else "model"
         raise RuntimeError(f"{where}: non-finite {name} scores for {group.kind}")
     return scores
+
+
+# Coupled-component importance (CCE); imported last because it builds on the definitions above.
+from slimkit.primitives.importance.coupled import coupled  # noqa: E402
+
+SCORERS["coupled"] = coupled
+NEEDS["coupled"] = ("gradients",)

@@ -2,11 +2,13 @@
 
 A folder without ``per_layer_config`` and without manifest modules goes through the model class's
 own ``from_pretrained``. Otherwise the model is built from the global config, the manifest's
-modules (low-rank pairs) are put in place, every parameter
-whose saved shape differs is given a module of the saved shape (shape-driven materialisation, so
-no architecture's forward pass is copied), each layer's attention head attributes are re-synced
-from its projection shapes, and the weights are loaded strictly. The materialised widths are then
-checked against ``per_layer_config``.
+modules are put in place (low-rank pairs; RMSNorms that replaced LayerNorms), every module
+whose saved parameters differ in shape (or that gains a saved bias, e.g. a head that took a
+LayerNorm's β) is given a module of the saved shape (shape-driven materialisation, so no
+architecture's forward pass is copied), the manifest's residual / basis-change matrices are
+attached with their hooks, each layer's attention head attributes are re-synced from its
+projection shapes, and the weights are loaded strictly. The materialised widths (per-layer hidden
+sizes included) are then checked against ``per_layer_config``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from torch import nn
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.io.save import MANIFEST_NAME
+from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
 from slimkit.primitives.lowrank.module import materialise_lowrank
+from slimkit.primitives.projection.manifest import materialise_basis_changes, materialise_rms_norms
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -61,29 +64,53 @@ def _load_state(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _same_class(module: nn.Module, **params: tuple[int, ...]) -> nn.Module:
+    """A copy of ``module`` (same class and attributes) with fresh parameters of the given shapes."""
+    new = module.__class__.__new__(module.__class__)
+    new.__dict__.update({k: (v.copy() if isinstance(v, dict) else v) for k, v in module.__dict__.items()})
+    new._parameters = {name: nn.Parameter(torch.empty(shape)) for name, shape in params.items()}
+    return new
+
+
 def _resized(module: nn.Module, shapes: dict[str, tuple[int, ...]]) -> nn.Module:
     """A fresh module of ``module``'s kind with the saved parameter shapes."""
     weight = shapes["weight"]
     if isinstance(module, nn.Linear):
         return nn.Linear(weight[1], weight[0], bias="bias" in shapes)
-    if isinstance(module, nn.Embedding):
+    if type(module) is nn.Embedding:
         return nn.Embedding(weight[0], weight[1], padding_idx=module.padding_idx)
+    if isinstance(module, nn.Embedding):  # subclasses (OPT's positions) keep their forward and offsets
+        new = _same_class(module, weight=weight)
+        new.num_embeddings, new.embedding_dim = weight
+        return new
     if isinstance(module, nn.LayerNorm):
         return nn.LayerNorm(weight[0], eps=module.eps, elementwise_affine=True, bias="bias" in shapes)
+    if isinstance(module, nn.RMSNorm):
+        return nn.RMSNorm(weight[0], eps=module.eps, elementwise_affine=True)
     if hasattr(module, "weight") and module.weight.dim() == 1:  # RMSNorm variants: same class, new width
-        new = module.__class__.__new__(module.__class__)
-        new.__dict__.update(module.__dict__)
-        new._parameters = {"weight": nn.Parameter(torch.empty(weight))}
-        return new
+        return _same_class(module, weight=weight)
     raise SlimkitError(f"cannot materialise a {type(module).__name__} of saved shape {weight}")
 
 
+def _gains_parameter(model: nn.Module, name: str) -> str | None:
+    """The module path when ``name`` is a saved parameter the built module registers as None."""
+    module_path, _, leaf = name.rpartition(".")
+    try:
+        module = model.get_submodule(module_path)
+    except AttributeError:
+        return None
+    return module_path if leaf in module._parameters and module._parameters[leaf] is None else None
+
+
 def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> None:
-    """Replace every module whose parameters differ in shape from ``saved``."""
+    """Replace every module whose parameters differ in shape from ``saved`` (or that lacks a saved bias)."""
     by_module: dict[str, dict[str, tuple[int, ...]]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if name in saved and tuple(param.shape) != saved[name]:
-            module_path = name.rpartition(".")[0]
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, shape in saved.items():
+        if name in params:
+            if tuple(params[name].shape) != shape:
+                by_module.setdefault(name.rpartition(".")[0], {})
+        elif (module_path := _gains_parameter(model, name)) is not None:
             by_module.setdefault(module_path, {})
     for module_path in by_module:
         module = model.get_submodule(module_path)
@@ -97,7 +124,8 @@ def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> N
 def _check_widths(model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
     view = ModelView(model)
     for index, expected in per_layer.items():
-        actual = view.layer(int(index)).widths()
+        layer = view.layer(int(index))
+        actual = {**layer.widths(), "hidden_size": layer_hidden_size(layer)}
         wrong = {k: (v, actual.get(k)) for k, v in expected.items() if actual.get(k) != v}
         if wrong:
             raise SlimkitError(f"layer {index}: saved weights disagree with per_layer_config {wrong}")
@@ -126,8 +154,11 @@ def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Modu
     tokenizer = _load_tokenizer(directory, config)
     model = _model_class(config, task)._from_config(config, dtype=torch.float32)
     saved = _saved_shapes(directory)
-    materialise_lowrank(model, manifest.get("modules", []))
+    modules = manifest.get("modules", [])
+    materialise_lowrank(model, modules)
+    materialise_rms_norms(model, modules)
     materialise_shapes(model, saved)
+    materialise_basis_changes(model, modules)
     view = ModelView(model)
     for layer in view.layers:
         layer.sync_head_counts()

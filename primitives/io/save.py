@@ -11,10 +11,17 @@ standard transformers field, a mapping from layer index to overrides) lists ever
 transformers 5.23 parses that field but its Llama modeling does not build from it, so
 :func:`slimkit.load` materialises the widths itself.
 
-The manifest records what the HF config cannot express (later: low-rank pairs, residual adapters),
-the per-layer widths, and whatever the caller passes (recipe, seed, data slices); library versions
-are added here. The folder is written to a temporary sibling and renamed into place, so an
-interrupted save never leaves a folder that loads.
+Per-layer hidden sizes. After hidden-dimension projection (SP3 group PCA) the layers of different
+groups may have different hidden widths (a layer's hidden width is its q projection's input width);
+then every layer's ``per_layer_config`` entry also holds ``hidden_size``. A uniform config is only
+written when a model built from it has every saved parameter's shape (checked on the meta device):
+OPT, for instance, derives its attention width from ``hidden_size``, so a narrower hidden size
+there must stay per-layer.
+
+The manifest records what the HF config cannot express (low-rank pairs, residual / basis-change
+matrices, LayerNorms converted to RMSNorm), the per-layer widths, and whatever the caller passes
+(recipe, seed, data slices); library versions are added here. The folder is written to a
+temporary sibling and renamed into place, so an interrupted save never leaves a folder that loads.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.paths import staging_dir
+from slimkit.primitives.projection.manifest import projection_entries
 
 MANIFEST_NAME = "slimkit_manifest.json"
 MANIFEST_FORMAT = 1
@@ -55,19 +64,54 @@ def config_accepts(config_class: type, values: dict[str, Any]) -> bool:
     return True
 
 
+def layer_hidden_size(layer: LayerView) -> int:
+    """The hidden width a layer works in: its q projection's input width."""
+    return int(layer.linear("q").in_features)
+
+
+def _rebuilds(model: nn.Module, values: dict[str, Any]) -> bool:
+    """Whether a model built from ``values`` has the saved shape of every parameter both models have
+    (and each bias the model has); modules recorded in the manifest are not compared."""
+    config = type(model.config)(**values)
+    try:
+        with torch.device("meta"):
+            built = type(model)(config)
+    except Exception:
+        return False
+    built_params = dict(built.named_parameters(remove_duplicate=False))
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if name in built_params:
+            if tuple(built_params[name].shape) != tuple(param.shape):
+                return False
+            continue
+        module_path, _, leaf = name.rpartition(".")
+        try:
+            module = built.get_submodule(module_path)
+        except AttributeError:
+            continue
+        if leaf in module._parameters:  # e.g. a head bias the built model has not got
+            return False
+    return True
+
+
 def width_config(model: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, int]] | None]:
     """Global config updates and the ``per_layer_config`` (None when uniform and representable)."""
     view = ModelView(model)
     widths = view.layer_widths()
+    hidden_sizes = [layer_hidden_size(layer) for layer in view.layers]
     config_dict = model.config.to_dict()
     hidden = {"hidden_size": view.hidden_size}
-    if all(w == widths[0] for w in widths):
+    if all(w == widths[0] for w in widths) and all(h == view.hidden_size for h in hidden_sizes):
         candidate = {**config_dict, **widths[0], **hidden}
         candidate.pop("model_type", None)
         candidate.pop("transformers_version", None)
-        if config_accepts(type(model.config), candidate):
+        if config_accepts(type(model.config), candidate) and _rebuilds(model, candidate):
             return {**widths[0], **hidden}, None
-    return {}, {str(i): w for i, w in enumerate(widths)}
+    per_layer = {str(i): dict(w) for i, w in enumerate(widths)}
+    if any(h != view.hidden_size for h in hidden_sizes) or view.hidden_size != model.config.hidden_size:
+        for index, size in enumerate(hidden_sizes):
+            per_layer[str(index)]["hidden_size"] = size
+    return {}, per_layer
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -103,7 +147,7 @@ def save(
             "format": MANIFEST_FORMAT,
             "model_type": view.spec.model_type,
             "layer_widths": view.layer_widths(),
-            "modules": lowrank_entries(model),
+            "modules": lowrank_entries(model) + projection_entries(model),
             "versions": versions(),
             **(manifest or {}),
         }

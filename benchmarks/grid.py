@@ -1,0 +1,248 @@
+"""The benchmark grid as data: which recipes run at which ratios, with which budgets and claims.
+
+``benchmarks/grid.yaml`` (or ``--grid FILE``) is read with ``yaml.safe_load`` and validated here;
+any problem is a :class:`BenchError` with one line naming the field. :func:`expand` turns the
+entries into :class:`Job` s, one per recipe x ratio x recovery setting, in the file's order.
+
+Row ids: ``dense``, ``RECIPE@PCT`` (recovery off) and ``RECIPE@PCT+ft`` (recovery on), where
+``PCT`` is the target ratio in percent (``lorap@20``, ``llm-pruner@30+ft``). Claims refer to rows
+by these ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
+DENSE = "dense"
+DEFAULT_CLAIM_METRICS = ("wikitext2_ppl", "ptb_ppl")
+
+
+class BenchError(Exception):
+    """A bad option, grid file or recipe name: reported as one ``error: ...`` line, exit status 2."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_ratio(value: float) -> float:
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"ratio {value} is not in (0, 1)")
+    return value
+
+
+class Speed(_Strict):
+    rounds: int = Field(5, ge=1)
+    prompt_len: int = Field(128, ge=1)
+    new_tokens: int = Field(32, ge=1)
+    batch: int = Field(1, ge=1)
+
+
+class Settings(_Strict):
+    model: str = "smollm2-135m"
+    ratios: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3], min_length=1)
+    ppl_datasets: list[str] = Field(default_factory=lambda: ["wikitext2", "ptb"])
+    ppl_window: int = Field(512, ge=2)
+    ppl_tokens: int = Field(16384, ge=2)
+    zeroshot_tasks: list[str] = Field(default_factory=list)
+    zeroshot_limit: int | None = Field(100, ge=0)
+    """Examples per zero-shot task; 0 skips zero-shot evaluation, None evaluates every example."""
+    speed: Speed = Field(default_factory=Speed)
+
+    @field_validator("ratios")
+    @classmethod
+    def _ratios(cls, values: list[float]) -> list[float]:
+        return [_check_ratio(v) for v in values]
+
+    @field_validator("zeroshot_tasks")
+    @classmethod
+    def _tasks(cls, names: list[str]) -> list[str]:
+        from slimkit.primitives.evaluate.zeroshot import ZEROSHOT_TASKS
+
+        for name in names:
+            if name not in ZEROSHOT_TASKS:
+                raise ValueError(f"unknown zero-shot task '{name}'; known: {', '.join(ZEROSHOT_TASKS)}")
+        return names
+
+    def check(self) -> None:
+        if self.ppl_tokens < self.ppl_window:
+            raise BenchError(
+                f"the perplexity budget ({self.ppl_tokens} tokens) is below one window of {self.ppl_window}"
+            )
+
+    @property
+    def zeroshot_on(self) -> bool:
+        return bool(self.zeroshot_tasks) and self.zeroshot_limit != 0
+
+
+class Entry(_Strict):
+    recipe: str = Field(min_length=1)
+    ratios: list[float] | None = None
+    recovery: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    overrides: list[str] = Field(default_factory=list)
+
+    @field_validator("ratios")
+    @classmethod
+    def _ratios(cls, values: list[float] | None) -> list[float] | None:
+        return None if values is None else [_check_ratio(v) for v in values]
+
+
+class Claim(_Strict):
+    id: str
+    claim: str
+    source: str
+    metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_CLAIM_METRICS), min_length=1)
+    at: list[float] = Field(default_factory=lambda: [20.0], min_length=1)
+    checks: list[str] = Field(min_length=1)
+
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, checks: list[str]) -> list[str]:
+        from benchmarks.claims import parse_check
+
+        for check in checks:
+            parse_check(check)
+        return checks
+
+
+class Quick(_Strict):
+    settings: dict[str, Any] = Field(default_factory=dict)
+    grid: list[Entry] = Field(min_length=1)
+
+
+class GridFile(_Strict):
+    settings: Settings = Field(default_factory=Settings)
+    grid: list[Entry] = Field(min_length=1)
+    quick: Quick
+    claims: list[Claim] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    recipe: str
+    ratio: float
+    recovery: bool
+    overrides: tuple[str, ...] = ()
+
+
+def pct(ratio: float) -> str:
+    """``0.2 -> "20"``, ``0.125 -> "12.5"``."""
+    return f"{round(ratio * 100, 6):g}"
+
+
+def row_id(recipe: str, ratio: float, recovery: bool) -> str:
+    return f"{recipe}@{pct(ratio)}{'+ft' if recovery else ''}"
+
+
+def _format_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def load_grid(path: Path = GRID_FILE) -> GridFile:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise BenchError(f"cannot read grid file {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise BenchError(f"{path}:{where} YAML error: {problem}") from None
+    try:
+        return GridFile.model_validate(data)
+    except ValidationError as error:
+        raise BenchError(f"{path}: {_format_error(error)}") from None
+
+
+def resolve_settings(grid: GridFile, quick: bool, cli: dict[str, Any]) -> Settings:
+    """The grid's settings, then the quick section's (with ``quick``), then the command line's."""
+    merged = grid.settings.model_dump()
+    updates = [grid.quick.settings] if quick else []
+    updates.append({k: v for k, v in cli.items() if v is not None})
+    for update in updates:
+        for key, value in update.items():
+            if key == "speed" and isinstance(value, dict):
+                merged["speed"] = {**merged["speed"], **value}
+            else:
+                merged[key] = value
+    try:
+        settings = Settings.model_validate(merged)
+    except ValidationError as error:
+        raise BenchError(f"settings: {_format_error(error)}") from None
+    settings.check()
+    return settings
+
+
+def parse_ratios(text: str) -> list[float]:
+    """``"0.1,0.2"`` or ``"10,20"`` (percent when above 1)."""
+    ratios = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            value = float(item)
+        except ValueError:
+            raise BenchError(
+                f"--ratios: '{item}' is not a number (give fractions like 0.2 or percents like 20)"
+            ) from None
+        value = value / 100 if value >= 1 else value
+        if not 0.0 < value < 1.0:
+            raise BenchError(f"--ratios: {item} is not a ratio in (0, 1) or a percentage in [1, 100)")
+        ratios.append(value)
+    if not ratios:
+        raise BenchError("--ratios: no ratio given")
+    return ratios
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) < 1e-9
+
+
+def select_entries(entries: list[Entry], only: list[str] | None) -> list[Entry]:
+    """The entries named in ``only`` (all when None); a bundled recipe outside the grid is added with
+    the defaults; a name that is neither is an error. ``dense`` is always run and may be named."""
+    if not only:
+        return list(entries)
+    from slimkit.recipes.loading import bundled_recipes
+
+    names = [n for n in dict.fromkeys(only) if n != DENSE]
+    known = {e.recipe for e in entries}
+    unknown = [n for n in names if n not in known and n not in bundled_recipes() and not Path(n).is_file()]
+    if unknown:
+        raise BenchError(
+            f"--only: unknown recipe {', '.join(repr(n) for n in unknown)}; in this grid: "
+            f"{', '.join(dict.fromkeys(e.recipe for e in entries))} (or any bundled recipe or recipe file)"
+        )
+    selected = [e for e in entries if e.recipe in names]
+    selected += [Entry(recipe=n) for n in names if n not in known]
+    return selected
+
+
+def expand(entries: list[Entry], settings: Settings, ratios: list[float] | None = None) -> list[Job]:
+    """One job per entry x ratio x recovery setting. ``ratios`` (from ``--ratios``) replaces the
+    settings' ratios and narrows an entry's own list to the ratios in both."""
+    jobs: list[Job] = []
+    for entry in entries:
+        if entry.ratios is None:
+            chosen = ratios or settings.ratios
+        else:
+            chosen = [r for r in entry.ratios if ratios is None or any(_same(r, x) for x in ratios)]
+        for ratio in chosen:
+            for recovery in entry.recovery:
+                jobs.append(
+                    Job(row_id(entry.recipe, ratio, recovery), entry.recipe, ratio, recovery, tuple(entry.overrides))
+                )
+    seen: set[str] = set()
+    for job in jobs:
+        if job.id in seen:
+            raise BenchError(f"row {job.id} appears twice in the grid")
+        seen.add(job.id)
+    return jobs

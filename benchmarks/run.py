@@ -1,0 +1,621 @@
+"""Run the benchmark grid: every recipe x target ratio x recovery setting, side by side, in one command.
+
+    python -m benchmarks.run                       # the full grid of benchmarks/grid.yaml (hours)
+    python -m benchmarks.run --quick               # the smoke-sized grid (minutes)
+    python -m benchmarks.run --only lorap,llm-pruner --ratios 20 --name lorap-vs-llmpruner
+
+For each row of the grid (benchmarks/grid.yaml, see :mod:`benchmarks.grid`):
+
+1. compression: ``slimkit recipe run RECIPE --no-eval`` as its own process (started through a small
+   launcher process, because Linux hands a forking process's peak RSS on to an exec'd child), so the
+   peak resident memory in its report.json is that run's alone (and a crash cannot take the benchmark down);
+   ``--set target.ratio=R``, the entry's overrides, and ``stages.I.args.steps=0`` on every top-level
+   ``lora`` stage for the rows without recovery;
+2. evaluation, in this process, of the saved run folder (``RUN/model``): perplexity and zero-shot
+   accuracy with the same budgets for every row (:func:`slimkit.recipes.runner.evaluate`, the code
+   behind ``slimkit eval``);
+3. speed: the compressed model and the dense one, loaded once at the start, measured interleaved in
+   this process (:func:`benchmarks.speed.measure`); the ratios are per pair, so a machine that gets
+   busier during a long run shifts both sides of each ratio.
+
+A recipe that does not exist (yet) gives a "not run" row with the reason; a run that fails gives a
+"failed" row with the last line of its log; neither stops the benchmark. The dense row comes first.
+The paper claims of the grid file are then decided from the rows (:mod:`benchmarks.claims`).
+
+Writes ``OUT/<date>-<name>.json`` (rewritten after every row, so an interrupted run keeps what it
+measured), ``.md`` and the plots ``-quality.png`` and ``-widths-rPCT.png``. Run folders live in a
+temporary folder, or under ``--keep DIR`` (with ``--resume``, a row whose folder already holds a
+finished run of the same recipe and overrides is not compressed again).
+
+Bad options, an unknown ``--only`` name or a bad grid file print one ``error: ...`` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.grid import (
+    DENSE,
+    GRID_FILE,
+    BenchError,
+    Job,
+    Settings,
+    expand,
+    load_grid,
+    parse_ratios,
+    resolve_settings,
+    select_entries,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+QUIET_ENV = {"TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"}  # lm-eval's progress bars, per row
+
+
+_LAUNCHER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+
+
+def via_launcher(command: list[str]) -> list[str]:
+    """``command`` started by a small Python launcher. Linux carries the forking process's peak RSS into
+    an exec'd child's ``ru_maxrss`` (what a run's report states as its peak); this process holds the
+    dense model, the launcher holds almost nothing, so the number becomes the run's own."""
+    return [sys.executable, "-c", _LAUNCHER, *command]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        raise BenchError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the smoke-sized grid and budgets of grid.yaml")
+    parser.add_argument("--only", help="comma-separated recipes to run (dense always runs)")
+    parser.add_argument("--ratios", help="comma-separated target ratios, 0.2 or 20 (narrows each entry's ratios)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results (default benchmarks/results)")
+    parser.add_argument("--name", help="results are OUT/<date>-<name>.*; default 'grid' or 'quick'")
+    parser.add_argument("--ppl-tokens", type=int, help="perplexity token budget per dataset")
+    parser.add_argument("--zeroshot-limit", type=int, help="examples per zero-shot task (0 skips zero-shot)")
+    parser.add_argument("--zeroshot-tasks", help="comma-separated zero-shot tasks ('' skips zero-shot)")
+    parser.add_argument("--speed-rounds", type=int, help="interleaved speed rounds per row")
+    parser.add_argument(
+        "--threads", type=int, help="torch threads here and in the compression processes (default: torch's)"
+    )
+    parser.add_argument("--grid", type=Path, default=GRID_FILE, help="grid file (default benchmarks/grid.yaml)")
+    parser.add_argument("--keep", type=Path, help="keep every run folder under this folder")
+    parser.add_argument("--resume", action="store_true", help="with --keep: reuse finished runs found there")
+    parser.add_argument("--list", action="store_true", help="print the rows that would run, and exit")
+    return parser
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def machine_info() -> dict[str, Any]:
+    import psutil
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu or "unknown CPU",
+        "cores": os.cpu_count(),
+        "memory_gb": psutil.virtual_memory().total / 2**30,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def eval_config(settings: Settings):
+    from slimkit.recipes.schema import EvalConfig
+
+    perplexity = None
+    if settings.ppl_datasets:
+        perplexity = {
+            "datasets": settings.ppl_datasets,
+            "seq_len": settings.ppl_window,
+            "max_tokens": settings.ppl_tokens,
+        }
+    zeroshot = {"tasks": settings.zeroshot_tasks, "limit": settings.zeroshot_limit} if settings.zeroshot_on else None
+    return EvalConfig.model_validate({"perplexity": perplexity, "zeroshot": zeroshot, "speed": False})
+
+
+def _walk(node: Any):
+    """Every ``(key, value)`` pair in nested dicts and lists."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key, value
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item)
+
+
+_RESIDUAL_KEY = re.compile(r"^(residual|added)_?param(eter)?s$|^param(eter)?s_(residual|added)$", re.IGNORECASE)
+
+
+def residual_params_reported(stages: Any) -> int | None:
+    """Parameters added by residual matrices as a stage report states them (``residual_params``,
+    ``params_added``, ... anywhere in a stage's report; the first found per stage, summed)."""
+    found = None
+    for report in (stages or {}).values() if isinstance(stages, dict) else []:
+        value = next((v for k, v in _walk(report) if _RESIDUAL_KEY.match(str(k)) and isinstance(v, int)), None)
+        if value is not None:
+            found = (found or 0) + value
+    return found
+
+
+_RESIDUAL_NAMES = ("residual", "basis_change", "basischange")
+
+
+def residual_params_in_model(model) -> int:
+    """Parameters of modules or tensors named or typed as residual / basis-change matrices (SP3's
+    ``BasisChange`` at ``<host>.basis_change``, or ``residual`` in a parameter's path or class name)."""
+    total = 0
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        typed = any(n in type(module).__name__.lower() for n in _RESIDUAL_NAMES)
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            if typed or any(n in f"{module_name}.{name}".lower() for n in _RESIDUAL_NAMES):
+                seen.add(id(param))
+                total += param.numel()
+    return total
+
+
+def lowrank_params(model) -> int:
+    from slimkit.primitives.lowrank import LowRankLinear
+
+    return sum(p.numel() for m in model.modules() if isinstance(m, LowRankLinear) for p in m.parameters())
+
+
+def stage_tokens(stages: Any, key: str, names: tuple[str, ...] | None = None) -> int | None:
+    """Sum over stage reports (optionally only the named ones) of their top-level ``key``."""
+    total = None
+    for name, report in (stages or {}).items() if isinstance(stages, dict) else []:
+        if names is not None and name not in names:
+            continue
+        value = report.get(key) if isinstance(report, dict) else None
+        if isinstance(value, int):
+            total = (total or 0) + value
+    return total
+
+
+def extra_calibration_tokens(stages: Any, calibration: dict[str, Any] | None) -> int | None:
+    """Calibration tokens drawn by stages beyond the run's calibration set: a stage report's top-level
+    ``calibration_tokens`` if any states it, else, for iterative stages that record a calibration seed
+    per iteration (CCE's fresh sentences), one more calibration set per further distinct seed."""
+    stated = stage_tokens(stages, "calibration_tokens")
+    if stated is not None or not calibration or not isinstance(stages, dict):
+        return stated
+    extra = 0
+    for report in stages.values():
+        iterations = report.get("iterations") if isinstance(report, dict) else None
+        if isinstance(iterations, list):
+            seeds = {it["seed"] for it in iterations if isinstance(it, dict) and it.get("seed") is not None}
+            extra += max(len(seeds) - 1, 0) * int(calibration.get("tokens") or 0)
+    return extra or None
+
+
+def layer_params(model) -> list[int]:
+    from slimkit.primitives.arch import ModelView
+
+    return [layer.num_params() for layer in ModelView(model).layers]
+
+
+def layer_widths(model, saved: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Per-layer widths: the saved ones (manifest ``layer_widths``) or the model's, each with the hidden
+    width the layer works in (its q projection's input width; SP3 changes it per group)."""
+    from slimkit.primitives.arch import ModelView
+
+    view = ModelView(model)
+    widths = [dict(w) for w in (saved or view.layer_widths())]
+    try:
+        hidden = [int(layer.linear("q").in_features) for layer in view.layers]
+    except (AttributeError, KeyError, ValueError):
+        return widths
+    if len(hidden) == len(widths):
+        for width, size in zip(widths, hidden, strict=True):
+            width.setdefault("hidden_size", size)
+    return widths
+
+
+def finite_numbers(node: Any) -> bool:
+    return all(math.isfinite(v) for v in _numbers(node))
+
+
+def _numbers(node: Any):
+    if isinstance(node, bool):
+        return
+    if isinstance(node, int | float):
+        yield float(node)
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _numbers(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _numbers(value)
+
+
+def _slug(row_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", row_id.replace("@", "-r"))
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    errors = [ln for ln in lines if ln.startswith(("error:", "Error", "RuntimeError", "ValueError"))]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+# ---------------------------------------------------------------------------------------- the rows
+
+
+class Bench:
+    def __init__(self, settings: Settings, runs: Path, keep: bool, resume: bool, threads: int | None = None) -> None:
+        import torch
+
+        import slimkit
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.thread_env = {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        self.settings = settings
+        self.runs = runs
+        self.keep = keep
+        self.resume = resume
+        self.config = eval_config(settings)
+        self.dense, self.tokenizer, _info = slimkit.load_source(settings.model)
+        self.dense_layer_params = layer_params(self.dense)
+        self.dense_speed: list[tuple[float, float]] = []
+
+    def evaluate(self, model) -> tuple[dict[str, float], dict[str, Any], float]:
+        from slimkit.recipes.progress import Tracker
+        from slimkit.recipes.runner import Timings, evaluate
+
+        start = time.perf_counter()
+        metrics, details = evaluate(model, self.tokenizer, self.config, Tracker(), Timings())
+        return metrics, details, time.perf_counter() - start
+
+    def speed(self, row_id: str, model) -> dict[str, Any]:
+        from benchmarks.speed import measure
+
+        s = self.settings.speed
+        vocab = len(self.tokenizer)
+        dense, row = measure(
+            [(DENSE, self.dense, vocab), (row_id, model, vocab)], s.rounds, s.prompt_len, s.new_tokens, s.batch
+        )
+        self.dense_speed.append((dense["prefill_tokens_per_s"], dense["decode_tokens_per_s"]))
+        return {
+            "prefill_tokens_per_s": row["prefill_tokens_per_s"],
+            "decode_tokens_per_s": row["decode_tokens_per_s"],
+            "dense_prefill_tokens_per_s": dense["prefill_tokens_per_s"],
+            "dense_decode_tokens_per_s": dense["decode_tokens_per_s"],
+            "prefill_ratio": row["prefill_ratio"],
+            "decode_ratio": row["decode_ratio"],
+        }
+
+    def dense_row(self) -> dict[str, Any]:
+        from slimkit.primitives.evaluate.counting import count_macs, params_by_part
+        from slimkit.recipes.runner import MACS_SEQ_LEN
+
+        metrics, details, seconds = self.evaluate(self.dense)
+        total = params_by_part(self.dense)["total"]
+        macs = count_macs(self.dense, MACS_SEQ_LEN)
+        return {
+            "id": DENSE,
+            "recipe": DENSE,
+            "ratio": None,
+            "recovery": False,
+            "status": "ok",
+            "params": {"before": total, "after": total, "removed_ratio": 0.0},
+            "macs": {"before": macs, "after": macs, "seq_len": MACS_SEQ_LEN},
+            "metrics": metrics,
+            "evaluation": details,
+            "eval_s": seconds,
+            "layers": {
+                "widths": layer_widths(self.dense),
+                "params": self.dense_layer_params,
+                "dense_params": self.dense_layer_params,
+            },
+        }
+
+    def finish_dense(self, row: dict[str, Any]) -> None:
+        """The dense row's speed: the medians of its measurements in every pair (or its own if none ran)."""
+        import statistics
+
+        from benchmarks.speed import measure
+
+        if not self.dense_speed:
+            s = self.settings.speed
+            (only,) = measure([(DENSE, self.dense, len(self.tokenizer))], s.rounds, s.prompt_len, s.new_tokens, s.batch)
+            self.dense_speed.append((only["prefill_tokens_per_s"], only["decode_tokens_per_s"]))
+        prefill = statistics.median(x[0] for x in self.dense_speed)
+        decode = statistics.median(x[1] for x in self.dense_speed)
+        row["speed"] = {
+            "prefill_tokens_per_s": prefill,
+            "decode_tokens_per_s": decode,
+            "dense_prefill_tokens_per_s": prefill,
+            "dense_decode_tokens_per_s": decode,
+            "prefill_ratio": 1.0,
+            "decode_ratio": 1.0,
+        }
+
+    def prepare(self, job: Job) -> tuple[dict[str, Any], list[str] | None, dict[str, Any] | None]:
+        """The row's skeleton and the run's overrides, or a "not run"/"failed" row (overrides None)."""
+        from slimkit.primitives.errors import SlimkitError
+        from slimkit.recipes.loading import bundled_recipes, load_recipe
+
+        row: dict[str, Any] = {
+            "id": job.id,
+            "recipe": job.recipe,
+            "ratio": job.ratio,
+            "recovery": job.recovery,
+            "status": "ok",
+        }
+        if job.recipe not in bundled_recipes() and not Path(job.recipe).is_file():
+            return {**row, "status": "not run", "reason": f"recipe '{job.recipe}' does not exist (yet)"}, None, None
+        overrides = [f"model={self.settings.model}", f"target.ratio={job.ratio}", *job.overrides]
+        try:
+            recipe, _raw = load_recipe(job.recipe, overrides)
+            lora = [i for i, s in enumerate(recipe.stages) if getattr(s, "stage", None) == "lora"]
+            if job.recovery and not lora:
+                reason = "the recipe has no top-level lora stage, so there is no recovery variant"
+                return {**row, "status": "not run", "reason": reason}, None, None
+            if not job.recovery:
+                overrides += [f"stages.{i}.args.steps=0" for i in lora]
+            recipe, raw = load_recipe(job.recipe, overrides)
+        except SlimkitError as error:
+            return {**row, "status": "failed", "reason": f"recipe does not load: {error}"}, None, None
+        row.update(of=recipe.target.of, overrides=overrides, recovery_stages=lora)
+        return row, overrides, raw
+
+    def compress(self, job: Job, overrides: list[str], raw: dict[str, Any]) -> tuple[Path, float | None, str | None]:
+        """Run the recipe in its own process; ``(run folder, wall seconds or None if reused, error)``."""
+        import yaml
+
+        folder = self.runs / _slug(job.id)
+        if self.resume and (folder / "report.json").is_file() and (folder / "model" / "recipe.yaml").is_file():
+            if yaml.safe_load((folder / "model" / "recipe.yaml").read_text()) == raw:
+                log(f"  reusing {folder}")
+                return folder, None, None
+        sets = [x for o in overrides for x in ("--set", o)]
+        command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", job.recipe, "--out", str(folder)]
+        command += ["--no-eval", "--force", *sets]
+        command = via_launcher(command)
+        log_path = self.runs / f"{_slug(job.id)}.log"
+        start = time.perf_counter()
+        with log_path.open("w") as handle:
+            handle.write(shlex.join(command) + "\n")
+            handle.flush()
+            env = {**os.environ, **OFFLINE_ENV, **self.thread_env}
+            done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            return folder, wall, f"slimkit recipe run exited with {done.returncode}: {_last_line(log_path)}"
+        return folder, wall, None
+
+    def run_job(self, job: Job) -> dict[str, Any]:
+        import slimkit
+        from slimkit.primitives.io import read_manifest
+
+        row, overrides, raw = self.prepare(job)
+        if overrides is None:
+            return row
+        folder, wall, error = self.compress(job, overrides, raw)
+        if error:
+            return {**row, "status": "failed", "reason": error}
+        report = json.loads((folder / "report.json").read_text())
+        manifest = read_manifest(folder / "model") or {}
+        stages = report.get("stages") or {}
+        timings = (report.get("timings_s") or {}).get("stages", {})
+        compress_timings = {k: v for k, v in timings.items() if not k.startswith("eval:")}
+        calibration = report.get("calibration")
+        row.update(
+            {
+                "achieved": (report.get("target") or {}).get("achieved"),
+                "params": {k: v for k, v in (report.get("params") or {}).items() if k != "by_part_before"},
+                "macs": report.get("macs"),
+                "cost": {
+                    "compress_s": sum(v for k, v in timings.items() if k == "calibration" or k[:1].isdigit()),
+                    "stages_s": compress_timings,
+                    "process_wall_s": wall,
+                    "reused": wall is None,
+                    "peak_rss_mb": report.get("peak_rss_mb"),
+                    "calibration": calibration,
+                    "extra_calibration_tokens": extra_calibration_tokens(stages, calibration),
+                    "recovery_tokens": stage_tokens(stages, "tokens", ("lora",)),
+                },
+                "stages": stages,
+                "notes": report.get("notes", []),
+                "versions": report.get("versions"),
+                "run_folder": str(folder) if self.keep else None,
+            }
+        )
+        model = None
+        try:
+            model, _tokenizer, _info = slimkit.load_source(str(folder / "model"))
+            metrics, details, seconds = self.evaluate(model)
+            reported = residual_params_reported(stages)
+            row["structure"] = {
+                "residual_params": reported if reported is not None else residual_params_in_model(model),
+                "residual_source": "stage report" if reported is not None else "model",
+                "lowrank_params": lowrank_params(model),
+            }
+            row["metrics"], row["evaluation"], row["eval_s"] = metrics, details, seconds
+            row["layers"] = {
+                "widths": layer_widths(
+                    model, manifest.get("layer_widths") or (report.get("layers") or {}).get("after")
+                ),
+                "params": layer_params(model),
+                "dense_params": self.dense_layer_params,
+            }
+            row["speed"] = self.speed(job.id, model)
+        except Exception as exc:  # a saved model that does not load or evaluate is a failed row, not a crash
+            row.update(status="failed", reason=f"evaluation: {type(exc).__name__}: {exc}"[:300])
+        del model
+        gc.collect()
+        if not self.keep:
+            shutil.rmtree(folder / "model", ignore_errors=True)
+        return row
+
+
+# ------------------------------------------------------------------------------------------- output
+
+
+def write_result(result: dict[str, Any], base: Path, plots: bool) -> list[Path]:
+    from benchmarks.tables import markdown, plot_quality, plot_widths
+
+    written: list[Path] = []
+    if plots:
+        quality = plot_quality(result["rows"], base.parent / f"{base.name}-quality.png")
+        written = ([quality] if quality else []) + plot_widths(result["rows"], base)
+    tmp = base.parent / f".{base.name}.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    os.replace(tmp, base.with_suffix(".json"))
+    base.with_suffix(".md").write_text(markdown(result, [str(p) for p in written]))
+    return written
+
+
+def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
+    grid = load_grid(args.grid)
+    cli = {
+        "ppl_tokens": args.ppl_tokens,
+        "zeroshot_limit": args.zeroshot_limit,
+        "zeroshot_tasks": None if args.zeroshot_tasks is None else [t for t in args.zeroshot_tasks.split(",") if t],
+        "speed": None if args.speed_rounds is None else {"rounds": args.speed_rounds},
+    }
+    settings = resolve_settings(grid, args.quick, cli)
+    entries = grid.quick.grid if args.quick else grid.grid
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only is not None else None
+    if only is not None and not only:
+        raise BenchError("--only: no recipe given")
+    ratios = parse_ratios(args.ratios) if args.ratios is not None else None
+    jobs = expand(select_entries(entries, only), settings, ratios)
+    if args.threads is not None and args.threads < 1:
+        raise BenchError(f"--threads must be at least 1, got {args.threads}")
+    if args.resume and args.keep is None:
+        raise BenchError("--resume needs --keep DIR (the folder whose runs it reuses)")
+    return grid, settings, jobs
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    from benchmarks.claims import evaluate_claims
+    from slimkit.primitives.io import versions
+    from slimkit.recipes.runner import peak_rss_mb, preflight_data
+
+    grid, settings, jobs = plan(args)
+    name = args.name or ("quick" if args.quick else "grid")
+    preflight_data(eval_config(settings), None)
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = args.out / f"{dt.date.today().isoformat()}-{name}"
+    start = time.perf_counter()
+    result: dict[str, Any] = {
+        "name": name,
+        "date": dt.date.today().isoformat(),
+        "command": shlex.join(["python", "-m", "benchmarks.run", *argv]),
+        "machine": machine_info(),
+        "versions": versions(),
+        "settings": settings.model_dump(),
+        "rows": [],
+        "claims": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="slimkit-bench-") as scratch:
+        runs = args.keep or Path(scratch)
+        runs.mkdir(parents=True, exist_ok=True)
+        log(f"{len(jobs)} rows + dense; runs in {runs}; results {base}.*")
+        bench = Bench(settings, runs, keep=args.keep is not None, resume=args.resume, threads=args.threads)
+        result["machine"]["torch_threads"] = torch_threads()
+        dense = bench.dense_row()
+        result["rows"].append(dense)
+        log(f"[dense] {_summary(dense)}")
+        for index, job in enumerate(jobs, 1):
+            log(f"[{index}/{len(jobs)}] {job.id} ...")
+            job_start = time.perf_counter()
+            row = bench.run_job(job)
+            row["bench_s"] = time.perf_counter() - job_start
+            result["rows"].append(row)
+            log(f"[{index}/{len(jobs)}] {job.id}: {_summary(row)} ({row['bench_s']:.0f} s)")
+            result["wall_s"] = time.perf_counter() - start
+            result["claims"] = evaluate_claims(grid.claims, result["rows"])
+            write_result(result, base, plots=False)
+        bench.finish_dense(dense)
+    result["wall_s"] = time.perf_counter() - start
+    result["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["bench_peak_rss_mb"] = peak_rss_mb()  # this process: the dense model, one row's model, evaluation
+    result["claims"] = evaluate_claims(grid.claims, result["rows"])
+    plots = write_result(result, base, plots=True)
+    log(f"wrote {base}.json, {base}.md" + "".join(f", {p.name}" for p in plots) + f" in {result['wall_s']:.0f} s")
+    return result
+
+
+def _summary(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row.get('reason')}"
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in row.get("metrics", {}).items() if k.endswith(("_ppl", "mean_acc")))
+    removed = row.get("params", {}).get("removed_ratio")
+    return f"params removed {removed:.2%}, {metrics}" if removed is not None else metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for key, value in {**OFFLINE_ENV, **QUIET_ENV}.items():  # before tqdm is imported: it reads them then
+        os.environ.setdefault(key, value)
+    from slimkit.primitives.errors import SlimkitError
+
+    try:
+        args = build_parser().parse_args(argv)
+        if args.list:
+            _grid, settings, jobs = plan(args)
+            print(f"dense + {len(jobs)} rows on {settings.model}:")
+            for job in jobs:
+                print(f"  {job.id}" + (f"  ({', '.join(job.overrides)})" if job.overrides else ""))
+            return 0
+        run(args, argv)
+    except (BenchError, SlimkitError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted (the results written so far are kept)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""The benchmark's Markdown tables and PNG plots, written from the result dictionary alone.
+
+``result`` is what ``benchmarks.run`` writes as JSON: ``name``, ``date``, ``command``, ``machine``,
+``versions``, ``settings``, ``wall_s``, ``rows`` (dense first; every row has ``id``, ``recipe``,
+``status`` and, when ``status == "ok"``, the numbers) and ``claims``. Everything tolerates missing
+fields, so a table can be written from a partial run.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+_MISSING = "-"
+_PARAMS_KEY = "layer params (% of dense)"
+
+
+def _num(value: Any, spec: str = ".4g") -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return _MISSING
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return format(value, spec)
+
+
+def _pct(value: Any, digits: int = 2) -> str:
+    return _num(value * 100, f".{digits}f") + "%" if isinstance(value, int | float) else _MISSING
+
+
+def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def _label(row: dict[str, Any]) -> str:
+    return f"`{row['id']}`"
+
+
+def _target(row: dict[str, Any]) -> str:
+    if row.get("ratio") is None:
+        return _MISSING
+    return f"{row['ratio']:.0%} of {row.get('of') or '?'}"
+
+
+def settings_text(result: dict[str, Any]) -> list[str]:
+    s = result.get("settings", {})
+    machine = result.get("machine", {})
+    speed = s.get("speed", {})
+    windows = s.get("ppl_tokens", 0) // max(s.get("ppl_window", 1), 1)
+    datasets = ", ".join(s.get("ppl_datasets", []))
+    lines = [
+        f"Model `{s.get('model')}`, float32, CPU, seed as in each recipe. Command: `{result.get('command', '')}`.",
+        "",
+        f"- Perplexity ({datasets}): the first {windows} non-overlapping windows of {s.get('ppl_window')} tokens "
+        f"({s.get('ppl_tokens', 0):,} tokens) of each test text.",
+    ]
+    if s.get("zeroshot_tasks") and s.get("zeroshot_limit") != 0:
+        limit = s.get("zeroshot_limit")
+        first = "every example" if limit is None else f"the first {limit} examples"
+        lines.append(
+            f"- Zero-shot (lm-eval, local task files): {first} of each of {', '.join(s['zeroshot_tasks'])} "
+            f"(`--limit {limit}`); acc per task, and their mean."
+        )
+    else:
+        lines.append("- Zero-shot: skipped in this run.")
+    lines += [
+        f"- Speed: batch {speed.get('batch')}, {speed.get('prompt_len')}-token prompt, "
+        f"{speed.get('new_tokens')} greedy tokens; each model interleaved with dense in the same process, "
+        f"median of {speed.get('rounds')} rounds, "
+        f"{machine.get('torch_threads')} threads. Ratios are for this machine and run.",
+        "- Compression ran as one `slimkit recipe run --no-eval` process per row (peak RSS is that process's); "
+        'evaluation and speed ran in the benchmark process on the saved model. "compress s" is calibration '
+        'plus the recipe\'s stages (not loading or saving); "process wall s" is the whole process.',
+        f"- Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+        f"{_num(machine.get('memory_gb'), '.0f')} GB; {machine.get('platform', '')}; "
+        f"Python {machine.get('python', '')}.",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()) + ".",
+        f"- Benchmark wall time: {_num(result.get('wall_s'), '.0f')} s{_load_text(machine)}; peak RSS of the "
+        f"benchmark process (evaluation and speed) {_num(result.get('bench_peak_rss_mb'), '.0f')} MB.",
+    ]
+    return lines
+
+
+def _load_text(machine: dict[str, Any]) -> str:
+    start, end = machine.get("load_average_start"), machine.get("load_average_end")
+    if not start:
+        return ""
+    text = f"; 1-minute load average {start[0]:.1f} at the start"
+    text += f", {end[0]:.1f} at the end" if end else ""
+    cores = machine.get("cores")
+    return text + (f" on {cores} cores (a load above the benchmark's own means shared cores)" if cores else "")
+
+
+def quality_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
+    datasets = settings.get("ppl_datasets", [])
+    tasks = settings.get("zeroshot_tasks", []) if settings.get("zeroshot_limit") != 0 else []
+    head = ["row", "target", "params removed", *(f"{d} ppl" for d in datasets), *tasks]
+    if tasks:
+        head.append("mean acc")
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+    for row in _ok(rows):
+        m = row.get("metrics", {})
+        cells = [_label(row), _target(row), _pct(row.get("params", {}).get("removed_ratio"))]
+        cells += [_num(m.get(f"{d}_ppl")) for d in datasets]
+        cells += [_num(m.get(f"{t}_acc"), ".3f") for t in tasks]
+        if tasks:
+            cells.append(_num(m.get("zeroshot_mean_acc"), ".3f"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def size_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| row | params before | params after | removed | achieved (of target) | MACs before | MACs after | "
+        "MACs kept | residual params | low-rank params |",
+        "| --- |" + " ---: |" * 9,
+    ]
+    for row in _ok(rows):
+        p, m, s = row.get("params", {}), row.get("macs", {}), row.get("structure", {})
+        kept = m["after"] / m["before"] if m.get("before") and m.get("after") is not None else None
+        lines.append(
+            f"| {_label(row)} | {_num(p.get('before'), ',')} | {_num(p.get('after'), ',')} | "
+            f"{_pct(p.get('removed_ratio'))} | {_pct(row.get('achieved'))} | {_num(m.get('before'), '.4g')} | "
+            f"{_num(m.get('after'), '.4g')} | {_pct(kept, 1)} | {_num(s.get('residual_params'), ',')} | "
+            f"{_num(s.get('lowrank_params'), ',')} |"
+        )
+    return lines
+
+
+def _stages_text(stages: dict[str, float]) -> str:
+    return "; ".join(f"{k} {v:.0f}" for k, v in stages.items()) or _MISSING
+
+
+def cost_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| row | compress s | per stage s | process wall s | peak RSS MB | calibration | recovery tokens |",
+        "| --- | ---: | --- | ---: | ---: | --- | ---: |",
+    ]
+    for row in _ok(rows):
+        c = row.get("cost")
+        if not c:
+            continue
+        cal = c.get("calibration") or {}
+        if cal.get("samples"):
+            calibration = f"{cal['samples']} x {cal.get('seq_len', '?')} = {_num(cal.get('tokens'), ',')} tokens"
+            calibration += f" of {cal['dataset']}" if cal.get("dataset") else ""
+        else:
+            calibration = "none"
+        if c.get("extra_calibration_tokens"):
+            calibration += f" (+{c['extra_calibration_tokens']:,} in stages)"
+        lines.append(
+            f"| {_label(row)} | {_num(c.get('compress_s'), '.1f')} | {_stages_text(c.get('stages_s', {}))} | "
+            f"{_num(c.get('process_wall_s'), '.0f')} | {_num(c.get('peak_rss_mb'), '.0f')} | {calibration} | "
+            f"{_num(c.get('recovery_tokens'), ',')} |"
+        )
+    return lines
+
+
+def speed_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| row | prefill tok/s | decode tok/s | dense prefill tok/s | dense decode tok/s | prefill vs dense | "
+        "decode vs dense |",
+        "| --- |" + " ---: |" * 6,
+    ]
+    for row in _ok(rows):
+        s = row.get("speed")
+        if not s:
+            continue
+        lines.append(
+            f"| {_label(row)} | {_num(s.get('prefill_tokens_per_s'), '.1f')} | "
+            f"{_num(s.get('decode_tokens_per_s'), '.1f')} | {_num(s.get('dense_prefill_tokens_per_s'), '.1f')} | "
+            f"{_num(s.get('dense_decode_tokens_per_s'), '.1f')} | "
+            f"{_num(s.get('prefill_ratio'), '.2f')} | {_num(s.get('decode_ratio'), '.2f')} |"
+        )
+    return lines
+
+
+def claims_table(claims: list[dict[str, Any]]) -> list[str]:
+    lines = ["| claim | source | checks | verdict | evidence |", "| --- | --- | --- | --- | --- |"]
+    for c in claims:
+        evidence = "<br>".join(c.get("evidence", []) + [f"not run at {m}" for m in c.get("not_run", [])])
+        metrics = ", ".join(c.get("metrics", []))
+        checks = "; ".join(f"`{x}`" for x in c.get("checks", [])) + f" ({metrics})"
+        verdict = f"**{c['verdict']}**" if c["verdict"] != "not run" else c["verdict"]
+        lines.append(f"| {c['claim']} | {c['source']} | {checks} | {verdict} | {evidence or _MISSING} |")
+    return lines
+
+
+def skipped_table(rows: list[dict[str, Any]]) -> list[str]:
+    skipped = [r for r in rows if r.get("status") != "ok"]
+    if not skipped:
+        return []
+    lines = ["| row | status | reason |", "| --- | --- | --- |"]
+    lines += [f"| {_label(r)} | {r['status']} | {str(r.get('reason', '')).replace('|', '/')} |" for r in skipped]
+    return lines
+
+
+def markdown(result: dict[str, Any], plots: list[str]) -> str:
+    rows, settings = result.get("rows", []), result.get("settings", {})
+    out = [f"# Benchmark `{result.get('name')}` ({result.get('date')})", "", *settings_text(result), ""]
+    sections = [
+        ("Quality", quality_table(rows, settings)),
+        ("Size", size_table(rows)),
+        ("Cost of compression", cost_table(rows)),
+        ("Speed of the result", speed_table(rows)),
+        ("Paper claims", claims_table(result.get("claims", []))),
+        ("Not run or failed", skipped_table(rows)),
+    ]
+    for title, lines in sections:
+        if len(lines) > 2 or (lines and title == "Not run or failed"):
+            out += [f"## {title}", "", *lines, ""]
+    if plots:
+        out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series_name(row: dict[str, Any]) -> str:
+    return f"{row['recipe']} + LoRA" if row.get("recovery") else row["recipe"]
+
+
+def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """Perplexity (and mean zero-shot accuracy) against the fraction of parameters removed, one line per
+    recipe and recovery setting; dense is the star at 0."""
+    ok = _ok(rows)
+    metrics = [
+        m for m in ("wikitext2_ppl", "ptb_ppl", "zeroshot_mean_acc") if any(m in r.get("metrics", {}) for r in ok)
+    ]
+    compressed = [r for r in ok if r["id"] != "dense" and r.get("params", {}).get("removed_ratio") is not None]
+    if not metrics or not compressed:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.8), squeeze=False)
+    series: dict[str, list[dict[str, Any]]] = {}
+    for row in compressed:
+        series.setdefault(_series_name(row), []).append(row)
+    colors = plt.get_cmap("tab20")
+    dense = next((r for r in ok if r["id"] == "dense"), None)
+    for axis, metric in zip(axes[0], metrics, strict=True):
+        for index, (name, members) in enumerate(series.items()):
+            points = sorted(
+                (100 * r["params"]["removed_ratio"], r["metrics"][metric])
+                for r in members
+                if isinstance(r.get("metrics", {}).get(metric), int | float) and math.isfinite(r["metrics"][metric])
+            )
+            if points:
+                style = "--" if name.endswith("+ LoRA") else "-"
+                axis.plot(*zip(*points, strict=True), style, marker="o", color=colors(index % 20), label=name)
+        if dense and isinstance(dense.get("metrics", {}).get(metric), int | float):
+            axis.plot([0], [dense["metrics"][metric]], "k*", markersize=12, label="dense")
+        if metric.endswith("_ppl"):
+            axis.set_yscale("log")
+        axis.set_xlabel("parameters removed (%)")
+        axis.set_ylabel(metric.replace("_", " "))
+        axis.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("quality against parameters removed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _layer_series(row: dict[str, Any]) -> dict[str, list[float]]:
+    layers = row.get("layers") or {}
+    widths = layers.get("widths") or []
+    keys = [k for k in (widths[0] if widths else {}) if all(isinstance(w.get(k), int | float) for w in widths)]
+    series = {k: [w[k] for w in widths] for k in keys}
+    params, dense = layers.get("params"), layers.get("dense_params")
+    if params and dense and len(params) == len(dense):
+        series[_PARAMS_KEY] = [100 * a / b if b else 0.0 for a, b in zip(params, dense, strict=True)]
+    return series
+
+
+def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
+    """Per-layer widths of every compressed model, one figure per target ratio (``BASE-widths-rPCT.png``):
+    a panel per width (heads, KV heads, MLP width, ...) and per-layer
+    parameters as a percentage of the dense layer's, one line per row, dense dashed. Widths no model
+    changes are left out."""
+    ok = _ok(rows)
+    dense = next((r for r in ok if r["id"] == "dense"), None)
+    by_ratio: dict[float, list[dict[str, Any]]] = {}
+    for row in ok:
+        if row["id"] != "dense" and _layer_series(row):
+            by_ratio.setdefault(row["ratio"], []).append(row)
+    paths = []
+    plt = _pyplot() if by_ratio else None
+    dense_series = _layer_series(dense) if dense else {}
+    for ratio, members in sorted(by_ratio.items()):
+        all_series = [_layer_series(r) for r in members]
+        # Only the widths some model changes (heads, MLP width, ...), and always the per-layer parameters.
+        keys = list(dict.fromkeys(k for s in all_series for k in s))
+        keys = [k for k in keys if k == _PARAMS_KEY or any(s.get(k) != dense_series.get(k) for s in all_series)]
+        fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.3 * len(keys) + 0.6), sharex=True, squeeze=False)
+        colors = plt.get_cmap("tab20")
+        for axis, key in zip(axes[:, 0], keys, strict=True):
+            if key in dense_series:
+                axis.plot(dense_series[key], "k--", linewidth=1, label="dense")
+            for index, (row, series) in enumerate(zip(members, all_series, strict=True)):
+                if key in series:
+                    axis.plot(series[key], drawstyle="steps-mid", color=colors(index % 20), label=row["id"])
+            axis.set_ylabel(key.replace("_", " "), fontsize=8)
+            axis.grid(alpha=0.3)
+        axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        axes[-1, 0].set_xlabel("layer")
+        fig.suptitle(f"per-layer widths, target ratio {ratio:.0%}")
+        fig.tight_layout()
+        path = base.parent / f"{base.name}-widths-r{round(ratio * 100, 6):g}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths

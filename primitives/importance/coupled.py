@@ -1,0 +1,310 @@
+"""Coupled-component importance (CCE, ../shared/papers/cce-coupled-components-elimination.md, Eqs. 2-6, 8).
+
+Kernels, features, components. A *kernel* reads or writes the whole word vector: a row of q, k, v,
+gate, up (fc1) or a column of o, down (fc2). A *feature* is one index of the hidden dimension across
+every matrix (the ``hidden_feature`` group). The effective parameters of attention head h are the
+two d_m x d_m products
+
+    W_QK = Q_h^T K_g    and    W_VO = O_h V_g        (g: the KV head that h reads)
+
+and each is a sum of rank-one *coupled components* C_i = l_i r_i over the head's d_k kernels:
+l_i = q_{h,i} (row i of Q_h, as a column) with r_i = k_{g,i}; l_i = o_{h,i} (column i of O_h) with
+r_i = v_{g,i}. MLP channel i is the component d_i u_i (down column d_i, up/fc1 row u_i); a gated
+channel (d_i, g_i, u_i) is scored as the sum of its two sub-components d_i g_i and d_i u_i (Eq. 4).
+
+Importance of a component (Eq. 6): I_C = | sum_c G_c c - 1/2 (G_c c)^2 | over the d_m^2 elements c
+of C, where G = dL/dW is the gradient on the *product*, shared by every component of that product.
+For C = l r the two sums are closed forms: sum_c G_c c = l^T G r^T and
+sum_c (G_c c)^2 = (l*l)^T (G*G) (r*r)^T.
+
+The gradient on the product. Only the factors are parameters, so only their gradients exist; the
+chain rule ties them to G: for W = L R, dL/dL = G R^T and dL/dR = L^T G. G (d_m^2 numbers) is not
+identifiable from them, so we take the *smallest* G satisfying the chain-rule equations:
+
+* attention (per KV group, any GQA layout): query head h reads KV head g = ``h // (heads / kv_heads)``
+  (HF ``repeat_kv`` layout), so q_{h,i} is paired with k_{g,i} and o_{h,i} with v_{g,i}. Each query
+  head's own equation (G_h R^T = dL/dL_h, with L_h = Q_h^T or O_h and R = K_g or V_g) is exact for
+  that head, while the shared k/v kernels only see the sum over the group's heads
+  (sum_h L_h^T G_h = dL/dR). :func:`head_product_gradients` gives the minimum-norm set {G_h}
+  satisfying all of them (closed form, no d_m^2 solve); when RoPE makes the shared equation
+  inconsistent with the per-head ones, only its part outside R's row space is used. Without GQA this
+  is the two-sided :func:`product_gradient`. Using the q/o equations alone (``grad_k``/``grad_v``
+  None) gives the same head scores to first order but worse feature scores (the column terms of
+  Eq. 8 need the k/v side): on smollm2-135m, removing 76 of 576 features by Eq. 8 gave WikiText-2
+  perplexity 969 with both sides and 1605 with the q/o side only (4k tokens, full gradients).
+* MLP channel: both factors belong to the channel, so both equations are used; their shared core
+  l^T G r^T (seen by both) is the mean of the two when they disagree (they agree for d_i u_i, a
+  bilinear product once the gate is fixed; the activation makes them differ for d_i g_i and fc1).
+
+Consequences worth knowing: the first-order term of a component is exact whenever the chain rule
+holds (for q_{h,i} k_{g,i} it equals q_{h,i} . dL/dq_{h,i}); summing per-weight Taylor scores of q
+and k would count it twice and square single weights' saliences instead of the product's elements,
+so the two differ (see tests). With RoPE, Q_h^T K_g is the bilinear form at relative offset 0; we
+treat it as the effective parameter, as the paper does for LLaMA. Biases are not scored.
+
+Feature importance (Eq. 8): I_f = sum over every head product W (QK and VO, every layer) of
+| sum over c in row f and column f of W of (G_c c - 1/2 (G_c c)^2) |, with G_h as above (the MLP
+is ignored, as in the paper). Measured on smollm2-135m (10 C4 sentences of 64 tokens, full
+gradients, PLATON over 5 batches, 76 of 576 features removed at once, WikiText-2 perplexity on 4k
+tokens): Eq. 8 771, per-weight Taylor over every member of the feature (``taylor``, embeddings and
+MLP included) 163, so on this model the attention-only scope is the weak part of CCE. A head's
+score is the sum of its QK and VO component scores (its Q, K, V, O kernels); a KV group's score
+sums its query heads.
+
+The registered scorer ``coupled`` reads ``stats["gradients"].of(weight)[0]`` (a
+:class:`~slimkit.primitives.calibration.gradients.GradientStats` or a per-batch equivalent) and
+needs the gradients of the layers' projection weights (:func:`gradient_weights`). Per-layer attention
+results are memoised in ``stats["coupled"]`` so heads and features scored from one ``stats`` share
+the work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+import torch
+from torch import nn
+
+from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import Group
+
+COUPLED_KINDS = ("attention_head", "kv_group", "mlp_channel", "hidden_feature")
+GRADIENT_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def product_gradient(
+    left: torch.Tensor,
+    right: torch.Tensor,
+    grad_left: torch.Tensor | None = None,
+    grad_right: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The smallest G (m x n) with G right^T = grad_left and left^T G = grad_right, for W = left @ right.
+
+    ``left`` is m x k, ``right`` k x n; pass the gradients of the factors that belong to the scored
+    unit alone (at least one). With both, the core left^T G right^T is the mean of what the two
+    equations say (exactly one value when they are consistent).
+    """
+    if grad_left is None and grad_right is None:
+        raise ValueError("product_gradient needs grad_left, grad_right or both")
+    right_pinv = torch.linalg.pinv(right @ right.T, hermitian=True) @ right if grad_left is not None else None
+    left_pinv = left @ torch.linalg.pinv(left.T @ left, hermitian=True) if grad_right is not None else None
+    if grad_right is None:
+        return grad_left @ right_pinv
+    if grad_left is None:
+        return left_pinv @ grad_right
+    core = 0.5 * (left.T @ grad_left + grad_right @ right.T)
+    return grad_left @ right_pinv + left_pinv @ grad_right - left_pinv @ core @ right_pinv
+
+
+def component_scores(left: torch.Tensor, right: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Eq. 6 for the components C_i = left[..., :, i] right[..., i, :] of one product with gradient ``grad``.
+
+    ``left`` [..., m, k], ``right`` [..., k, n], ``grad`` [..., m, n] -> [..., k].
+    """
+    first = (left * (grad @ right.transpose(-1, -2))).sum(-2)
+    second = (left * left * ((grad * grad) @ (right * right).transpose(-1, -2))).sum(-2)
+    return (first - 0.5 * second).abs()
+
+
+def feature_scores(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Eq. 8's term of one square product W (or a batch [..., d, d]): |sum over row f and column f| -> [..., d]."""
+    salience = grad * weight
+    salience = torch.addcmul(salience, salience, salience, value=-0.5)
+    diagonal = salience.diagonal(dim1=-2, dim2=-1)
+    return (salience.sum(-1) + salience.sum(-2) - diagonal).abs()
+
+
+def channel_scores(
+    alpha: torch.Tensor, beta: torch.Tensor, grad_alpha: torch.Tensor, grad_beta: torch.Tensor
+) -> torch.Tensor:
+    """Eq. 6 for rank-one components C_i = alpha_i^T beta_i with the two-sided product gradient, closed form.
+
+    ``alpha`` [n, m] (e.g. down columns), ``beta`` [n, d] (up/gate rows) and their gradients -> [n].
+    Equals :func:`component_scores` with :func:`product_gradient` of each channel (O(n (m + d)) instead
+    of materialising n gradients of m x d).
+    """
+    a2 = (alpha * alpha).sum(1, keepdim=True).clamp_min(torch.finfo(alpha.dtype).tiny)
+    b2 = (beta * beta).sum(1, keepdim=True).clamp_min(torch.finfo(beta.dtype).tiny)
+    core = 0.5 * ((alpha * grad_alpha).sum(1) + (beta * grad_beta).sum(1))  # the first-order term
+    # G_ab alpha_a beta_b = p_a Q_b + P_a q_b - core p_a q_b with p = alpha^2/|alpha|^2, q = beta^2/|beta|^2,
+    # P = grad_alpha * alpha, Q = grad_beta * beta; the sum of its squares separates into 1-D sums.
+    p, q = alpha * alpha / a2, beta * beta / b2
+    big_p, big_q = grad_alpha * alpha, grad_beta * beta
+    pp, qq = (p * p).sum(1), (q * q).sum(1)
+    p_big_p, q_big_q = (p * big_p).sum(1), (q * big_q).sum(1)
+    second = (
+        pp * (big_q * big_q).sum(1)
+        + (big_p * big_p).sum(1) * qq
+        + core * core * pp * qq
+        + 2 * p_big_p * q_big_q
+        - 2 * core * pp * q_big_q
+        - 2 * core * p_big_p * qq
+    )
+    return (core - 0.5 * second).abs()
+
+
+def _kv_projectors(right: torch.Tensor) -> torch.Tensor:
+    """(R R^T)^+ R for every KV head: [kv, d, n] -> [kv, d, n]."""
+    gram = right @ right.transpose(-1, -2)
+    return torch.linalg.pinv(gram, hermitian=True) @ right
+
+
+def head_product_gradients(
+    left: torch.Tensor, grad_left: torch.Tensor, right: torch.Tensor, grad_right: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Minimum-norm gradients G_h of the head products W_h = L_h R_{g(h)} from the factors' gradients.
+
+    ``left``/``grad_left`` [heads, m, d] (one L_h per query head), ``right`` [kv, d, n] (the KV heads,
+    consecutive query heads share one), ``grad_right`` [kv, d, n] or None -> [heads, m, n].
+    Solves G_h R^T = grad_left_h for every head and sum_h L_h^T G_h = grad_right for every KV group
+    (Lagrange: G_h = Lambda_h R + L_h M; M keeps only the part outside R's row space, which is what
+    the shared equation adds to the per-head ones).
+    """
+    per_group = left.shape[0] // right.shape[0]
+    projector = _kv_projectors(right)  # [kv, d, n]
+    grads = grad_left @ projector.repeat_interleave(per_group, dim=0)
+    if grad_right is None:
+        return grads
+    kv, d = right.shape[0], right.shape[1]
+    gram = (left.transpose(1, 2) @ left).view(kv, per_group, d, d).sum(1)  # sum_h L_h^T L_h
+    seen = (left.transpose(1, 2) @ grad_left).view(kv, per_group, d, d).sum(1)  # sum_h L_h^T G_h R^T
+    residual = grad_right - seen @ projector
+    residual = residual - (residual @ right.transpose(1, 2)) @ projector  # outside R's row space
+    multiplier = torch.linalg.pinv(gram, hermitian=True) @ residual  # [kv, d, n]
+    return grads + left @ multiplier.repeat_interleave(per_group, dim=0)
+
+
+def attention_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    grad_q: torch.Tensor,
+    grad_o: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    grad_k: torch.Tensor | None = None,
+    grad_v: torch.Tensor | None = None,
+    features: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Head scores [heads] and, if asked, this layer's share of the feature scores [d_m] (Eq. 8).
+
+    Weights as stored by ``nn.Linear``: q [heads*d_k, d_m], k and v [kv*d_k, d_m], o [d_m, heads*d_k],
+    and their gradients; without ``grad_k``/``grad_v`` only the query-side equations are used.
+    """
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads cannot be grouped over {num_kv_heads} KV heads")
+    d_m = q.shape[1]
+    d_k = q.shape[0] // num_heads
+    per_group = num_heads // num_kv_heads
+    heads = torch.zeros(num_heads)
+    feats = torch.zeros(d_m) if features else None
+    kv_grads = (
+        None if grad_k is None else grad_k.view(num_kv_heads, d_k, d_m),
+        None if grad_v is None else grad_v.view(num_kv_heads, d_k, d_m),
+    )
+    for (left, grad_left, kv_weight), grad_right in zip(
+        (
+            (q.view(num_heads, d_k, d_m).transpose(1, 2), grad_q.view(num_heads, d_k, d_m).transpose(1, 2), k),
+            (o.view(d_m, num_heads, d_k).permute(1, 0, 2), grad_o.view(d_m, num_heads, d_k).permute(1, 0, 2), v),
+        ),
+        kv_grads,
+        strict=True,
+    ):
+        right = kv_weight.view(num_kv_heads, d_k, d_m)
+        grad = head_product_gradients(left, grad_left, right, grad_right)  # [heads, d_m, d_m]
+        right = right.repeat_interleave(per_group, dim=0)
+        heads += component_scores(left, right, grad).sum(-1)
+        if feats is not None:
+            feats += feature_scores(left @ right, grad).sum(0)
+    return heads, feats
+
+
+def mlp_scores(
+    down: torch.Tensor,
+    grad_down: torch.Tensor,
+    inputs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
+    """Channel scores [n]: the sum over input matrices (gate and up, or fc1) of the sub-component scores.
+
+    ``down`` [d_m, n] with its gradient; ``inputs`` [(weight [n, d_m], gradient)].
+    """
+    alpha, grad_alpha = down.T, grad_down.T
+    return sum(channel_scores(alpha, beta, grad_alpha, grad_beta) for beta, grad_beta in inputs)
+
+
+# -- the registered scorer ---------------------------------------------------------------------
+
+
+def _weight(layer: LayerView, role: str) -> torch.Tensor:
+    module = layer.linear(role)
+    if not isinstance(module, nn.Linear):
+        raise SlimkitError(
+            f"coupled scorer: layer {layer.index} {role} is a {type(module).__name__}, not a Linear; "
+            "coupled components need plain projection weights"
+        )
+    return module.weight
+
+
+def gradient_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The weights whose gradients the coupled scorer reads (q, o, gate/up/fc1, down/fc2 of every layer)."""
+    weights = []
+    for layer in ModelView(model).layers:
+        weights += [_weight(layer, role) for role in GRADIENT_ROLES if role in layer.roles]
+    return weights
+
+
+def _grad(gradients, weight: torch.Tensor) -> torch.Tensor:
+    return gradients.of(weight)[0].detach().float()
+
+
+def layer_attention(model: nn.Module, layer: int, stats: MutableMapping) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head scores, feature share) of one layer, memoised in ``stats["coupled"]``."""
+    cache = stats.setdefault("coupled", {})
+    if layer not in cache:
+        view = ModelView(model).layer(layer)
+        gradients = stats["gradients"]
+        w = {role: _weight(view, role) for role in ("q", "k", "v", "o")}
+        g = {role: _grad(gradients, weight) for role, weight in w.items()}
+        w = {role: weight.detach().float() for role, weight in w.items()}
+        cache[layer] = attention_scores(
+            w["q"], w["k"], w["v"], w["o"], g["q"], g["o"], view.num_heads, view.num_kv_heads, g["k"], g["v"]
+        )
+    return cache[layer]
+
+
+def layer_mlp(model: nn.Module, layer: int, stats: Mapping) -> torch.Tensor:
+    view = ModelView(model).layer(layer)
+    gradients = stats["gradients"]
+    down = _weight(view, "down")
+    inputs = [(_weight(view, r).detach().float(), _grad(gradients, _weight(view, r))) for r in view.mlp_input_roles]
+    return mlp_scores(down.detach().float(), _grad(gradients, down), inputs)
+
+
+def coupled(group: Group, model: nn.Module, stats: MutableMapping, **_) -> torch.Tensor:
+    """Coupled-component scores of ``group``'s units (see the module docstring)."""
+    if group.kind not in COUPLED_KINDS:
+        raise ValueError(f"coupled scorer cannot score '{group.kind}' groups; allowed: {', '.join(COUPLED_KINDS)}")
+    if group.kind == "hidden_feature":
+        return sum(layer_attention(model, i, stats)[1] for i in range(ModelView(model).num_layers))
+    if group.kind == "mlp_channel":
+        return layer_mlp(model, group.layer, stats)
+    heads = layer_attention(model, group.layer, stats)[0]
+    if group.kind == "kv_group":
+        return heads.view(group.size, -1).sum(1)
+    return heads
+
+
+__all__ = [
+    "COUPLED_KINDS",
+    "attention_scores",
+    "channel_scores",
+    "component_scores",
+    "coupled",
+    "feature_scores",
+    "gradient_weights",
+    "head_product_gradients",
+    "mlp_scores",
+    "product_gradient",
+]

@@ -1,0 +1,87 @@
+"""Hidden-dimension projection (SP3): streamed PCA, norm folding and conversion, fusing, residual matrices.
+
+* :mod:`.pca`: :class:`GramAccumulator` (streamed Gram matrix), :func:`principal_components`,
+  :func:`pca` (reference on concatenated features), :func:`identity_components` (no-PCA ablation).
+* :mod:`.norms`: :func:`fold_rms_norms`, :func:`layernorm_to_rmsnorm`, :func:`untie_head`, the
+  LayerNorm form (:func:`layernorm_projection`, :func:`projected_layernorm`) and
+  :func:`residual_matrix` (Eq. 18).
+* :mod:`.adapters`: :class:`BasisChange`, a residual matrix attached by hooks.
+* :mod:`.fuse`: :func:`fuse_projection` and its parts (embeddings, layers, boundaries, head).
+* :mod:`.allocation`: widths per group (uniform, explained variance, parameter budget) and the
+  projected parameter count.
+* :mod:`.hidden`: :func:`project_hidden_dimension`, the one-shot layer-by-layer pipeline.
+* :mod:`.manifest`: save/load records.
+"""
+
+from slimkit.primitives.projection.adapters import (
+    BasisChange,
+    attach_basis_change,
+    basis_change_params,
+    basis_changes,
+)
+from slimkit.primitives.projection.allocation import (
+    projected_param_count,
+    uniform_widths,
+    variance_widths,
+    widths_for_params,
+)
+from slimkit.primitives.projection.fuse import (
+    fuse_boundary,
+    fuse_embeddings,
+    fuse_ends,
+    fuse_head,
+    fuse_layer,
+    fuse_projection,
+    layer_groups,
+)
+from slimkit.primitives.projection.hidden import ProjectionSettings, project_hidden_dimension
+from slimkit.primitives.projection.manifest import projection_entries
+from slimkit.primitives.projection.norms import (
+    centring_matrix,
+    fold_rms_norms,
+    layernorm_projection,
+    layernorm_to_rmsnorm,
+    projected_layernorm,
+    residual_matrix,
+    untie_head,
+)
+from slimkit.primitives.projection.pca import (
+    GramAccumulator,
+    PrincipalComponents,
+    identity_components,
+    pca,
+    principal_components,
+)
+
+__all__ = [
+    "BasisChange",
+    "GramAccumulator",
+    "PrincipalComponents",
+    "ProjectionSettings",
+    "attach_basis_change",
+    "basis_change_params",
+    "basis_changes",
+    "centring_matrix",
+    "fold_rms_norms",
+    "fuse_boundary",
+    "fuse_embeddings",
+    "fuse_ends",
+    "fuse_head",
+    "fuse_layer",
+    "fuse_projection",
+    "identity_components",
+    "layer_groups",
+    "layernorm_projection",
+    "layernorm_to_rmsnorm",
+    "pca",
+    "principal_components",
+    "project_hidden_dimension",
+    "projected_layernorm",
+    "projected_param_count",
+    "projection_entries",
+    "residual_matrix",
+    "uniform_widths",
+    "untie_head",
+    "variance_widths",
+    "widths_for_params",
+]

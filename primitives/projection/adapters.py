@@ -1,0 +1,176 @@
+"""`BasisChange`: a residual matrix (SP3 Eq. 18) carried by hooks, never by a copied forward pass.
+
+When the hidden basis changes between two groups of layers, the residual stream must be mapped
+from the old basis to the new one: ``x̂⁽ⁱ⁾ = W_R x̂⁽ⁱ⁻¹⁾`` with ``W_R = P_in⁽ⁱ⁾ P_out⁽ⁱ⁻¹⁾``. A Hugging
+Face decoder layer adds its residual inside its own forward, so slimkit maps the layer's *input*
+instead: a :class:`BasisChange` module is attached as a child (named ``basis_change``) of the
+first decoder layer of the new group, and a forward pre-hook on that layer replaces its
+``hidden_states`` (positional or keyword) by ``W_R hidden_states``. The layer's norm input and
+its residual are then both in the new basis, which is exactly Eq. 17 with the matrix moved before
+the block. The same module attached with ``hook="output"`` maps a module's output instead (used
+on the final norm of a tied-embedding model, see :mod:`.fuse`).
+
+State-dict keys: ``<host>.basis_change.weight`` (``out x in``) and ``<host>.basis_change.bias``
+when it has one. The hooks are module-level functions that look the adapter up on their host,
+so models with adapters deep-copy and pickle. :func:`basis_change_entries` gives the manifest
+records and :func:`materialise_basis_changes` re-attaches empty adapters on load (see
+:mod:`slimkit.primitives.io`).
+
+``BasisChange`` is deliberately not an ``nn.Linear``: peft, torch-pruning and the ModelView treat
+Linears as prunable/adaptable projections, and a residual matrix is neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+KIND = "basis_change"
+NAME = "basis_change"
+Hook = Literal["input", "output"]
+
+
+class BasisChange(nn.Module):
+    """``y = W x (+ b)`` from ``in_features`` to ``out_features`` (a residual / basis-change matrix)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        hook: Hook = "input",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        self.hook = hook
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, hook={self.hook}"
+
+    def manifest_entry(self, path: str) -> dict[str, Any]:
+        return {
+            "path": path,
+            "kind": KIND,
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": self.bias is not None,
+            "hook": self.hook,
+        }
+
+
+def _map_input(host: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    adapter = host._modules[NAME]
+    if args:
+        return (adapter(args[0]), *args[1:]), kwargs
+    kwargs = dict(kwargs)
+    kwargs["hidden_states"] = adapter(kwargs["hidden_states"])
+    return args, kwargs
+
+
+def _map_output(host: nn.Module, _args: tuple, output: Any) -> Any:
+    adapter = host._modules[NAME]
+    if isinstance(output, tuple):
+        return (adapter(output[0]), *output[1:])
+    return adapter(output)
+
+
+def _has_hook(host: nn.Module) -> bool:
+    hooks = [*host._forward_pre_hooks.values(), *host._forward_hooks.values()]
+    return any(h is _map_input or h is _map_output for h in hooks)
+
+
+def attach_basis_change(
+    host: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None = None, hook: Hook = "input"
+) -> BasisChange:
+    """Attach ``W`` (``out x in``) to ``host``: on its input ``hidden_states`` or on its output.
+
+    The tensors are copied (dtype and device follow the host's parameters). A host holds at most
+    one adapter; attaching to a host that has one raises ``ValueError``.
+    """
+    if NAME in host._modules or _has_hook(host):
+        raise ValueError(f"{type(host).__name__} already carries a basis change")
+    reference = next(iter(host.parameters()), weight)
+    adapter = BasisChange(
+        weight.shape[1], weight.shape[0], bias is not None, hook, device=reference.device, dtype=reference.dtype
+    )
+    with torch.no_grad():
+        adapter.weight.copy_(weight)
+        if bias is not None:
+            adapter.bias.copy_(bias)
+    _install(host, adapter)
+    return adapter
+
+
+def _install(host: nn.Module, adapter: BasisChange) -> None:
+    host.add_module(NAME, adapter)
+    if adapter.hook == "input":
+        host.register_forward_pre_hook(_map_input, with_kwargs=True)
+    else:
+        host.register_forward_hook(_map_output)
+
+
+def basis_changes(model: nn.Module) -> list[tuple[str, BasisChange]]:
+    """Every attached :class:`BasisChange` with its path, in module order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, BasisChange)]
+
+
+def basis_change_params(model: nn.Module) -> int:
+    """Parameters held by residual / basis-change matrices (SP3 Table 9's "+ 0.01B")."""
+    return sum(p.numel() for _name, m in basis_changes(model) for p in m.parameters())
+
+
+def basis_change_entries(model: nn.Module) -> list[dict[str, Any]]:
+    return [m.manifest_entry(name) for name, m in basis_changes(model)]
+
+
+def materialise_basis_changes(model: nn.Module, entries: Iterable[dict[str, Any]]) -> int:
+    """Attach an empty adapter for each ``basis_change`` entry (others are skipped); returns the count."""
+    count = 0
+    for entry in entries:
+        if entry.get("kind") != KIND:
+            continue
+        host_path, _, name = entry["path"].rpartition(".")
+        if name != NAME:
+            raise ValueError(f"basis change entry at unexpected path {entry['path']!r}")
+        host = model.get_submodule(host_path)
+        reference = next(iter(host.parameters()), None)
+        adapter = BasisChange(
+            int(entry["in_features"]),
+            int(entry["out_features"]),
+            bool(entry.get("bias", False)),
+            entry.get("hook", "input"),
+            device=None if reference is None else reference.device,
+            dtype=None if reference is None else reference.dtype,
+        )
+        _install(host, adapter)
+        count += 1
+    return count
+
+
+__all__ = [
+    "KIND",
+    "BasisChange",
+    "attach_basis_change",
+    "basis_change_entries",
+    "basis_change_params",
+    "basis_changes",
+    "materialise_basis_changes",
+]

@@ -1,0 +1,231 @@
+"""Fusing hidden-dimension projections into the weights (SP3 §3.3, Eqs. 15–18; group PCA, F.1).
+
+The model must be pre-RMSNorm (LayerNorm models go through :func:`.norms.layernorm_to_rmsnorm`
+first). Layers are split into consecutive groups; group g has an orthonormal basis ``Q_g`` (d x k_g,
+the first k_g principal components) and its residual stream is represented by ``x̂ = Q_gᵀ x``
+(k_g numbers per token). With ``P_in = Q_gᵀ`` and ``P_out = Q_g`` (γ already folded into the
+readers; any γ left in a norm is folded here):
+
+* embeddings (token and position): ``E ← E Q_E``;
+* every layer of group g: readers (q, k, v, gate/up or fc1) ``W ← W diag(γ) Q_g``; writers (o,
+  down or fc2) ``W ← Q_gᵀ W``, ``b ← Q_gᵀ b``; the two norms become k_g wide;
+* the first layer of group g > 1 gets the residual matrix ``W_R = P_in⁽ᵍ⁾ P_out⁽ᵍ⁻¹⁾ = Q_gᵀ Q_{g-1}``
+  (Eq. 18, k_g x k_{g-1}) as a :class:`~.adapters.BasisChange` on its input; inside a group the
+  bases agree, so no matrix is needed (Eq. 34 with ``U' = U``);
+* final norm k_G wide; an untied head ``W ← W diag(γ_F) Q_G``. A head tied to the embeddings
+  already reads ``E Q_E``, so the final norm's output is mapped by ``M = Q_Eᵀ diag(γ_F) Q_G``
+  (k_E x k_G, an output :class:`~.adapters.BasisChange` on the final norm; omitted when it is the
+  identity). This keeps the tie (the alternative, untying, costs a vocabulary x k matrix).
+* the embeddings' basis ``Q_E`` is the first group's unless given: a tied matrix serves both the
+  first layer's input and the head, so it may get its own basis (see :mod:`.hidden`); the token
+  embedding's output is then mapped by ``Q_1ᵀ Q_E`` (an output :class:`~.adapters.BasisChange` on
+  the embedding module, not on layer 0: layer 0's input is where calibration captures inputs,
+  and a map there would be applied again when the captured inputs are replayed).
+
+RMSNorm over a sliced width: a norm of width k computes ``rms = sqrt(||x̂||² / k)``, while the full
+stream's is ``sqrt(||x||² / d)`` and ``||x̂|| ≈ ||x||`` when the dropped components are small. So a
+sliced norm's weight is set to ``sqrt(d / k)``, which makes it compute ``x̂ / sqrt(||x̂||² / d + ε k/d)``,
+the full norm's value up to ε (the ε stays as configured; its effective value shrinks by k/d,
+negligible next to ``||x||²/d``). At k = d every step is an orthogonal change of basis and the
+model's outputs are unchanged (the invariant tests check this).
+
+Everything is computed in float64 and cast back to the parameters' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.projection.adapters import attach_basis_change, basis_changes
+from slimkit.primitives.projection.norms import (
+    is_rms_norm,
+    linear_param,
+    norm_params,
+    readers,
+    residual_matrix,
+    set_param,
+)
+
+
+def layer_groups(num_layers: int, group_size: int | None) -> list[range]:
+    """Consecutive groups of ``group_size`` decoder layers (the last may be shorter); None: one group."""
+    if group_size is None:
+        return [range(num_layers)]
+    if group_size < 1:
+        raise SlimkitError(f"group_size must be >= 1 or 'all', got {group_size}")
+    return [range(start, min(start + group_size, num_layers)) for start in range(0, num_layers, group_size)]
+
+
+def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    setattr(root.get_submodule(parent_path) if parent_path else root, name, module)
+
+
+def resized_rms_norm(norm: nn.Module, width: int, value: float) -> nn.Module:
+    """A copy of an RMSNorm of ``width`` features with every weight entry ``value`` (ε kept)."""
+    weight = norm.weight
+    if isinstance(norm, nn.RMSNorm):
+        new = nn.RMSNorm(width, eps=norm.eps, elementwise_affine=True, device=weight.device, dtype=weight.dtype)
+    else:  # HF RMSNorm classes (LlamaRMSNorm, ...): same class, new width, other attributes kept
+        new = norm.__class__.__new__(norm.__class__)
+        new.__dict__.update({k: (v.copy() if isinstance(v, dict) else v) for k, v in norm.__dict__.items()})
+        new._parameters = {"weight": nn.Parameter(torch.empty(width, device=weight.device, dtype=weight.dtype))}
+    with torch.no_grad():
+        new.weight.fill_(value)
+    new.weight.requires_grad_(weight.requires_grad)
+    return new
+
+
+def _read_through(module: nn.Module, basis: torch.Tensor, gamma: torch.Tensor | None = None) -> None:
+    """``W ← W diag(γ) Q`` on the input dimension of a linear module."""
+    owner, name = linear_param(module, "weight", 1)
+    weight = getattr(owner, name).detach().double()
+    if gamma is not None:
+        weight = weight * gamma[None, :]
+    set_param(owner, name, weight @ basis)
+
+
+def _write_through(module: nn.Module, basis: torch.Tensor) -> None:
+    """``W ← Qᵀ W`` and ``b ← Qᵀ b`` on the output dimension of a linear module."""
+    owner, name = linear_param(module, "weight", 0)
+    set_param(owner, name, basis.T @ getattr(owner, name).detach().double())
+    bias_owner, bias_name = linear_param(module, "bias", 0)
+    bias = getattr(bias_owner, bias_name)
+    if bias is not None:
+        set_param(bias_owner, bias_name, basis.T @ bias.detach().double())
+
+
+def _check_fusable(view: ModelView, basis: torch.Tensor) -> None:
+    if basis_changes(view.model):
+        raise SlimkitError("the model already carries basis changes; project a model only once")
+    if basis.shape[0] != view.hidden_size:
+        raise SlimkitError(f"basis has {basis.shape[0]} rows but the hidden size is {view.hidden_size}")
+
+
+def fuse_embeddings(model: nn.Module, basis: torch.Tensor) -> None:
+    """``E ← E Q`` for the token embedding and any other embedding writing the stream."""
+    view = ModelView(model)
+    tied = view.tied
+    basis = basis.double()
+    with torch.no_grad():
+        for module in [view.embed_tokens] + [view.base.get_submodule(p) for p in view.spec.extra_embeddings]:
+            set_param(module, "weight", module.weight.detach().double() @ basis)
+    if tied:
+        view.head.weight = view.embed_tokens.weight
+        view.head.in_features = view.embed_tokens.weight.shape[1]
+
+
+def fuse_layer(model: nn.Module, index: int, basis: torch.Tensor) -> None:
+    """Project one decoder layer onto ``basis`` (d x k): readers, writers and its two norms."""
+    view = ModelView(model)
+    layer = view.layer(index)
+    basis = basis.double()
+    d, k = basis.shape
+    layer_path = view.path_of(layer.module)
+    with torch.no_grad():
+        for which, path in (("attn", layer.spec.attn_norm), ("mlp", layer.spec.mlp_norm)):
+            norm = layer.module.get_submodule(path)
+            if not is_rms_norm(norm):
+                raise SlimkitError("fusing needs RMSNorm layers; convert LayerNorm models with layernorm_to_rmsnorm")
+            gamma, _ = norm_params(norm, d)
+            for module in readers(layer, which):
+                _read_through(module, basis, gamma)
+            _set_module(model, f"{layer_path}.{path}", resized_rms_norm(norm, k, math.sqrt(d / k)))
+        for role in ("o", "down"):
+            _write_through(layer.linear(role), basis)
+
+
+def fuse_boundary(model: nn.Module, index: int, previous: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Attach ``W_R = Qᵀ Q_prev`` (Eq. 18) to the input of layer ``index``; returns ``W_R``."""
+    weight = residual_matrix(basis.T, previous)
+    attach_basis_change(ModelView(model).layer(index).module, weight, hook="input")
+    return weight
+
+
+def fuse_head(model: nn.Module, first: torch.Tensor, last: torch.Tensor) -> torch.Tensor | None:
+    """Final norm to k_G; untied head ``W diag(γ_F) Q_G``, or the map ``Q_1ᵀ diag(γ_F) Q_G`` for a tied one.
+
+    Returns the map attached after the final norm (None when the head is untied or the map is I).
+    """
+    view = ModelView(model)
+    final = view.final_norm.module
+    first, last = first.double(), last.double()
+    d, k = last.shape
+    gamma, _ = norm_params(final, d)
+    attached = None
+    with torch.no_grad():
+        _set_module(model, view.path_of(final), resized_rms_norm(final, k, math.sqrt(d / k)))
+        head = view.head
+        if head is not None and view.tied:
+            weight = first.T @ (gamma[:, None] * last)
+            if weight.shape[0] != weight.shape[1] or not torch.allclose(
+                weight, torch.eye(k, dtype=weight.dtype), atol=1e-12
+            ):
+                attach_basis_change(view.final_norm.module, weight, hook="output")
+                attached = weight
+        elif head is not None:
+            _read_through(head, last, gamma)
+    return attached
+
+
+def fuse_ends(
+    model: nn.Module, first: torch.Tensor, last: torch.Tensor, embedding: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """Embeddings (basis ``embedding``, default ``first``), the final norm and the head (after ``last``).
+
+    With an own embedding basis, the token embedding's output gets the map ``firstᵀ embedding``
+    (returned). Models with position embeddings are not supported there (their sum would need it).
+    """
+    fuse_embeddings(model, first if embedding is None else embedding)
+    residual = None
+    if embedding is not None:
+        view = ModelView(model)
+        if view.spec.extra_embeddings:
+            raise SlimkitError("an own embedding basis needs a model without position embeddings")
+        residual = residual_matrix(first.double().T, embedding.double())
+        attach_basis_change(view.embed_tokens, residual, hook="output")
+    fuse_head(model, first if embedding is None else embedding, last)
+    return residual
+
+
+def fuse_projection(
+    model: nn.Module,
+    groups: Sequence[range],
+    bases: Sequence[torch.Tensor],
+    embedding: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Fuse group bases ``bases[g]`` (d x k_g) into every weight; returns the residual matrices attached.
+
+    ``embedding`` is the embeddings' basis (default: the first group's); when one is given, the
+    embedding's output gets the residual matrix from it to the first group's basis.
+    """
+    view = ModelView(model)
+    if len(groups) != len(bases) or not bases:
+        raise SlimkitError(f"{len(groups)} layer groups need as many bases, got {len(bases)}")
+    _check_fusable(view, bases[0])
+    residuals = []
+    for g, layers in enumerate(groups):
+        for index in layers:
+            fuse_layer(model, index, bases[g])
+        if g > 0:
+            residuals.append(fuse_boundary(model, layers[0], bases[g - 1], bases[g]))
+    first = fuse_ends(model, bases[0], bases[-1], embedding)
+    return residuals if first is None else [first, *residuals]
+
+
+__all__ = [
+    "fuse_boundary",
+    "fuse_embeddings",
+    "fuse_ends",
+    "fuse_head",
+    "fuse_layer",
+    "fuse_projection",
+    "layer_groups",
+    "resized_rms_norm",
+]

@@ -1,0 +1,294 @@
+"""One-shot hidden-dimension reduction by group PCA (SP3 Algorithm 1 + F.1), layer by layer.
+
+:func:`project_hidden_dimension` does, on a pre-norm decoder:
+
+1. LayerNorm models: :func:`~.norms.layernorm_to_rmsnorm`; then :func:`~.norms.fold_rms_norms`.
+2. Statistics, running the model one decoder layer at a time on captured calibration inputs (only
+   one layer's activations alive): for every group of ``group_size`` consecutive layers, the Gram
+   matrix of the residual stream where the group's norms read it (the input of every attention
+   and MLP norm; the last group also takes the final norm's input). These are the paper's block
+   inputs X_M, X_F "along with their residuals", one PCA per group instead of per block.
+3. Widths per group (:mod:`.allocation`), bases ``Q_g`` = the first k_g components, fusing
+   (:mod:`.fuse`) with residual matrices at group boundaries.
+
+A tied embedding matrix (``tied_head``) is both the first layer's input and the head. ``"shared"``
+slices it with the first group's basis, so the logits lose whatever part of the final stream lies
+outside that early subspace; ``"joint"`` (default) gives it its own basis, the top components of
+the sum of two unit-trace Gram matrices, the embedding outputs' and the head inputs'
+(``γ_F ⊙ x / rms(x)`` of the final stream), at the price of a k x k map on the embedding output (on smollm2 at
+10% this took WikiText-2 perplexity from 152 to 83; untying gave 72 but adds a vocabulary x k
+matrix, 28M parameters). At full width nothing is sliced and the first group's basis is used.
+
+Which model the statistics come from (``statistics``):
+
+* ``"dense"`` (default, as Algorithm 1): every group's Gram comes from one pass of the dense model,
+  then all groups are fused. Needed for ``allocation="variance"``, which compares all groups'
+  spectra before any width is fixed.
+* ``"projected"`` (as SliceGPT): groups are processed in order; group g's Gram is taken on the
+  stream produced by the already-projected groups before it (mapped back to the original
+  coordinates by ``Q_{g-1}``), so its basis accounts for the earlier truncation errors. Widths must
+  be known up front (uniform or given).
+
+A group is made of whole decoder layers: the paper's "block" is a sub-layer (MHA or FFN, so its
+gs = 8 is four decoder layers), but a basis change between a layer's attention and its MLP would
+need a matrix on the residual inside the layer's forward, which slimkit does not copy; residual
+matrices sit at decoder-layer inputs (see :mod:`.adapters`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, run_layer
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.projection.adapters import basis_change_params, basis_changes
+from slimkit.primitives.projection.allocation import (
+    projected_param_count,
+    uniform_widths,
+    variance_widths,
+    widths_for_params,
+)
+from slimkit.primitives.projection.fuse import fuse_boundary, fuse_ends, fuse_layer, fuse_projection, layer_groups
+from slimkit.primitives.projection.norms import (
+    TiedHead,
+    check_pre_norm,
+    fold_rms_norms,
+    is_rms_norm,
+    layernorm_to_rmsnorm,
+)
+from slimkit.primitives.projection.pca import GramAccumulator, PrincipalComponents, principal_components
+
+
+@dataclass(frozen=True)
+class ProjectionSettings:
+    group_size: int | None = 4
+    """Decoder layers per group; None: one basis for all layers (no residual matrices)."""
+    ratio: float | None = 0.0
+    """Fraction of hidden dimensions removed (layer-weighted mean); None: solve from ``keep_params``."""
+    keep_params: int | None = None
+    """Parameter budget of the projected model (residual matrices included), used when ``ratio`` is None."""
+    allocation: Literal["uniform", "variance"] = "uniform"
+    basis: Literal["pca", "identity"] = "pca"
+    statistics: Literal["dense", "projected"] = "dense"
+    normalise: bool = False
+    """Accumulate ``x / rms(x)`` instead of the raw stream (see :mod:`.pca`)."""
+    tied_head: TiedHead = "joint"
+    """A tied embedding: ``shared`` (group 1's basis), ``joint`` (its own, from both uses) or ``untie``."""
+
+    def check(self) -> None:
+        if self.group_size is not None and self.group_size < 1:
+            raise SlimkitError(f"group_size must be >= 1 or 'all', got {self.group_size}")
+        if self.ratio is None and self.keep_params is None:
+            raise SlimkitError("give ratio (hidden dimensions removed) or keep_params (a parameter budget)")
+        if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
+            raise SlimkitError(f"ratio (fraction of hidden dimensions removed) must be in [0, 1), got {self.ratio}")
+        if self.statistics == "projected" and self.allocation == "variance":
+            raise SlimkitError("allocation: variance compares all groups' spectra; it needs statistics: dense")
+
+
+def _accumulate_layer(layer, inputs: LayerInputs, accumulator: GramAccumulator) -> list[torch.Tensor]:
+    """Run one layer on ``inputs`` while its two norms' inputs feed ``accumulator``; returns outputs."""
+    hooks = [
+        norm.module.register_forward_pre_hook(lambda _m, args: accumulator.update(args[0]))
+        for norm in (layer.attn_norm, layer.mlp_norm)
+    ]
+    try:
+        return run_layer(layer.module, inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+class _TiedStatistics:
+    """The two uses of a tied embedding matrix: the first layer's input and the head's input.
+
+    The head reads ``γ_F ⊙ x / rms(x)`` of the final stream (γ_F still in the final norm when the tie
+    is kept). Each Gram is scaled to unit trace before they are summed, so both uses weigh the same.
+    """
+
+    def __init__(self, model: nn.Module, normalise: bool) -> None:
+        view = ModelView(model)
+        final = view.final_norm.module
+        self.gamma = final.weight.detach().double()
+        self.eps = float(getattr(final, "variance_epsilon", getattr(final, "eps", None) or 1e-6))
+        self.inputs = GramAccumulator(view.hidden_size, normalise=normalise)
+        self.head = GramAccumulator(view.hidden_size)
+
+    def update_head(self, x: torch.Tensor) -> None:
+        x = x.double()
+        self.head.update(x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.gamma)
+
+    def components(self) -> PrincipalComponents:
+        gram = self.inputs.gram / self.inputs.gram.trace() + self.head.gram / self.head.gram.trace()
+        return principal_components(gram)
+
+
+def _tied_statistics(model: nn.Module, settings: ProjectionSettings) -> _TiedStatistics | None:
+    view = ModelView(model)
+    return _TiedStatistics(model, settings.normalise) if settings.tied_head == "joint" and view.tied else None
+
+
+def _dense_statistics(
+    model: nn.Module, groups: Sequence[range], batches: Sequence[torch.Tensor], settings: ProjectionSettings
+) -> tuple[list[PrincipalComponents], _TiedStatistics | None]:
+    view = ModelView(model)
+    accumulators = [GramAccumulator(view.hidden_size, normalise=settings.normalise) for _ in groups]
+    tied = _tied_statistics(model, settings)
+    inputs = capture_layer_inputs(model, view.layer(0).module, batches)
+    if tied is not None:
+        for hidden in inputs.hidden:
+            tied.inputs.update(hidden)
+    for g, layers in enumerate(groups):
+        for index in layers:
+            inputs.hidden = _accumulate_layer(view.layer(index), inputs, accumulators[g])
+    for hidden in inputs.hidden:
+        accumulators[-1].update(hidden)
+        if tied is not None:
+            tied.update_head(hidden)
+    return [acc.components(settings.basis) for acc in accumulators], tied
+
+
+def _projected_pass(
+    model: nn.Module,
+    groups: Sequence[range],
+    widths: Sequence[int],
+    batches: Sequence[torch.Tensor],
+    settings: ProjectionSettings,
+) -> tuple[list[PrincipalComponents], list[torch.Tensor], _TiedStatistics | None]:
+    """Statistics and fusing of the layers group by group, each group calibrated on the projected
+    groups' outputs; the embeddings and the head are left to the caller (:func:`~.fuse.fuse_ends`)."""
+    view = ModelView(model)
+    d = view.hidden_size
+    tied = _tied_statistics(model, settings)
+    captured = capture_layer_inputs(model, view.layer(0).module, batches)
+    kwargs = captured.kwargs
+    if tied is not None:
+        for hidden in captured.hidden:
+            tied.inputs.update(hidden)
+    dense_in = captured.hidden  # the group's input in the original coordinates
+    compressed: list[torch.Tensor] = []  # the same stream in the previous group's basis
+    components: list[PrincipalComponents] = []
+    bases: list[torch.Tensor] = []
+    for g, layers in enumerate(groups):
+        accumulator = GramAccumulator(d, normalise=settings.normalise)
+        inputs = LayerInputs(list(dense_in), kwargs)
+        for index in layers:
+            inputs.hidden = _accumulate_layer(view.layer(index), inputs, accumulator)
+        if g == len(groups) - 1:  # the last group also reads the final norm's input
+            for hidden in inputs.hidden:
+                accumulator.update(hidden)
+                if tied is not None:
+                    tied.update_head(hidden)
+        components.append(accumulator.components(settings.basis))
+        basis = components[-1].basis(widths[g])
+        bases.append(basis)
+        if g == 0:
+            compressed = [(h.double() @ basis).to(h.dtype) for h in dense_in]
+        for index in layers:
+            fuse_layer(model, index, basis)
+        if g > 0:
+            fuse_boundary(model, layers[0], bases[g - 1], basis)
+        if g == len(groups) - 1:
+            break
+        outputs = LayerInputs(compressed, kwargs)
+        for index in layers:
+            outputs.hidden = run_layer(ModelView(model).layer(index).module, outputs)
+        compressed = outputs.hidden
+        dense_in = [(h.double() @ basis.T).to(h.dtype) for h in compressed]
+    return components, bases, tied
+
+
+def _embedding_basis(tied: _TiedStatistics | None, first: torch.Tensor) -> torch.Tensor | None:
+    """A tied embedding's own basis (None: it shares the first group's); only when something is sliced."""
+    if tied is None or first.shape[1] == first.shape[0]:
+        return None
+    return tied.components().basis(first.shape[1])
+
+
+def _is_layernorm_model(view: ModelView) -> bool:
+    return not is_rms_norm(view.layer(0).attn_norm.module)
+
+
+def project_hidden_dimension(model: nn.Module, batches: Sequence[torch.Tensor], settings: ProjectionSettings) -> dict:
+    """Reduce the hidden dimension of ``model`` in place by group PCA; returns a report (see module docstring).
+
+    The report holds the groups (layer ranges), their hidden widths and explained fractions, the
+    residual-matrix parameters, and the parameter counts with and without them.
+    """
+    settings.check()
+    view = ModelView(model)
+    check_pre_norm(view)
+    if basis_changes(model):
+        raise SlimkitError("the model already carries basis changes; project a model only once")
+    if not batches:
+        raise SlimkitError("hidden-dimension projection needs calibration batches")
+    report: dict = {"converted_layernorm": False}
+    if _is_layernorm_model(view):
+        report.update(layernorm_to_rmsnorm(model))
+    folded = fold_rms_norms(model, settings.tied_head)
+    report["untied_head"] = bool(report.get("untied_head")) or folded["untied_head"]
+    view = ModelView(model)
+    d = view.hidden_size
+    groups = layer_groups(view.num_layers, settings.group_size)
+    sizes = [len(layers) for layers in groups]
+
+    if settings.statistics == "dense":
+        components, tied = _dense_statistics(model, groups, batches, settings)
+        if settings.ratio is None:
+            components_rule = components if settings.allocation == "variance" else None
+            widths = widths_for_params(model, groups, settings.keep_params, components_rule, settings.tied_head)
+        elif settings.allocation == "variance":
+            widths = variance_widths(components, sizes, settings.ratio)
+        else:
+            widths = uniform_widths(d, len(groups), settings.ratio)
+        expected = projected_param_count(model, groups, widths, settings.tied_head)
+        bases = [c.basis(k) for c, k in zip(components, widths, strict=True)]
+        fuse_projection(model, groups, bases, _embedding_basis(tied, bases[0]))
+    else:
+        if settings.ratio is None:
+            widths = widths_for_params(model, groups, settings.keep_params, tied_head=settings.tied_head)
+        else:
+            widths = uniform_widths(d, len(groups), settings.ratio)
+        expected = projected_param_count(model, groups, widths, settings.tied_head)
+        components, bases, tied = _projected_pass(model, groups, widths, batches, settings)
+        fuse_ends(model, bases[0], bases[-1], _embedding_basis(tied, bases[0]))
+
+    residual = basis_change_params(model)
+    total = ModelView(model).num_params()
+    mean_width = sum(n * k for n, k in zip(sizes, widths, strict=True)) / sum(sizes)
+    report.update(
+        {
+            "hidden_size": d,
+            "group_size": settings.group_size if settings.group_size is not None else "all",
+            "groups": [
+                {
+                    "layers": [layers[0], layers[-1]],
+                    "hidden_size": k,
+                    "explained": float(c.explained()[k - 1]),
+                }
+                for layers, k, c in zip(groups, widths, components, strict=True)
+            ],
+            "layer_hidden_sizes": [widths[g] for g, layers in enumerate(groups) for _ in layers],
+            "hidden_reduction": 1.0 - mean_width / d,
+            "allocation": settings.allocation,
+            "basis": settings.basis,
+            "statistics": settings.statistics,
+            "normalised_features": settings.normalise,
+            "tokens": sum(int(b.numel()) for b in batches),
+            "residual_matrices": len(basis_changes(model)),
+            "residual_params": residual,
+            "params": total,
+            "params_without_residual": total - residual,
+            "params_expected": expected["total"],
+        }
+    )
+    return report
+
+
+__all__ = ["ProjectionSettings", "project_hidden_dimension"]

@@ -1,0 +1,42 @@
+"""``glue_finetune`` (model scope): full fine-tuning on the recipe's GLUE task.
+
+Used first, to turn the encoder into a task model (SP3 Appendix D.2 fine-tunes BERT on each task
+before compressing it), and after compression as recovery. The recipe must set ``task``; the runner
+has already made the model a sequence classifier for it. Settings and what is reported: see
+:mod:`slimkit.primitives.finetune.glue`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from slimkit.primitives import gluedata
+from slimkit.primitives.finetune.glue import GlueFinetuneConfig, finetune_glue
+from slimkit.recipes.context import Context
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.schema import Strict
+
+
+class GlueFinetuneArgs(Strict):
+    learning_rate: float = Field(2e-5, gt=0)
+    epochs: float = Field(3.0, gt=0)
+    max_steps: int | None = Field(250, ge=0)
+    """Optimizer steps at most (None: ``epochs`` alone; 0: no training). Default sized for a CPU."""
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(128, ge=8)
+    train_examples: int | None = Field(None, ge=1)
+    """A seeded subset of the train split (None: all of it)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+
+
+@register_stage("glue_finetune", args=GlueFinetuneArgs, scope="model", needs_task=True)
+def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> None:
+    """Fine-tune every weight on the recipe's GLUE task (AdamW, linear decay) on its train split."""
+    config = GlueFinetuneConfig(task=ctx.recipe.task, seed=ctx.recipe.seed, **args.model_dump())
+    available = len(gluedata.read_split(config.task, "train"))
+    total = config.total_steps(min(config.train_examples or available, available))
+    with ctx.tracker.task(f"glue_finetune {config.task}", total) as advance:
+        report = finetune_glue(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
+    ctx.stage_report["glue_finetune"] = report

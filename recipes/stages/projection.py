@@ -1,0 +1,100 @@
+"""``pca_project`` (model scope): one-shot hidden-dimension reduction by group PCA (SP3, Hu et al. 2024).
+
+Runs :func:`slimkit.primitives.projection.project_hidden_dimension`: LayerNorm models are converted
+to RMSNorm, RMSNorm γs folded, the residual stream's Gram matrix accumulated per group of
+``group_size`` decoder layers while the model runs one layer at a time on the calibration inputs,
+the top-k principal components of each group kept, and the projections fused into the weights
+with a residual matrix where the basis changes (Eq. 18). ``group_size: all`` uses one basis for
+every layer (no residual matrices); with ``ratio: 0`` the model keeps its shape and is only
+re-represented in the PCA basis (the ``llm-pruner+sp3`` hybrid, F.2).
+
+Arguments recorded as choices (see the primitives' docstrings for the reasons):
+
+* ``group_size`` counts decoder layers; the paper's gs counts sub-layer blocks (gs = 8 there is 4 here).
+* ``ratio``: fraction of hidden dimensions removed (layer-weighted mean width ``(1 − ratio) d``);
+  None solves the widths from the recipe target (``of: model``, residual matrices counted).
+* ``allocation``: ``uniform`` or ``variance`` (one explained-variance threshold across groups).
+* ``basis``: ``pca`` or ``identity`` (Table 3's ablation: slice the raw dimensions with the largest
+  second moment).
+* ``statistics``: ``dense`` (Algorithm 1: every group from the dense model) or ``projected`` (each
+  group calibrated on the already-projected groups' outputs).
+* ``features``: ``input`` (the raw stream the norms read, as the paper) or ``normalized`` (each
+  token divided by its RMS first).
+* ``tokens``: calibration tokens used for the statistics (the paper's T); None: all of them.
+* ``tied_head``: a tied embedding stays tied; ``joint`` gives it its own basis from the PCA of its
+  two uses (the first layer's input and the head's input), with a k x k map after the embedding and after
+  the final norm; ``shared`` uses the first group's basis (one map, after the final norm);
+  ``untie`` copies the embedding into the head (exact, but a vocabulary x k matrix more).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
+from slimkit.recipes.context import Context
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.schema import Strict
+
+
+class PCAProjectArgs(Strict):
+    group_size: int | Literal["all"] = 4
+    """Decoder layers sharing one basis (4 = the paper's gs = 8 sub-layer blocks), or ``all``."""
+    ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    """Fraction of hidden dimensions removed; None solves it from the recipe target (of: model)."""
+    allocation: Literal["uniform", "variance"] = "uniform"
+    basis: Literal["pca", "identity"] = "pca"
+    statistics: Literal["dense", "projected"] = "dense"
+    features: Literal["input", "normalized"] = "input"
+    tokens: int | None = Field(None, ge=1)
+    """Calibration tokens used for the statistics (whole calibration samples); None: all."""
+    tied_head: Literal["shared", "joint", "untie"] = "joint"
+
+    @field_validator("group_size")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("group_size must be >= 1 or 'all'")
+        return value
+
+
+def _keep_params(ctx: Context) -> int:
+    target = ctx.recipe.target
+    if target.of != "model":
+        raise SlimkitError(
+            f"pca_project without ratio solves the hidden widths from target.of: model (got {target.of}); "
+            "or give args.ratio (the fraction of hidden dimensions removed)"
+        )
+    return round((1.0 - target.ratio) * ctx.params_before["total"])
+
+
+@register_stage("pca_project", args=PCAProjectArgs, scope="model", needs_calibration=lambda _a: True)
+def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
+    """Reduce the hidden dimension by group PCA: fold norms, keep top-k components per group, fuse."""
+    batches = ctx.calibration_batches()
+    if args.tokens is not None and batches:
+        seq_len = batches[0].shape[1]
+        samples = max(1, math.ceil(args.tokens / seq_len))
+        batches = [b for b in ctx.calibration[:samples].split(batches[0].shape[0])]
+    settings = ProjectionSettings(
+        group_size=None if args.group_size == "all" else args.group_size,
+        ratio=args.ratio,
+        keep_params=_keep_params(ctx) if args.ratio is None else None,
+        allocation=args.allocation,
+        basis=args.basis,
+        statistics=args.statistics,
+        normalise=args.features == "normalized",
+        tied_head=args.tied_head,
+    )
+    with ctx.tracker.task("pca_project", None):
+        report = project_hidden_dimension(ctx.model, batches, settings)
+    ctx.stage_report["pca_project"] = report
+    if report["residual_params"]:
+        ctx.notes.append(
+            f"pca_project: {report['residual_matrices']} residual matrices hold {report['residual_params']:,} "
+            f"parameters; without them the model has {report['params_without_residual']:,}"
+        )

@@ -1,0 +1,371 @@
+"""benchmarks/: the grid file, claims evaluator, tables and plots on synthetic rows (fast), the command
+line's one-line errors, and (marked ``real``) a smoke run of the quick grid on smollm2-135m."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from benchmarks.claims import FAILS, HOLDS, NOT_RUN, evaluate_claims, parse_check
+from benchmarks.grid import (
+    BenchError,
+    Claim,
+    Entry,
+    Settings,
+    expand,
+    load_grid,
+    parse_ratios,
+    resolve_settings,
+    row_id,
+    select_entries,
+)
+from benchmarks.run import (
+    Bench,
+    extra_calibration_tokens,
+    finite_numbers,
+    lowrank_params,
+    residual_params_in_model,
+    residual_params_reported,
+    via_launcher,
+)
+from benchmarks.speed import measure
+from benchmarks.tables import markdown, plot_quality, plot_widths
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _row(row_id, recipe, ratio=0.2, recovery=False, status="ok", **metrics):
+    return {
+        "id": row_id,
+        "recipe": recipe,
+        "ratio": ratio,
+        "of": "model",
+        "recovery": recovery,
+        "status": status,
+        "metrics": metrics,
+        "params": {"before": 100, "after": 80, "removed_ratio": 0.2},
+        "macs": {"before": 1000, "after": 800, "seq_len": 128},
+        "layers": {
+            "widths": [
+                {"num_attention_heads": 6, "intermediate_size": 96},
+                {"num_attention_heads": 9, "intermediate_size": 80},
+            ],
+            "params": [70, 90],
+            "dense_params": [100, 100],
+        },
+    }
+
+
+def _claim(checks, metrics=("wikitext2_ppl",), at=(20,)):
+    return Claim(id="c", claim="a beats b", source="paper", checks=list(checks), metrics=list(metrics), at=list(at))
+
+
+# ------------------------------------------------------------------------------------------- claims
+
+
+def test_parse_check_reads_rows_operator_and_factor():
+    check = parse_check("cce@{r} < 0.75 * cce-random@{r}")
+    assert (check.a, check.op, check.factor, check.b) == ("cce@{r}", "<", 0.75, "cce-random@{r}")
+    assert parse_check("llm-pruner+sp3@20+ft>=llm-pruner@20+ft").factor == 1.0
+    assert parse_check("a@20 <= 1e-1 * b@20").factor == pytest.approx(0.1)
+    for bad in ("a@20", "a@20 == b@20", "a@20 < b@20 < c@20", "a@20 < x * b@20"):
+        with pytest.raises(ValueError):
+            parse_check(bad)
+
+
+def test_claims_hold_fail_and_not_run_from_the_numbers():
+    rows = [
+        _row("a@20", "a", wikitext2_ppl=10.0, ptb_ppl=20.0, zeroshot_mean_acc=0.5),
+        _row("b@20", "b", wikitext2_ppl=14.0, ptb_ppl=19.0, zeroshot_mean_acc=0.4),
+        _row("c@20", "c", status="not run"),
+        _row("d@20", "d", wikitext2_ppl=float("nan")),
+    ]
+    rows[2]["reason"] = "recipe 'c' does not exist (yet)"
+    [holds, wide, both, acc, missing, failed, nan] = evaluate_claims(
+        [
+            _claim(["a@{r} < b@{r}"]),
+            _claim(["a@{r} < 0.75 * b@{r}"]),  # 10 < 10.5 holds; with ptb it would not
+            _claim(["a@{r} < b@{r}"], metrics=("wikitext2_ppl", "ptb_ppl")),  # ptb 20 > 19
+            _claim(["a@{r} > b@{r}"], metrics=("zeroshot_mean_acc",)),
+            _claim(["a@{r} < e@{r}"]),
+            _claim(["a@{r} < c@{r}"]),
+            _claim(["a@{r} < d@{r}"]),
+        ],
+        rows,
+    )
+    assert holds["verdict"] == HOLDS and holds["evidence"] == ["wikitext2_ppl: a@20 10 < b@20 14: yes"]
+    assert wide["verdict"] == HOLDS and "0.75 x b@20" in wide["evidence"][0]
+    assert both["verdict"] == FAILS and both["evidence"][1].endswith(": no")
+    assert acc["verdict"] == HOLDS
+    assert missing["verdict"] == NOT_RUN and "not in this run: e@20" in missing["not_run"][0]
+    assert failed["verdict"] == NOT_RUN and "does not exist (yet)" in failed["not_run"][0]
+    assert nan["verdict"] == NOT_RUN and "no finite wikitext2_ppl" in nan["not_run"][0]
+
+
+def test_claim_over_several_ratios_uses_the_ratios_that_ran():
+    rows = [_row("a@10", "a", 0.1, wikitext2_ppl=5.0), _row("b@10", "b", 0.1, wikitext2_ppl=6.0)]
+    rows += [_row("a@20", "a", wikitext2_ppl=9.0), _row("b@20", "b", wikitext2_ppl=8.0)]
+    [result] = evaluate_claims([_claim(["a@{r} < b@{r}"], at=(10, 20, 30))], rows)
+    assert result["verdict"] == FAILS and result["ratios_run"] == ["10", "20"]
+    assert result["not_run"] == ["30%: not in this run: a@30, b@30"]
+    [only_10] = evaluate_claims([_claim(["a@{r} < b@{r}"], at=(10, 30))], rows)
+    assert only_10["verdict"] == HOLDS
+
+
+def test_claims_recovery_rows_by_id():
+    rows = [_row("x@20+ft", "x", recovery=True, wikitext2_ppl=3.0), _row("x@20", "x", wikitext2_ppl=4.0)]
+    [result] = evaluate_claims([_claim(["x@{r}+ft < x@{r}"])], rows)
+    assert result["verdict"] == HOLDS
+
+
+# --------------------------------------------------------------------------------------------- grid
+
+
+def test_shipped_grid_file_is_valid_and_covers_the_recipes():
+    grid = load_grid()
+    recipes = {e.recipe for e in grid.grid}
+    assert {"magnitude", "random", "wanda-channels", "llm-pruner", "cce", "cce-random", "cce-l2", "lorap"} <= recipes
+    assert {"lorap-svd", "lorap-equal-split", "lorap-no-retain", "prunenet", "prunenet-random"} <= recipes
+    assert {"prunenet-deterministic", "sp3-oneshot", "sp3-oneshot-identity", "sp3-llm", "llm-pruner+sp3"} <= recipes
+    settings = resolve_settings(grid, quick=False, cli={})
+    assert settings.ppl_window == 512 and len(settings.zeroshot_tasks) == 7
+    jobs = expand(grid.grid, settings)
+    ids = {j.id for j in jobs}
+    assert {"llm-pruner@20", "llm-pruner@20+ft", "lorap@30+ft", "lorap-svd@20"} <= ids
+    assert "lorap-svd@10" not in ids
+    # every row a claim names is a row of the full grid
+    named = {
+        part.replace("{r}", f"{p:g}")
+        for claim in grid.claims
+        for check in claim.checks
+        for part in (parse_check(check).a, parse_check(check).b)
+        for p in claim.at
+    }
+    assert named <= ids
+    quick = resolve_settings(grid, quick=True, cli={"ppl_tokens": 1024, "speed": {"rounds": 2}})
+    assert quick.ratios == [0.2] and quick.ppl_tokens == 1024 and quick.speed.rounds == 2
+    assert all(not j.recovery for j in expand(grid.quick.grid, quick))
+
+
+def test_only_ratios_and_bad_input():
+    entries = [Entry(recipe="lorap", recovery=[False, True]), Entry(recipe="lorap-svd", ratios=[0.2])]
+    settings = Settings(ratios=[0.1, 0.2])
+    assert [j.id for j in expand(entries, settings)] == [
+        "lorap@10",
+        "lorap@10+ft",
+        "lorap@20",
+        "lorap@20+ft",
+        "lorap-svd@20",
+    ]
+    assert [j.id for j in expand(entries, settings, [0.3])] == ["lorap@30", "lorap@30+ft"]
+    assert [j.id for j in expand(select_entries(entries, ["dense", "lorap-svd"]), settings)] == ["lorap-svd@20"]
+    assert [e.recipe for e in select_entries(entries, ["magnitude"])] == ["magnitude"]  # bundled, not in grid
+    with pytest.raises(BenchError, match="unknown recipe 'nope'"):
+        select_entries(entries, ["nope"])
+    assert parse_ratios("0.1, 20") == [0.1, 0.2]
+    for bad in ("abc", "0", "150", ""):
+        with pytest.raises(BenchError):
+            parse_ratios(bad)
+    with pytest.raises(BenchError, match="twice"):
+        expand([Entry(recipe="a"), Entry(recipe="a")], settings)
+    assert row_id("llm-pruner+sp3", 0.125, True) == "llm-pruner+sp3@12.5+ft"
+
+
+def test_bad_grid_file_is_one_line(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text("grid: [{recipe: a, ratios: [1.5]}]\nquick: {grid: [{recipe: a}]}\n")
+    with pytest.raises(BenchError, match=r"grid\.0\.ratios"):
+        load_grid(path)
+    path.write_text(
+        "grid: [{recipe: a}]\nquick: {grid: [{recipe: a}]}\nclaims: [{id: x, claim: y, source: z, checks: ['a ~ b']}]\n"
+    )
+    with pytest.raises(BenchError, match="not of the form"):
+        load_grid(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "error: unrecognized arguments: --bogus"),
+        (["--only", "nope", "--list"], "error: --only: unknown recipe 'nope'"),
+        (["--ratios", "x", "--list"], "error: --ratios: 'x' is not a number"),
+        (["--zeroshot-tasks", "squad", "--list"], "unknown zero-shot task 'squad'"),
+        (["--ppl-tokens", "100", "--list"], "below one window of 512"),
+        (["--resume", "--list"], "--resume needs --keep"),
+        (["--threads", "0", "--list"], "--threads must be at least 1"),
+    ],
+)
+def test_command_line_errors_are_one_line(args, message):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.run", *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_missing_recipe_and_recovery_variants_are_rows_not_crashes():
+    bench = Bench.__new__(Bench)  # prepare() needs only the settings, not the loaded dense model
+    bench.settings = Settings()
+    row, overrides, _raw = bench.prepare(expand([Entry(recipe="no-such-recipe")], bench.settings, [0.2])[0])
+    assert overrides is None and row["status"] == "not run" and "does not exist" in row["reason"]
+    row, overrides, _raw = bench.prepare(expand([Entry(recipe="prunenet-random", recovery=[True])], bench.settings)[0])
+    assert overrides is None and row["status"] == "not run" and "no top-level lora stage" in row["reason"]
+    job_off, job_on = expand([Entry(recipe="lorap", recovery=[False, True])], bench.settings, [0.3])
+    _row_off, overrides, raw = bench.prepare(job_off)
+    assert "target.ratio=0.3" in overrides and overrides[-1] == "stages.1.args.steps=0"
+    assert raw["stages"][1]["args"]["steps"] == 0 and raw["target"]["ratio"] == 0.3
+    _row_on, overrides, raw = bench.prepare(job_on)
+    assert raw["stages"][1]["args"]["steps"] == 50
+    row, overrides, _raw = bench.prepare(
+        expand([Entry(recipe="magnitude", overrides=["stages.0.args.scorer=bogus"])], bench.settings, [0.2])[0]
+    )
+    assert overrides is None and row["status"] == "failed" and "scorer" in row["reason"]
+
+
+# ------------------------------------------------------------------------------- size extraction
+
+
+def test_structure_params_from_reports_and_models(llama):
+    from slimkit.primitives.lowrank import LowRankLinear
+
+    assert residual_params_reported({"prune": {"fractions": {}}}) is None
+    stages = {"projection": {"groups": [{"residual_params": 1200}], "params_without_residual": 5}, "other": {}}
+    assert residual_params_reported(stages) == 1200
+    model = nn.Sequential(nn.Linear(4, 4))
+    model.add_module("residual_0", nn.Linear(3, 3, bias=False))
+    assert residual_params_in_model(model) == 9
+    model.add_module("host", nn.Module())
+    model.host.add_module("basis_change", nn.Linear(2, 2))
+    assert residual_params_in_model(model) == 9 + 6
+    llama.model.layers[0].self_attn.q_proj = LowRankLinear(48, 48, rank=4, bias=False)
+    assert lowrank_params(llama) == 4 * 48 * 2
+    calibration = {"samples": 10, "seq_len": 64, "tokens": 640}
+    iterations = {"cce": {"iterations": [{"seed": 0}, {"seed": 17}, {"seed": 99}]}}
+    assert extra_calibration_tokens(iterations, calibration) == 2 * 640
+    assert extra_calibration_tokens({"x": {"calibration_tokens": 5}, **iterations}, calibration) == 5
+    assert extra_calibration_tokens({"lora": {"tokens": 8}}, calibration) is None
+    assert finite_numbers({"a": [1, 2.5, {"b": True}]}) and not finite_numbers({"a": [float("inf")]})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss inheritance is Linux behaviour")
+def test_launched_runs_report_their_own_peak_memory():
+    ballast = bytearray(400 * 2**20)
+    ballast[::4096] = b"\1" * len(ballast[::4096])  # touch every page: this process now has >= 400 MB
+    child = [sys.executable, "-c", "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"]
+    direct = int(subprocess.run(child, capture_output=True, text=True).stdout)
+    launched = int(subprocess.run(via_launcher(child), capture_output=True, text=True).stdout)
+    assert direct > 400 * 1024 > 200 * 1024 > launched  # kB
+    del ballast
+
+
+def test_speed_rounds_interleave_and_skip_implausible_decode(monkeypatch):
+    from slimkit.primitives.evaluate.speed import Throughput
+
+    calls = []
+    rates = {"a": iter([(100.0, 10.0), (100.0, 5e9), (100.0, 12.0), (90.0, 11.0)]), "b": iter([(50.0, 5.0)] * 3)}
+
+    def fake(model, vocab, batch, prompt_len, new_tokens, repeats):
+        calls.append(model)
+        prefill, decode = next(rates[model])
+        return Throughput(prefill, decode, batch, prompt_len, new_tokens, repeats)
+
+    monkeypatch.setattr("benchmarks.speed.throughput", fake)
+    a, b = measure([("A", "a", 10), ("B", "b", 10)], rounds=3, prompt_len=8, new_tokens=2)
+    assert calls == ["a", "b", "b", "a", "a", "a", "b"]  # order rotates; a's implausible decode is retried
+    assert a["decode_samples"] == [10.0, 12.0, 11.0] and a["decode_tokens_per_s"] == 11.0
+    assert b["prefill_ratio"] == 0.5 and b["decode_ratio"] == pytest.approx(5.0 / 11.0)
+
+
+# ----------------------------------------------------------------------------------- tables, plots
+
+
+def _result():
+    dense = _row("dense", "dense", ratio=None, wikitext2_ppl=20.0, ptb_ppl=60.0, piqa_acc=0.6, zeroshot_mean_acc=0.6)
+    dense["params"] = {"before": 100, "after": 100, "removed_ratio": 0.0}
+    dense["layers"]["widths"] = [{"num_attention_heads": 9, "intermediate_size": 96}] * 2
+    dense["layers"]["params"] = [100, 100]
+    rows = [dense]
+    for recipe, ppl in (("a", 30.0), ("b", 50.0)):
+        for ratio, scale in ((0.1, 1.0), (0.2, 2.0)):
+            row = _row(f"{recipe}@{ratio * 100:g}", recipe, ratio, wikitext2_ppl=ppl * scale, ptb_ppl=2 * ppl * scale)
+            row["metrics"].update(piqa_acc=0.5, zeroshot_mean_acc=0.5)
+            row["params"]["removed_ratio"] = ratio
+            row["cost"] = {
+                "compress_s": 12.5,
+                "stages_s": {"calibration": 0.5, "0:prune": 12.0},
+                "process_wall_s": 20.0,
+                "peak_rss_mb": 1500.0,
+                "calibration": {"dataset": "c4", "samples": 4, "seq_len": 128, "tokens": 512},
+                "recovery_tokens": 0,
+            }
+            row["structure"] = {"residual_params": 0, "lowrank_params": 1234}
+            row["speed"] = {"prefill_tokens_per_s": 110.0, "decode_tokens_per_s": 11.0, "prefill_ratio": 1.1}
+            rows.append(row)
+    rows.append({"id": "c@20", "recipe": "c", "ratio": 0.2, "status": "not run", "reason": "recipe 'c' does not exist"})
+    claims = evaluate_claims([_claim(["a@{r} < b@{r}"], at=(10, 20)), _claim(["a@{r} < c@{r}"])], rows)
+    settings = Settings(zeroshot_tasks=["piqa"], zeroshot_limit=10).model_dump()
+    machine = {"cpu": "test CPU", "cores": 2, "memory_gb": 8.0, "torch_threads": 2}
+    return {"name": "t", "date": "2026-01-01", "command": "python -m benchmarks.run", "settings": settings,
+            "machine": machine, "versions": {"torch": "x"}, "wall_s": 60.0, "rows": rows, "claims": claims}  # fmt: skip
+
+
+def test_markdown_tables_dense_first_claims_and_skipped_rows():
+    text = markdown(_result(), ["/x/t-quality.png"])
+    quality = text.split("## Quality")[1].split("##")[0]
+    lines = [ln for ln in quality.splitlines() if ln.startswith("| `")]
+    assert lines[0].startswith("| `dense` |") and len(lines) == 5
+    assert "| `a@10` | 10% of model | 10.00% | 30 | 60 | 0.500 | 0.500 |" in quality
+    assert "32 non-overlapping windows of 512 tokens (16,384 tokens)" in text
+    assert "the first 10 examples of each of piqa (`--limit 10`)" in text
+    assert "| 1,234 |" in text.split("## Size")[1]
+    assert "4 x 128 = 512 tokens of c4" in text
+    claims = text.split("## Paper claims")[1].split("##")[0]
+    assert "| **holds** |" in claims and "| not run |" in claims
+    assert "| `c@20` | not run | recipe 'c' does not exist |" in text
+    assert "![t-quality](t-quality.png)" in text
+
+
+def test_plots_are_written(tmp_path):
+    rows = _result()["rows"]
+    assert plot_quality(rows, tmp_path / "t-quality.png").stat().st_size > 1000
+    paths = plot_widths(rows, tmp_path / "t")
+    assert [p.name for p in paths] == ["t-widths-r10.png", "t-widths-r20.png"]
+    assert plot_quality(rows[:1], tmp_path / "none.png") is None
+
+
+# ------------------------------------------------------------------------------------ real smoke run
+
+# The quick grid's cheapest rows: one recipe without calibration and one low-rank recipe. The whole
+# quick grid (`make bench-quick`) runs the same code on more recipes.
+SMOKE_ONLY = "magnitude,lorap"
+
+
+@pytest.mark.real
+def test_quick_benchmark_smoke(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", SMOKE_ONLY]
+    command += ["--out", str(tmp_path), "--name", "smoke", "--speed-rounds", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [path] = tmp_path.glob("*-smoke.json")
+    result = json.loads(path.read_text())
+    rows = result["rows"]
+    assert [r["id"] for r in rows] == ["dense", "magnitude@20", "lorap@20"]
+    for row in rows:
+        assert row["status"] == "ok", row.get("reason")
+        metrics = row["metrics"]
+        assert {"wikitext2_ppl", "ptb_ppl", "piqa_acc", "arc_easy_acc", "zeroshot_mean_acc"} <= set(metrics)
+        assert finite_numbers(metrics) and finite_numbers(row["params"]) and finite_numbers(row["macs"])
+        assert row["speed"]["prefill_tokens_per_s"] > 0 and math.isfinite(row["speed"]["decode_ratio"])
+    for row in rows[1:]:
+        assert row["cost"]["peak_rss_mb"] > 0 and finite_numbers(row["cost"]["stages_s"])
+        assert len(row["layers"]["widths"]) == len(row["layers"]["params"]) == 30
+    assert rows[2]["structure"]["lowrank_params"] > 0
+    assert {c["verdict"] for c in result["claims"]} <= {HOLDS, FAILS, NOT_RUN}
+    assert path.with_suffix(".md").is_file()
+    assert (tmp_path / path.name.replace(".json", "-quality.png")).is_file()
+    assert (tmp_path / path.name.replace(".json", "-widths-r20.png")).is_file()
