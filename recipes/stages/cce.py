@@ -30,10 +30,17 @@ interleaved layout); heads therefore go in multiples of the KV-head count and a 
 one query head per KV group. Removing whole KV groups was not chosen: on smollm2 one KV group is a
 third of the attention, and its k/v kernels have no per-head score. Hidden features keep at least
 one head_dim. A target beyond these floors fails before anything is pruned.
+
+Reported per iteration: the fraction, the calibration seed, mean loss, widths, parameters, seconds,
+``gradient_state_mb`` (exact bytes of the gradient state the path holds: every scored weight's
+gradient for ``full``; adapters, their gradients, AdamW moments and stored factors for ``lora``),
+``gradient_peak_mb`` (sampled peak RSS above the phase's start, see
+:mod:`slimkit.primitives.evaluate.memory` for why it is noisy) and ``process_peak_rss_mb``.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 from typing import Literal
 
@@ -268,6 +275,7 @@ def cce(ctx: Context, args: CceArgs) -> None:
             entry.update(_widths(ctx))
             entry["params"] = params_by_part(ctx.model)["total"]
             entry["seconds"] = time.perf_counter() - started
+            entry["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
             history.append(entry)
             advance(1)
     peaks = [h["gradient_peak_mb"] for h in history if "gradient_peak_mb" in h]
