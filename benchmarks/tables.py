@@ -226,6 +226,11 @@ def _pyplot():
     return plt
 
 
+def _color(plt, index: int):
+    """Ten distinct hues first (tab20's dark shades), then their light shades."""
+    return plt.get_cmap("tab20")((2 * index) % 20 + (index // 10) % 2)
+
+
 def _series_name(row: dict[str, Any]) -> str:
     return f"{row['recipe']} + LoRA" if row.get("recovery") else row["recipe"]
 
@@ -245,7 +250,6 @@ def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
     series: dict[str, list[dict[str, Any]]] = {}
     for row in compressed:
         series.setdefault(_series_name(row), []).append(row)
-    colors = plt.get_cmap("tab20")
     dense = next((r for r in ok if r["id"] == "dense"), None)
     for axis, metric in zip(axes[0], metrics, strict=True):
         for index, (name, members) in enumerate(series.items()):
@@ -256,7 +260,7 @@ def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
             )
             if points:
                 style = "--" if name.endswith("+ LoRA") else "-"
-                axis.plot(*zip(*points, strict=True), style, marker="o", color=colors(index % 20), label=name)
+                axis.plot(*zip(*points, strict=True), style, marker="o", color=_color(plt, index), label=name)
         if dense and isinstance(dense.get("metrics", {}).get(metric), int | float):
             axis.plot([0], [dense["metrics"][metric]], "k*", markersize=12, label="dense")
         if metric.endswith("_ppl"):
@@ -303,13 +307,12 @@ def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
         keys = list(dict.fromkeys(k for s in all_series for k in s))
         keys = [k for k in keys if k == _PARAMS_KEY or any(s.get(k) != dense_series.get(k) for s in all_series)]
         fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.3 * len(keys) + 0.6), sharex=True, squeeze=False)
-        colors = plt.get_cmap("tab20")
         for axis, key in zip(axes[:, 0], keys, strict=True):
             if key in dense_series:
                 axis.plot(dense_series[key], "k--", linewidth=1, label="dense")
             for index, (row, series) in enumerate(zip(members, all_series, strict=True)):
                 if key in series:
-                    axis.plot(series[key], drawstyle="steps-mid", color=colors(index % 20), label=row["id"])
+                    axis.plot(series[key], drawstyle="steps-mid", color=_color(plt, index), label=row["id"])
             axis.set_ylabel(key.replace("_", " "), fontsize=8)
             axis.grid(alpha=0.3)
         axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
