@@ -177,6 +177,16 @@ def test_projected_statistics_and_identity_basis_are_lossless_at_full_rank(basis
     _close(_logits(model, ids), before)
 
 
+def test_identity_basis_slices_raw_dimensions():
+    model = tiny_llama(layers=4)
+    report = project_hidden_dimension(model, _batches(), ProjectionSettings(group_size=2, ratio=0.25, basis="identity"))
+    assert report["basis"] == "identity" and report["residual_matrices"] == 3
+    for path, adapter in basis_changes(model):
+        if adapter.hook == "input" or path.startswith("model.embed_tokens"):  # selections of raw dimensions
+            assert set(adapter.weight.unique().tolist()) <= {0.0, 1.0}
+            assert torch.all(adapter.weight.sum(dim=1) <= 1)
+
+
 def test_residual_matrix_is_the_product_of_neighbouring_projections():
     model = tiny_llama(layers=4, tie=False)
     fold_rms_norms(model)

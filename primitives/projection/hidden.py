@@ -62,7 +62,12 @@ from slimkit.primitives.projection.norms import (
     is_rms_norm,
     layernorm_to_rmsnorm,
 )
-from slimkit.primitives.projection.pca import GramAccumulator, PrincipalComponents, principal_components
+from slimkit.primitives.projection.pca import (
+    GramAccumulator,
+    PrincipalComponents,
+    identity_components,
+    principal_components,
+)
 
 
 @dataclass(frozen=True)
@@ -112,13 +117,14 @@ class _TiedStatistics:
     is kept). Each Gram is scaled to unit trace before they are summed, so both uses weigh the same.
     """
 
-    def __init__(self, model: nn.Module, normalise: bool) -> None:
+    def __init__(self, model: nn.Module, normalise: bool, basis: str) -> None:
         view = ModelView(model)
         final = view.final_norm.module
         self.gamma = final.weight.detach().double()
         self.eps = float(getattr(final, "variance_epsilon", getattr(final, "eps", None) or 1e-6))
         self.inputs = GramAccumulator(view.hidden_size, normalise=normalise)
         self.head = GramAccumulator(view.hidden_size)
+        self.rule = principal_components if basis == "pca" else identity_components
 
     def update_head(self, x: torch.Tensor) -> None:
         x = x.double()
@@ -126,12 +132,13 @@ class _TiedStatistics:
 
     def components(self) -> PrincipalComponents:
         gram = self.inputs.gram / self.inputs.gram.trace() + self.head.gram / self.head.gram.trace()
-        return principal_components(gram)
+        return self.rule(gram)
 
 
 def _tied_statistics(model: nn.Module, settings: ProjectionSettings) -> _TiedStatistics | None:
-    view = ModelView(model)
-    return _TiedStatistics(model, settings.normalise) if settings.tied_head == "joint" and view.tied else None
+    if settings.tied_head != "joint" or not ModelView(model).tied:
+        return None
+    return _TiedStatistics(model, settings.normalise, settings.basis)
 
 
 def _dense_statistics(
