@@ -73,6 +73,17 @@ class Group:
     def size(self) -> int:
         return int(self.members[0].indices.shape[0])
 
+    def distinct_members(self, model: nn.Module) -> list[tuple[Member, torch.Tensor]]:
+        """``(member, parameter)`` once per distinct (parameter, dimension): tied members count once."""
+        found: list[tuple[Member, torch.Tensor]] = []
+        seen: set[tuple[int, int]] = set()
+        for member in self.members:
+            tensor = member.tensor(model)
+            if (id(tensor), member.dim) not in seen:
+                seen.add((id(tensor), member.dim))
+                found.append((member, tensor))
+        return found
+
     def unit_slices(self, model: nn.Module) -> list[tuple[torch.Tensor, int]]:
         """``(parameter, elements one unit removes from it)`` per distinct parameter (tied ones once)."""
         slices: list[tuple[torch.Tensor, int]] = []

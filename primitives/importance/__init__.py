@@ -57,13 +57,7 @@ def gather_units(values: torch.Tensor, member: Member) -> torch.Tensor:
 def member_sum(group: Group, model: nn.Module, per_member: Callable[[Member, torch.Tensor], torch.Tensor | None]):
     """Sum over distinct member parameters of ``per_member(member, tensor) -> [units]`` (None skips)."""
     total = torch.zeros(group.size)
-    seen: set[tuple[int, int]] = set()
-    for member in group.members:
-        tensor = member.tensor(model)
-        key = (id(tensor), member.dim)
-        if key in seen:
-            continue
-        seen.add(key)
+    for member, tensor in group.distinct_members(model):
         scores = per_member(member, tensor.detach().float())
         if scores is not None:
             total += scores

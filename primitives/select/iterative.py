@@ -28,6 +28,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.groups import Group
 from slimkit.primitives.select import round_kept
+from slimkit.primitives.select.plan import bisect_fraction
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,7 @@ def remaining_params(model: nn.Module, removals: Sequence[tuple[Group, int]], pa
     parts = param_parts(model)
     shapes: dict[int, tuple[nn.Parameter, list[int]]] = {id(p): (p, list(p.shape)) for p in model.parameters()}
     for group, removed in removals:
-        seen: set[tuple[int, int]] = set()
-        for member in group.members:
-            tensor = member.tensor(model)
-            key = (id(tensor), member.dim)
-            if key in seen:
-                continue
-            seen.add(key)
+        for member, tensor in group.distinct_members(model):
             shapes[id(tensor)][1][member.dim] -= removed * member.indices.shape[1]
     total = 0
     for key, (_param, shape) in shapes.items():
@@ -84,14 +79,7 @@ def solve_uniform_fraction(
             f"the target needs {wanted:,} parameters of {part} removed ({wanted / before:.1%}), but the schedule "
             f"removes at most {most:,} ({most / before:.1%}){': ' + floors if floors else ''}"
         )
-    low, high = 0.0, 1.0
-    for _ in range(40):
-        middle = (low + high) / 2
-        if removed(middle) < wanted:
-            low = middle
-        else:
-            high = middle
-    return min((low, high), key=lambda f: abs(removed(f) - wanted))
+    return bisect_fraction(removed, wanted, steps=40)
 
 
 def iteration_fractions(final: float, step: float | None = None, iterations: int | None = None) -> list[float]:

@@ -11,6 +11,7 @@ its shape cannot satisfy, fails with the layer and the numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -114,8 +115,13 @@ def solve_fraction(
             f"the target needs {wanted:,} parameters of {part} removed, but these groups can remove at most "
             f"{most:,} (min_keep {rules.min_keep})"
         )
+    return bisect_fraction(removed, wanted, steps=50)
+
+
+def bisect_fraction(removed: Callable[[float], int], wanted: int, steps: int) -> float:
+    """The fraction in [0, 1] whose ``removed(fraction)`` (non-decreasing) is closest to ``wanted``."""
     low, high = 0.0, 1.0
-    for _ in range(50):
+    for _ in range(steps):
         middle = (low + high) / 2
         if removed(middle) < wanted:
             low = middle
