@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from slimkit.recipes.schema import check_zeroshot_task
+
 GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
 DENSE = "dense"
 DEFAULT_CLAIM_METRICS = ("wikitext2_ppl", "ptb_ppl")
@@ -63,12 +65,7 @@ class Settings(_Strict):
     @field_validator("zeroshot_tasks")
     @classmethod
     def _tasks(cls, names: list[str]) -> list[str]:
-        from slimkit.primitives.evaluate.zeroshot import ZEROSHOT_TASKS
-
-        for name in names:
-            if name not in ZEROSHOT_TASKS:
-                raise ValueError(f"unknown zero-shot task '{name}'; known: {', '.join(ZEROSHOT_TASKS)}")
-        return names
+        return [check_zeroshot_task(n) for n in names]
 
     def check(self) -> None:
         if self.ppl_tokens < self.ppl_window:

@@ -56,6 +56,14 @@ def check_corpus(name: str) -> str:
     return name
 
 
+def check_zeroshot_task(name: str) -> str:
+    from slimkit.primitives.evaluate.zeroshot import ZEROSHOT_TASKS
+
+    if name not in ZEROSHOT_TASKS:
+        raise ValueError(f"unknown zero-shot task '{name}'; allowed: {', '.join(ZEROSHOT_TASKS)}")
+    return name
+
+
 def check_glue_task(name: str) -> str:
     from slimkit.primitives.gluedata import GLUE_TASKS
 
@@ -163,12 +171,7 @@ class ZeroshotEval(Strict):
     @field_validator("tasks")
     @classmethod
     def _known(cls, names: list[str]) -> list[str]:
-        from slimkit.primitives.evaluate.zeroshot import ZEROSHOT_TASKS
-
-        for name in names:
-            if name not in ZEROSHOT_TASKS:
-                raise ValueError(f"unknown zero-shot task '{name}'; allowed: {', '.join(ZEROSHOT_TASKS)}")
-        return names
+        return [check_zeroshot_task(n) for n in names]
 
 
 class GlueEval(Strict):
