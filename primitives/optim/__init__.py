@@ -9,10 +9,13 @@
 * :mod:`~slimkit.primitives.optim.sparsity`: SP3's expected sparsity (Appendix C, Eq. 30), the Lagrangian
   pruning loss (Eq. 14) and the final threshold that meets a target (:func:`binarize`).
 * :mod:`~slimkit.primitives.optim.schedule`: SP3's multi-stage mask schedule (§3.2, Appendix D.2).
+* :mod:`~slimkit.primitives.optim.fusing`: trained hidden and FFN masks folded into a pre-norm
+  decoder's weights (§3.3, Appendix F).
 """
 
 from __future__ import annotations
 
+from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
 from slimkit.primitives.optim.masks import (
     DEFAULT_CONFIG,
     HIDDEN_FIELDS,
@@ -64,6 +67,7 @@ from slimkit.primitives.optim.sparsity import (
     expected_sparsity,
     lagrangian_optimizer,
     negate_gradients,
+    stream_model_size,
 )
 
 __all__ = [
@@ -98,6 +102,7 @@ __all__ = [
     "expected_sparsity",
     "expected_value",
     "ffn_weights",
+    "fuse_stream_masks",
     "hard_concrete_deterministic",
     "hard_concrete_sample",
     "keep_probability",
@@ -113,5 +118,7 @@ __all__ = [
     "resolve_placement",
     "save_policy",
     "sequential_log_prob",
+    "stream_count_args",
+    "stream_model_size",
     "train_policy",
 ]

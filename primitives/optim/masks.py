@@ -51,7 +51,10 @@ here            paper (Eq. 9 / Eq. 30)    what it masks
 so every weight matrix of a block is masked by its own block's ``*_in`` and ``*_out`` and the
 residual matrix ``W_R`` of a block (Eq. 18) maps its ``*_in`` features to its ``*_out`` features.
 ``hidden="shared"`` uses one ``(d,)`` gate in all four places (CoFi's single hidden mask, the
-masks-only baseline of Table 2); ``hidden="none"`` has no hidden masks.
+masks-only baseline of Table 2); ``hidden="none"`` has no hidden masks. ``hidden="per_group"``
+(SP3 on LLMs, Appendix F.1 / Fig. 5) has one ``(d,)`` gate per group of consecutive decoder layers
+(``groups``; the layers that share one Group PCA basis), used in all four places of every layer of
+the group.
 
 Applying masks to a Hugging Face model (:func:`apply_masks`) never copies a forward pass: forward
 hooks and pre-hooks multiply module inputs and outputs. Two placements of the hidden masks:
@@ -69,7 +72,15 @@ hooks and pre-hooks multiply module inputs and outputs. Two placements of the hi
   the residual stream itself is not masked (count it with ``residual="none"``, or only at Group PCA
   boundaries).
 
-The other masks sit on the Linears in both placements: ``q, k, v`` on the outputs of q/k/v per head
+* ``"stream"`` (pre-norm models with ``hidden="per_group"`` or ``"shared"``; SP3's LLM setting):
+  the group's gate multiplies the residual stream where the group starts (a pre-hook on its first
+  layer, after any residual matrix there) and the outputs of every o and down/fc2 in the group, so
+  the stream stays zero outside the kept coordinates throughout the group. Slicing those
+  coordinates away (:func:`slimkit.primitives.projection.slice_stream`) then gives the same outputs
+  (up to the norms' ε). A head tied to the embeddings reads the embedding's coordinates, i.e. the
+  first group's: its input (the final norm's output) is multiplied by the first group's gate.
+
+The other masks sit on the Linears in every placement: ``q, k, v`` on the outputs of q/k/v per head
 slice; ``head`` and ``o`` on the input of o per head slice (so o's bias is not gated by heads, as in
 Eq. 3); ``mha`` on the output of o (bias included: ``z_MHA · MHA(x)``); ``f`` on the input of
 down/fc2; ``ffn`` on the output of down/fc2. With a :class:`MaskSet` as source, masks are drawn once
@@ -96,10 +107,10 @@ from slimkit.primitives.errors import SlimkitError
 
 Level = Literal["dimension", "head", "layer"]
 LEVELS: tuple[Level, ...] = ("dimension", "head", "layer")
-HiddenMode = Literal["per_block", "shared", "none"]
-HIDDEN_MODES: tuple[str, ...] = ("per_block", "shared", "none")
-Placement = Literal["auto", "norm", "linear"]
-PLACEMENTS: tuple[str, ...] = ("auto", "norm", "linear")
+HiddenMode = Literal["per_block", "per_group", "shared", "none"]
+HIDDEN_MODES: tuple[str, ...] = ("per_block", "per_group", "shared", "none")
+Placement = Literal["auto", "norm", "linear", "stream"]
+PLACEMENTS: tuple[str, ...] = ("auto", "norm", "linear", "stream")
 
 HIDDEN_FIELDS: tuple[str, ...] = ("mha_in", "mha_out", "ffn_in", "ffn_out")
 INTERMEDIATE_FIELDS: tuple[str, ...] = ("q", "k", "v", "o")
@@ -353,6 +364,22 @@ class MaskValues:
 # -- the mask set -----------------------------------------------------------------------------------
 
 
+def _check_groups(groups: Sequence[Sequence[int]] | None, num_layers: int) -> tuple[range, ...]:
+    """Consecutive, non-empty groups covering layers ``0 .. num_layers - 1`` in order."""
+    if groups is None:
+        raise SlimkitError("hidden: per_group needs the layer groups (e.g. the Group PCA groups)")
+    out, start = [], 0
+    for group in groups:
+        layers = list(group)
+        if not layers or layers != list(range(start, start + len(layers))):
+            raise SlimkitError(f"layer groups must be consecutive and cover layers 0..{num_layers - 1}; got {groups}")
+        out.append(range(start, start + len(layers)))
+        start += len(layers)
+    if start != num_layers:
+        raise SlimkitError(f"layer groups cover {start} layers, the model has {num_layers}")
+    return tuple(out)
+
+
 class MaskSet(nn.Module):
     """All of SP3's gates for one model (:data:`MASK_FIELDS`), grouped in levels.
 
@@ -372,6 +399,7 @@ class MaskSet(nn.Module):
         layer: bool = True,
         intermediate: bool = True,
         hidden: HiddenMode = "per_block",
+        groups: Sequence[Sequence[int]] | None = None,
         config: HardConcreteConfig = DEFAULT_CONFIG,
         init_drop: float = 0.5,
         init_std: float = 0.01,
@@ -380,6 +408,7 @@ class MaskSet(nn.Module):
         super().__init__()
         if hidden not in HIDDEN_MODES:
             raise SlimkitError(f"unknown hidden mask mode '{hidden}'; allowed: {', '.join(HIDDEN_MODES)}")
+        self.groups = _check_groups(groups, shape.num_layers) if hidden == "per_group" else None
         if intermediate and shape.rope:
             raise SlimkitError(
                 "masks inside heads (q, k, v, o) are not supported for RoPE models (SP3 Appendix F); "
@@ -411,6 +440,9 @@ class MaskSet(nn.Module):
             }
         )
         self.shared_hidden = HardConcrete((shape.hidden,), **kw) if hidden == "shared" else None
+        self.group_hidden = (
+            nn.ModuleList(HardConcrete((shape.hidden,), **kw) for _ in self.groups) if self.groups is not None else None
+        )
         self.active: frozenset[str] = frozenset()
         self.set_active(LEVELS)
 
@@ -424,8 +456,8 @@ class MaskSet(nn.Module):
         return frozenset(LEVEL_OF[n] for n in self.field_names())
 
     def field_names(self) -> tuple[str, ...]:
-        """Mask fields present (the shared hidden mask stands for all four hidden fields)."""
-        if self.shared_hidden is None:
+        """Mask fields present (a shared or per-group hidden mask stands for all four hidden fields)."""
+        if self.shared_hidden is None and self.group_hidden is None:
             return self.names
         return tuple(n for n in MASK_FIELDS if n in self.names or n in HIDDEN_FIELDS)
 
@@ -444,6 +476,8 @@ class MaskSet(nn.Module):
                 yield gate, LEVEL_OF[name]
         if self.shared_hidden is not None:
             yield self.shared_hidden, "dimension"
+        for gate in self.group_hidden or ():
+            yield gate, "dimension"
 
     def level_parameters(self, level: Level) -> list[nn.Parameter]:
         """The ``log_alpha`` parameters of one level (for a per-level optimiser or learning rate)."""
@@ -458,6 +492,11 @@ class MaskSet(nn.Module):
             value = fn(self.shared_hidden)
             for name in HIDDEN_FIELDS:
                 out[name] = [value] * self.shape.num_layers
+        if self.group_hidden is not None and "dimension" in self.active:
+            per_group = [fn(gate) for gate in self.group_hidden]
+            per_layer = [per_group[g] for g, layers in enumerate(self.groups) for _ in layers]
+            for name in HIDDEN_FIELDS:
+                out[name] = list(per_layer)
         return MaskValues(**out)
 
     def sample(self) -> MaskValues:
@@ -555,28 +594,43 @@ def _layer_input_hook(get: Getter):
     return hook
 
 
-def resolve_placement(view: ModelView, placement: Placement = "auto") -> Literal["norm", "linear"]:
-    """``auto``: ``norm`` for post-norm models (BERT), ``linear`` for pre-norm ones (llama, OPT)."""
+def resolve_placement(
+    view: ModelView, placement: Placement = "auto", *, grouped: bool = False
+) -> Literal["norm", "linear", "stream"]:
+    """``auto``: ``norm`` for post-norm models (BERT); for pre-norm ones (llama, OPT) ``stream`` with
+    per-group hidden masks (``grouped``), ``linear`` otherwise."""
     if placement not in PLACEMENTS:
         raise SlimkitError(f"unknown mask placement '{placement}'; allowed: {', '.join(PLACEMENTS)}")
+    post = view.spec.norm_placement == "post"
     if placement == "auto":
-        return "norm" if view.spec.norm_placement == "post" else "linear"
-    if placement == "norm" and view.spec.norm_placement != "post":
+        return "norm" if post else "stream" if grouped else "linear"
+    if placement == "norm" and not post:
         raise SlimkitError("mask placement 'norm' needs a post-norm model (BERT); use 'linear' for pre-norm models")
+    if placement == "stream" and post:
+        raise SlimkitError("mask placement 'stream' needs a pre-norm model (llama, OPT); use 'norm' for BERT")
     return placement
 
 
 def apply_masks(
-    model: nn.Module | ModelView, source: MaskSet | MaskValues, *, placement: Placement = "auto"
+    model: nn.Module | ModelView,
+    source: MaskSet | MaskValues,
+    *,
+    placement: Placement = "auto",
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> MaskHooks:
     """Register hooks that multiply the model's activations by the masks (see the module docstring).
 
     ``source`` is a :class:`MaskSet` (masks drawn once per root-model call, gradients flow to its
     ``log_alpha``) or fixed :class:`MaskValues`. Returns the handles; ``with apply_masks(...):``
-    removes them on exit. The model's own forward code runs unchanged.
+    removes them on exit. The model's own forward code runs unchanged. ``groups`` (the layer groups
+    of the ``stream`` placement) default to the mask set's; fixed values in that placement need them.
     """
     view = model if isinstance(model, ModelView) else ModelView(model)
-    where = resolve_placement(view, placement)
+    if groups is None and isinstance(source, MaskSet):
+        groups = source.groups
+    where = resolve_placement(view, placement, grouped=groups is not None)
+    if where == "stream":
+        groups = _check_groups(groups, view.num_layers)
     shape = MaskShape.from_view(view)
     if isinstance(source, MaskSet) and source.shape != shape:
         raise SlimkitError(f"the mask set was built for {source.shape}, the model has {shape}")
@@ -621,7 +675,13 @@ def apply_masks(
             post(layer.linear(role), value(role, i), heads if role == "q" else layer.num_kv_heads)
         pre(layer.linear("o"), _times(value_2d("head", i), value("o", i)), heads)
         pre(layer.linear("down"), value("f", i))
-        if where == "linear":
+        if where == "stream":
+            if i in {group[0] for group in groups}:
+                handle = layer.module.register_forward_pre_hook(_layer_input_hook(value("mha_in", i)), with_kwargs=True)
+                hooks.handles.append(handle)
+            post(layer.linear("o"), _times(value("mha", i), value("mha_out", i)))
+            post(layer.linear("down"), _times(value("ffn", i), value("ffn_out", i)))
+        elif where == "linear":
             for role in ("q", "k", "v"):
                 pre(layer.linear(role), value("mha_in", i))
             for role in layer.mlp_input_roles:
@@ -641,4 +701,6 @@ def apply_masks(
             else:
                 handle = layer.module.register_forward_pre_hook(_layer_input_hook(value("mha_in", 0)), with_kwargs=True)
                 hooks.handles.append(handle)
+    if where == "stream" and view.tied and view.final_norm is not None:
+        post(view.final_norm.module, value("mha_in", 0))
     return hooks

@@ -199,6 +199,49 @@ def expected_sparsity(
     return 1.0 - size / m
 
 
+def stream_model_size(
+    values: MaskValues,
+    shape: MaskShape,
+    groups: Sequence[Sequence[int]],
+    *,
+    embedding_rows: int,
+    head_rows: int = 0,
+    head_map: bool = False,
+    include_bias: bool = False,
+    fixed: int = 0,
+) -> torch.Tensor:
+    """Every parameter of a pre-norm model whose residual stream is masked per layer group (``stream`` placement).
+
+    The count SP3's LLM setting needs (Appendix F: hidden dimensions and FFN filters, Group PCA),
+    exact for 0/1 masks and the expectation for keep probabilities; with ``n_g = Σ z_g`` (the
+    group's ``mha_in`` mask, or ``d`` without hidden masks):
+
+    * the blocks: :func:`expected_size` without residual terms (q/k/v/gate/up read ``n_g``
+      columns, o/down write ``n_g`` rows, FFN filters by ``z_f``);
+    * the norms: two per layer of ``n_g`` weights and the final norm's ``n_G``;
+    * the residual matrices at group boundaries, ``n_g × n_{g−1}`` (Eq. 18), and, with ``head_map``,
+      the map from the last group to the tied embedding's coordinates after the final norm, ``n_1 × n_G``;
+    * the embeddings (``embedding_rows`` = rows of every table writing the stream) in the first
+      group's coordinates, and an untied head (``head_rows`` = its rows) in the last group's;
+    * ``fixed``: anything the masks do not touch (e.g. biases of q/k/v when not counted above).
+
+    Unlike Eq. 30 (which follows CoFi and counts only the blocks), this is the whole model, so a
+    target can be a fraction of the model's parameters like every other slimkit recipe.
+    """
+    blocks = expected_size(values, shape, residual="none", include_bias=include_bias)
+    d = float(shape.hidden)
+    widths = [d if values.mha_in is None else values.mha_in[group[0]].double().sum() for group in groups]
+    total = blocks + fixed
+    for g, group in enumerate(groups):
+        total = total + 2 * len(group) * widths[g]
+        if g > 0:
+            total = total + widths[g] * widths[g - 1]
+    total = total + widths[-1] + embedding_rows * widths[0] + head_rows * widths[-1]
+    if head_map:
+        total = total + widths[0] * widths[-1]
+    return torch.as_tensor(total, dtype=torch.float64)
+
+
 # -- Lagrangian ---------------------------------------------------------------------------------------
 
 

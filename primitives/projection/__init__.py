@@ -10,6 +10,10 @@
 * :mod:`.allocation`: widths per group (uniform, explained variance, parameter budget) and the
   projected parameter count.
 * :mod:`.hidden`: :func:`project_hidden_dimension`, the one-shot layer-by-layer pipeline.
+* :mod:`.slice`: :func:`slice_stream`, keeping given coordinates of each group's stream (fusing
+  trained hidden masks).
+* :mod:`.postnorm`: post-LayerNorm encoders (BERT): :func:`project_post_norm` (one basis per hidden
+  norm, residual matrices on ``input_tensor``) and :func:`slice_post_norm_hidden`.
 * :mod:`.manifest`: save/load records.
 """
 
@@ -45,6 +49,12 @@ from slimkit.primitives.projection.norms import (
     residual_matrix,
     untie_head,
 )
+from slimkit.primitives.projection.postnorm import (
+    hidden_norms,
+    norm_statistics,
+    project_post_norm,
+    slice_post_norm_hidden,
+)
 from slimkit.primitives.projection.pca import (
     GramAccumulator,
     PrincipalComponents,
@@ -52,6 +62,7 @@ from slimkit.primitives.projection.pca import (
     pca,
     principal_components,
 )
+from slimkit.primitives.projection.slice import slice_stream, stream_groups
 
 __all__ = [
     "BasisChange",
@@ -69,17 +80,23 @@ __all__ = [
     "fuse_head",
     "fuse_layer",
     "fuse_projection",
+    "hidden_norms",
     "identity_components",
     "layer_groups",
     "layernorm_projection",
     "layernorm_to_rmsnorm",
+    "norm_statistics",
     "pca",
     "principal_components",
     "project_hidden_dimension",
+    "project_post_norm",
     "projected_layernorm",
     "projected_param_count",
     "projection_entries",
     "residual_matrix",
+    "slice_post_norm_hidden",
+    "slice_stream",
+    "stream_groups",
     "uniform_widths",
     "untie_head",
     "variance_widths",
