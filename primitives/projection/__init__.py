@@ -49,18 +49,18 @@ from slimkit.primitives.projection.norms import (
     residual_matrix,
     untie_head,
 )
-from slimkit.primitives.projection.postnorm import (
-    hidden_norms,
-    norm_statistics,
-    project_post_norm,
-    slice_post_norm_hidden,
-)
 from slimkit.primitives.projection.pca import (
     GramAccumulator,
     PrincipalComponents,
     identity_components,
     pca,
     principal_components,
+)
+from slimkit.primitives.projection.postnorm import (
+    hidden_norms,
+    norm_statistics,
+    project_post_norm,
+    slice_post_norm_hidden,
 )
 from slimkit.primitives.projection.slice import slice_stream, stream_groups
 

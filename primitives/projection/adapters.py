@@ -8,7 +8,10 @@ first decoder layer of the new group, and a forward pre-hook on that layer repla
 ``hidden_states`` (positional or keyword) by ``W_R hidden_states``. The layer's norm input and
 its residual are then both in the new basis, which is exactly Eq. 17 with the matrix moved before
 the block. The same module attached with ``hook="output"`` maps a module's output instead (used
-on the final norm of a tied-embedding model, see :mod:`.fuse`).
+on the final norm of a tied-embedding model, see :mod:`.fuse`). With ``hook="residual"`` it maps
+the host's *second* argument ``input_tensor`` (positional or keyword): a post-norm BERT block adds
+its residual inside ``BertSelfOutput`` / ``BertOutput`` (``LN(dense(h) + input_tensor)``), so the
+matrix sits exactly where Eq. 17 puts it, on the residual term only (see :mod:`.postnorm`).
 
 State-dict keys: ``<host>.basis_change.weight`` (``out x in``) and ``<host>.basis_change.bias``
 when it has one. The hooks are module-level functions that look the adapter up on their host,
@@ -31,7 +34,7 @@ from torch.nn import functional as F
 
 KIND = "basis_change"
 NAME = "basis_change"
-Hook = Literal["input", "output"]
+Hook = Literal["input", "output", "residual"]
 
 
 class BasisChange(nn.Module):
@@ -85,6 +88,15 @@ def _map_input(host: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]
     return args, kwargs
 
 
+def _map_residual(host: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    adapter = host._modules[NAME]
+    if len(args) >= 2:
+        return (args[0], adapter(args[1]), *args[2:]), kwargs
+    kwargs = dict(kwargs)
+    kwargs["input_tensor"] = adapter(kwargs["input_tensor"])
+    return args, kwargs
+
+
 def _map_output(host: nn.Module, _args: tuple, output: Any) -> Any:
     adapter = host._modules[NAME]
     if isinstance(output, tuple):
@@ -94,13 +106,14 @@ def _map_output(host: nn.Module, _args: tuple, output: Any) -> Any:
 
 def _has_hook(host: nn.Module) -> bool:
     hooks = [*host._forward_pre_hooks.values(), *host._forward_hooks.values()]
-    return any(h is _map_input or h is _map_output for h in hooks)
+    return any(h is _map_input or h is _map_output or h is _map_residual for h in hooks)
 
 
 def attach_basis_change(
     host: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None = None, hook: Hook = "input"
 ) -> BasisChange:
-    """Attach ``W`` (``out x in``) to ``host``: on its input ``hidden_states`` or on its output.
+    """Attach ``W`` (``out x in``) to ``host``: on its input ``hidden_states``, its output, or (``"residual"``)
+    its second argument ``input_tensor``.
 
     The tensors are copied (dtype and device follow the host's parameters). A host holds at most
     one adapter; attaching to a host that has one raises ``ValueError``.
@@ -123,6 +136,8 @@ def _install(host: nn.Module, adapter: BasisChange) -> None:
     host.add_module(NAME, adapter)
     if adapter.hook == "input":
         host.register_forward_pre_hook(_map_input, with_kwargs=True)
+    elif adapter.hook == "residual":
+        host.register_forward_pre_hook(_map_residual, with_kwargs=True)
     else:
         host.register_forward_hook(_map_output)
 
