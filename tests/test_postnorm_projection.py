@@ -179,6 +179,7 @@ def test_full_rank_projection_is_exact_and_residual_matrices_follow_eq_18(cls, r
         restored = (after["last_hidden_state"].double() @ bases[-1].T) * last.weight.double() + last.bias.double()
         _close(restored.float(), before["last_hidden_state"])
     assert report["widths"] == [D] * len(paths) and all(e == pytest.approx(1.0) for e in report["explained"])
+    assert report["tokens"] == sum(int(b["attention_mask"].sum()) for b in _batches()) and not report["rank_deficient"]
     assert all(isinstance(model.get_submodule(p), nn.RMSNorm) for p in paths)
     # Eq. 18: W_R = U_jᵀ R diag(γ_{j-1}) U_{j-1} on the residual of the block feeding norm j
     adapters = dict(basis_changes(model))

@@ -44,7 +44,9 @@ or mean pooling for sentence embeddings, then works) and the pooler is left alon
 Statistics. The Gram matrices of all 2L+1 norm inputs are accumulated in one forward pass per batch
 of the dense model (eval mode), through forward pre-hooks on the LayerNorms, streamed in float64
 (:class:`~.pca.GramAccumulator`, ``centre="token"``: the Gram of ``R y``); tokens are never stored.
-Padding tokens (``attention_mask == 0``) are excluded. The whole model is run per batch rather than
+Padding tokens (``attention_mask == 0``) are excluded. As in the paper, T should exceed d: with
+fewer tokens the Gram is rank-deficient, the components past its rank are arbitrary, and the report
+flags ``rank_deficient`` (every explained fraction then reads 1.0). The whole model is run per batch rather than
 layer by layer: a BERT batch's activations are small, and one pass feeds every norm at once.
 
 Saving and loading need nothing new: the RMSNorms are ``rms_norm`` manifest entries (width and
@@ -320,6 +322,8 @@ def project_post_norm(
         "basis": basis,
         "restore_output": restore_output,
         "tokens": accumulators[0].tokens,
+        # fewer tokens than d: the Gram is rank-deficient, components past its rank are arbitrary
+        "rank_deficient": accumulators[0].tokens < d,
         "residual_matrices": len(basis_changes(model)),
         "residual_params": residual,
         "params": total,
