@@ -152,3 +152,33 @@ def test_bad_inputs_raise_one_line_errors():
         MaskSet.from_view(ModelView(model), hidden="per_group", intermediate=False)
     with pytest.raises(SlimkitError, match="consecutive"):
         MaskSet.from_view(ModelView(model), hidden="per_group", groups=[[0, 2], [1, 3]], intermediate=False)
+
+
+def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama_dir):
+    import slimkit
+    from slimkit.recipes.loading import load_recipe, validate
+    from slimkit.recipes.runner import run_recipe
+    from tests.test_recipes import tiny_recipe
+
+    bundled, _ = load_recipe("sp3-llm")
+    stages = [s.model_dump() for s in bundled.stages]
+    stages[0]["args"]["group_size"] = 2
+    stages[1]["args"].update(mask_steps=4, warmup_steps=2, batch_size=2, seq_len=16)
+    raw = tiny_recipe(
+        tiny_llama_dir,
+        name="tiny-sp3-llm",
+        target={"ratio": 0.3, "of": "model"},
+        calibration={"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2},
+        stages=stages,
+        eval={"perplexity": None},
+    )
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    stage = report["stages"]["mask_train"]
+    assert stage["steps"] == 4 and len(stage["history"]["expected_sparsity"]) == 4
+    assert stage["binary_sparsity"] >= 0.3
+    assert stage["params"] == report["params"]["after"]
+    assert report["target"]["achieved"] >= 0.3
+    model, tokenizer = slimkit.load(tmp_path / "run" / "model")
+    assert ModelView(model).num_params() == stage["params"]
+    ids = tokenizer("hello there", return_tensors="pt").input_ids
+    assert torch.isfinite(model(ids).logits).all()

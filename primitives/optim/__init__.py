@@ -9,6 +9,8 @@
 * :mod:`~slimkit.primitives.optim.sparsity`: SP3's expected sparsity (Appendix C, Eq. 30), the Lagrangian
   pruning loss (Eq. 14) and the final threshold that meets a target (:func:`binarize`).
 * :mod:`~slimkit.primitives.optim.schedule`: SP3's multi-stage mask schedule (§3.2, Appendix D.2).
+* :mod:`~slimkit.primitives.optim.mask_training`: SP3's LLM mask training (weights, masks and
+  Lagrangian together), binarisation and fusing (:func:`train_stream_masks`).
 * :mod:`~slimkit.primitives.optim.fusing`: trained hidden and FFN masks folded into a pre-norm
   decoder's weights (§3.3, Appendix F).
 """
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.optim.mask_training import MaskTrainingConfig, train_stream_masks
 from slimkit.primitives.optim.masks import (
     DEFAULT_CONFIG,
     HIDDEN_FIELDS,
@@ -89,6 +92,7 @@ __all__ = [
     "MaskSchedule",
     "MaskSet",
     "MaskShape",
+    "MaskTrainingConfig",
     "MaskValues",
     "PolicyReport",
     "PruneNetPolicy",
@@ -121,4 +125,5 @@ __all__ = [
     "stream_count_args",
     "stream_model_size",
     "train_policy",
+    "train_stream_masks",
 ]

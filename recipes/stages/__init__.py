@@ -5,10 +5,14 @@
 * :mod:`.prunenet`: ``prunenet`` (model scope), calibration-free policy-learned MLP pruning.
 * :mod:`.lora`: ``lora`` (model scope), LoRA recovery merged into the weights.
 * :mod:`.cce`: ``cce`` (model scope), coupled-components elimination: iterative evaluate-and-prune.
+* :mod:`.projection`: ``pca_project`` (model scope), SP3's Group PCA projection of the hidden dimension.
+* :mod:`.masks`: ``mask_train`` (model scope), SP3's learned masks, binarised and fused.
+* :mod:`.glue`: ``glue_finetune`` (model scope), GLUE task fine-tuning.
 """
 
 import slimkit.recipes.stages.cce  # registers cce
 import slimkit.recipes.stages.glue  # registers glue_finetune
+import slimkit.recipes.stages.masks  # registers mask_train
 import slimkit.recipes.stages.projection  # noqa: F401  (registers pca_project)
 from slimkit.recipes.stages import lora, lowrank, prune, prunenet
 from slimkit.recipes.stages.prune import TARGET_PART

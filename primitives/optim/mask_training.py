@@ -1,0 +1,234 @@
+"""Training SP3's masks with the weights, then binarising and fusing them (SP3 §3.2, §3.3, Appendix F).
+
+:func:`train_stream_masks` is the LLM setting of SP3 (Appendix F, Fig. 5): on a pre-norm decoder
+whose residual stream is in Group PCA coordinates (:func:`slimkit.primitives.projection.project_hidden_dimension`
+at full width), one hard-concrete gate per group masks the stream's coordinates and one per FFN
+filter masks the filters (:class:`~.masks.MaskSet`, ``hidden="per_group"``, ``stream`` placement).
+Each optimiser step minimises
+
+    L = L_task + λ₁ (ŝ − t) + λ₂ (ŝ − t)²                       (Eq. 14)
+        [+ distill · KL(teacher ‖ student) on the next-token distributions, optional, as CoFi]
+
+over the weights (AdamW, ``learning_rate``; the paper's LLM runs update both weights and masks) and
+the masks' ``log α`` (AdamW, ``mask_learning_rate``), while ``λ₁, λ₂`` ascend
+(:func:`~.sparsity.lagrangian_optimizer`). ``L_task`` is the causal-LM loss on the given token
+batches. ``ŝ`` is the expected sparsity of the *whole model* (:func:`~.sparsity.stream_model_size`
+on the gates' keep probabilities, residual matrices and embeddings included) against
+``total`` (the dense model's parameter count), so a target is a fraction of the model like every
+other slimkit recipe (Eq. 30 counts only the blocks, following CoFi; with Group PCA the embeddings
+shrink with the first group's width, and they are a fifth of a small LLM).
+
+The steps follow :class:`~.schedule.MaskSchedule` (fine-tune only, then the dimension masks; SP3's
+LLM setting has no head or layer masks, so its third stage is absent), counted in optimiser steps
+rather than epochs. With ``warmup_steps`` the target rises linearly from 0 (CoFi's Lagrangian
+warm-up). At the end the masks are binarised at the lowest ``log α`` threshold whose 0/1 count
+meets the target (:func:`~.sparsity.binarize`, §3.2), kept entries keep their deterministic values
+(Louizos Eq. 13; the model was trained with them, CoFi does the same), and
+:func:`~.fusing.fuse_stream_masks` folds them into a smaller model with the masked model's outputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.optim.masks import MaskSet, MaskShape, apply_masks
+from slimkit.primitives.optim.schedule import MaskSchedule
+from slimkit.primitives.optim.sparsity import Lagrangian, binarize, lagrangian_optimizer, stream_model_size
+
+
+@dataclass(frozen=True)
+class MaskTrainingConfig:
+    target: float
+    """Fraction of ``total`` parameters to remove (the final 0/1 masks meet it)."""
+    total: int
+    """The parameter count the target is a fraction of (the dense model's)."""
+    hidden: bool = True
+    """Train one hidden gate per layer group besides the FFN filter gates (False: FFN filters only)."""
+    finetune_steps: int = 0
+    mask_steps: int = 100
+    warmup_steps: int = 0
+    learning_rate: float = 1e-5
+    """Weights' learning rate (0: masks only)."""
+    mask_learning_rate: float = 0.05
+    lagrangian_learning_rate: float = 0.05
+    init_drop: float = 0.5
+    """Initial drop rate of every gate (CoFi: ``log α = log(1 − p) − log p``)."""
+    distill: float = 0.0
+    """Weight of the KL divergence to the unmasked model's next-token distribution (0: none)."""
+    max_grad_norm: float | None = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0.0 < self.target < 1.0:
+            problems.append(f"target must be in (0, 1), got {self.target}")
+        if self.mask_steps < 1:
+            problems.append(f"mask_steps must be >= 1, got {self.mask_steps}")
+        if self.finetune_steps < 0 or self.warmup_steps < 0:
+            problems.append("finetune_steps and warmup_steps must be >= 0")
+        if self.learning_rate < 0 or self.mask_learning_rate <= 0 or self.lagrangian_learning_rate <= 0:
+            problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
+        if not 0.0 < self.init_drop < 1.0:
+            problems.append(f"init_drop must be in (0, 1), got {self.init_drop}")
+        if self.distill < 0:
+            problems.append(f"distill must be >= 0, got {self.distill}")
+        if problems:
+            raise SlimkitError("mask training: " + "; ".join(problems))
+
+    @property
+    def total_steps(self) -> int:
+        return self.finetune_steps + self.mask_steps
+
+
+def _kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    return (
+        F.kl_div(
+            F.log_softmax(student.float(), -1),
+            F.log_softmax(teacher.float(), -1),
+            log_target=True,
+            reduction="batchmean",
+        )
+        / student.shape[1]
+    )
+
+
+def train_stream_masks(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    config: MaskTrainingConfig,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Train, binarise and fuse SP3's stream and FFN masks on ``model`` in place; returns a report.
+
+    ``batches`` are token-id tensors ``[batch, seq]``, one per optimiser step (reused cyclically
+    when fewer). See the module docstring for the loss, the count and the schedule.
+    """
+    started = time.perf_counter()
+    view = ModelView(model)
+    if view.spec.norm_placement == "post":
+        raise SlimkitError("mask training on the residual stream needs a pre-norm decoder (llama, OPT)")
+    if not batches:
+        raise SlimkitError("mask training needs token batches")
+    shape = MaskShape.from_view(view)
+    count = stream_count_args(model)
+    groups = count["groups"]
+    masks = MaskSet(
+        shape,
+        head=False,
+        layer=False,
+        intermediate=False,
+        hidden="per_group" if config.hidden else "none",
+        groups=groups if config.hidden else None,
+        init_drop=config.init_drop,
+        seed=config.seed,
+    )
+    size = lambda values: stream_model_size(values, shape, **count)  # noqa: E731
+    schedule = MaskSchedule.sp3(
+        1,
+        finetune_epochs=config.finetune_steps,
+        dimension_epochs=config.mask_steps,
+        joint_epochs=0,
+        head=False,
+        layer=False,
+        warmup_epochs=config.warmup_steps,
+    )
+    teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
+    lagrangian = Lagrangian()
+    weights = [p for p in model.parameters() if p.requires_grad] if config.learning_rate > 0 else []
+    weight_opt = torch.optim.AdamW(weights, lr=config.learning_rate, weight_decay=0.0) if weights else None
+    mask_params = [p for p in masks.parameters() if p.requires_grad]
+    mask_opt = torch.optim.AdamW(mask_params, lr=config.mask_learning_rate, weight_decay=0.0)
+    lagrangian_opt = lagrangian_optimizer(lagrangian, config.lagrangian_learning_rate)
+    device = next(model.parameters()).device
+    history: dict[str, list[float]] = {"loss": [], "task_loss": [], "expected_sparsity": [], "target": []}
+    hooks = apply_masks(
+        model, masks, groups=groups if config.hidden else None, placement="stream" if config.hidden else "linear"
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        try:
+            model.train()
+            masks.train()
+            for step in range(config.total_steps):
+                levels = schedule.levels(step)
+                masks.set_active(levels)
+                ids = batches[step % len(batches)].to(device)
+                out = model(input_ids=ids, labels=ids, use_cache=False)
+                task = out.loss
+                loss = task
+                if teacher is not None:
+                    with torch.no_grad():
+                        reference = teacher(input_ids=ids, use_cache=False).logits
+                    loss = loss + config.distill * _kl(out.logits, reference)
+                s_hat = None
+                if levels:
+                    target = schedule.target(step, config.target)
+                    s_hat = 1.0 - size(masks.keep_probs()) / config.total
+                    loss = loss + lagrangian(s_hat, target).float()
+                    history["target"].append(target)
+                    history["expected_sparsity"].append(float(s_hat.detach()))
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise SlimkitError(
+                        f"mask training diverged: loss {value} at step {step + 1}; lower the learning rates"
+                    )
+                for opt in (weight_opt, mask_opt, lagrangian_opt):
+                    if opt is not None:
+                        opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if weight_opt is not None:
+                    if config.max_grad_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(weights, config.max_grad_norm)
+                    weight_opt.step()
+                if levels:
+                    mask_opt.step()
+                    lagrangian_opt.step()
+                history["loss"].append(value)
+                history["task_loss"].append(float(task.detach()))
+                if progress is not None:
+                    progress(step + 1)
+        finally:
+            hooks.remove()
+            model.eval()
+            masks.eval()
+            for opt in (weight_opt, mask_opt, lagrangian_opt):
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+    masks.set_active(("dimension",))
+    binary = binarize(masks.scores(), shape, config.target, total=config.total, residual="none", size=size)
+    final = masks.deterministic().times(binary.masks)
+    fused = fuse_stream_masks(model, final)
+    params = ModelView(model).num_params()
+    return {
+        "steps": config.total_steps,
+        "finetune_steps": config.finetune_steps,
+        "mask_steps": config.mask_steps,
+        "seconds": time.perf_counter() - started,
+        "seconds_per_step": (time.perf_counter() - started) / max(config.total_steps, 1),
+        "task_loss_first": history["task_loss"][0],
+        "task_loss_last": history["task_loss"][-1],
+        "expected_sparsity_last": history["expected_sparsity"][-1] if history["expected_sparsity"] else None,
+        "lambda_1": float(lagrangian.lambda_1),
+        "lambda_2": float(lagrangian.lambda_2),
+        "threshold": binary.threshold,
+        "binary_sparsity": binary.sparsity,
+        "params": params,
+        "achieved_sparsity": 1.0 - params / config.total,
+        "fused": fused,
+        "history": history,
+        "config": asdict(config),
+    }
+
+
+__all__ = ["MaskTrainingConfig", "train_stream_masks"]

@@ -1,0 +1,80 @@
+"""``mask_train`` (model scope): SP3's learned masks, trained with the weights, binarised and fused.
+
+The LLM setting of SP3 (Hu et al.; Appendix F, Fig. 5): after ``pca_project`` at full width
+(Group PCA, so the residual stream of each layer group is in its principal-component coordinates
+and a residual matrix sits where the basis changes), one hard-concrete gate per group masks the
+stream's coordinates and one per FFN filter masks the filters; weights and masks are trained on a
+local corpus with the causal-LM loss plus the Lagrangian sparsity loss (Eq. 14), the masks are
+binarised at the threshold that meets the recipe's target and fused into the weights. See
+:mod:`slimkit.primitives.optim.mask_training` for the loss, the whole-model count (the target is a
+fraction of the dense model's parameters, ``target.of: model``) and the schedule.
+
+Not here yet: the BERT/GLUE path (per-block hidden masks with head, layer and MHA-intermediate
+masks on post-norm encoders).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+from slimkit.recipes.context import Context
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.schema import Strict, check_corpus
+
+
+class MaskTrainArgs(Strict):
+    hidden: bool = True
+    """Hidden-dimension gates, one per layer group, besides the FFN filter gates (false: filters only)."""
+    finetune_steps: int = Field(0, ge=0)
+    """Optimizer steps of plain fine-tuning before the masks join (SP3's first stage)."""
+    mask_steps: int = Field(100, ge=1)
+    warmup_steps: int = Field(0, ge=0)
+    """Steps over which the target rises linearly from 0 (CoFi's Lagrangian warm-up)."""
+    learning_rate: float = Field(1e-5, ge=0)
+    """Weights (0: train the masks only). The paper's LLM runs: 1e-5."""
+    mask_learning_rate: float = Field(0.05, gt=0)
+    lagrangian_learning_rate: float = Field(0.05, gt=0)
+    init_drop: float = Field(0.5, gt=0, lt=1)
+    distill: float = Field(0.0, ge=0)
+    """Weight of the KL divergence to the unmasked model (0: the task loss alone, as the paper's LLM runs)."""
+    batch_size: int = Field(4, ge=1)
+    seq_len: int = Field(128, ge=2)
+    dataset: str = "alpaca"
+
+    _dataset = field_validator("dataset")(check_corpus)
+
+
+@register_stage("mask_train", args=MaskTrainArgs, scope="model")
+def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
+    """Train SP3's hidden (per layer group) and FFN-filter masks with the weights, then binarise and fuse."""
+    target = ctx.recipe.target
+    if target.of != "model":
+        raise SlimkitError(f"mask_train counts the whole model: set target.of: model (got {target.of})")
+    config = MaskTrainingConfig(
+        target=target.ratio,
+        total=ctx.params_before["total"],
+        hidden=args.hidden,
+        finetune_steps=args.finetune_steps,
+        mask_steps=args.mask_steps,
+        warmup_steps=args.warmup_steps,
+        learning_rate=args.learning_rate,
+        mask_learning_rate=args.mask_learning_rate,
+        lagrangian_learning_rate=args.lagrangian_learning_rate,
+        init_drop=args.init_drop,
+        distill=args.distill,
+        seed=ctx.recipe.seed,
+    )
+    spec = CalibrationSpec(args.dataset, config.total_steps * args.batch_size, args.seq_len, ctx.recipe.seed + 1)
+    ids = calibration_batches(ctx.tokenizer, spec)
+    batches = list(ids.split(args.batch_size))
+    with ctx.tracker.task("mask_train", config.total_steps) as advance:
+        report = train_stream_masks(ctx.model, batches, config, progress=lambda _step: advance(1))
+    report["tokens"] = int(ids.numel())
+    ctx.stage_report["mask_train"] = report
+    ctx.notes.append(
+        f"mask_train: {report['steps']} steps in {report['seconds']:.0f} s; "
+        f"{report['achieved_sparsity']:.2%} of the dense model's parameters removed"
+    )
