@@ -80,6 +80,8 @@ class Settings(_Strict):
 
 class Entry(_Strict):
     recipe: str = Field(min_length=1)
+    label: str | None = Field(None, min_length=1)
+    """The row's name instead of the recipe's, for one recipe run with several overrides (a sweep)."""
     ratios: list[float] | None = None
     recovery: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     overrides: list[str] = Field(default_factory=list)
@@ -127,6 +129,12 @@ class Job:
     ratio: float
     recovery: bool
     overrides: tuple[str, ...] = ()
+    label: str | None = None
+    """The row's name when it is not the recipe's (see :class:`Entry`)."""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.recipe
 
 
 def pct(ratio: float) -> str:
@@ -211,14 +219,14 @@ def select_entries(entries: list[Entry], only: list[str] | None) -> list[Entry]:
     from slimkit.recipes.loading import bundled_recipes
 
     names = [n for n in dict.fromkeys(only) if n != DENSE]
-    known = {e.recipe for e in entries}
+    known = {e.recipe for e in entries} | {e.label for e in entries if e.label}
     unknown = [n for n in names if n not in known and n not in bundled_recipes() and not Path(n).is_file()]
     if unknown:
         raise BenchError(
             f"--only: unknown recipe {', '.join(repr(n) for n in unknown)}; in this grid: "
             f"{', '.join(dict.fromkeys(e.recipe for e in entries))} (or any bundled recipe or recipe file)"
         )
-    selected = [e for e in entries if e.recipe in names]
+    selected = [e for e in entries if e.recipe in names or e.label in names]
     selected += [Entry(recipe=n) for n in names if n not in known]
     return selected
 
@@ -234,9 +242,9 @@ def expand(entries: list[Entry], settings: Settings, ratios: list[float] | None 
             chosen = [r for r in entry.ratios if ratios is None or any(_same(r, x) for x in ratios)]
         for ratio in chosen:
             for recovery in entry.recovery:
-                jobs.append(
-                    Job(row_id(entry.recipe, ratio, recovery), entry.recipe, ratio, recovery, tuple(entry.overrides))
-                )
+                name = entry.label or entry.recipe
+                overrides = tuple(entry.overrides)
+                jobs.append(Job(row_id(name, ratio, recovery), entry.recipe, ratio, recovery, overrides, entry.label))
     seen: set[str] = set()
     for job in jobs:
         if job.id in seen:

@@ -384,7 +384,8 @@ class Bench:
 
         row: dict[str, Any] = {
             "id": job.id,
-            "recipe": job.recipe,
+            "recipe": job.name,
+            **({"recipe_source": job.recipe} if job.label else {}),
             "ratio": job.ratio,
             "recovery": job.recovery,
             "status": "ok",

@@ -177,6 +177,17 @@ def test_only_ratios_and_bad_input():
     assert row_id("llm-pruner+sp3", 0.125, True) == "llm-pruner+sp3@12.5+ft"
 
 
+def test_labelled_entries_sweep_one_recipe():
+    """A sweep runs one recipe under several names (the SP3 group-size grid)."""
+    grid = load_grid(Path(__file__).parents[1] / "benchmarks" / "grid-sp3-gs.yaml")
+    settings = resolve_settings(grid, quick=False, cli={})
+    jobs = expand(grid.grid, settings)
+    assert {j.recipe for j in jobs} == {"sp3-oneshot"}
+    assert [j.id for j in jobs][:2] == ["sp3-oneshot-gs1@10", "sp3-oneshot-gs1@20"]
+    assert jobs[0].name == "sp3-oneshot-gs1" and "stages.0.args.group_size=1" in jobs[0].overrides
+    assert [e.label for e in select_entries(grid.grid, ["sp3-oneshot-gs2"])] == ["sp3-oneshot-gs2"]
+
+
 def test_bad_grid_file_is_one_line(tmp_path):
     path = tmp_path / "grid.yaml"
     path.write_text("grid: [{recipe: a, ratios: [1.5]}]\nquick: {grid: [{recipe: a}]}\n")
