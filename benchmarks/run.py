@@ -25,7 +25,8 @@ The paper claims of the grid file are then decided from the rows (:mod:`benchmar
 Writes ``OUT/<date>-<name>.json`` (rewritten after every row, so an interrupted run keeps what it
 measured), ``.md`` and the plots ``-quality.png`` and ``-widths-rPCT.png``. Run folders live in a
 temporary folder, or under ``--keep DIR`` (with ``--resume``, a row whose folder already holds a
-finished run of the same recipe and overrides is not compressed again).
+finished run of the same recipe and overrides is not compressed again, and not measured again when
+its folder also holds the row measured under the same settings: an interrupted grid continues).
 
 Bad options, an unknown ``--only`` name or a bad grid file print one ``error: ...`` line and exit 2.
 """
@@ -63,6 +64,8 @@ from benchmarks.grid import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROW_FILE = "bench-row.json"
+"""Where a kept run folder records its measured row (reused by ``--resume``)."""
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 QUIET_ENV = {"TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"}  # lm-eval's progress bars, per row
 
@@ -407,15 +410,31 @@ class Bench:
         row.update(of=recipe.target.of, overrides=overrides, recovery_stages=lora)
         return row, overrides, raw
 
-    def compress(self, job: Job, overrides: list[str], raw: dict[str, Any]) -> tuple[Path, float | None, str | None]:
-        """Run the recipe in its own process; ``(run folder, wall seconds or None if reused, error)``."""
+    def reusable(self, folder: Path, raw: dict[str, Any]) -> bool:
+        """With ``--resume``: ``folder`` holds a finished run of exactly this recipe (after overrides)."""
         import yaml
 
+        if not (self.resume and (folder / "report.json").is_file() and (folder / "model" / "recipe.yaml").is_file()):
+            return False
+        return yaml.safe_load((folder / "model" / "recipe.yaml").read_text()) == raw
+
+    def stored_row(self, folder: Path, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """With ``--resume``: the row measured earlier on this run folder under the same settings, if any."""
+        path = folder / ROW_FILE
+        if not (self.reusable(folder, raw) and path.is_file()):
+            return None
+        stored = json.loads(path.read_text())
+        if stored.get("settings") != json.loads(json.dumps(self.settings.model_dump())):
+            return None
+        return {**stored["row"], "evaluation_reused": True}
+
+    def compress(self, job: Job, overrides: list[str], raw: dict[str, Any]) -> tuple[Path, float | None, str | None]:
+        """Run the recipe in its own process; ``(run folder, wall seconds or None if reused, error)``."""
+
         folder = self.runs / _slug(job.id)
-        if self.resume and (folder / "report.json").is_file() and (folder / "model" / "recipe.yaml").is_file():
-            if yaml.safe_load((folder / "model" / "recipe.yaml").read_text()) == raw:
-                log(f"  reusing {folder}")
-                return folder, None, None
+        if self.reusable(folder, raw):
+            log(f"  reusing {folder}")
+            return folder, None, None
         sets = [x for o in overrides for x in ("--set", o)]
         command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", job.recipe, "--out", str(folder)]
         command += ["--no-eval", "--force", *sets]
@@ -439,6 +458,10 @@ class Bench:
         row, overrides, raw = self.prepare(job)
         if overrides is None:
             return row
+        stored = self.stored_row(self.runs / _slug(job.id), raw)
+        if stored is not None:
+            log(f"  reusing the row measured on {self.runs / _slug(job.id)}")
+            return stored
         folder, wall, error = self.compress(job, overrides, raw)
         if error:
             return {**row, "status": "failed", "reason": error}
@@ -494,6 +517,9 @@ class Bench:
         gc.collect()
         if not self.keep:
             shutil.rmtree(folder / "model", ignore_errors=True)
+        elif row["status"] == "ok":  # --resume continues an interrupted grid without measuring this row again
+            record = {"settings": self.settings.model_dump(), "row": row}
+            (folder / ROW_FILE).write_text(json.dumps(record, indent=1, default=str) + "\n")
         return row
 
 

@@ -238,6 +238,29 @@ def test_missing_recipe_and_recovery_variants_are_rows_not_crashes():
     assert overrides is None and row["status"] == "failed" and "scorer" in row["reason"]
 
 
+def test_resume_reuses_a_row_measured_under_the_same_settings(tmp_path):
+    import yaml
+
+    from benchmarks.run import ROW_FILE
+
+    bench = Bench.__new__(Bench)
+    bench.settings, bench.runs, bench.resume = Settings(), tmp_path, True
+    job = expand([Entry(recipe="magnitude")], bench.settings, [0.2])[0]
+    _row, _overrides, raw = bench.prepare(job)
+    folder = tmp_path / "magnitude-r20"  # the folder run_job uses for this row
+    (folder / "model").mkdir(parents=True)
+    (folder / "report.json").write_text("{}")
+    (folder / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw))
+    assert bench.reusable(folder, raw) and bench.stored_row(folder, raw) is None  # compressed, not yet measured
+    record = {"settings": bench.settings.model_dump(), "row": {"id": job.id, "metrics": {"wikitext2_ppl": 9.0}}}
+    (folder / ROW_FILE).write_text(json.dumps(record))
+    assert bench.stored_row(folder, raw) == {**record["row"], "evaluation_reused": True}
+    bench.settings = Settings(ppl_tokens=1024)  # other settings: measure again
+    assert bench.stored_row(folder, raw) is None
+    bench.settings, bench.resume = Settings(), False
+    assert bench.stored_row(folder, raw) is None
+
+
 # ------------------------------------------------------------------------------- size extraction
 
 
