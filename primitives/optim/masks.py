@@ -54,7 +54,14 @@ residual matrix ``W_R`` of a block (Eq. 18) maps its ``*_in`` features to its ``
 masks-only baseline of Table 2); ``hidden="none"`` has no hidden masks. ``hidden="per_group"``
 (SP3 on LLMs, Appendix F.1 / Fig. 5) has one ``(d,)`` gate per group of consecutive decoder layers
 (``groups``; the layers that share one Group PCA basis), used in all four places of every layer of
-the group.
+the group. ``hidden="per_norm"`` (SP3 on post-norm encoders, BERT; Eq. 9 with the projected model
+of :func:`slimkit.primitives.projection.project_post_norm`) has one ``(d,)`` gate ``z_j`` per hidden
+norm ``j = 0 .. 2L`` (the embeddings' LayerNorm, then per layer the attention-output and the output
+LayerNorm), on the fields ``mha_in[i] = z_{2i}``, ``mha_out[i] = ffn_in[i] = z_{2i+1}``,
+``ffn_out[i] = z_{2i+2}``: with the ``norm`` placement every norm's input and output are masked by
+the same gate (the projected norm j's coordinates are one basis, so ``z_in`` and ``z_out`` of Eq. 9
+around one norm must agree for slicing to be exact), and the residual matrix of block ``i`` maps
+``z_j``'s kept coordinates to ``z_{j+1}``'s, as Eq. 30's dense residual count has it.
 
 Applying masks to a Hugging Face model (:func:`apply_masks`) never copies a forward pass: forward
 hooks and pre-hooks multiply module inputs and outputs. Two placements of the hidden masks:
@@ -66,7 +73,11 @@ hooks and pre-hooks multiply module inputs and outputs. Two placements of the hi
   masked features then equals masking only in the PCA-projected model, where the LayerNorm's
   centring has moved into ``P_in = Uᵀ R`` (Eq. 8) and the norm is a plain ``x / ||x||`` scaled by a
   constant (the pruned norm's ``√(d/n)`` folds into the next weights); on an untouched LayerNorm
-  the mean and variance run over all ``d`` features, zeros included.
+  the mean and variance run over all ``d`` features, zeros included. ``ends`` (default: on for a
+  ``per_norm`` mask set) also multiplies the *input* of the first hidden norm by ``mha_in[0]`` and
+  the *output* of the last one by ``ffn_out[L−1]``, so that every hidden norm's input and output are
+  masked: then masking a projected model equals
+  :func:`~slimkit.primitives.projection.slice_post_norm_hidden` with the kept coordinates.
 * ``"linear"`` (default for pre-norm models, i.e. llama, OPT; Appendix F / Fig. 5): ``*_in``
   multiplies the inputs of q/k/v (resp. gate/up/fc1), ``*_out`` the outputs of o (resp. down/fc2);
   the residual stream itself is not masked (count it with ``residual="none"``, or only at Group PCA
@@ -107,8 +118,8 @@ from slimkit.primitives.errors import SlimkitError
 
 Level = Literal["dimension", "head", "layer"]
 LEVELS: tuple[Level, ...] = ("dimension", "head", "layer")
-HiddenMode = Literal["per_block", "per_group", "shared", "none"]
-HIDDEN_MODES: tuple[str, ...] = ("per_block", "per_group", "shared", "none")
+HiddenMode = Literal["per_block", "per_group", "per_norm", "shared", "none"]
+HIDDEN_MODES: tuple[str, ...] = ("per_block", "per_group", "per_norm", "shared", "none")
 Placement = Literal["auto", "norm", "linear", "stream"]
 PLACEMENTS: tuple[str, ...] = ("auto", "norm", "linear", "stream")
 
@@ -443,6 +454,11 @@ class MaskSet(nn.Module):
         self.group_hidden = (
             nn.ModuleList(HardConcrete((shape.hidden,), **kw) for _ in self.groups) if self.groups is not None else None
         )
+        self.norm_hidden = (
+            nn.ModuleList(HardConcrete((shape.hidden,), **kw) for _ in range(2 * shape.num_layers + 1))
+            if hidden == "per_norm"
+            else None
+        )
         self.active: frozenset[str] = frozenset()
         self.set_active(LEVELS)
 
@@ -457,7 +473,7 @@ class MaskSet(nn.Module):
 
     def field_names(self) -> tuple[str, ...]:
         """Mask fields present (a shared or per-group hidden mask stands for all four hidden fields)."""
-        if self.shared_hidden is None and self.group_hidden is None:
+        if self.shared_hidden is None and self.group_hidden is None and self.norm_hidden is None:
             return self.names
         return tuple(n for n in MASK_FIELDS if n in self.names or n in HIDDEN_FIELDS)
 
@@ -478,6 +494,8 @@ class MaskSet(nn.Module):
             yield self.shared_hidden, "dimension"
         for gate in self.group_hidden or ():
             yield gate, "dimension"
+        for gate in self.norm_hidden or ():
+            yield gate, "dimension"
 
     def level_parameters(self, level: Level) -> list[nn.Parameter]:
         """The ``log_alpha`` parameters of one level (for a per-level optimiser or learning rate)."""
@@ -497,6 +515,13 @@ class MaskSet(nn.Module):
             per_layer = [per_group[g] for g, layers in enumerate(self.groups) for _ in layers]
             for name in HIDDEN_FIELDS:
                 out[name] = list(per_layer)
+        if self.norm_hidden is not None and "dimension" in self.active:
+            z = [fn(gate) for gate in self.norm_hidden]
+            n = self.shape.num_layers
+            out["mha_in"] = [z[2 * i] for i in range(n)]
+            out["mha_out"] = [z[2 * i + 1] for i in range(n)]
+            out["ffn_in"] = [z[2 * i + 1] for i in range(n)]
+            out["ffn_out"] = [z[2 * i + 2] for i in range(n)]
         return MaskValues(**out)
 
     def sample(self) -> MaskValues:
@@ -617,6 +642,7 @@ def apply_masks(
     *,
     placement: Placement = "auto",
     groups: Sequence[Sequence[int]] | None = None,
+    ends: bool | None = None,
 ) -> MaskHooks:
     """Register hooks that multiply the model's activations by the masks (see the module docstring).
 
@@ -624,6 +650,8 @@ def apply_masks(
     ``log_alpha``) or fixed :class:`MaskValues`. Returns the handles; ``with apply_masks(...):``
     removes them on exit. The model's own forward code runs unchanged. ``groups`` (the layer groups
     of the ``stream`` placement) default to the mask set's; fixed values in that placement need them.
+    ``ends`` (``norm`` placement only; default: on for a ``per_norm`` mask set) also masks the first
+    hidden norm's input by ``mha_in[0]`` and the last one's output by ``ffn_out[L−1]``.
     """
     view = model if isinstance(model, ModelView) else ModelView(model)
     if groups is None and isinstance(source, MaskSet):
@@ -634,6 +662,10 @@ def apply_masks(
     shape = MaskShape.from_view(view)
     if isinstance(source, MaskSet) and source.shape != shape:
         raise SlimkitError(f"the mask set was built for {source.shape}, the model has {shape}")
+    if ends is None:
+        ends = isinstance(source, MaskSet) and source.hidden_mode == "per_norm"
+    if ends and where != "norm":
+        raise SlimkitError("ends: masking the first norm's input and the last norm's output needs the 'norm' placement")
     hooks = MaskHooks()
     if isinstance(source, MaskValues):
         source.check(shape)
@@ -701,6 +733,11 @@ def apply_masks(
             else:
                 handle = layer.module.register_forward_pre_hook(_layer_input_hook(value("mha_in", 0)), with_kwargs=True)
                 hooks.handles.append(handle)
+    if ends:
+        if not view.spec.extra_norms:
+            raise SlimkitError("ends: the model has no norm before its first layer")
+        pre(view.base.get_submodule(view.spec.extra_norms[-1]), value("mha_in", 0))
+        post(view.layer(view.num_layers - 1).mlp_norm.module, value("ffn_out", view.num_layers - 1))
     if where == "stream" and view.tied and view.final_norm is not None:
         post(view.final_norm.module, value("mha_in", 0))
     return hooks

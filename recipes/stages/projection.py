@@ -1,5 +1,8 @@
 """``pca_project`` (model scope): one-shot hidden-dimension reduction by group PCA (SP3, Hu et al. 2024).
 
+(``pca_project_post``, at the end of this file, is the post-norm encoder (BERT) counterpart: one basis
+per hidden LayerNorm, full width, for ``mask_train_encoder``.)
+
 Runs :func:`slimkit.primitives.projection.project_hidden_dimension`: LayerNorm models are converted
 to RMSNorm, RMSNorm γs folded, the residual stream's Gram matrix accumulated per group of
 ``group_size`` decoder layers while the model runs one layer at a time on the calibration inputs,
@@ -98,3 +101,44 @@ def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
             f"pca_project: {report['residual_matrices']} residual matrices hold {report['residual_params']:,} "
             f"parameters; without them the model has {report['params_without_residual']:,}"
         )
+
+
+class PCAProjectPostArgs(Strict):
+    basis: Literal["pca", "identity"] = "pca"
+    """``identity``: raw dimensions by centred second moment (Table 3's "w/o PCA projection")."""
+    tokens: int | None = Field(4096, ge=1)
+    """Calibration tokens per Gram matrix (the paper's T = 4,096, section 4.1); None: all of them."""
+    restore_output: bool = False
+    """Map the last stream back to the original coordinates (only for heads reading the sequence output)."""
+
+
+@register_stage("pca_project_post", args=PCAProjectPostArgs, scope="model", needs_calibration=lambda _a: True)
+def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
+    """Re-represent a post-norm encoder (BERT) in one PCA basis per hidden LayerNorm, at full width (SP3 §3.1).
+
+    :func:`slimkit.primitives.projection.project_post_norm` with every component kept (an exact
+    re-representation; the masks of ``mask_train_encoder`` then choose the widths). Calibration is
+    the recipe's (``calibration.dataset: glue``: ``examples`` training examples of the task packed
+    into ``samples x seq_len`` token windows; the paper: 512 examples, 4,096 tokens).
+    """
+    from slimkit.primitives.projection.postnorm import project_post_norm
+
+    with ctx.tracker.task("pca_project_post", None):
+        report = project_post_norm(
+            ctx.model,
+            ctx.calibration_batches(),
+            basis=args.basis,
+            restore_output=args.restore_output,
+            max_tokens=args.tokens,
+        )
+    report.pop("norms", None)
+    ctx.stage_report["pca_project_post"] = report
+    if report["rank_deficient"]:
+        ctx.notes.append(
+            f"pca_project_post: {report['tokens']} calibration tokens < hidden size {report['hidden_size']}; "
+            "the trailing components are arbitrary"
+        )
+    ctx.notes.append(
+        f"pca_project_post: {report['residual_matrices']} residual matrices hold {report['residual_params']:,} "
+        "parameters until the masks shrink them"
+    )

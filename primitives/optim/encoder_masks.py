@@ -1,0 +1,453 @@
+"""SP3's learned masks on a post-norm encoder (BERT) for a GLUE task: train, binarise, fuse (§3.2, §3.3, App. C, D.2).
+
+:func:`train_encoder_masks` is the BERT analogue of
+:func:`~slimkit.primitives.optim.mask_training.train_stream_masks`. Two hidden modes:
+
+* ``per_norm`` (SP3): the model was projected by
+  :func:`slimkit.primitives.projection.project_post_norm` at full width, so every hidden LayerNorm j
+  is an RMSNorm over the coordinates of its own PCA basis and the residual matrices W_R sit on
+  ``input_tensor``. One gate ``z_j`` per hidden norm masks that norm's input and output
+  (:class:`~.masks.MaskSet` ``hidden="per_norm"``, ``norm`` placement with ``ends``), which is what
+  slicing the projected model does (:func:`~slimkit.primitives.projection.slice_post_norm_hidden`):
+  the fused model equals the masked one (tested).
+* ``shared`` (the CoFi-style masks-only baseline of Table 2): the model is *not* projected; one
+  ``(d,)`` gate masks the input and output of every LayerNorm. At the end the LayerNorms are sliced
+  directly (CoFi does the same), together with every matrix touching the stream
+  (``hidden_feature`` surgery). This is **not** output-preserving: a masked LayerNorm computes its
+  mean and variance over all d features (zeros included), the sliced one over the kept ones only.
+  The report gives the agreement of the masked and the fused model on the batches it was given
+  (``masked_vs_fused``: prediction agreement and largest logit difference).
+
+* ``none``: no hidden gates (filters, heads, layers only); no residual matrices are counted, so use
+  it on the unprojected model.
+
+Besides the hidden gates: FFN filter gates ``z_f`` and (optionally) head gates ``z_head`` and layer
+gates ``z_MHA``, ``z_FFN``; no masks inside heads (the MHA intermediate / DRONE projections of
+Eq. 13 are not implemented for BERT here).
+
+Each optimiser step minimises (Eq. 14)
+
+    L = L_task + λ₁ (ŝ − t) + λ₂ (ŝ − t)²  [+ distill · (KL(teacher ‖ student), or MSE for regression)]
+
+``L_task`` is the GLUE loss the Hugging Face model computes from ``labels`` (cross-entropy, or MSE for
+STS-B), as :func:`slimkit.primitives.finetune.glue.finetune_glue`. ``ŝ = 1 − size / M`` with ``size``
+Eq. 30 (:func:`~.sparsity.expected_size`) on the gates' keep probabilities: the attention and FFN
+weight matrices of every block, plus, in ``per_norm`` mode, the dense residual matrices
+(``|z_j| × |z_{j+1}|`` per block, exactly the projected model's W_R); embeddings, norms, biases,
+pooler and classifier are not counted (CoFi, Table 1's note). ``M`` is the same count of the dense
+unprojected model (:func:`~.sparsity.dense_size`); the target ``t`` is a sparsity of that count. At
+full width the residual matrices make ``ŝ`` negative (``−2L d² / M``; −1/6 for BERT-like widths).
+
+Optimisers: the weights AdamW (``learning_rate``; the paper prunes with the fine-tuning settings,
+2e-5 for BERT), the gates' ``log α`` AdamW (``mask_learning_rate``), the multipliers ascend
+(:func:`~.sparsity.lagrangian_optimizer`). Steps follow :meth:`~.schedule.MaskSchedule.sp3` counted
+in optimiser steps: ``finetune_steps`` (task loss only), ``dimension_steps`` (hidden and filter gates),
+``joint_steps`` (plus head and layer gates). ``warmup_steps``: the target rises linearly from 0.
+
+Binarising and fusing. At the end the gates trained in the last stage are binarised at the lowest
+``log α`` threshold whose 0/1 Eq. 30 count meets the target (:func:`~.sparsity.binarize`, §3.2).
+Hidden masks are used as 0/1 (slicing keeps the coordinates, nothing is folded); filter, head and
+layer masks keep their deterministic value (Louizos Eq. 13) where kept: ``z_f`` scales down's
+columns, ``z_head`` o's columns of the head, ``z_MHA`` o's weight and bias, ``z_FFN`` down's weight
+and bias, then zeroed filters and heads are removed (:func:`slimkit.primitives.surgery.prune_layer`).
+A block left with no head (or no filter) keeps one placeholder head (filter) whose output columns
+are zero, so the layer still runs (HF attention needs a head); the report lists them and their
+weights (``placeholder_params``), which the 0/1 count does not include. A hidden norm left with no
+coordinate keeps its highest-scoring one (reported in ``forced_hidden``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import build_groups
+from slimkit.primitives.optim.masks import MaskSet, MaskShape, MaskValues, apply_masks
+from slimkit.primitives.optim.schedule import MaskSchedule
+from slimkit.primitives.optim.sparsity import Lagrangian, binarize, dense_size, expected_size, lagrangian_optimizer
+from slimkit.primitives.projection.adapters import basis_change_params
+from slimkit.primitives.projection.norms import linear_param, set_param
+from slimkit.primitives.projection.postnorm import hidden_norms, slice_post_norm_hidden
+from slimkit.primitives.surgery import prune_layer, remove_units
+
+EncoderHidden = Literal["per_norm", "shared", "none"]
+Batch = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EncoderMaskConfig:
+    target: float
+    """Sparsity to reach under Eq. 30 (attention and FFN matrices, plus residual matrices with per_norm)."""
+    hidden: EncoderHidden = "per_norm"
+    head: bool = True
+    """Head gates (join in the joint stage)."""
+    layer: bool = True
+    """Layer gates z_MHA, z_FFN (join in the joint stage)."""
+    finetune_steps: int = 0
+    dimension_steps: int = 100
+    joint_steps: int = 100
+    warmup_steps: int = 0
+    learning_rate: float = 2e-5
+    """Weights' learning rate (0: train the masks only)."""
+    mask_learning_rate: float = 0.05
+    lagrangian_learning_rate: float = 0.05
+    init_drop: float = 0.5
+    distill: float = 0.0
+    """Weight of the KL (classification) / MSE (regression) to the unmasked model's logits (0: none)."""
+    max_grad_norm: float | None = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0.0 < self.target < 1.0:
+            problems.append(f"target must be in (0, 1), got {self.target}")
+        if self.hidden not in ("per_norm", "shared", "none"):
+            problems.append(f"hidden must be per_norm, shared or none, got {self.hidden}")
+        if min(self.finetune_steps, self.dimension_steps, self.joint_steps, self.warmup_steps) < 0:
+            problems.append("step counts must be >= 0")
+        if self.dimension_steps + self.joint_steps < 1:
+            problems.append("dimension_steps + joint_steps must be >= 1")
+        if self.learning_rate < 0 or self.mask_learning_rate <= 0 or self.lagrangian_learning_rate <= 0:
+            problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
+        if not 0.0 < self.init_drop < 1.0:
+            problems.append(f"init_drop must be in (0, 1), got {self.init_drop}")
+        if self.distill < 0:
+            problems.append(f"distill must be >= 0, got {self.distill}")
+        if problems:
+            raise SlimkitError("encoder mask training: " + "; ".join(problems))
+
+    @property
+    def total_steps(self) -> int:
+        return self.finetune_steps + self.dimension_steps + self.joint_steps
+
+    def schedule(self) -> MaskSchedule:
+        return MaskSchedule.sp3(
+            1,
+            finetune_epochs=self.finetune_steps,
+            dimension_epochs=self.dimension_steps,
+            joint_epochs=self.joint_steps,
+            head=self.head,
+            layer=self.layer,
+            warmup_epochs=self.warmup_steps,
+        )
+
+
+# -- counting ---------------------------------------------------------------------------------------------
+def residual_mode(hidden: EncoderHidden) -> str:
+    """Eq. 30's residual term: dense W_R per block with per-norm masks (projected model), none otherwise."""
+    return "dense" if hidden == "per_norm" else "none"
+
+
+def counted_weights(model: nn.Module) -> int:
+    """The fused model's weights that Eq. 30 counts: q, k, v, o, up, down matrices plus residual matrices."""
+    view = ModelView(model)
+    total = 0
+    for layer in view.layers:
+        for role in layer.roles:
+            owner, name = linear_param(layer.linear(role), "weight", 0)
+            total += getattr(owner, name).numel()
+    return total + basis_change_params(model)
+
+
+def is_projected(model: nn.Module) -> bool:
+    """True when every hidden norm is an RMSNorm (:func:`~slimkit.primitives.projection.project_post_norm`)."""
+    return all(isinstance(model.get_submodule(p), nn.RMSNorm) for p in hidden_norms(model))
+
+
+# -- fusing -----------------------------------------------------------------------------------------------
+def _scale_linear(module: nn.Module, factor: torch.Tensor, columns: bool) -> None:
+    """Multiply a Linear's columns (``columns``) or its rows and bias by ``factor`` (a vector or a scalar)."""
+    owner, name = linear_param(module, "weight", 1 if columns else 0)
+    weight = getattr(owner, name).detach()
+    f = factor.to(weight.dtype)
+    set_param(owner, name, weight * (f[None, :] if columns and f.dim() else f[:, None] if f.dim() else f))
+    if not columns:
+        bias_owner, bias_name = linear_param(module, "bias", 0)
+        bias = getattr(bias_owner, bias_name)
+        if bias is not None:
+            set_param(bias_owner, bias_name, bias.detach() * f)
+
+
+def _keep_or_placeholder(z: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    keep = (z != 0).nonzero().flatten()
+    if keep.numel() == 0:
+        return torch.zeros(1, dtype=torch.long), True
+    return keep, False
+
+
+def _norm_values(values: MaskValues, num_layers: int) -> list[torch.Tensor] | None:
+    """z_0 .. z_2L from per-norm fields (checks ``mha_out[i] == ffn_in[i]``)."""
+    if values.mha_in is None and values.mha_out is None and values.ffn_in is None and values.ffn_out is None:
+        return None
+    if any(getattr(values, n) is None for n in ("mha_in", "mha_out", "ffn_in", "ffn_out")):
+        raise SlimkitError("per-norm hidden masks need all four hidden fields")
+    z = [values.mha_in[0]]
+    for i in range(num_layers):
+        if not torch.equal(values.mha_out[i], values.ffn_in[i]):
+            raise SlimkitError(f"layer {i}: mha_out and ffn_in mask the same norm and must be equal")
+        if i + 1 < num_layers and not torch.equal(values.ffn_out[i], values.mha_in[i + 1]):
+            raise SlimkitError(f"layer {i}: ffn_out and the next layer's mha_in mask the same norm and must be equal")
+        z += [values.mha_out[i], values.ffn_out[i]]
+    return [t.detach() for t in z]
+
+
+def fuse_encoder_masks(
+    model: nn.Module, values: MaskValues, hidden: EncoderHidden, scores: Sequence[torch.Tensor] | None = None
+) -> dict:
+    """Fold final mask values into a BERT model and remove what they zero, in place (module docstring).
+
+    ``hidden``: ``per_norm`` (projected model, per-norm 0/1 hidden masks sliced exactly), ``shared``
+    (unprojected model, one 0/1 hidden mask, LayerNorms sliced directly) or ``none``. ``scores``
+    (per-norm ``log α``) pick the coordinate kept when a norm's mask is all zero.
+    """
+    if values.q is not None or values.k is not None or values.v is not None or values.o is not None:
+        raise SlimkitError("masks inside heads (q, k, v, o) are not supported on encoders here")
+    view = ModelView(model)
+    n = view.num_layers
+    report: dict = {"placeholder_heads": [], "placeholder_filters": [], "forced_hidden": []}
+    with torch.no_grad():
+        for i in range(n):
+            layer = view.layer(i)
+            heads, dh = layer.num_heads, layer.head_dim
+            o, down = layer.linear("o"), layer.linear("down")
+            z_head = values.head[i].detach() if values.head is not None else torch.ones(heads)
+            z_mha = values.mha[i].detach() if values.mha is not None else torch.ones(())
+            _scale_linear(o, z_head.repeat_interleave(dh), columns=True)
+            _scale_linear(o, z_mha, columns=False)
+            keep, empty = _keep_or_placeholder(z_head * z_mha)
+            if empty:
+                report["placeholder_heads"].append(i)
+            if keep.numel() < heads:
+                prune_layer(model, "attention_head", i, keep)
+            z_f = values.f[i].detach() if values.f is not None else torch.ones(layer.mlp_width)
+            z_ffn = values.ffn[i].detach() if values.ffn is not None else torch.ones(())
+            _scale_linear(down, z_f, columns=True)
+            _scale_linear(down, z_ffn, columns=False)
+            keep, empty = _keep_or_placeholder(z_f * z_ffn)
+            if empty:
+                report["placeholder_filters"].append(i)
+            if keep.numel() < layer.mlp_width:
+                prune_layer(model, "mlp_channel", i, keep)
+            view = ModelView(model)
+        if hidden == "per_norm":
+            z = _norm_values(values, n)
+            if z is not None:
+                keep = []
+                for j, zj in enumerate(z):
+                    k = (zj != 0).nonzero().flatten()
+                    if k.numel() == 0:
+                        best = int(scores[j].argmax()) if scores is not None else 0
+                        k = torch.tensor([best])
+                        report["forced_hidden"].append(j)
+                    keep.append(k)
+                report.update(slice_post_norm_hidden(model, keep))
+        elif hidden == "shared" and values.mha_in is not None:
+            z = values.mha_in[0].detach()
+            keep = (z != 0).nonzero().flatten()
+            if keep.numel() == 0:
+                keep = torch.tensor([int(scores[0].argmax()) if scores is not None else 0])
+                report["forced_hidden"].append(0)
+            if keep.numel() < z.numel():
+                remove_units(model, build_groups(model, "hidden_feature")[0], keep)
+                pooler = getattr(ModelView(model).base, "pooler", None)
+                if pooler is not None:  # the hidden-feature group stops at the last norm; the pooler reads it
+                    owner, name = linear_param(pooler.dense, "weight", 1)
+                    set_param(owner, name, getattr(owner, name).detach()[:, keep])
+            report["widths"] = [int(keep.numel())]
+    view = ModelView(model)
+
+    def weights(i: int, roles: Sequence[str]) -> int:
+        return sum(getattr(*linear_param(view.layer(i).linear(r), "weight", 0)).numel() for r in roles)
+
+    report["placeholder_params"] = sum(weights(i, ("q", "k", "v", "o")) for i in report["placeholder_heads"]) + sum(
+        weights(i, ("up", "down")) for i in report["placeholder_filters"]
+    )
+    report["counted_weights"] = counted_weights(model)
+    return report
+
+
+# -- training -----------------------------------------------------------------------------------------------
+def _distill_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    if student.shape[-1] == 1:
+        return F.mse_loss(student.float(), teacher.float())
+    return F.kl_div(
+        F.log_softmax(student.float(), -1), F.log_softmax(teacher.float(), -1), log_target=True, reduction="batchmean"
+    )
+
+
+def _agreement(masked: list[torch.Tensor], fused: list[torch.Tensor]) -> dict:
+    a, b = torch.cat(masked), torch.cat(fused)
+    out = {"max_abs_logit_diff": float((a - b).abs().max())}
+    if a.shape[-1] > 1:
+        out["prediction_agreement"] = float((a.argmax(-1) == b.argmax(-1)).float().mean())
+    return out
+
+
+def _logits(model: nn.Module, batches: Sequence[Batch]) -> list[torch.Tensor]:
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return [
+            model(**{k: v.to(device) for k, v in b.items() if k != "labels"}).logits.detach().cpu() for b in batches
+        ]
+
+
+def train_encoder_masks(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    config: EncoderMaskConfig,
+    progress: Callable[[int], None] | None = None,
+    check_batches: Sequence[Batch] | None = None,
+) -> dict:
+    """Train, binarise and fuse SP3's (or CoFi's) masks on a GLUE task model in place; returns a report.
+
+    ``batches``: tokenised GLUE batches with ``labels`` (:func:`slimkit.primitives.gluedata.encode`),
+    one per optimiser step, reused cyclically when fewer. ``check_batches`` (optional): batches on
+    which the masked (binary masks) and the fused model are compared (``masked_vs_fused``).
+    """
+    started = time.perf_counter()
+    view = ModelView(model)
+    if view.spec.norm_placement != "post":
+        raise SlimkitError("encoder mask training needs a post-norm encoder (BERT); use mask_train for decoders")
+    if not batches:
+        raise SlimkitError("encoder mask training needs batches")
+    projected = is_projected(model)
+    if config.hidden == "per_norm" and not projected:
+        raise SlimkitError("hidden: per_norm needs a model projected by project_post_norm (stage pca_project_post)")
+    if config.hidden == "shared" and projected:
+        raise SlimkitError("hidden: shared is the masks-only baseline on the unprojected model")
+    shape = MaskShape.from_view(view)
+    masks = MaskSet(
+        shape,
+        head=config.head,
+        layer=config.layer,
+        intermediate=False,
+        hidden=config.hidden,
+        init_drop=config.init_drop,
+        seed=config.seed,
+    )
+    residual = residual_mode(config.hidden)
+    total = dense_size(shape)
+    schedule = config.schedule()
+    teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
+    lagrangian = Lagrangian()
+    weights = [p for p in model.parameters() if p.requires_grad] if config.learning_rate > 0 else []
+    weight_opt = torch.optim.AdamW(weights, lr=config.learning_rate, weight_decay=0.0) if weights else None
+    mask_opt = torch.optim.AdamW(list(masks.parameters()), lr=config.mask_learning_rate, weight_decay=0.0)
+    lagrangian_opt = lagrangian_optimizer(lagrangian, config.lagrangian_learning_rate)
+    device = next(model.parameters()).device
+    masks.to(device)
+    history: dict[str, list[float]] = {"loss": [], "task_loss": [], "expected_sparsity": [], "target": []}
+    ends = config.hidden != "none"
+    hooks = apply_masks(model, masks, placement="norm", ends=ends)
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        try:
+            model.train()
+            masks.train()
+            for step in range(config.total_steps):
+                levels = schedule.levels(step)
+                masks.set_active(levels)
+                batch = {k: v.to(device) for k, v in batches[step % len(batches)].items()}
+                out = model(**batch)
+                task = out.loss
+                loss = task
+                if teacher is not None:
+                    with torch.no_grad():
+                        reference = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
+                    loss = loss + config.distill * _distill_loss(out.logits, reference)
+                if levels:
+                    target = schedule.target(step, config.target)
+                    s_hat = 1.0 - expected_size(masks.keep_probs(), shape, residual=residual) / total
+                    loss = loss + lagrangian(s_hat, target).float()
+                    history["target"].append(target)
+                    history["expected_sparsity"].append(float(s_hat.detach()))
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise SlimkitError(
+                        f"encoder mask training diverged: loss {value} at step {step + 1}; lower the learning rates"
+                    )
+                for opt in (weight_opt, mask_opt, lagrangian_opt):
+                    if opt is not None:
+                        opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if weight_opt is not None:
+                    if config.max_grad_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(weights, config.max_grad_norm)
+                    weight_opt.step()
+                if levels:
+                    mask_opt.step()
+                    lagrangian_opt.step()
+                history["loss"].append(value)
+                history["task_loss"].append(float(task.detach()))
+                if progress is not None:
+                    progress(step + 1)
+        finally:
+            hooks.remove()
+            model.eval()
+            masks.eval()
+            for opt in (weight_opt, mask_opt, lagrangian_opt):
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+    levels = schedule.levels(config.total_steps - 1)
+    masks.set_active(levels)
+    scores = masks.scores()
+    binary = binarize(scores, shape, config.target, residual=residual, couple=False)
+    final = masks.deterministic().times(binary.masks)
+    hidden_fields = ("mha_in", "mha_out", "ffn_in", "ffn_out")
+    final = MaskValues(**{**final.__dict__, **{h: getattr(binary.masks, h) for h in hidden_fields}})
+    masked_logits = None
+    if check_batches:
+        with apply_masks(model, final, placement="norm", ends=ends):
+            masked_logits = _logits(model, check_batches)
+    norm_scores = [g.log_alpha.detach() for g in masks.norm_hidden] if masks.norm_hidden is not None else None
+    if masks.shared_hidden is not None:
+        norm_scores = [masks.shared_hidden.log_alpha.detach()]
+    fused = fuse_encoder_masks(model, final, config.hidden, norm_scores)
+    if masked_logits is not None:
+        fused["masked_vs_fused"] = _agreement(masked_logits, _logits(model, check_batches))
+    seconds = time.perf_counter() - started
+    counted = fused["counted_weights"]
+    return {
+        "steps": config.total_steps,
+        "finetune_steps": config.finetune_steps,
+        "dimension_steps": config.dimension_steps,
+        "joint_steps": config.joint_steps,
+        "levels": sorted(levels),
+        "seconds": seconds,
+        "seconds_per_step": seconds / max(config.total_steps, 1),
+        "task_loss_first": history["task_loss"][0],
+        "task_loss_last": history["task_loss"][-1],
+        "expected_sparsity_last": history["expected_sparsity"][-1] if history["expected_sparsity"] else None,
+        "lambda_1": float(lagrangian.lambda_1.detach()),
+        "lambda_2": float(lagrangian.lambda_2.detach()),
+        "threshold": binary.threshold,
+        "counted_dense": total,
+        "binary_size": binary.size,
+        "binary_sparsity": binary.sparsity,
+        "counted_weights": counted,
+        "achieved_sparsity": 1.0 - counted / total,
+        "params": ModelView(model).num_params(),
+        "fused": fused,
+        "history": history,
+        "config": asdict(config),
+    }
+
+
+__all__ = [
+    "EncoderMaskConfig",
+    "counted_weights",
+    "fuse_encoder_masks",
+    "is_projected",
+    "residual_mode",
+    "train_encoder_masks",
+]

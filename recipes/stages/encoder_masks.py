@@ -1,0 +1,116 @@
+"""``mask_train_encoder`` (model scope): SP3's (or CoFi's) learned masks on a GLUE task model, binarised and fused.
+
+The BERT setting of SP3 (Hu et al., §3.2, §3.3, Appendix C, D.2): after ``glue_finetune`` (the task
+model) and ``pca_project_post`` (full-width projection, one PCA basis per hidden LayerNorm),
+``hidden: per_norm`` trains one hidden gate per LayerNorm, FFN filter gates and, in the joint stage,
+head and layer gates, with the task loss plus the Lagrangian (Eq. 14) on Eq. 30's expected sparsity;
+binarises at the threshold meeting ``target.ratio`` and fuses. ``hidden: shared`` on the unprojected
+model is the CoFi-style masks-only baseline (Table 2). See
+:mod:`slimkit.primitives.optim.encoder_masks` for the loss, the count and the fusing.
+
+The target is a sparsity of Eq. 30's count (``target.of: layers``): the attention (q, k, v, o) and FFN
+(up, down) weight matrices plus, with ``per_norm``, the residual matrices W_R; embeddings, norms,
+biases, pooler and classifier are not counted (CoFi). Batches: the task's train split in the
+seeded order of :func:`slimkit.primitives.gluedata.training_order`, ``batch_size`` examples per
+optimiser step. ``check_examples`` dev examples (None: all) compare the masked and the fused model
+(exactly equal with ``per_norm``; not with ``shared``, whose sliced LayerNorms change their statistics).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from slimkit.primitives import gluedata
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.optim.encoder_masks import EncoderMaskConfig, train_encoder_masks
+from slimkit.recipes.context import Context
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.schema import Strict
+
+
+class MaskTrainEncoderArgs(Strict):
+    hidden: Literal["per_norm", "shared", "none"] = "per_norm"
+    """per_norm: one gate per hidden LayerNorm (needs pca_project_post first); shared: CoFi's one mask."""
+    head: bool = True
+    layer: bool = True
+    finetune_steps: int = Field(0, ge=0)
+    """Task-loss-only steps before the masks join (SP3 D.2: 2 epochs)."""
+    dimension_steps: int = Field(100, ge=0)
+    """Steps with hidden and FFN-filter gates (D.2: epochs 3-7)."""
+    joint_steps: int = Field(100, ge=0)
+    """Steps with head and layer gates too (D.2: from epoch 8; §3.2: 15 epochs)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Steps over which the target rises linearly from 0 (CoFi's Lagrangian warm-up)."""
+    learning_rate: float = Field(2e-5, ge=0)
+    mask_learning_rate: float = Field(0.05, gt=0)
+    lagrangian_learning_rate: float = Field(0.05, gt=0)
+    init_drop: float = Field(0.5, gt=0, lt=1)
+    distill: float = Field(0.0, ge=0)
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(128, ge=8)
+    check_examples: int | None = Field(None, ge=0)
+    """Dev examples for the masked-vs-fused comparison (None: the whole dev split; 0: none)."""
+
+
+@register_stage("mask_train_encoder", args=MaskTrainEncoderArgs, scope="model", needs_task=True)
+def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
+    """Train SP3's per-norm (or CoFi's shared) hidden, filter, head and layer masks on the GLUE task; fuse."""
+    target = ctx.recipe.target
+    if target.of != "layers":
+        raise SlimkitError(
+            f"mask_train_encoder counts Eq. 30 (block matrices and residual matrices): set target.of: layers "
+            f"(got {target.of})"
+        )
+    config = EncoderMaskConfig(
+        target=target.ratio,
+        hidden=args.hidden,
+        head=args.head,
+        layer=args.layer,
+        finetune_steps=args.finetune_steps,
+        dimension_steps=args.dimension_steps,
+        joint_steps=args.joint_steps,
+        warmup_steps=args.warmup_steps,
+        learning_rate=args.learning_rate,
+        mask_learning_rate=args.mask_learning_rate,
+        lagrangian_learning_rate=args.lagrangian_learning_rate,
+        init_drop=args.init_drop,
+        distill=args.distill,
+        seed=ctx.recipe.seed,
+    )
+    task = ctx.recipe.task
+    examples = gluedata.read_split(task, "train")
+    needed = config.total_steps * args.batch_size
+    order: list[int] = []
+    epoch = 0
+    while len(order) < needed:
+        order += gluedata.training_order(len(examples), ctx.recipe.seed, epoch)
+        epoch += 1
+    chosen = [examples[i] for i in order[:needed]]
+    batches = list(gluedata.batches(ctx.tokenizer, chosen, args.batch_size, args.max_length))
+    check = None
+    if args.check_examples != 0:
+        dev = gluedata.load_examples(task, "dev", args.check_examples)
+        check = list(gluedata.batches(ctx.tokenizer, dev, 64, args.max_length))
+    with ctx.tracker.task(f"mask_train_encoder {task}", config.total_steps) as advance:
+        report = train_encoder_masks(ctx.model, batches, config, progress=lambda _step: advance(1), check_batches=check)
+    report["epochs"] = needed / len(examples)
+    report["examples_seen"] = needed
+    ctx.stage_report["mask_train_encoder"] = report
+    agreement = report["fused"].get("masked_vs_fused", {})
+    ctx.notes.append(
+        f"mask_train_encoder: {report['steps']} steps in {report['seconds']:.0f} s; Eq. 30 sparsity "
+        f"{report['binary_sparsity']:.2%} (fused model's counted weights: {report['achieved_sparsity']:.2%})"
+        + (
+            f"; masked vs fused on dev: {agreement['prediction_agreement']:.2%} same predictions"
+            if "prediction_agreement" in agreement
+            else ""
+        )
+    )
+    if report["fused"]["placeholder_heads"] or report["fused"]["placeholder_filters"]:
+        ctx.notes.append(
+            f"mask_train_encoder: placeholder head in layers {report['fused']['placeholder_heads']}, placeholder "
+            f"filter in layers {report['fused']['placeholder_filters']} (zero output; "
+            f"{report['fused']['placeholder_params']:,} weights)"
+        )
