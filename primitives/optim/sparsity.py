@@ -74,7 +74,7 @@ tied at ``τ`` are kept or dropped together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -303,12 +303,14 @@ def binarize(
     residual_blocks: Sequence[bool] | None = None,
     include_bias: bool = False,
     couple: bool = True,
+    size: Callable[[MaskValues], torch.Tensor] | None = None,
 ) -> Binarized:
     """The lowest global threshold on ``scores`` whose kept set reaches sparsity ``>= target`` (§3.2).
 
     ``scores`` holds one score per mask entry for the masks to binarise (e.g. :meth:`MaskSet.scores`);
     ``couple`` first intersects the QK and VO masks (:func:`couple_intermediate`), as the fused
-    model will.
+    model will. ``size`` replaces the Eq. 30 count by another count of 0/1 masks (e.g.
+    :func:`stream_model_size` for the whole model); the sparsity is then ``1 − size / total``.
     """
     names = scores.present()
     flat = torch.cat([t.detach().double().flatten() for _, values in scores.items() for t in values])
@@ -318,8 +320,16 @@ def binarize(
         masks = scores.map(lambda t: (t.detach() >= tau).float())
         return couple_intermediate(masks) if couple else masks
 
+    if size is None:
+        counted = {k: v for k, v in count.items() if k != "total"}
+
+        def size(masks: MaskValues) -> torch.Tensor:
+            return expected_size(masks, shape, **counted)
+
+    m = float(total) if total is not None else float(dense_size(shape, include_bias=include_bias))
+
     def sparsity_at(tau: float) -> float:
-        return float(expected_sparsity(masks_at(tau), shape, **count))
+        return 1.0 - float(size(masks_at(tau))) / m
 
     candidates = [*torch.unique(flat).tolist(), float("inf")] if names else [float("inf")]
     if sparsity_at(float("inf")) < target:
@@ -333,5 +343,4 @@ def binarize(
             lo = mid + 1
     tau = candidates[hi]
     masks = masks_at(tau)
-    size = round(float(expected_size(masks, shape, **{k: v for k, v in count.items() if k != "total"})))
-    return Binarized(masks=masks, threshold=tau, sparsity=sparsity_at(tau), size=size)
+    return Binarized(masks=masks, threshold=tau, sparsity=sparsity_at(tau), size=round(float(size(masks))))
