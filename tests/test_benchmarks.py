@@ -403,3 +403,24 @@ def test_quick_benchmark_smoke(tmp_path):
     assert path.with_suffix(".md").is_file()
     assert (tmp_path / path.name.replace(".json", "-quality.png")).is_file()
     assert (tmp_path / path.name.replace(".json", "-widths-r20.png")).is_file()
+
+
+def test_glue_grid_claims_and_table_from_rows():
+    from benchmarks.glue_grid import decide_claims, main, markdown
+
+    rows = [
+        {"id": "sst2:task-model", "status": "ok", "value": 0.84},
+        {"id": "sst2:sp3-bert@50", "status": "ok", "value": 0.80, "masked_vs_fused": {"prediction_agreement": 1.0}},
+        {"id": "sst2:cofi-bert@50", "status": "ok", "value": 0.79},
+        {"id": "rte:sp3-bert@50", "status": "ok", "value": 0.55},
+        {"id": "rte:cofi-bert@50", "status": "failed", "reason": "boom"},
+    ]
+    claims = {c["id"]: c["verdict"] for c in decide_claims(rows, ["sst2", "rte"], [0.5])}
+    assert claims == {"sp3-vs-cofi:sst2@50": "holds", "sp3-vs-cofi:rte@50": "not run", "sp3-gain-small-data": "not run"}
+    rows[-1] = {"id": "rte:cofi-bert@50", "status": "ok", "value": 0.50}
+    claims = {c["id"]: c["verdict"] for c in decide_claims(rows, ["sst2", "rte"], [0.5])}
+    assert claims["sp3-gain-small-data"] == "holds"  # +0.05 on RTE against +0.01 on SST-2
+    result = {"name": "t", "date": "d", "command": "c", "machine": {}, "rows": rows, "claims": [], "wall_s": 1}
+    table = markdown(result)
+    assert "| sst2:sp3-bert@50 | 0.8000 |" in table and "1.000 |" in table
+    assert main(["--tasks", "cola"]) == 2 and main(["--ratios", "abc"]) == 2

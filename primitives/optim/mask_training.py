@@ -18,6 +18,11 @@ on the gates' keep probabilities, residual matrices and embeddings included) aga
 other slimkit recipe (Eq. 30 counts only the blocks, following CoFi; with Group PCA the embeddings
 shrink with the first group's width, and they are a fifth of a small LLM).
 
+``rank_prior`` (our addition, off by default) starts the hidden gates of low-variance principal
+components lower than those of high-variance ones: after Group PCA the stream's coordinates are in
+decreasing order of explained variance, which is the ranking one-shot truncation uses; with a
+short training budget the masks then refine that ranking instead of starting from none.
+
 The steps follow :class:`~.schedule.MaskSchedule` (fine-tune only, then the dimension masks; SP3's
 LLM setting has no head or layer masks, so its third stage is absent), counted in optimiser steps
 rather than epochs. With ``warmup_steps`` the target rises linearly from 0 (CoFi's Lagrangian
@@ -64,6 +69,9 @@ class MaskTrainingConfig:
     lagrangian_learning_rate: float = 0.05
     init_drop: float = 0.5
     """Initial drop rate of every gate (CoFi: ``log α = log(1 − p) − log p``)."""
+    rank_prior: float = 0.0
+    """Spread of the hidden gates' initial ``log α`` over their principal-component rank: coordinate
+    ``k`` of a group starts at ``log α + rank_prior · (1/2 − k/(d−1))`` (0: CoFi's uniform start)."""
     distill: float = 0.0
     """Weight of the KL divergence to the unmasked model's next-token distribution (0: none)."""
     max_grad_norm: float | None = 1.0
@@ -83,6 +91,8 @@ class MaskTrainingConfig:
             problems.append(f"init_drop must be in (0, 1), got {self.init_drop}")
         if self.distill < 0:
             problems.append(f"distill must be >= 0, got {self.distill}")
+        if self.rank_prior < 0:
+            problems.append(f"rank_prior must be >= 0, got {self.rank_prior}")
         if problems:
             raise SlimkitError("mask training: " + "; ".join(problems))
 
@@ -101,6 +111,15 @@ def _kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         )
         / student.shape[1]
     )
+
+
+def _rank_prior(masks: MaskSet, spread: float) -> None:
+    """Tilt each hidden gate's start by the rank of its coordinate (the stream is in PCA order)."""
+    for gate in masks.group_hidden or ():
+        d = gate.log_alpha.numel()
+        tilt = spread * (0.5 - torch.arange(d, dtype=gate.log_alpha.dtype) / max(d - 1, 1))
+        with torch.no_grad():
+            gate.log_alpha.add_(tilt)
 
 
 def train_stream_masks(
@@ -133,6 +152,8 @@ def train_stream_masks(
         init_drop=config.init_drop,
         seed=config.seed,
     )
+    if config.rank_prior > 0:
+        _rank_prior(masks, config.rank_prior)
     size = lambda values: stream_model_size(values, shape, **count)  # noqa: E731
     schedule = MaskSchedule.sp3(
         1,

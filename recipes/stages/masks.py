@@ -38,6 +38,8 @@ class MaskTrainArgs(Strict):
     mask_learning_rate: float = Field(0.05, gt=0)
     lagrangian_learning_rate: float = Field(0.05, gt=0)
     init_drop: float = Field(0.5, gt=0, lt=1)
+    rank_prior: float = Field(0.0, ge=0)
+    """Spread of the hidden gates' initial log alpha over their principal-component rank (0: uniform)."""
     distill: float = Field(0.0, ge=0)
     """Weight of the KL divergence to the unmasked model (0: the task loss alone, as the paper's LLM runs)."""
     batch_size: int = Field(4, ge=1)
@@ -64,6 +66,7 @@ def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
         mask_learning_rate=args.mask_learning_rate,
         lagrangian_learning_rate=args.lagrangian_learning_rate,
         init_drop=args.init_drop,
+        rank_prior=args.rank_prior,
         distill=args.distill,
         seed=ctx.recipe.seed,
     )
