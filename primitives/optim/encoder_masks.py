@@ -47,9 +47,10 @@ in optimiser steps: ``finetune_steps`` (task loss only), ``dimension_steps`` (hi
 Binarising and fusing. At the end the gates trained in the last stage are binarised at the lowest
 ``log α`` threshold whose 0/1 Eq. 30 count meets the target (:func:`~.sparsity.binarize`, §3.2).
 Hidden masks are used as 0/1 (slicing keeps the coordinates, nothing is folded); filter, head and
-layer masks keep their deterministic value (Louizos Eq. 13) where kept: ``z_f`` scales down's
-columns, ``z_head`` o's columns of the head, ``z_MHA`` o's weight and bias, ``z_FFN`` down's weight
-and bias, then zeroed filters and heads are removed (:func:`slimkit.primitives.surgery.prune_layer`).
+layer masks keep CoFi's value ``σ(0.8 log α / β)`` (:func:`~.masks.kept_value`, never 0) where
+kept: ``z_f`` scales down's columns, ``z_head`` o's columns of the head, ``z_MHA`` o's weight and
+bias, ``z_FFN`` down's weight and bias, then zeroed filters and heads are removed
+(:func:`slimkit.primitives.surgery.prune_layer`).
 A block left with no head (or no filter) keeps one placeholder head (filter) whose output columns
 are zero, so the layer still runs (HF attention needs a head); the report lists them and their
 weights (``placeholder_params``), which the 0/1 count does not include. A hidden norm left with no
@@ -402,7 +403,7 @@ def train_encoder_masks(
     masks.set_active(levels)
     scores = masks.scores()
     binary = binarize(scores, shape, config.target, residual=residual, couple=False)
-    final = masks.deterministic().times(binary.masks)
+    final = masks.kept_values().times(binary.masks)
     hidden_fields = ("mha_in", "mha_out", "ffn_in", "ffn_out")
     final = MaskValues(**{**final.__dict__, **{h: getattr(binary.masks, h) for h in hidden_fields}})
     masked_logits = None

@@ -27,8 +27,9 @@ The steps follow :class:`~.schedule.MaskSchedule` (fine-tune only, then the dime
 LLM setting has no head or layer masks, so its third stage is absent), counted in optimiser steps
 rather than epochs. With ``warmup_steps`` the target rises linearly from 0 (CoFi's Lagrangian
 warm-up). At the end the masks are binarised at the lowest ``log α`` threshold whose 0/1 count
-meets the target (:func:`~.sparsity.binarize`, §3.2), kept entries keep their deterministic values
-(Louizos Eq. 13; the model was trained with them, CoFi does the same), and
+meets the target (:func:`~.sparsity.binarize`, §3.2), kept entries take CoFi's value
+``σ(0.8 log α / β)`` (:func:`~.masks.kept_value`: close to the mean the model was trained with, and
+never 0, unlike Louizos' clamped deterministic value), and
 :func:`~.fusing.fuse_stream_masks` folds them into a smaller model with the masked model's outputs.
 """
 
@@ -228,7 +229,7 @@ def train_stream_masks(
                     opt.zero_grad(set_to_none=True)
     masks.set_active(("dimension",))
     binary = binarize(masks.scores(), shape, config.target, total=config.total, residual="none", size=size)
-    final = masks.deterministic().times(binary.masks)
+    final = masks.kept_values().times(binary.masks)
     fused = fuse_stream_masks(model, final)
     params = ModelView(model).num_params()
     return {

@@ -174,6 +174,16 @@ def hard_concrete_deterministic(log_alpha: torch.Tensor, config: HardConcreteCon
     return (torch.sigmoid(log_alpha) * (config.right - config.left) + config.left).clamp(0.0, 1.0)
 
 
+def kept_value(log_alpha: torch.Tensor, config: HardConcreteConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """CoFi's value of a gate that survives binarisation: ``σ(0.8 log α / β)``, in ``(0, 1)``, never 0.
+
+    Louizos' deterministic value clamps at 0 for ``log α < −β logit(−l/(r−l))``; a gate kept by the
+    threshold of :func:`~slimkit.primitives.optim.sparsity.binarize` (a ranking) may lie there when
+    the masks overshot the target during training, and a kept unit of value 0 is a removed one.
+    """
+    return torch.sigmoid(0.8 * log_alpha / config.beta)
+
+
 def keep_probability(log_alpha: torch.Tensor, config: HardConcreteConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """``P(z ≠ 0) = σ(log α − β log(−l / r))``: the expected L0 norm of each gate (Louizos Eq. 12)."""
     return torch.sigmoid(log_alpha - config.beta * math.log(-config.left / config.right))
@@ -239,6 +249,9 @@ class HardConcrete(nn.Module):
 
     def deterministic(self) -> torch.Tensor:
         return hard_concrete_deterministic(self.log_alpha, self.config)
+
+    def kept_value(self) -> torch.Tensor:
+        return kept_value(self.log_alpha.detach(), self.config)
 
     def keep_prob(self) -> torch.Tensor:
         return keep_probability(self.log_alpha, self.config)
@@ -529,6 +542,10 @@ class MaskSet(nn.Module):
 
     def deterministic(self) -> MaskValues:
         return self._collect(HardConcrete.deterministic)
+
+    def kept_values(self) -> MaskValues:
+        """Each active gate's value if binarisation keeps it (:func:`kept_value`, CoFi's rule)."""
+        return self._collect(HardConcrete.kept_value)
 
     def keep_probs(self) -> MaskValues:
         """``P(z ≠ 0)`` of every active gate: the input of the expected-sparsity count (Eq. 30)."""
