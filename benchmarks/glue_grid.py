@@ -6,7 +6,9 @@
    train split; SP3 D.2), reused by every row of that task (``--task-models DIR`` keeps them; an
    existing finished run there is reused);
 2. every recipe x target ratio starting from that task model (its ``glue_finetune`` stage set to 0
-   steps), each in its own ``slimkit recipe run`` process;
+   steps), each in its own ``slimkit recipe run`` process (``--jobs N`` runs N at a time; give
+   ``--threads 1`` so they do not oversubscribe the cores; ``--task-set TASK:KEY=VALUE`` adds an
+   override to one task's rows, e.g. fewer steps for a task with longer examples);
 
 and writes ``OUT/<date>-<name>.json`` and ``.md``: per task the task model's dev metric first, then
 each row's dev metric, the Eq. 30 sparsity of the binary masks, the fused model's counted weights and
@@ -28,7 +30,9 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ratios", default="0.5,0.7", help="target ratios of the counted weights (default 0.5,0.7)")
     parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES), help="recipes (default sp3-bert,cofi-bert)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every row")
+    parser.add_argument(
+        "--task-set", action="append", default=[], help="TASK:KEY=VALUE, an extra --set for that task's rows"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="rows run at the same time (use with --threads 1)")
     parser.add_argument("--task-models", type=Path, default=Path("runs/glue-task-models"), help="task-model runs")
     parser.add_argument("--keep", type=Path, default=Path("runs/bench-glue"), help="folder of the row runs")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of every run")
@@ -232,6 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
         if args.threads is not None and args.threads < 1:
             raise BenchError(f"--threads must be at least 1, got {args.threads}")
+        if args.jobs < 1:
+            raise BenchError(f"--jobs must be at least 1, got {args.jobs}")
+        per_task: dict[str, list[str]] = {t: [] for t in tasks}
+        for item in args.task_set:
+            task, sep, assignment = item.partition(":")
+            if not sep or task not in per_task or "=" not in assignment:
+                raise BenchError(f"--task-set: '{item}' is not TASK:KEY=VALUE with TASK one of {', '.join(tasks)}")
+            per_task[task].append(assignment)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -256,20 +272,32 @@ def main(argv: list[str] | None = None) -> int:
         base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         base.with_suffix(".md").write_text(markdown(result))
 
+    models: dict[str, str] = {}
     for task in tasks:
         print(f"[{task}] task model ...", flush=True)
         dense = task_model(task, args.task_models / task, args.threads)
         result["rows"].append(dense)
         print(f"[{task}] task model: {dense.get('value')}", flush=True)
         write()
-        if dense["status"] != "ok":
-            continue
-        for recipe in recipes:
-            for ratio in ratios:
-                row = compressed_row(task, recipe, ratio, dense["model"], args.keep, args.overrides, args.threads)
-                result["rows"].append(row)
-                print(f"[{task}] {row['id']}: {row.get('value')} ({row['status']}, {row['wall_s']:.0f} s)", flush=True)
-                write()
+        if dense["status"] == "ok":
+            models[task] = dense["model"]
+    jobs = [(task, recipe, ratio) for task in models for recipe in recipes for ratio in ratios]
+    done: dict[tuple[str, str, float], dict[str, Any]] = {}
+
+    def run_row(job: tuple[str, str, float]) -> None:
+        task, recipe, ratio = job
+        extra = [*args.overrides, *per_task[task]]
+        row = compressed_row(task, recipe, ratio, models[task], args.keep, extra, args.threads)
+        print(f"[{task}] {row['id']}: {row.get('value')} ({row['status']}, {row['wall_s']:.0f} s)", flush=True)
+        with lock:
+            done[job] = row
+            result["rows"] = [r for r in result["rows"] if r["id"].endswith(":task-model")]
+            result["rows"] += [done[j] for j in jobs if j in done]
+            write()
+
+    lock = threading.Lock()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(run_row, jobs))
     write()
     print(f"wrote {base}.json, {base}.md in {result['wall_s']:.0f} s")
     return 0

@@ -424,3 +424,4 @@ def test_glue_grid_claims_and_table_from_rows():
     table = markdown(result)
     assert "| sst2:sp3-bert@50 | 0.8000 |" in table and "1.000 |" in table
     assert main(["--tasks", "cola"]) == 2 and main(["--ratios", "abc"]) == 2
+    assert main(["--task-set", "cola:x=1"]) == 2 and main(["--jobs", "0"]) == 2
