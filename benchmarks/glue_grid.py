@@ -93,14 +93,14 @@ def _metric(report: dict[str, Any], task: str) -> tuple[str, float] | None:
 
 def task_model(task: str, folder: Path, threads: int | None) -> dict[str, Any]:
     """The task model's row: reused when ``folder`` holds a finished glue-finetune run for ``task``."""
-    report_path = folder / "report.json"
+    import yaml
+
+    report_path, recipe_path = folder / "report.json", folder / "model" / "recipe.yaml"
     wall = None
-    if report_path.is_file() and (folder / "model" / "config.json").is_file():
-        report = json.loads(report_path.read_text())
-        if report.get("recipe", {}).get("task") != task:
-            report = None
-    else:
-        report = None
+    report = None
+    if report_path.is_file() and recipe_path.is_file() and (folder / "model" / "config.json").is_file():
+        if (yaml.safe_load(recipe_path.read_text()) or {}).get("task") == task:
+            report = json.loads(report_path.read_text())
     if report is None:
         report, wall, error = _run("glue-finetune", folder, [f"task={task}"], threads)
         if report is None:
