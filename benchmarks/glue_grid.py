@@ -208,19 +208,20 @@ def markdown(result: dict[str, Any]) -> str:
         f"wall {result.get('wall_s', 0):.0f} s.",
         "",
         "| row | dev metric | Eq. 30 sparsity (0/1 masks) | counted weights | params | expected sparsity at end | "
-        "mask steps | s/step | masked = fused |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "mask steps | s/step | wall s | masked = fused |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in result["rows"]:
         if row["status"] != "ok":
-            lines.append(f"| {row['id']} | {row['status']}: {row.get('reason', '')} | | | | | | | |")
+            lines.append(f"| {row['id']} | {row['status']}: {row.get('reason', '')} | | | | | | | | |")
             continue
         agreement = (row.get("masked_vs_fused") or {}).get("prediction_agreement")
         lines.append(
             f"| {row['id']} | {_fmt(row.get('value'), '.4f')} | {_fmt(row.get('binary_sparsity'), '.2%')} | "
             f"{_fmt(row.get('counted_weights'), ',')} | {_fmt(row.get('params'), ',')} | "
             f"{_fmt(row.get('expected_sparsity_last'), '.2%')} | {_fmt(row.get('mask_steps'), 'd')} | "
-            f"{_fmt(row.get('seconds_per_step'), '.2f')} | {_fmt(agreement, '.3f')} |"
+            f"{_fmt(row.get('seconds_per_step'), '.2f')} | {_fmt(row.get('wall_s'), '.0f')} | "
+            f"{_fmt(agreement, '.3f')} |"
         )
     lines += ["", "| claim | source | check | verdict |", "| --- | --- | --- | --- |"]
     for claim in result["claims"]:
