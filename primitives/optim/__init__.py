@@ -9,6 +9,8 @@
 * :mod:`~slimkit.primitives.optim.sparsity`: SP3's expected sparsity (Appendix C, Eq. 30), the Lagrangian
   pruning loss (Eq. 14) and the final threshold that meets a target (:func:`binarize`).
 * :mod:`~slimkit.primitives.optim.schedule`: SP3's multi-stage mask schedule (§3.2, Appendix D.2).
+* :mod:`~slimkit.primitives.optim.encoder_masks`: the same for BERT on a GLUE task
+  (:func:`~slimkit.primitives.optim.encoder_masks.train_encoder_masks`).
 * :mod:`~slimkit.primitives.optim.mask_training`: SP3's LLM mask training (weights, masks and
   Lagrangian together), binarisation and fusing (:func:`train_stream_masks`).
 * :mod:`~slimkit.primitives.optim.fusing`: trained hidden and FFN masks folded into a pre-norm

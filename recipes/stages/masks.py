@@ -9,8 +9,8 @@ binarised at the threshold that meets the recipe's target and fused into the wei
 :mod:`slimkit.primitives.optim.mask_training` for the loss, the whole-model count (the target is a
 fraction of the dense model's parameters, ``target.of: model``) and the schedule.
 
-Not here yet: the BERT/GLUE path (per-block hidden masks with head, layer and MHA-intermediate
-masks on post-norm encoders).
+The BERT/GLUE counterpart (per-norm hidden masks with FFN, head and layer masks on a post-norm
+encoder) is ``mask_train_encoder`` (:mod:`.encoder_masks`).
 """
 
 from __future__ import annotations
