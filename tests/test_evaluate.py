@@ -67,6 +67,15 @@ def test_macs_follow_pruning(llama):
     assert count_macs(llama, seq) == (linear - 3 * 48 * 32 + attention_matmuls) * seq
 
 
+def test_macs_count_residual_matrices(llama):
+    from slimkit.primitives.projection import attach_basis_change
+
+    seq = 16
+    before = count_macs(llama, seq)
+    attach_basis_change(llama.model.layers[1], torch.eye(48))  # a residual matrix on layer 1's input
+    assert count_macs(llama, seq) == before + 48 * 48 * seq
+
+
 def test_throughput_reports_positive_rates(llama):
     result = throughput(llama, vocab_size=300, prompt_len=8, new_tokens=4, repeats=1)
     assert result.prefill_tokens_per_s > 0 and result.decode_tokens_per_s > 0

@@ -6,7 +6,8 @@ attention + mlp + norms inside the decoder/encoder layers. Tied weights count on
 
 MACs are counted for one forward pass over one sequence of ``seq_len`` tokens: every Linear in
 the layers and the head costs in x out per token; attention adds QK^T and AV, ``heads x head_dim
-x seq_len`` per token each (full, non-causal count). Embedding look-ups and norms are not counted.
+x seq_len`` per token each (full, non-causal count); SP3's residual / basis-change matrices cost
+in x out per token. Embedding look-ups and norms are not counted.
 """
 
 from __future__ import annotations
@@ -72,4 +73,12 @@ def count_macs(model: nn.Module, seq_len: int = 128) -> int:
         attention += 2 * layer.num_heads * layer.head_dim * seq_len
     if view.head is not None:
         per_token += view.head.weight.numel()
+    per_token += _residual_matrix_weights(model)
     return (per_token + attention) * seq_len
+
+
+def _residual_matrix_weights(model: nn.Module) -> int:
+    """Weights of SP3's residual / basis-change matrices: each multiplies every token once."""
+    from slimkit.primitives.projection.adapters import BasisChange
+
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, BasisChange))
