@@ -203,3 +203,16 @@ def test_rank_prior_starts_the_gates_in_principal_component_order():
     after = masks.group_hidden[0].log_alpha.detach()
     assert float(after[0] - before[0]) == pytest.approx(2.0) and float(after[-1] - before[-1]) == pytest.approx(-2.0)
     assert bool((after[1:] < after[:-1]).all())  # the first principal component is the most likely kept
+
+
+def test_mask_training_with_distillation_runs_and_fuses():
+    from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+
+    model = _projected("llama-untied")
+    total = ModelView(model).num_params()
+    config = MaskTrainingConfig(target=0.2, total=total, mask_steps=2, warmup_steps=1, distill=0.5)
+    report = train_stream_masks(model, [_ids(7), _ids(8)], config)
+    assert len(report["history"]["loss"]) == 2 and report["params"] == ModelView(model).num_params()
+    # the distillation term is added to the task loss (the Lagrangian starts at zero)
+    assert report["history"]["loss"][0] > report["history"]["task_loss"][0]
+    assert report["achieved_sparsity"] >= 0.2

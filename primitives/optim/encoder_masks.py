@@ -60,7 +60,6 @@ coordinate keeps its highest-scoring one (reported in ``forced_hidden``).
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -73,9 +72,10 @@ from torch.nn import functional as F
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
+from slimkit.primitives.optim.mask_loop import LoopSettings, train_masks
 from slimkit.primitives.optim.masks import MaskSet, MaskShape, MaskValues, apply_masks
 from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import Lagrangian, binarize, dense_size, expected_size, lagrangian_optimizer
+from slimkit.primitives.optim.sparsity import binarize, dense_size, expected_size
 from slimkit.primitives.projection.adapters import basis_change_params
 from slimkit.primitives.projection.norms import linear_param, set_param
 from slimkit.primitives.projection.postnorm import hidden_norms, slice_post_norm_hidden
@@ -340,65 +340,38 @@ def train_encoder_masks(
     total = dense_size(shape)
     schedule = config.schedule()
     teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
-    lagrangian = Lagrangian()
-    weights = [p for p in model.parameters() if p.requires_grad] if config.learning_rate > 0 else []
-    weight_opt = torch.optim.AdamW(weights, lr=config.learning_rate, weight_decay=0.0) if weights else None
-    mask_opt = torch.optim.AdamW(list(masks.parameters()), lr=config.mask_learning_rate, weight_decay=0.0)
-    lagrangian_opt = lagrangian_optimizer(lagrangian, config.lagrangian_learning_rate)
     device = next(model.parameters()).device
     masks.to(device)
-    history: dict[str, list[float]] = {"loss": [], "task_loss": [], "expected_sparsity": [], "target": []}
+
+    def step_loss(net: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        if net is teacher:
+            batch.pop("labels", None)
+            return torch.zeros(()), net(**batch).logits
+        out = net(**batch)
+        return out.loss, out.logits
+
+    def size(values: MaskValues) -> torch.Tensor:
+        return expected_size(values, shape, residual=residual)
+
+    settings = LoopSettings(
+        target=config.target,
+        total=total,
+        learning_rate=config.learning_rate,
+        mask_learning_rate=config.mask_learning_rate,
+        lagrangian_learning_rate=config.lagrangian_learning_rate,
+        max_grad_norm=config.max_grad_norm,
+        distill=config.distill,
+        seed=config.seed,
+    )
     ends = config.hidden != "none"
     hooks = apply_masks(model, masks, placement="norm", ends=ends)
-    with torch.random.fork_rng():
-        torch.manual_seed(config.seed)
-        try:
-            model.train()
-            masks.train()
-            for step in range(config.total_steps):
-                levels = schedule.levels(step)
-                masks.set_active(levels)
-                batch = {k: v.to(device) for k, v in batches[step % len(batches)].items()}
-                out = model(**batch)
-                task = out.loss
-                loss = task
-                if teacher is not None:
-                    with torch.no_grad():
-                        reference = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
-                    loss = loss + config.distill * _distill_loss(out.logits, reference)
-                if levels:
-                    target = schedule.target(step, config.target)
-                    s_hat = 1.0 - expected_size(masks.keep_probs(), shape, residual=residual) / total
-                    loss = loss + lagrangian(s_hat, target).float()
-                    history["target"].append(target)
-                    history["expected_sparsity"].append(float(s_hat.detach()))
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise SlimkitError(
-                        f"encoder mask training diverged: loss {value} at step {step + 1}; lower the learning rates"
-                    )
-                for opt in (weight_opt, mask_opt, lagrangian_opt):
-                    if opt is not None:
-                        opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if weight_opt is not None:
-                    if config.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(weights, config.max_grad_norm)
-                    weight_opt.step()
-                if levels:
-                    mask_opt.step()
-                    lagrangian_opt.step()
-                history["loss"].append(value)
-                history["task_loss"].append(float(task.detach()))
-                if progress is not None:
-                    progress(step + 1)
-        finally:
-            hooks.remove()
-            model.eval()
-            masks.eval()
-            for opt in (weight_opt, mask_opt, lagrangian_opt):
-                if opt is not None:
-                    opt.zero_grad(set_to_none=True)
+    try:
+        history, lagrangian = train_masks(
+            model, masks, batches, schedule, size, step_loss, settings, teacher, _distill_loss, progress
+        )
+    finally:
+        hooks.remove()
     levels = schedule.levels(config.total_steps - 1)
     masks.set_active(levels)
     scores = masks.scores()

@@ -36,7 +36,6 @@ never 0, unlike Louizos' clamped deterministic value), and
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -48,9 +47,10 @@ from torch.nn import functional as F
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.optim.mask_loop import LoopSettings, train_masks
 from slimkit.primitives.optim.masks import MaskSet, MaskShape, apply_masks
 from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import Lagrangian, binarize, lagrangian_optimizer, stream_model_size
+from slimkit.primitives.optim.sparsity import binarize, stream_model_size
 
 
 @dataclass(frozen=True)
@@ -166,67 +166,32 @@ def train_stream_masks(
         warmup_epochs=config.warmup_steps,
     )
     teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
-    lagrangian = Lagrangian()
-    weights = [p for p in model.parameters() if p.requires_grad] if config.learning_rate > 0 else []
-    weight_opt = torch.optim.AdamW(weights, lr=config.learning_rate, weight_decay=0.0) if weights else None
-    mask_params = [p for p in masks.parameters() if p.requires_grad]
-    mask_opt = torch.optim.AdamW(mask_params, lr=config.mask_learning_rate, weight_decay=0.0)
-    lagrangian_opt = lagrangian_optimizer(lagrangian, config.lagrangian_learning_rate)
     device = next(model.parameters()).device
-    history: dict[str, list[float]] = {"loss": [], "task_loss": [], "expected_sparsity": [], "target": []}
+
+    def step_loss(net: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = ids.to(device)
+        out = net(input_ids=ids, labels=ids, use_cache=False)
+        return out.loss, out.logits
+
+    settings = LoopSettings(
+        target=config.target,
+        total=config.total,
+        learning_rate=config.learning_rate,
+        mask_learning_rate=config.mask_learning_rate,
+        lagrangian_learning_rate=config.lagrangian_learning_rate,
+        max_grad_norm=config.max_grad_norm,
+        distill=config.distill,
+        seed=config.seed,
+    )
     hooks = apply_masks(
         model, masks, groups=groups if config.hidden else None, placement="stream" if config.hidden else "linear"
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(config.seed)
-        try:
-            model.train()
-            masks.train()
-            for step in range(config.total_steps):
-                levels = schedule.levels(step)
-                masks.set_active(levels)
-                ids = batches[step % len(batches)].to(device)
-                out = model(input_ids=ids, labels=ids, use_cache=False)
-                task = out.loss
-                loss = task
-                if teacher is not None:
-                    with torch.no_grad():
-                        reference = teacher(input_ids=ids, use_cache=False).logits
-                    loss = loss + config.distill * _kl(out.logits, reference)
-                s_hat = None
-                if levels:
-                    target = schedule.target(step, config.target)
-                    s_hat = 1.0 - size(masks.keep_probs()) / config.total
-                    loss = loss + lagrangian(s_hat, target).float()
-                    history["target"].append(target)
-                    history["expected_sparsity"].append(float(s_hat.detach()))
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise SlimkitError(
-                        f"mask training diverged: loss {value} at step {step + 1}; lower the learning rates"
-                    )
-                for opt in (weight_opt, mask_opt, lagrangian_opt):
-                    if opt is not None:
-                        opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if weight_opt is not None:
-                    if config.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(weights, config.max_grad_norm)
-                    weight_opt.step()
-                if levels:
-                    mask_opt.step()
-                    lagrangian_opt.step()
-                history["loss"].append(value)
-                history["task_loss"].append(float(task.detach()))
-                if progress is not None:
-                    progress(step + 1)
-        finally:
-            hooks.remove()
-            model.eval()
-            masks.eval()
-            for opt in (weight_opt, mask_opt, lagrangian_opt):
-                if opt is not None:
-                    opt.zero_grad(set_to_none=True)
+    try:
+        history, lagrangian = train_masks(
+            model, masks, batches, schedule, size, step_loss, settings, teacher, _kl, progress
+        )
+    finally:
+        hooks.remove()
     masks.set_active(("dimension",))
     binary = binarize(masks.scores(), shape, config.target, total=config.total, residual="none", size=size)
     final = masks.kept_values().times(binary.masks)

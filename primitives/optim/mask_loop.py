@@ -1,0 +1,122 @@
+"""The one training loop of SP3's masks: task loss + Lagrangian (Eq. 14), weights and masks together.
+
+Shared by the decoder path (:func:`~.mask_training.train_stream_masks`) and the encoder path
+(:func:`~.encoder_masks.train_encoder_masks`); they differ only in how a batch gives a task loss,
+in the count behind ``ŝ`` and in where the masks sit (the caller applies the hooks). Per step:
+
+    L = task(batch) [+ distill · D(student, teacher)] + λ₁ (ŝ − t) + λ₂ (ŝ − t)²,   ŝ = 1 − size(P(z ≠ 0)) / total
+
+with the levels of :class:`~.schedule.MaskSchedule` active (none in a fine-tuning stage: no
+Lagrangian, no mask step), the weights on AdamW (clipped), the gates' ``log α`` on AdamW and the
+multipliers ascending (:func:`~.sparsity.lagrangian_optimizer`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.optim.masks import MaskSet, MaskValues
+from slimkit.primitives.optim.schedule import MaskSchedule
+from slimkit.primitives.optim.sparsity import Lagrangian, lagrangian_optimizer
+
+StepLoss = Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor]]
+"""``(model, batch) -> (task loss, logits)``."""
+Distance = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(student logits, teacher logits) -> distillation loss``."""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    target: float
+    total: float
+    """``M``: the count ``ŝ`` is relative to."""
+    learning_rate: float
+    mask_learning_rate: float
+    lagrangian_learning_rate: float
+    max_grad_norm: float | None = 1.0
+    distill: float = 0.0
+    seed: int = 0
+
+
+def train_masks(
+    model: nn.Module,
+    masks: MaskSet,
+    batches: Sequence[Any],
+    schedule: MaskSchedule,
+    size: Callable[[MaskValues], torch.Tensor],
+    step_loss: StepLoss,
+    settings: LoopSettings,
+    teacher: nn.Module | None = None,
+    distance: Distance | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, list[float]], Lagrangian]:
+    """Run ``schedule.total_steps`` optimiser steps (batches reused cyclically); returns the history and multipliers.
+
+    The mask hooks must already be on ``model``. With ``settings.distill > 0``, ``teacher`` (a
+    frozen copy of the model taken *before* the hooks were added) is compared by ``distance``.
+    """
+    if settings.distill > 0 and (teacher is None or distance is None):
+        raise SlimkitError("distillation needs a teacher model and a distance between their logits")
+    teacher = teacher if settings.distill > 0 else None
+    lagrangian = Lagrangian()
+    weights = [p for p in model.parameters() if p.requires_grad] if settings.learning_rate > 0 else []
+    weight_opt = torch.optim.AdamW(weights, lr=settings.learning_rate, weight_decay=0.0) if weights else None
+    mask_params = [p for p in masks.parameters() if p.requires_grad]
+    mask_opt = torch.optim.AdamW(mask_params, lr=settings.mask_learning_rate, weight_decay=0.0)
+    lagrangian_opt = lagrangian_optimizer(lagrangian, settings.lagrangian_learning_rate)
+    optimizers = [opt for opt in (weight_opt, mask_opt, lagrangian_opt) if opt is not None]
+    history: dict[str, list[float]] = {"loss": [], "task_loss": [], "expected_sparsity": [], "target": []}
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        try:
+            model.train()
+            masks.train()
+            for step in range(schedule.total_steps):
+                levels = schedule.levels(step)
+                masks.set_active(levels)
+                batch = batches[step % len(batches)]
+                task, logits = step_loss(model, batch)
+                loss = task
+                if teacher is not None:
+                    with torch.no_grad():
+                        reference = step_loss(teacher, batch)[1]
+                    loss = loss + settings.distill * distance(logits, reference)
+                if levels:
+                    target = schedule.target(step, settings.target)
+                    s_hat = 1.0 - size(masks.keep_probs()) / settings.total
+                    loss = loss + lagrangian(s_hat, target).float()
+                    history["target"].append(target)
+                    history["expected_sparsity"].append(float(s_hat.detach()))
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise SlimkitError(f"mask training diverged: loss {value} at step {step + 1}; lower learning rates")
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if weight_opt is not None:
+                    if settings.max_grad_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(weights, settings.max_grad_norm)
+                    weight_opt.step()
+                if levels:
+                    mask_opt.step()
+                    lagrangian_opt.step()
+                history["loss"].append(value)
+                history["task_loss"].append(float(task.detach()))
+                if progress is not None:
+                    progress(step + 1)
+        finally:
+            model.eval()
+            masks.eval()
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+    return history, lagrangian
+
+
+__all__ = ["LoopSettings", "train_masks"]
