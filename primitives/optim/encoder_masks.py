@@ -72,7 +72,7 @@ from torch.nn import functional as F
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
-from slimkit.primitives.optim.mask_loop import LoopSettings, train_masks
+from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
 from slimkit.primitives.optim.masks import MaskSet, MaskShape, MaskValues, apply_masks
 from slimkit.primitives.optim.schedule import MaskSchedule
 from slimkit.primitives.optim.sparsity import binarize, dense_size, expected_size
@@ -109,21 +109,20 @@ class EncoderMaskConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        problems = []
-        if not 0.0 < self.target < 1.0:
-            problems.append(f"target must be in (0, 1), got {self.target}")
+        problems = common_problems(
+            self.target,
+            self.learning_rate,
+            self.mask_learning_rate,
+            self.lagrangian_learning_rate,
+            self.init_drop,
+            self.distill,
+        )
         if self.hidden not in ("per_norm", "shared", "none"):
             problems.append(f"hidden must be per_norm, shared or none, got {self.hidden}")
         if min(self.finetune_steps, self.dimension_steps, self.joint_steps, self.warmup_steps) < 0:
             problems.append("step counts must be >= 0")
         if self.dimension_steps + self.joint_steps < 1:
             problems.append("dimension_steps + joint_steps must be >= 1")
-        if self.learning_rate < 0 or self.mask_learning_rate <= 0 or self.lagrangian_learning_rate <= 0:
-            problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
-        if not 0.0 < self.init_drop < 1.0:
-            problems.append(f"init_drop must be in (0, 1), got {self.init_drop}")
-        if self.distill < 0:
-            problems.append(f"distill must be >= 0, got {self.distill}")
         if problems:
             raise SlimkitError("encoder mask training: " + "; ".join(problems))
 

@@ -45,6 +45,27 @@ class LoopSettings:
     seed: int = 0
 
 
+def common_problems(
+    target: float,
+    learning_rate: float,
+    mask_learning_rate: float,
+    lagrangian_learning_rate: float,
+    init_drop: float,
+    distill: float,
+) -> list[str]:
+    """What is wrong with the settings both mask-training configs share (empty when nothing is)."""
+    problems = []
+    if not 0.0 < target < 1.0:
+        problems.append(f"target must be in (0, 1), got {target}")
+    if learning_rate < 0 or mask_learning_rate <= 0 or lagrangian_learning_rate <= 0:
+        problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
+    if not 0.0 < init_drop < 1.0:
+        problems.append(f"init_drop must be in (0, 1), got {init_drop}")
+    if distill < 0:
+        problems.append(f"distill must be >= 0, got {distill}")
+    return problems
+
+
 def train_masks(
     model: nn.Module,
     masks: MaskSet,
@@ -119,4 +140,4 @@ def train_masks(
     return history, lagrangian
 
 
-__all__ = ["LoopSettings", "train_masks"]
+__all__ = ["LoopSettings", "common_problems", "train_masks"]

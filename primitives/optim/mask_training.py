@@ -47,7 +47,7 @@ from torch.nn import functional as F
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
-from slimkit.primitives.optim.mask_loop import LoopSettings, train_masks
+from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
 from slimkit.primitives.optim.masks import MaskSet, MaskShape, apply_masks
 from slimkit.primitives.optim.schedule import MaskSchedule
 from slimkit.primitives.optim.sparsity import binarize, stream_model_size
@@ -79,19 +79,18 @@ class MaskTrainingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        problems = []
-        if not 0.0 < self.target < 1.0:
-            problems.append(f"target must be in (0, 1), got {self.target}")
+        problems = common_problems(
+            self.target,
+            self.learning_rate,
+            self.mask_learning_rate,
+            self.lagrangian_learning_rate,
+            self.init_drop,
+            self.distill,
+        )
         if self.mask_steps < 1:
             problems.append(f"mask_steps must be >= 1, got {self.mask_steps}")
         if self.finetune_steps < 0 or self.warmup_steps < 0:
             problems.append("finetune_steps and warmup_steps must be >= 0")
-        if self.learning_rate < 0 or self.mask_learning_rate <= 0 or self.lagrangian_learning_rate <= 0:
-            problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
-        if not 0.0 < self.init_drop < 1.0:
-            problems.append(f"init_drop must be in (0, 1), got {self.init_drop}")
-        if self.distill < 0:
-            problems.append(f"distill must be >= 0, got {self.distill}")
         if self.rank_prior < 0:
             problems.append(f"rank_prior must be >= 0, got {self.rank_prior}")
         if problems:
