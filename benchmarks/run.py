@@ -453,7 +453,9 @@ class Bench:
 
     def run_job(self, job: Job) -> dict[str, Any]:
         import slimkit
+        from slimkit.primitives.evaluate.counting import count_macs
         from slimkit.primitives.io import read_manifest
+        from slimkit.recipes.runner import MACS_SEQ_LEN
 
         row, overrides, raw = self.prepare(job)
         if overrides is None:
@@ -496,6 +498,8 @@ class Bench:
         try:
             model, _tokenizer, _info = slimkit.load_source(str(folder / "model"))
             metrics, details, seconds = self.evaluate(model)
+            # counted here, on the saved model, so a reused run folder is counted by this code too
+            row["macs"] = {**(row["macs"] or {}), "after": count_macs(model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN}
             reported = residual_params_reported(stages)
             row["structure"] = {
                 "residual_params": reported if reported is not None else residual_params_in_model(model),
