@@ -14,14 +14,9 @@ from slimkit.primitives import surgery
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover, merge_lora, train_lora
-from tests.tiny import tiny_llama, tiny_opt
+from tests.tiny import model_output, tiny_llama, tiny_opt
 
 FAST = {"batch_size": 2, "seq_len": 32, "dataset": "alpaca"}
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
 
 
 def _prune_mlp(model, layer, width):
@@ -64,10 +59,10 @@ def test_merge_is_lossless_and_training_is_deterministic(tokenizer):
         model = copy.deepcopy(base)
         torch.manual_seed(123)  # the run is seeded by config.seed, not by the global RNG
         training = train_lora(model, tokenizer, config)
-        wrapped = _logits(training.peft_model, ids)
+        wrapped = model_output(training.peft_model, ids)
         merged = merge_lora(training)
         assert _no_peft(merged)
-        torch.testing.assert_close(_logits(merged, ids), wrapped, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model_output(merged, ids), wrapped, rtol=1e-5, atol=1e-5)
         runs.append((training.report["losses"], merged.state_dict()))
     assert runs[0][0] == runs[1][0]
     for key, value in runs[0][1].items():
@@ -106,11 +101,11 @@ def test_pruned_model_with_per_layer_widths_trains_and_round_trips(tmp_path, tok
     assert _no_peft(model) and all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
     assert [layer.mlp_width for layer in ModelView(model).layers] == [40, 24, 56]
     ids = torch.randint(3, len(tokenizer), (2, 16))
-    expected = _logits(model, ids)
+    expected = model_output(model, ids)
     slimkit.save(model, tokenizer, tmp_path / "out")
     loaded, _ = slimkit.load(tmp_path / "out")
     assert [layer.mlp_width for layer in ModelView(loaded).layers] == [40, 24, 56]
-    torch.testing.assert_close(_logits(loaded, ids), expected, rtol=0, atol=0)
+    torch.testing.assert_close(model_output(loaded, ids), expected, rtol=0, atol=0)
 
 
 def test_a_failed_run_removes_the_adapters_without_merging(llama, tokenizer):

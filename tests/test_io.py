@@ -12,12 +12,7 @@ from transformers import AutoModel, AutoModelForCausalLM
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.surgery import prune_layer
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        out = model(ids)
-    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+from tests.tiny import model_output
 
 
 def _prune_non_uniform(model):
@@ -33,13 +28,13 @@ def test_non_uniform_round_trip_identical_logits(family, request, tmp_path, toke
     model = request.getfixturevalue(family)
     _prune_non_uniform(model)
     ids = torch.randint(3, 200, (2, 9))
-    before = _logits(model, ids)
+    before = model_output(model, ids)
     path = slimkit.save(model, tokenizer, tmp_path / "m", manifest={"recipe": "test", "seed": 0})
     config = json.loads((path / "config.json").read_text())
     assert set(config["per_layer_config"]) == {str(i) for i in range(ModelView(model).num_layers)}
     loaded, tok = slimkit.load(path, task="encoder" if family == "bert" else "causal-lm")
     assert ModelView(loaded).layer_widths() == ModelView(model).layer_widths()
-    torch.testing.assert_close(_logits(loaded, ids), before, rtol=0, atol=0)
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
     assert tok is not None and tok("ab").input_ids == tokenizer("ab").input_ids
     manifest = slimkit.primitives.io.read_manifest(path)
     assert manifest["recipe"] == "test" and manifest["versions"]["torch"].startswith("2.")
@@ -52,22 +47,22 @@ def test_uniform_result_loads_with_plain_from_pretrained(llama, tmp_path, tokeni
         prune_layer(llama, "mlp_channel", layer.index, torch.arange(40))
         prune_layer(llama, "kv_group", layer.index, torch.tensor([1]))
     ids = torch.randint(3, 200, (2, 9))
-    before = _logits(llama, ids)
+    before = model_output(llama, ids)
     path = slimkit.save(llama, tokenizer, tmp_path / "m")
     config = json.loads((path / "config.json").read_text())
     assert "per_layer_config" not in config
     assert (config["intermediate_size"], config["num_attention_heads"], config["num_key_value_heads"]) == (40, 3, 1)
     plain = AutoModelForCausalLM.from_pretrained(path)
-    torch.testing.assert_close(_logits(plain, ids), before, rtol=0, atol=0)
+    torch.testing.assert_close(model_output(plain, ids), before, rtol=0, atol=0)
 
 
 def test_uniform_bert_loads_with_plain_auto_model(bert, tmp_path):
     for layer in ModelView(bert).layers:
         prune_layer(bert, "mlp_channel", layer.index, torch.arange(30))
     ids = torch.randint(3, 200, (2, 9))
-    before = _logits(bert, ids)
+    before = model_output(bert, ids)
     path = slimkit.save(bert, None, tmp_path / "m")
-    torch.testing.assert_close(_logits(AutoModel.from_pretrained(path), ids), before, rtol=0, atol=0)
+    torch.testing.assert_close(model_output(AutoModel.from_pretrained(path), ids), before, rtol=0, atol=0)
 
 
 def test_save_refuses_non_empty_directory_and_leaves_no_partial(llama, tmp_path):

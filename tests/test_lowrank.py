@@ -29,7 +29,7 @@ from slimkit.primitives.lowrank import (
     truncated_svd,
     weighted_error,
 )
-from tests.tiny import tiny_llama
+from tests.tiny import model_output, tiny_llama
 
 ATTENTION = ("q", "k", "v", "o")
 
@@ -148,11 +148,6 @@ def _factor_attention(model: nn.Module, ranks: dict[str, int]) -> nn.Module:
     return model
 
 
-def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids).logits
-
-
 def test_lowrank_model_views_counts_and_reloads(tmp_path):
     from safetensors.torch import load_file
 
@@ -175,12 +170,12 @@ def test_lowrank_model_views_counts_and_reloads(tmp_path):
     entries = lowrank_entries(model)
     assert [e["path"] for e in entries[:4]] == [f"model.layers.0.self_attn.{r}_proj" for r in ATTENTION]
     ids = torch.randint(3, 200, (2, 9))
-    expected = _logits(model, ids)
+    expected = model_output(model, ids)
 
     fresh = tiny_llama()  # what a loader builds from the config, then materialises the pairs
     assert materialise_lowrank(fresh, [*entries, {"path": "x", "kind": "other"}]) == len(entries)
     fresh.load_state_dict(model.state_dict(), strict=True)
-    assert torch.equal(_logits(fresh.eval(), ids), expected)
+    assert torch.equal(model_output(fresh.eval(), ids), expected)
 
     # slimkit.save already passes the records through its manifest and writes the factor keys.
     folder = slimkit.save(model, None, tmp_path / "lowrank", manifest={"modules": entries})
@@ -193,7 +188,7 @@ def test_lowrank_model_views_counts_and_reloads(tmp_path):
     missing, unexpected = reloaded.load_state_dict(state, strict=False)
     assert set(missing) <= {"lm_head.weight"} and not unexpected  # tied head
     reloaded.tie_weights()
-    torch.testing.assert_close(_logits(reloaded.eval(), ids), expected, atol=0, rtol=0)
+    torch.testing.assert_close(model_output(reloaded.eval(), ids), expected, atol=0, rtol=0)
 
 
 def test_surgery_slices_the_factors_like_the_dense_product():
@@ -221,7 +216,7 @@ def test_surgery_slices_the_factors_like_the_dense_product():
     assert (q.rank, q.out_features, q.in_features) == (5, 32, 48)
     assert ModelView(model).layer_widths() == ModelView(reference).layer_widths()
     ids = torch.randint(3, 200, (2, 9))
-    torch.testing.assert_close(_logits(model, ids), _logits(reference, ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model_output(model, ids), model_output(reference, ids), atol=1e-5, rtol=1e-5)
 
 
 def test_lora_targets_the_inner_linears_and_merges_into_them():
@@ -233,11 +228,11 @@ def test_lora_targets_the_inner_linears_and_merges_into_them():
     q = peft_model.base_model.model.model.layers[0].self_attn.q_proj
     assert type(q.first).__name__ == "Linear" and hasattr(q.first, "lora_A")  # peft's LoRA Linear
     ids = torch.randint(3, 200, (1, 7))
-    adapted = _logits(peft_model, ids)
+    adapted = model_output(peft_model, ids)
     merged = peft_model.merge_and_unload()
     q = merged.model.layers[0].self_attn.q_proj
     assert isinstance(q, LowRankLinear) and q.rank == 4 and type(q.first) is nn.Linear
-    torch.testing.assert_close(_logits(merged, ids), adapted, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model_output(merged, ids), adapted, atol=1e-5, rtol=1e-5)
 
 
 def test_member_target():

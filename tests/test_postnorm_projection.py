@@ -23,7 +23,7 @@ from slimkit.primitives.projection import (
     project_post_norm,
     slice_post_norm_hidden,
 )
-from tests.tiny import tiny_llama
+from tests.tiny import assert_scaled_close, tiny_llama
 
 D, LAYERS, INTER, VOCAB, POS, TYPES, LABELS = 32, 3, 64, 100, 64, 2, 3
 
@@ -82,11 +82,6 @@ def _outputs(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torc
         if isinstance(model, BertForSequenceClassification):
             found["pooler_output"] = model.bert(**batch).pooler_output
     return found
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-4) -> None:
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual, expected, rtol=0, atol=tol * max(scale, 1.0))
 
 
 def _mask_norms(model: nn.Module, keep: list[torch.Tensor]) -> None:
@@ -169,15 +164,15 @@ def test_full_rank_projection_is_exact_and_residual_matrices_follow_eq_18(cls, r
     bases = [acc.components().vectors for acc in norm_statistics(model, _batches())]
     report = project_post_norm(model, _batches(), restore_output=restore_output)
     after = _outputs(model, batch)
-    _close(after["pooler_output"], before["pooler_output"])
+    assert_scaled_close(after["pooler_output"], before["pooler_output"])
     if "logits" in before:
-        _close(after["logits"], before["logits"])
+        assert_scaled_close(after["logits"], before["logits"])
     if restore_output:
-        _close(after["last_hidden_state"], before["last_hidden_state"])
+        assert_scaled_close(after["last_hidden_state"], before["last_hidden_state"])
     elif "last_hidden_state" in before:  # the sequence output is x̂_2L; diag(γ) U x̂ + β gives the original back
         last = norms[-1]
         restored = (after["last_hidden_state"].double() @ bases[-1].T) * last.weight.double() + last.bias.double()
-        _close(restored.float(), before["last_hidden_state"])
+        assert_scaled_close(restored.float(), before["last_hidden_state"])
     assert report["widths"] == [D] * len(paths) and all(e == pytest.approx(1.0) for e in report["explained"])
     assert report["tokens"] == sum(int(b["attention_mask"].sum()) for b in _batches()) and not report["rank_deficient"]
     assert all(isinstance(model.get_submodule(p), nn.RMSNorm) for p in paths)
@@ -221,7 +216,7 @@ def test_truncated_projection_has_the_expected_size_and_equals_full_rank_then_sl
     batch = _batch(7)
     out_truncated, out_sliced = _outputs(truncated, batch), _outputs(full, batch)
     assert torch.isfinite(out_truncated["logits"]).all()
-    _close(out_sliced["logits"], out_truncated["logits"], 1e-5)
+    assert_scaled_close(out_sliced["logits"], out_truncated["logits"], 1e-5)
 
 
 def _random_keep(widths: list[int], sizes: list[int], seed: int) -> list[torch.Tensor]:
@@ -251,7 +246,7 @@ def test_slicing_equals_masking_the_norms(restore_output):
     for key, value in out_masked.items():
         if key == "last_hidden_state" and not restore_output:  # projected coordinates: compare on keep[2L]
             value = value[..., keep[-1]]
-        _close(out_sliced[key], value, 1e-5)
+        assert_scaled_close(out_sliced[key], value, 1e-5)
     with pytest.raises(SlimkitError, match="keep"):
         slice_post_norm_hidden(sliced, [torch.tensor([1, 0])] * len(paths))
 

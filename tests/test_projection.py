@@ -36,23 +36,13 @@ from slimkit.primitives.projection import (
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
 from tests.test_recipes import tiny_recipe
-from tests.tiny import tiny_bert, tiny_llama, tiny_opt
+from tests.tiny import assert_scaled_close, model_output, tiny_bert, tiny_llama, tiny_opt
 
 MODELS = {
     "llama-tied": lambda: tiny_llama(layers=4),
     "llama-untied": lambda: tiny_llama(layers=4, tie=False),
     "opt": lambda: tiny_opt(layers=3),
 }
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def _close(actual, expected):
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-4 * max(scale, 1.0))
 
 
 def _batches(seed: int = 1) -> list[torch.Tensor]:
@@ -115,14 +105,14 @@ def test_layernorm_form_at_full_rank_is_layernorm():
 
 def test_layernorm_to_rmsnorm_is_lossless_and_unties_the_head(opt):
     ids = torch.randint(3, 200, (2, 9))
-    before = _logits(opt, ids)
+    before = model_output(opt, ids)
     assert ModelView(opt).tied
     report = layernorm_to_rmsnorm(opt)
     view = ModelView(opt)
     assert report == {"converted_layernorm": True, "untied_head": True} and not view.tied
     assert all(isinstance(n.module, nn.RMSNorm) for layer in view.layers for n in (layer.attn_norm, layer.mlp_norm))
     assert isinstance(view.final_norm.module, nn.RMSNorm) and view.head.bias is not None  # took the final β
-    _close(_logits(opt, ids), before)
+    assert_scaled_close(model_output(opt, ids), before)
     with torch.no_grad():  # every writer is centred, so the residual stream is zero-mean per token
         stream = opt.model.decoder(ids, output_hidden_states=True).hidden_states
     assert max(h.mean(dim=-1).abs().max().item() for h in stream) < 1e-5
@@ -131,14 +121,14 @@ def test_layernorm_to_rmsnorm_is_lossless_and_unties_the_head(opt):
 @pytest.mark.parametrize("tied_head", ["joint", "untie"])
 def test_folding_rmsnorm_gammas_is_lossless(llama, tied_head):
     ids = torch.randint(3, 200, (2, 9))
-    before = _logits(llama, ids)
+    before = model_output(llama, ids)
     report = fold_rms_norms(llama, tied_head)
     view = ModelView(llama)
     for layer in view.layers:
         assert torch.all(layer.attn_norm.module.weight == 1) and torch.all(layer.mlp_norm.module.weight == 1)
     assert view.tied == (tied_head == "joint") and report["final_gamma_kept"] == view.tied
     assert torch.all(view.final_norm.module.weight == 1) != view.tied
-    _close(_logits(llama, ids), before)
+    assert_scaled_close(model_output(llama, ids), before)
 
 
 def test_post_norm_models_are_refused():
@@ -152,10 +142,10 @@ def test_post_norm_models_are_refused():
 def test_full_rank_projection_leaves_outputs_unchanged(family, group_size):
     model = MODELS[family]()
     ids = torch.randint(3, 200, (2, 11))
-    before = _logits(model, ids)
+    before = model_output(model, ids)
     settings = ProjectionSettings(group_size=group_size, ratio=0.0)
     report = project_hidden_dimension(model, _batches(), settings)
-    _close(_logits(model, ids), before)
+    assert_scaled_close(model_output(model, ids), before)
     groups = layer_groups(ModelView(model).num_layers, group_size)
     boundaries = len(groups) - 1
     tied_map = family == "llama-tied"  # the tied head reads E Q_1 through Q_1ᵀ diag(γ_F) Q_G
@@ -170,11 +160,11 @@ def test_full_rank_projection_leaves_outputs_unchanged(family, group_size):
 def test_projected_statistics_and_identity_basis_are_lossless_at_full_rank(basis):
     model = tiny_llama(layers=4)
     ids = torch.randint(3, 200, (2, 11))
-    before = _logits(model, ids)
+    before = model_output(model, ids)
     project_hidden_dimension(
         model, _batches(), ProjectionSettings(group_size=2, ratio=0.0, statistics="projected", basis=basis)
     )
-    _close(_logits(model, ids), before)
+    assert_scaled_close(model_output(model, ids), before)
 
 
 def test_identity_basis_slices_raw_dimensions():
@@ -244,7 +234,7 @@ def test_a_projected_model_deep_copies_and_refuses_a_second_projection():
     project_hidden_dimension(model, _batches(), ProjectionSettings(group_size=2, ratio=0.25))
     ids = torch.randint(3, 200, (2, 7))
     clone = copy.deepcopy(model)
-    torch.testing.assert_close(_logits(clone, ids), _logits(model, ids))
+    torch.testing.assert_close(model_output(clone, ids), model_output(model, ids))
     assert all(isinstance(m, BasisChange) for _p, m in basis_changes(clone))
     with pytest.raises(SlimkitError, match="only once"):
         project_hidden_dimension(model, _batches(), ProjectionSettings(ratio=0.1))
@@ -293,7 +283,7 @@ def test_sliced_model_saves_and_reloads_with_equal_outputs(family, allocation, t
     assert all(k < d for k in widths) and report["hidden_reduction"] == pytest.approx(0.25, abs=0.05)
     assert all(0 < g["explained"] <= 1 for g in report["groups"])
     ids = torch.randint(3, 200, (2, 9))
-    before = _logits(model, ids)
+    before = model_output(model, ids)
     path = slimkit.save(model, tokenizer, tmp_path / "m")
     manifest = json.loads((path / "slimkit_manifest.json").read_text())
     kinds = [entry["kind"] for entry in manifest["modules"]]
@@ -306,7 +296,7 @@ def test_sliced_model_saves_and_reloads_with_equal_outputs(family, allocation, t
         ]
         assert layer_sizes == report["layer_hidden_sizes"]
     loaded, _tok = slimkit.load(path)
-    torch.testing.assert_close(_logits(loaded, ids), before, rtol=0, atol=0)
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
     assert ModelView(loaded).num_params() == ModelView(model).num_params()
     assert basis_change_params(loaded) == report["residual_params"]
 
@@ -320,7 +310,7 @@ def test_perplexity_reads_the_head_width_when_it_differs_from_the_embedding_widt
     view = ModelView(model)
     assert view.hidden_size == 40 and view.head.in_features == 30
     windows = torch.randint(3, 200, (3, 12))
-    logits = _logits(model, windows)[:, :-1]
+    logits = model_output(model, windows)[:, :-1]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
     assert perplexity_of_windows(model, windows, batch_size=2, chunk_tokens=7) == pytest.approx(nll.exp().item())
 

@@ -25,7 +25,7 @@ from slimkit.primitives.projection import (
     slice_stream,
     stream_groups,
 )
-from tests.tiny import tiny_llama, tiny_opt
+from tests.tiny import assert_scaled_close, model_output, tiny_llama, tiny_opt
 
 MODELS = {
     "llama-tied": lambda: tiny_llama(layers=4),
@@ -36,16 +36,6 @@ MODELS = {
 
 def _ids(seed: int = 1) -> torch.Tensor:
     return torch.randint(3, 200, (3, 12), generator=torch.Generator().manual_seed(seed))
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def _close(actual, expected):
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-4 * max(scale, 1.0))
 
 
 def _projected(family: str, group_size: int | None = 2):
@@ -88,10 +78,10 @@ def test_fused_stream_masks_equal_the_masked_model(family, fractional):
     values = _random_values(model, groups, seed=3, fractional=fractional)
     ids = _ids()
     with apply_masks(model, values, groups=groups):
-        expected = _logits(model, ids)
+        expected = model_output(model, ids)
     fused = copy.deepcopy(model)
     fuse_stream_masks(fused, values)
-    _close(_logits(fused, ids), expected)
+    assert_scaled_close(model_output(fused, ids), expected)
     binary = values.map(lambda z: (z != 0).float())
     count = stream_model_size(binary, MaskShape.from_view(ModelView(model)), **stream_count_args(model))
     assert int(count) == ModelView(fused).num_params()

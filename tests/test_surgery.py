@@ -10,12 +10,7 @@ import torch
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.groups import build_groups, layer_group
 from slimkit.primitives.surgery import prune_layer, remove_units
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        out = model(ids)
-    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+from tests.tiny import model_output
 
 
 def _zero_unit_outputs(model, kind: str, layer: int, units: list[int]) -> None:
@@ -43,9 +38,9 @@ def test_removal_equals_zeroing(family, kind, keep, request):
         keep = [0, 2, 3]
     dropped = sorted(set(range(group.size)) - set(keep))
     _zero_unit_outputs(model, kind, 1, dropped)
-    zeroed = _logits(model, ids)
+    zeroed = model_output(model, ids)
     remove_units(model, group, torch.tensor(keep))
-    torch.testing.assert_close(_logits(model, ids), zeroed, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model_output(model, ids), zeroed, rtol=1e-5, atol=1e-5)
     assert layer_group(model, kind, 1).size == len(keep)
 
 
@@ -67,7 +62,7 @@ def test_hidden_feature_removal_keeps_tying_and_runs(llama):
     assert view.hidden_size == 36 and view.tied and llama.config.hidden_size == 36
     assert view.head.in_features == 36 and llama.model.norm.weight.shape == (36,)
     assert view.layer(2).linear("down").out_features == 36
-    assert torch.isfinite(_logits(llama, torch.randint(3, 200, (1, 5)))).all()
+    assert torch.isfinite(model_output(llama, torch.randint(3, 200, (1, 5)))).all()
 
 
 def test_hidden_feature_removal_equals_zeroing_up_to_the_rms_scale(llama):
@@ -89,7 +84,7 @@ def test_hidden_feature_removal_equals_zeroing_up_to_the_rms_scale(llama):
             tensor.index_fill_(member.dim, member.indices[dropped].reshape(-1), 0.0)
     kept = torch.tensor(sorted(set(range(d)) - set(dropped.tolist())))
     remove_units(pruned, build_groups(pruned, "hidden_feature")[0], kept)
-    torch.testing.assert_close(_logits(pruned, ids), _logits(llama, ids), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model_output(pruned, ids), model_output(llama, ids), rtol=1e-4, atol=1e-5)
 
 
 def test_score_only_kinds_are_refused(llama):

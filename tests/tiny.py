@@ -76,3 +76,16 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def model_output(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """One no-grad forward: the logits, or an encoder's last hidden state."""
+    with torch.no_grad():
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def assert_scaled_close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-4) -> None:
+    """Equal within ``tol`` times the larger of 1 and ``expected``'s largest magnitude (no relative term)."""
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=0, atol=tol * max(scale, 1.0))
