@@ -25,12 +25,15 @@ and changes the evaluation defaults: ``eval.glue`` on the task's dev split inste
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import dataclasses
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
+
+T = TypeVar("T")
 
 TargetOf = Literal["model", "layers", "mlp", "attention"]
 
@@ -48,6 +51,11 @@ class Strict(BaseModel):
             if unknown:
                 raise ValueError(f"unknown field '{unknown[0]}'; allowed: {', '.join(cls.model_fields)}")
         return data
+
+    def shared_with(self, config_class: type[T], **extra: Any) -> T:
+        """``config_class`` (a dataclass) built from the fields it shares with these args, plus ``extra``."""
+        names = {f.name for f in dataclasses.fields(config_class)} & set(type(self).model_fields)  # type: ignore[arg-type]
+        return config_class(**{name: getattr(self, name) for name in names}, **extra)
 
 
 def check_corpus(name: str) -> str:

@@ -139,3 +139,22 @@ def test_zero_shot_evaluation_through_the_runner(tmp_path, tiny_llama_dir):
     assert {"piqa_acc", "piqa_acc_norm", "boolq_acc", "zeroshot_mean_acc"} <= set(metrics)
     assert metrics["zeroshot_mean_acc"] == pytest.approx((metrics["piqa_acc"] + metrics["boolq_acc"]) / 2)
     assert report["evaluation"]["zeroshot"]["results"]["piqa"]["n"] == 2
+
+
+def test_stage_args_build_a_config_from_the_fields_they_share():
+    import dataclasses
+
+    from slimkit.recipes.schema import Strict
+
+    @dataclasses.dataclass
+    class Config:
+        target: float
+        steps: int = 1
+        rate: float = 0.5
+
+    class Args(Strict):
+        steps: int = 7
+        batch_size: int = 4  # not the config's: left out
+
+    config = Args().shared_with(Config, target=0.2)
+    assert config == Config(target=0.2, steps=7, rate=0.5)

@@ -63,22 +63,7 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
             f"mask_train_encoder counts Eq. 30 (block matrices and residual matrices): set target.of: layers "
             f"(got {target.of})"
         )
-    config = EncoderMaskConfig(
-        target=target.ratio,
-        hidden=args.hidden,
-        head=args.head,
-        layer=args.layer,
-        finetune_steps=args.finetune_steps,
-        dimension_steps=args.dimension_steps,
-        joint_steps=args.joint_steps,
-        warmup_steps=args.warmup_steps,
-        learning_rate=args.learning_rate,
-        mask_learning_rate=args.mask_learning_rate,
-        lagrangian_learning_rate=args.lagrangian_learning_rate,
-        init_drop=args.init_drop,
-        distill=args.distill,
-        seed=ctx.recipe.seed,
-    )
+    config = args.shared_with(EncoderMaskConfig, target=target.ratio, seed=ctx.recipe.seed)
     task = ctx.recipe.task
     examples = gluedata.read_split(task, "train")
     needed = config.total_steps * args.batch_size

@@ -55,20 +55,8 @@ def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
     target = ctx.recipe.target
     if target.of != "model":
         raise SlimkitError(f"mask_train counts the whole model: set target.of: model (got {target.of})")
-    config = MaskTrainingConfig(
-        target=target.ratio,
-        total=ctx.params_before["total"],
-        hidden=args.hidden,
-        finetune_steps=args.finetune_steps,
-        mask_steps=args.mask_steps,
-        warmup_steps=args.warmup_steps,
-        learning_rate=args.learning_rate,
-        mask_learning_rate=args.mask_learning_rate,
-        lagrangian_learning_rate=args.lagrangian_learning_rate,
-        init_drop=args.init_drop,
-        rank_prior=args.rank_prior,
-        distill=args.distill,
-        seed=ctx.recipe.seed,
+    config = args.shared_with(
+        MaskTrainingConfig, target=target.ratio, total=ctx.params_before["total"], seed=ctx.recipe.seed
     )
     spec = CalibrationSpec(args.dataset, config.total_steps * args.batch_size, args.seq_len, ctx.recipe.seed + 1)
     ids = calibration_batches(ctx.tokenizer, spec)
