@@ -359,6 +359,22 @@ class Bench:
             },
         }
 
+    def kept_dense_row(self) -> dict[str, Any]:
+        """The dense row; with ``--keep``, stored in DIR/dense (without its speed) and, with ``--resume``,
+        reused when it was measured under the same settings."""
+        path = self.runs / DENSE / ROW_FILE
+        settings = json.loads(json.dumps(self.settings.model_dump()))
+        if self.resume and path.is_file():
+            stored = json.loads(path.read_text())
+            if stored.get("settings") == settings:
+                log(f"  reusing the dense row measured in {path.parent}")
+                return {**stored["row"], "evaluation_reused": True}
+        row = self.dense_row()
+        if self.keep:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"settings": settings, "row": row}, indent=1, default=str) + "\n")
+        return row
+
     def finish_dense(self, row: dict[str, Any]) -> None:
         """The dense row's speed: the medians of its measurements in every pair (or its own if none ran)."""
         import statistics
@@ -593,7 +609,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         log(f"{len(jobs)} rows + dense; runs in {runs}; results {base}.*")
         bench = Bench(settings, runs, keep=args.keep is not None, resume=args.resume, threads=args.threads)
         result["machine"]["torch_threads"] = torch_threads()
-        dense = bench.dense_row()
+        dense = bench.kept_dense_row()
         result["rows"].append(dense)
         log(f"[dense] {_summary(dense)}")
         for index, job in enumerate(jobs, 1):

@@ -261,6 +261,22 @@ def test_resume_reuses_a_row_measured_under_the_same_settings(tmp_path):
     assert bench.stored_row(folder, raw) is None
 
 
+def test_kept_dense_row_is_stored_and_reused_under_the_same_settings(tmp_path):
+    bench = Bench.__new__(Bench)
+    bench.settings, bench.runs, bench.keep, bench.resume = Settings(), tmp_path, True, True
+    measured = []
+    bench.dense_row = lambda: measured.append(1) or {"id": "dense", "metrics": {"wikitext2_ppl": 28.0}}
+    first = bench.kept_dense_row()
+    assert measured == [1] and "evaluation_reused" not in first
+    assert bench.kept_dense_row() == {**first, "evaluation_reused": True} and measured == [1]
+    bench.settings = Settings(ppl_tokens=1024)  # other settings: measured again (and stored for them)
+    bench.kept_dense_row()
+    assert measured == [1, 1]
+    bench.resume = False  # without --resume: always measured
+    bench.kept_dense_row()
+    assert measured == [1, 1, 1]
+
+
 # ------------------------------------------------------------------------------- size extraction
 
 
