@@ -408,8 +408,8 @@ def test_hybrid_rotation_then_llm_pruner_stages_on_a_tiny_model(tmp_path, tiny_l
     report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
     stage = report["stages"]["pca_project"]
     assert [g["hidden_size"] for g in stage["groups"]] == [48] and stage["residual_matrices"] == 1  # the tied head
-    # prune removes 20% of the dense count; the rotation's map after the final norm stays on top
+    # the rotation's map after the final norm counts: prune removes it on top, so the result meets 20%
     added = stage["residual_params"] / report["params"]["before"]
-    assert report["target"]["achieved"] == pytest.approx(0.2 - added, abs=0.01)
+    assert added > 0.01 and report["target"]["achieved"] == pytest.approx(0.2, abs=0.005)
     model, _tok = slimkit.load(tmp_path / "run" / "model")
     assert ModelView(model).num_params() == report["params"]["after"]

@@ -23,6 +23,7 @@ from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance import NEEDS, score_group
 from slimkit.primitives.lowrank import layer_ratio
@@ -89,9 +90,18 @@ def _needs(args: PruneArgs) -> set[str]:
     return set(NEEDS.get(args.scorer, ()))
 
 
-def _wanted(ctx: Context, target: Target) -> tuple[str, int]:
+def _wanted(ctx: Context, target: Target, dense_shapes: bool = False) -> tuple[str, int]:
+    """Parameters of the target's part to remove now so that the recipe's result meets its target.
+
+    The target is a fraction of the dense model, so what earlier stages added (SP3's residual
+    matrices) or removed counts: remove ``now - (1 - ratio) x dense``. ``dense_shapes``: the plain
+    ``ratio x dense`` (a layer-scope fraction solved once on the still-dense shapes).
+    """
     part = TARGET_PART[target.of]
-    return part, round(target.ratio * ctx.params_before[part])
+    if dense_shapes:
+        return part, round(target.ratio * ctx.params_before[part])
+    now = params_by_part(ctx.model)[part]
+    return part, max(0, now - round((1.0 - target.ratio) * ctx.params_before[part]))
 
 
 def lorap_layer_ratio(ctx: Context) -> float:
@@ -186,5 +196,5 @@ def layer_fraction(ctx: Context, args: PruneLayerArgs) -> float:
     groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, eligible)]
     scores = [torch.zeros(g.size) for g in groups]
     check_shapes(groups, args.rules())
-    part, wanted = _wanted(ctx, ctx.recipe.target)
+    part, wanted = _wanted(ctx, ctx.recipe.target, dense_shapes=True)
     return solve_fraction(ctx.model, groups, scores, args.rules(), part, wanted)
