@@ -109,6 +109,42 @@ def quality_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[
     return lines
 
 
+def summary_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
+    """One line per row: what was removed, quality, MACs, speed against dense and the compression cost."""
+    datasets = settings.get("ppl_datasets", [])
+    zeroshot = bool(settings.get("zeroshot_tasks")) and settings.get("zeroshot_limit") != 0
+    head = ["row", "params removed", *(f"{d} ppl" for d in datasets), *(["mean acc"] if zeroshot else [])]
+    head += ["MACs kept", "prefill vs dense", "decode vs dense", "compress s", "peak MB"]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for row in _ok(rows):
+        m, macs, speed, cost = row.get("metrics", {}), row.get("macs", {}), row.get("speed", {}), row.get("cost", {})
+        kept = macs["after"] / macs["before"] if macs.get("before") and macs.get("after") is not None else None
+        cells = [_label(row), _pct(row.get("params", {}).get("removed_ratio"))]
+        cells += [_num(m.get(f"{d}_ppl")) for d in datasets]
+        cells += [_num(m.get("zeroshot_mean_acc"), ".3f")] if zeroshot else []
+        cells += [_pct(kept, 1), _num(speed.get("prefill_ratio"), ".2f"), _num(speed.get("decode_ratio"), ".2f")]
+        cells += [_num(cost.get("compress_s"), ".0f"), _num(cost.get("peak_rss_mb"), ".0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def pivot_table(rows: list[dict[str, Any]], metric: str, spec: str = ".4g") -> list[str]:
+    """``metric`` with one line per recipe and recovery setting and one column per target ratio."""
+    ok = [r for r in _ok(rows) if r.get("ratio") is not None]
+    ratios = sorted({r["ratio"] for r in ok})
+    table: dict[str, dict[float, Any]] = {}
+    for row in ok:
+        table.setdefault(_series_name(row), {})[row["ratio"]] = row.get("metrics", {}).get(metric)
+    dense = next((r for r in _ok(rows) if r["id"] == "dense"), None)
+    lines = [f"| recipe | {' | '.join(f'{x:.0%}' for x in ratios)} |", "| --- |" + " ---: |" * len(ratios)]
+    if dense:
+        value = _num(dense.get("metrics", {}).get(metric), spec)
+        lines.append("| dense | " + " | ".join(value if i == 0 else "" for i in range(len(ratios))) + " |")
+    for name, values in table.items():
+        lines.append(f"| `{name}` | " + " | ".join(_num(values.get(x), spec) for x in ratios) + " |")
+    return lines
+
+
 def size_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| row | params before | params after | removed | achieved (of target) | MACs before | MACs after | "
@@ -199,6 +235,7 @@ def markdown(result: dict[str, Any], plots: list[str]) -> str:
     rows, settings = result.get("rows", []), result.get("settings", {})
     out = [f"# Benchmark `{result.get('name')}` ({result.get('date')})", "", *settings_text(result), ""]
     sections = [
+        ("Summary", summary_table(rows, settings)),
         ("Quality", quality_table(rows, settings)),
         ("Size", size_table(rows)),
         ("Cost of compression", cost_table(rows)),
@@ -324,3 +361,27 @@ def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.tables RESULT.json``: the compact tables of a result (for the README)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("result", type=Path)
+    args = parser.parse_args(argv)
+    result = json.loads(args.result.read_text())
+    rows, settings = result.get("rows", []), result.get("settings", {})
+    out = [*summary_table(rows, settings), ""]
+    for metric in ("wikitext2_ppl", "zeroshot_mean_acc"):
+        if any(metric in r.get("metrics", {}) for r in _ok(rows)):
+            out += [f"{metric}:", "", *pivot_table(rows, metric, ".3f" if metric.endswith("acc") else ".4g"), ""]
+    out += ["| claim | source | verdict |", "| --- | --- | --- |"]
+    out += [f"| {c['claim']} | {c['source']} | {c['verdict']} |" for c in result.get("claims", [])]
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

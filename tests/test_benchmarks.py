@@ -380,6 +380,21 @@ def test_markdown_tables_dense_first_claims_and_skipped_rows():
     assert "![t-quality](t-quality.png)" in text
 
 
+def test_summary_and_pivot_tables_for_the_readme(capsys, tmp_path):
+    from benchmarks.tables import main, pivot_table, summary_table
+
+    result = _result()
+    summary = summary_table(result["rows"], result["settings"])
+    assert summary[2].startswith("| `dense` | 0.00% | 20 | 60 | 0.600 |")
+    assert "| `a@10` | 10.00% | 30 | 60 | 0.500 | 80.0% | 1.10 | - | 12 | 1500 |" in summary
+    pivot = pivot_table(result["rows"], "wikitext2_ppl")
+    assert pivot[:4] == ["| recipe | 10% | 20% |", "| --- | ---: | ---: |", "| dense | 20 |  |", "| `a` | 30 | 60 |"]
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    assert main([str(tmp_path / "r.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "| `b` | 50 | 100 |" in printed and "| holds |" in printed
+
+
 def test_plots_are_written(tmp_path):
     rows = _result()["rows"]
     assert plot_quality(rows, tmp_path / "t-quality.png").stat().st_size > 1000
