@@ -78,6 +78,13 @@ def settings_text(result: dict[str, Any]) -> list[str]:
         f"- Benchmark wall time: {_num(result.get('wall_s'), '.0f')} s{_load_text(machine)}; peak RSS of the "
         f"benchmark process (evaluation and speed) {_num(result.get('bench_peak_rss_mb'), '.0f')} MB.",
     ]
+    rows = result.get("rows", [])
+    reused = [r for r in rows if r.get("evaluation_reused")]
+    if reused:
+        lines.append(
+            f"- {len(reused)} of {len(rows)} rows were measured by earlier `--resume` runs under the same settings "
+            "and kept folder (`bench-row.json`); their evaluation, speed and cost numbers are those runs'."
+        )
     return lines
 
 
