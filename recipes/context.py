@@ -40,6 +40,16 @@ class Context:
     def view(self) -> ModelView:
         return ModelView(self.model)
 
+    def report_stage(self, name: str, report: dict[str, Any]) -> str:
+        """Store a stage's report under ``name``, or ``name#2``, ``name#3``, ... when an earlier stage of
+        the recipe already reported under it (SP3's recipes fine-tune before and after the masks)."""
+        key, n = name, 1
+        while key in self.stage_report:
+            n += 1
+            key = f"{name}#{n}"
+        self.stage_report[key] = report
+        return key
+
     def calibration_batches(self) -> list[torch.Tensor]:
         if self.calibration is None:
             return []

@@ -231,6 +231,8 @@ def test_recipe_end_to_end(tmp_path, tiny_bert_dir, name):
     report = run_recipe(validate(raw, name), raw, out)
     stage = report["stages"]["mask_train_encoder"]
     assert stage["steps"] == 5 and stage["binary_sparsity"] >= raw["target"]["ratio"]
+    # the task fine-tune and the recovery fine-tune each keep their report
+    assert report["stages"]["glue_finetune"]["steps"] == report["stages"]["glue_finetune#2"]["steps"] == 2
     assert set(report["metrics"]) == {"glue_sst2_accuracy"}
     model, tokenizer = slimkit.load(out / "model")
     assert isinstance(model, BertForSequenceClassification)

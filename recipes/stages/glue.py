@@ -39,4 +39,4 @@ def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> None:
     total = config.total_steps(min(config.train_examples or available, available))
     with ctx.tracker.task(f"glue_finetune {config.task}", total) as advance:
         report = finetune_glue(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
-    ctx.stage_report["glue_finetune"] = report
+    ctx.report_stage("glue_finetune", report)
