@@ -413,3 +413,18 @@ def test_hybrid_rotation_then_llm_pruner_stages_on_a_tiny_model(tmp_path, tiny_l
     assert added > 0.01 and report["target"]["achieved"] == pytest.approx(0.2, abs=0.005)
     model, _tok = slimkit.load(tmp_path / "run" / "model")
     assert ModelView(model).num_params() == report["params"]["after"]
+
+
+def test_hidden_feature_pruning_refuses_a_model_with_residual_matrices(tmp_path, tiny_llama_dir):
+    raw = tiny_recipe(
+        tiny_llama_dir,
+        target={"ratio": 0.1, "of": "model"},
+        stages=[
+            {"stage": "pca_project", "args": {"group_size": 1, "ratio": 0.0, "tokens": 64}},
+            {"stage": "prune", "args": {"groups": ["hidden_feature"], "scorer": "magnitude"}},
+        ],
+        eval={"perplexity": None},
+    )
+    with pytest.raises(SlimkitError, match="hidden_feature cannot prune a model with residual matrices"):
+        run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    assert not (tmp_path / "run" / "model").exists()

@@ -27,6 +27,7 @@ from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance import NEEDS, score_group
 from slimkit.primitives.lowrank import layer_ratio
+from slimkit.primitives.projection.adapters import basis_change_params
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, check_shapes, plan, solve_fraction
 from slimkit.primitives.surgery import remove_units
@@ -158,6 +159,11 @@ def _record(ctx: Context, name: str, fraction: float, args: PruneArgs, layers: l
 def prune(ctx: Context, args: PruneArgs) -> None:
     """Score coupling groups on the dense model and remove the least important units to meet the target."""
     view = ctx.view
+    if "hidden_feature" in args.groups and basis_change_params(ctx.model):
+        raise SlimkitError(
+            "prune: groups: hidden_feature cannot prune a model with residual matrices (an earlier pca_project "
+            "with several bases); prune heads or MLP channels, or slice the stream with pca_project's ratio"
+        )
     layers = eligible_layers(view.num_layers, args.skip_first, args.skip_last)
     groups: list[Group] = []
     for kind in args.groups:
