@@ -479,6 +479,10 @@ class Bench:
         stored = self.stored_row(self.runs / _slug(job.id), raw)
         if stored is not None:
             log(f"  reusing the row measured on {self.runs / _slug(job.id)}")
+            speed = stored.get("speed") or {}
+            if speed.get("dense_prefill_tokens_per_s") and speed.get("dense_decode_tokens_per_s"):
+                # the dense model's measurements in that row's pair count towards the dense row's speed
+                self.dense_speed.append((speed["dense_prefill_tokens_per_s"], speed["dense_decode_tokens_per_s"]))
             return stored
         folder, wall, error = self.compress(job, overrides, raw)
         if error:

@@ -255,6 +255,14 @@ def test_resume_reuses_a_row_measured_under_the_same_settings(tmp_path):
     record = {"settings": bench.settings.model_dump(), "row": {"id": job.id, "metrics": {"wikitext2_ppl": 9.0}}}
     (folder / ROW_FILE).write_text(json.dumps(record))
     assert bench.stored_row(folder, raw) == {**record["row"], "evaluation_reused": True}
+    # run_job returns it, and the dense model's speed in that row's pair counts towards the dense row's
+    record["row"]["speed"] = {"dense_prefill_tokens_per_s": 300.0, "dense_decode_tokens_per_s": 20.0}
+    (folder / ROW_FILE).write_text(json.dumps(record))
+    bench.dense_speed = [(100.0, 10.0), (200.0, 30.0)]
+    assert bench.run_job(job)["evaluation_reused"] is True
+    dense = {"id": "dense"}
+    bench.finish_dense(dense)
+    assert dense["speed"]["prefill_tokens_per_s"] == 200.0 and dense["speed"]["decode_tokens_per_s"] == 20.0
     bench.settings = Settings(ppl_tokens=1024)  # other settings: measure again
     assert bench.stored_row(folder, raw) is None
     bench.settings, bench.resume = Settings(), False
