@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grid", type=Path, default=GRID_FILE, help="grid file (default benchmarks/grid.yaml)")
     parser.add_argument("--keep", type=Path, help="keep every run folder under this folder")
     parser.add_argument("--resume", action="store_true", help="with --keep: reuse finished runs found there")
+    parser.add_argument(
+        "--reuse-only",
+        action="store_true",
+        help="with --resume: only collect rows measured earlier (others become 'not run'); assembles a grid "
+        "measured by several processes or sessions",
+    )
     parser.add_argument("--list", action="store_true", help="print the rows that would run, and exit")
     return parser
 
@@ -303,6 +309,8 @@ class Bench:
         self.runs = runs
         self.keep = keep
         self.resume = resume
+        self.reuse_only = False
+        """Only collect rows measured earlier (``--reuse-only``); never compress or measure a row."""
         self.config = eval_config(settings)
         self.dense, self.tokenizer, _info = slimkit.load_source(settings.model)
         self.dense_layer_params = layer_params(self.dense)
@@ -484,6 +492,9 @@ class Bench:
                 # the dense model's measurements in that row's pair count towards the dense row's speed
                 self.dense_speed.append((speed["dense_prefill_tokens_per_s"], speed["dense_decode_tokens_per_s"]))
             return stored
+        if self.reuse_only:
+            reason = f"no row measured under these settings in {self.runs} (--reuse-only)"
+            return {**row, "status": "not run", "reason": reason}
         folder, wall, error = self.compress(job, overrides, raw)
         if error:
             return {**row, "status": "failed", "reason": error}
@@ -581,6 +592,8 @@ def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
     jobs = expand(select_entries(entries, only), settings, ratios)
     if args.threads is not None and args.threads < 1:
         raise BenchError(f"--threads must be at least 1, got {args.threads}")
+    if args.reuse_only and not args.resume:
+        raise BenchError("--reuse-only needs --resume (and --keep DIR)")
     if args.resume and args.keep is None:
         raise BenchError("--resume needs --keep DIR (the folder whose runs it reuses)")
     return grid, settings, jobs
@@ -612,6 +625,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         runs.mkdir(parents=True, exist_ok=True)
         log(f"{len(jobs)} rows + dense; runs in {runs}; results {base}.*")
         bench = Bench(settings, runs, keep=args.keep is not None, resume=args.resume, threads=args.threads)
+        bench.reuse_only = args.reuse_only
         result["machine"]["torch_threads"] = torch_threads()
         dense = bench.kept_dense_row()
         result["rows"].append(dense)

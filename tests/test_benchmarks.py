@@ -209,6 +209,7 @@ def test_bad_grid_file_is_one_line(tmp_path):
         (["--zeroshot-tasks", "squad", "--list"], "unknown zero-shot task 'squad'"),
         (["--ppl-tokens", "100", "--list"], "below one window of 512"),
         (["--resume", "--list"], "--resume needs --keep"),
+        (["--reuse-only", "--keep", "x", "--list"], "--reuse-only needs --resume"),
         (["--threads", "0", "--list"], "--threads must be at least 1"),
     ],
 )
@@ -258,11 +259,15 @@ def test_resume_reuses_a_row_measured_under_the_same_settings(tmp_path):
     # run_job returns it, and the dense model's speed in that row's pair counts towards the dense row's
     record["row"]["speed"] = {"dense_prefill_tokens_per_s": 300.0, "dense_decode_tokens_per_s": 20.0}
     (folder / ROW_FILE).write_text(json.dumps(record))
-    bench.dense_speed = [(100.0, 10.0), (200.0, 30.0)]
+    bench.dense_speed, bench.reuse_only = [(100.0, 10.0), (200.0, 30.0)], True
     assert bench.run_job(job)["evaluation_reused"] is True
     dense = {"id": "dense"}
     bench.finish_dense(dense)
     assert dense["speed"]["prefill_tokens_per_s"] == 200.0 and dense["speed"]["decode_tokens_per_s"] == 20.0
+    # --reuse-only: a row with no stored measurement is "not run", never compressed
+    other = expand([Entry(recipe="random")], bench.settings, [0.2])[0]
+    row = bench.run_job(other)
+    assert row["status"] == "not run" and "--reuse-only" in row["reason"] and not (tmp_path / "random-r20").exists()
     bench.settings = Settings(ppl_tokens=1024)  # other settings: measure again
     assert bench.stored_row(folder, raw) is None
     bench.settings, bench.resume = Settings(), False
