@@ -297,7 +297,15 @@ def _last_line(path: Path) -> str:
 
 
 class Bench:
-    def __init__(self, settings: Settings, runs: Path, keep: bool, resume: bool, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        runs: Path,
+        keep: bool,
+        resume: bool,
+        threads: int | None = None,
+        reuse_only: bool = False,
+    ) -> None:
         import torch
 
         import slimkit
@@ -309,7 +317,7 @@ class Bench:
         self.runs = runs
         self.keep = keep
         self.resume = resume
-        self.reuse_only = False
+        self.reuse_only = reuse_only
         """Only collect rows measured earlier (``--reuse-only``); never compress or measure a row."""
         self.config = eval_config(settings)
         self.dense, self.tokenizer, _info = slimkit.load_source(settings.model)
@@ -624,8 +632,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         runs = args.keep or Path(scratch)
         runs.mkdir(parents=True, exist_ok=True)
         log(f"{len(jobs)} rows + dense; runs in {runs}; results {base}.*")
-        bench = Bench(settings, runs, keep=args.keep is not None, resume=args.resume, threads=args.threads)
-        bench.reuse_only = args.reuse_only
+        bench = Bench(settings, runs, args.keep is not None, args.resume, args.threads, args.reuse_only)
         result["machine"]["torch_threads"] = torch_threads()
         dense = bench.kept_dense_row()
         result["rows"].append(dense)
