@@ -370,6 +370,19 @@ def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
     return paths
 
 
+def _add_mean_without(rows: list[dict[str, Any]], tasks: list[str], left_out: str) -> None:
+    """Each row's mean zero-shot accuracy over ``tasks`` without ``left_out`` (a task whose answers a
+    pruned model can flip to the majority class wholesale, e.g. BoolQ), as ``zeroshot_mean_acc_without_X``."""
+    kept = [t for t in tasks if t != left_out]
+    if left_out not in tasks or not kept:
+        return
+    for row in _ok(rows):
+        metrics = row.setdefault("metrics", {})
+        values = [metrics.get(f"{t}_acc") for t in kept]
+        if all(isinstance(v, int | float) for v in values):
+            metrics[f"zeroshot_mean_acc_without_{left_out}"] = sum(values) / len(values)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.tables RESULT.json``: the compact tables of a result (for the README)."""
     import argparse
@@ -381,9 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads(args.result.read_text())
     rows, settings = result.get("rows", []), result.get("settings", {})
     out = [*summary_table(rows, settings), ""]
-    for metric in ("wikitext2_ppl", "zeroshot_mean_acc"):
+    _add_mean_without(rows, settings.get("zeroshot_tasks", []), "boolq")
+    for metric in ("wikitext2_ppl", "zeroshot_mean_acc", "zeroshot_mean_acc_without_boolq"):
         if any(metric in r.get("metrics", {}) for r in _ok(rows)):
-            out += [f"{metric}:", "", *pivot_table(rows, metric, ".3f" if metric.endswith("acc") else ".4g"), ""]
+            out += [f"{metric}:", "", *pivot_table(rows, metric, ".3f" if "_acc" in metric else ".4g"), ""]
     out += ["| claim | source | verdict |", "| --- | --- | --- |"]
     out += [f"| {c['claim']} | {c['source']} | {c['verdict']} |" for c in result.get("claims", [])]
     print("\n".join(out))

@@ -408,6 +408,15 @@ def test_summary_and_pivot_tables_for_the_readme(capsys, tmp_path):
     assert "| `b` | 50 | 100 |" in printed and "| holds |" in printed
 
 
+def test_mean_accuracy_without_one_task():
+    from benchmarks.tables import _add_mean_without
+
+    rows = [_row("x@10", "x", 0.1, piqa_acc=0.6, boolq_acc=0.9, arc_easy_acc=0.4), _row("y@10", "y", 0.1, piqa_acc=0.5)]
+    _add_mean_without(rows, ["piqa", "boolq", "arc_easy"], "boolq")
+    assert rows[0]["metrics"]["zeroshot_mean_acc_without_boolq"] == pytest.approx(0.5)
+    assert "zeroshot_mean_acc_without_boolq" not in rows[1]["metrics"]  # arc_easy missing: no mean
+
+
 def test_plots_are_written(tmp_path):
     rows = _result()["rows"]
     assert plot_quality(rows, tmp_path / "t-quality.png").stat().st_size > 1000
