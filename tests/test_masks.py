@@ -498,3 +498,22 @@ def test_mask_set_draws_once_per_forward_and_trains():
     with apply_masks(view, masks):
         first = _out(model, inputs)
         assert torch.equal(first, _out(model, inputs))  # eval: deterministic
+
+
+def test_mask_training_configs_share_one_check_and_one_loop_settings():
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.primitives.optim import MaskTrainingConfig
+    from slimkit.primitives.optim.encoder_masks import EncoderMaskConfig
+    from slimkit.primitives.optim.mask_loop import LoopSettings
+
+    with pytest.raises(SlimkitError, match=r"^mask training: target must be in \(0, 1\), got 1.5; init_drop"):
+        MaskTrainingConfig(target=1.5, total=10, init_drop=1.0)
+    with pytest.raises(SlimkitError, match=r"^encoder mask training: distill must be >= 0, got -1"):
+        EncoderMaskConfig(target=0.5, distill=-1.0)
+    with pytest.raises(SlimkitError, match="learning rates must be > 0"):
+        EncoderMaskConfig(target=0.5, mask_learning_rate=0.0)
+    config = MaskTrainingConfig(target=0.2, total=10, learning_rate=0.0, distill=0.5, seed=3)
+    assert LoopSettings.of(config, 7.0) == LoopSettings(
+        target=0.2, total=7.0, learning_rate=0.0, mask_learning_rate=0.05, lagrangian_learning_rate=0.05,
+        max_grad_norm=1.0, distill=0.5, seed=3,
+    )  # fmt: skip

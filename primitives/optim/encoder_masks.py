@@ -109,14 +109,7 @@ class EncoderMaskConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        problems = common_problems(
-            self.target,
-            self.learning_rate,
-            self.mask_learning_rate,
-            self.lagrangian_learning_rate,
-            self.init_drop,
-            self.distill,
-        )
+        problems = common_problems(self)
         if self.hidden not in ("per_norm", "shared", "none"):
             problems.append(f"hidden must be per_norm, shared or none, got {self.hidden}")
         if min(self.finetune_steps, self.dimension_steps, self.joint_steps, self.warmup_steps) < 0:
@@ -353,16 +346,7 @@ def train_encoder_masks(
     def size(values: MaskValues) -> torch.Tensor:
         return expected_size(values, shape, residual=residual)
 
-    settings = LoopSettings(
-        target=config.target,
-        total=total,
-        learning_rate=config.learning_rate,
-        mask_learning_rate=config.mask_learning_rate,
-        lagrangian_learning_rate=config.lagrangian_learning_rate,
-        max_grad_norm=config.max_grad_norm,
-        distill=config.distill,
-        seed=config.seed,
-    )
+    settings = LoopSettings.of(config, total)
     ends = config.hidden != "none"
     hooks = apply_masks(model, masks, placement="norm", ends=ends)
     try:

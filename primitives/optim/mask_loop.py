@@ -44,25 +44,33 @@ class LoopSettings:
     distill: float = 0.0
     seed: int = 0
 
+    @classmethod
+    def of(cls, config: Any, total: float) -> LoopSettings:
+        """The loop's settings from a mask-training config (decoder or encoder) and the count ``M``."""
+        return cls(
+            target=config.target,
+            total=total,
+            learning_rate=config.learning_rate,
+            mask_learning_rate=config.mask_learning_rate,
+            lagrangian_learning_rate=config.lagrangian_learning_rate,
+            max_grad_norm=config.max_grad_norm,
+            distill=config.distill,
+            seed=config.seed,
+        )
 
-def common_problems(
-    target: float,
-    learning_rate: float,
-    mask_learning_rate: float,
-    lagrangian_learning_rate: float,
-    init_drop: float,
-    distill: float,
-) -> list[str]:
-    """What is wrong with the settings both mask-training configs share (empty when nothing is)."""
+
+def common_problems(config: Any) -> list[str]:
+    """What is wrong with the settings both mask-training configs share (empty when nothing is):
+    ``target``, the three learning rates, ``init_drop`` and ``distill``."""
     problems = []
-    if not 0.0 < target < 1.0:
-        problems.append(f"target must be in (0, 1), got {target}")
-    if learning_rate < 0 or mask_learning_rate <= 0 or lagrangian_learning_rate <= 0:
+    if not 0.0 < config.target < 1.0:
+        problems.append(f"target must be in (0, 1), got {config.target}")
+    if config.learning_rate < 0 or config.mask_learning_rate <= 0 or config.lagrangian_learning_rate <= 0:
         problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
-    if not 0.0 < init_drop < 1.0:
-        problems.append(f"init_drop must be in (0, 1), got {init_drop}")
-    if distill < 0:
-        problems.append(f"distill must be >= 0, got {distill}")
+    if not 0.0 < config.init_drop < 1.0:
+        problems.append(f"init_drop must be in (0, 1), got {config.init_drop}")
+    if config.distill < 0:
+        problems.append(f"distill must be >= 0, got {config.distill}")
     return problems
 
 

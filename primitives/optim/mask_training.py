@@ -79,14 +79,7 @@ class MaskTrainingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        problems = common_problems(
-            self.target,
-            self.learning_rate,
-            self.mask_learning_rate,
-            self.lagrangian_learning_rate,
-            self.init_drop,
-            self.distill,
-        )
+        problems = common_problems(self)
         if self.mask_steps < 1:
             problems.append(f"mask_steps must be >= 1, got {self.mask_steps}")
         if self.finetune_steps < 0 or self.warmup_steps < 0:
@@ -172,16 +165,7 @@ def train_stream_masks(
         out = net(input_ids=ids, labels=ids, use_cache=False)
         return out.loss, out.logits
 
-    settings = LoopSettings(
-        target=config.target,
-        total=config.total,
-        learning_rate=config.learning_rate,
-        mask_learning_rate=config.mask_learning_rate,
-        lagrangian_learning_rate=config.lagrangian_learning_rate,
-        max_grad_norm=config.max_grad_norm,
-        distill=config.distill,
-        seed=config.seed,
-    )
+    settings = LoopSettings.of(config, config.total)
     hooks = apply_masks(
         model, masks, groups=groups if config.hidden else None, placement="stream" if config.hidden else "linear"
     )
