@@ -375,20 +375,32 @@ class Bench:
             },
         }
 
+    def read_row(self, path: Path) -> dict[str, Any] | None:
+        """The row stored at ``path`` if it was measured under these settings (marked as reused), else None."""
+        if not path.is_file():
+            return None
+        stored = json.loads(path.read_text())
+        if stored.get("settings") != json.loads(json.dumps(self.settings.model_dump())):
+            return None
+        return {**stored["row"], "evaluation_reused": True}
+
+    def write_row(self, path: Path, row: dict[str, Any]) -> None:
+        """Store ``row`` with these settings, for a later ``--resume``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"settings": self.settings.model_dump(), "row": row}
+        path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+
     def kept_dense_row(self) -> dict[str, Any]:
         """The dense row; with ``--keep``, stored in DIR/dense (without its speed) and, with ``--resume``,
         reused when it was measured under the same settings."""
         path = self.runs / DENSE / ROW_FILE
-        settings = json.loads(json.dumps(self.settings.model_dump()))
-        if self.resume and path.is_file():
-            stored = json.loads(path.read_text())
-            if stored.get("settings") == settings:
-                log(f"  reusing the dense row measured in {path.parent}")
-                return {**stored["row"], "evaluation_reused": True}
+        stored = self.read_row(path) if self.resume else None
+        if stored is not None:
+            log(f"  reusing the dense row measured in {path.parent}")
+            return stored
         row = self.dense_row()
         if self.keep:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"settings": settings, "row": row}, indent=1, default=str) + "\n")
+            self.write_row(path, row)
         return row
 
     def finish_dense(self, row: dict[str, Any]) -> None:
@@ -452,13 +464,7 @@ class Bench:
 
     def stored_row(self, folder: Path, raw: dict[str, Any]) -> dict[str, Any] | None:
         """With ``--resume``: the row measured earlier on this run folder under the same settings, if any."""
-        path = folder / ROW_FILE
-        if not (self.reusable(folder, raw) and path.is_file()):
-            return None
-        stored = json.loads(path.read_text())
-        if stored.get("settings") != json.loads(json.dumps(self.settings.model_dump())):
-            return None
-        return {**stored["row"], "evaluation_reused": True}
+        return self.read_row(folder / ROW_FILE) if self.reusable(folder, raw) else None
 
     def compress(self, job: Job, overrides: list[str], raw: dict[str, Any]) -> tuple[Path, float | None, str | None]:
         """Run the recipe in its own process; ``(run folder, wall seconds or None if reused, error)``."""
@@ -561,8 +567,7 @@ class Bench:
         if not self.keep:
             shutil.rmtree(folder / "model", ignore_errors=True)
         elif row["status"] == "ok":  # --resume continues an interrupted grid without measuring this row again
-            record = {"settings": self.settings.model_dump(), "row": row}
-            (folder / ROW_FILE).write_text(json.dumps(record, indent=1, default=str) + "\n")
+            self.write_row(folder / ROW_FILE, row)
         return row
 
 
