@@ -162,6 +162,8 @@ def train_stream_masks(
 
     def step_loss(net: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids = ids.to(device)
+        if net is teacher:  # only its logits are used: no language-model loss over the vocabulary
+            return torch.zeros(()), net(input_ids=ids, use_cache=False).logits
         out = net(input_ids=ids, labels=ids, use_cache=False)
         return out.loss, out.logits
 
