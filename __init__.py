@@ -1,7 +1,20 @@
 """slimkit: small, composable structured-compression primitives for transformer language models.
 
-Public API: :func:`load` and :func:`save` for compressed models, :func:`load_source` for named
-model sources (``smollm2-135m``, ``minilm-l6`` or a local Hugging Face folder).
+Public API, the same as the command line's:
+
+* :class:`Recipe` (``Recipe.from_yaml("lorap", overrides=["target.ratio=0.3"])``, or ``Recipe(**mapping)``),
+* :func:`run` (``run(recipe, out=None, model=None) -> Result`` with ``.model``, ``.tokenizer``, ``.report``),
+* :func:`evaluate` (perplexity, zero-shot accuracy, GLUE dev metrics, throughput of a model in memory),
+* :func:`load` and :func:`save` for compressed models, :func:`load_source` for named model sources
+  (``smollm2-135m``, ``minilm-l6`` or a local Hugging Face folder).
+
+Example (a hybrid: LLM-Pruner's blocks scored by Wanda, then LoRA recovery)::
+
+    import slimkit
+
+    recipe = slimkit.Recipe.from_yaml("llm-pruner", overrides=["stages.0.args.scorer=activation"])
+    result = slimkit.run(recipe)               # nothing written; add out="runs/x" to save
+    print(result.report["target"], result.report["metrics"])
 """
 
 from __future__ import annotations
@@ -16,11 +29,80 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "load_source", "save"]
+__all__ = ["Recipe", "Result", "__version__", "evaluate", "load", "load_source", "run", "save"]
+
+
+def run(recipe, out=None, *, model=None, tokenizer=None, force: bool = False, evaluate: bool = True, overrides=None):
+    """Run a recipe (a :class:`Recipe`, a bundled name, a YAML path or a mapping); returns a ``Result``.
+
+    ``out``: also write ``out/model``, ``out/report.json``, ``out/report.md`` (None: nothing is written).
+    ``model``/``tokenizer``: compress this in-memory model instead of the recipe's source.
+    ``overrides``: ``dotted.path=value`` strings, as ``--set`` on the command line.
+    """
+    import copy
+
+    from slimkit.recipes.loading import validate
+    from slimkit.recipes.runner import run as run_recipe
+    from slimkit.recipes.schema import Recipe
+
+    if isinstance(recipe, str):
+        recipe = Recipe.from_yaml(recipe, overrides)
+    elif isinstance(recipe, dict) or overrides:
+        from slimkit.recipes.loading import apply_override
+
+        data = recipe.source() if isinstance(recipe, Recipe) else copy.deepcopy(recipe)
+        for assignment in overrides or []:
+            apply_override(data, assignment)
+        recipe = validate(data, "recipe")
+    return run_recipe(recipe, out, model=model, tokenizer=tokenizer, force=force, run_eval=evaluate)
+
+
+def evaluate(
+    model,
+    tokenizer,
+    perplexity: list[str] | None = ("wikitext2",),
+    zeroshot: list[str] | None = None,
+    limit: int | None = None,
+    glue: str | None = None,
+    speed: bool = False,
+    seq_len: int = 512,
+    max_tokens: int | None = 16384,
+) -> dict[str, float]:
+    """Metrics of a model in memory, as ``slimkit eval`` prints them (``wikitext2_ppl``, ``piqa_acc``, ...)."""
+    from pydantic import ValidationError
+
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.recipes.progress import Tracker
+    from slimkit.recipes.runner import Timings, preflight_data
+    from slimkit.recipes.runner import evaluate as run_evaluation
+    from slimkit.recipes.schema import EvalConfig, format_validation_error
+
+    config = {
+        "perplexity": {"datasets": list(perplexity), "seq_len": seq_len, "max_tokens": max_tokens}
+        if perplexity
+        else None,
+        "zeroshot": {"tasks": list(zeroshot), "limit": limit} if zeroshot else None,
+        "speed": speed,
+        "glue": {"task": glue, "limit": limit} if glue else None,
+    }
+    try:
+        eval_config = EvalConfig.model_validate(config)
+    except ValidationError as error:
+        raise SlimkitError(f"evaluate: {format_validation_error(error)}") from None
+    preflight_data(eval_config, None)
+    return run_evaluation(model, tokenizer, eval_config, Tracker(), Timings())[0]
 
 
 def __getattr__(name: str):
     # Lazy: `import slimkit` stays cheap (no torch/transformers import) until the API is used.
+    if name == "Recipe":
+        from slimkit.recipes.schema import Recipe
+
+        return Recipe
+    if name == "Result":
+        from slimkit.recipes.runner import Result
+
+        return Result
     if name in ("load", "save"):
         from slimkit.primitives import io
 

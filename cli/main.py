@@ -1,23 +1,43 @@
 """The ``slimkit`` command line (Typer).
 
-``slimkit recipe list|show|validate|run``, ``slimkit eval``, ``slimkit inspect``. Input problems
-(:class:`SlimkitError`) print one line, ``error: ...``, and exit with status 2; no traceback.
+``slimkit recipe list|show|validate|run``, ``slimkit stage list|show``, ``slimkit eval``,
+``slimkit inspect``. Input problems (:class:`SlimkitError`) print one line, ``error: ...``, and exit
+with the error's status (2); no traceback.
+
+Usage errors (an unknown option or command, a missing option or argument, a bad option value) are
+click exceptions: :func:`main` runs the app without click's standalone mode and prints them as one
+line too, ``error: ...``, naming the option and the command, with a "did you mean" suggestion from
+:func:`slimkit.primitives.errors.did_you_mean` where one is close; exit status 2. A command group
+called without a command (bare ``slimkit``, ``slimkit recipe``, ``slimkit stage``) prints its help
+and exits with 2, since nothing was done; ``--help`` exits with 0. typer >= 0.2x runs on a click it
+bundles (``typer._click``), whose exception classes are not the installed ``click``'s:
+:func:`_click_exceptions` picks the module typer really raises from.
+
+``slimkit stage list`` and ``slimkit stage show NAME`` are the stage catalogue, read from the stage
+registry: every argument's type, default and description (the docstring under the field, see
+:mod:`slimkit.recipes.schema`).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
+import types
+import typing
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.errors import SlimkitError, closest, did_you_mean, unknown
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Structured compression of transformer LMs.")
 recipe_app = typer.Typer(no_args_is_help=True, help="List, show, validate and run recipes.")
 app.add_typer(recipe_app, name="recipe")
+stage_app = typer.Typer(no_args_is_help=True, help="The stage catalogue: what each stage does and its arguments.")
+app.add_typer(stage_app, name="stage")
 
 SetOption = Annotated[
     list[str] | None, typer.Option("--set", help="Override a recipe field: dotted.path=value (repeatable).")
@@ -89,6 +109,230 @@ def recipe_run(
     typer.echo((out / "report.md").read_text())
 
 
+SCOPES = {
+    "layer": "layer: runs once per layer (may sit inside `sequential`)",
+    "model": "model: runs once on the whole model",
+}
+
+
+def _type_name(annotation: Any) -> str:
+    """A field's type as a recipe writer reads it: ``Literal['a', 'b']`` is ``a | b``, ``int | None`` stays."""
+    if annotation is None or annotation is type(None):
+        return "None"
+    if annotation is Any:
+        return "Any"
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(str(arg) for arg in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in args)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join(_type_name(arg) for arg in args)}]" if args else name
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _constraints(field: Any) -> list[str]:
+    """The field's bounds (``ge``, ``gt``, ``le``, ``lt``, ``min_length``) as ``>= 0``, ``< 1``, ..."""
+    symbols = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    out = []
+    for item in field.metadata:
+        for attribute, symbol in symbols.items():
+            value = getattr(item, attribute, None)
+            if value is not None:
+                out.append(f"{symbol} {value:g}" if isinstance(value, float) else f"{symbol} {value}")
+        if getattr(item, "min_length", None):
+            out.append(f"at least {item.min_length} item{'s' if item.min_length > 1 else ''}")
+    return out
+
+
+def _default_text(field: Any) -> str:
+    """The default as it is written in a recipe (YAML: ``null``, ``true``, ``[mlp_channel]``)."""
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()
+        except TypeError:  # a factory that takes the validated data
+            return "computed"
+    else:
+        value = field.default
+    return value if isinstance(value, str) else json.dumps(value).replace('"', "")
+
+
+def _describe(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def _reads_its_argument(fn: Any) -> bool:
+    """Whether ``fn`` (a stage's ``needs_calibration``) looks at its argument; True when unsure."""
+    import dis
+
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_argcount == 0:
+        return True
+    name = code.co_varnames[0]
+    if name in code.co_cellvars:
+        return True
+    for instruction in dis.get_instructions(code):
+        value = instruction.argval
+        loads = value == name or (isinstance(value, tuple) and name in value)
+        if instruction.opname.startswith("LOAD_FAST") and loads:
+            return True
+    return False
+
+
+def _calibration_text(definition: Any) -> str:
+    """Whether the stage reads calibration data: ``yes``/``no`` when that does not depend on its
+    arguments, else the answer with the default arguments and the values of a choice or a flag that
+    change it."""
+    from pydantic import ValidationError
+
+    try:
+        defaults = definition.args()
+    except ValidationError:  # required arguments: no defaults to ask about
+        return "depends on the arguments"
+    needs = bool(definition.needs_calibration(defaults))
+    if not _reads_its_argument(definition.needs_calibration):
+        return "yes" if needs else "no"
+    other: list[str] = []
+    for name, field in definition.args.model_fields.items():
+        annotation = field.annotation
+        values: tuple[Any, ...] = ()
+        if annotation is bool:
+            values = (not getattr(defaults, name),)
+        elif typing.get_origin(annotation) is typing.Literal:
+            values = tuple(v for v in typing.get_args(annotation) if v != getattr(defaults, name))
+        for value in values:
+            try:
+                changed = definition.args.model_validate({name: value})
+            except ValidationError:  # a value the other arguments' defaults rule out
+                continue
+            if bool(definition.needs_calibration(changed)) != needs:
+                other.append(f"{name}: {json.dumps(value).replace(chr(34), '')}")
+    answer = f"{'yes' if needs else 'no'} with the default arguments"
+    if not other:
+        return f"{answer} (it depends on them)"
+    return f"{answer}; {'no' if needs else 'yes'} with {', '.join(other)}"
+
+
+def _strip_roles(text: str) -> str:
+    # Sphinx cross-references (:func:`x`, :mod:`~x`) read as the code they name.
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"``\1``", text)
+
+
+def _reflow(text: str) -> list[str]:
+    """A docstring's paragraphs and list items, each joined into one line (the terminal wraps them);
+    indented blocks (equations, code) keep their lines."""
+    blocks: list[str] = []
+    for paragraph in text.split("\n\n"):
+        lines = paragraph.splitlines()
+        if lines and lines[0].startswith("    "):
+            blocks.append(paragraph)
+            continue
+        items: list[list[str]] = []
+        for line in lines:
+            if not items or re.match(r"(\*|-|\d+\.) ", line):
+                items.append([line.strip() if items else line])
+            else:
+                items[-1].append(line.strip())
+        blocks.append("\n".join(" ".join(item) for item in items))
+    return blocks
+
+
+def _stage_doc(definition: Any) -> str:
+    """The stage function's docstring after its summary when it says more, else its module's docstring
+    without the paragraphs that start by naming another stage of that module."""
+    own = inspect.getdoc(definition.fn) or ""
+    body = "\n".join(own.splitlines()[1:]).strip()  # the first line is the summary, printed above
+    if body:
+        return _strip_roles(body)
+    from slimkit.recipes.registry import STAGES
+
+    module = inspect.getmodule(definition.fn)
+    text = inspect.getdoc(module) or own
+    siblings = [
+        d.name for d in STAGES.values() if d.name != definition.name and d.fn.__module__ == definition.fn.__module__
+    ]
+    paragraphs = [
+        paragraph
+        for paragraph in text.split("\n\n")
+        if not any(paragraph.lstrip("(* ").startswith(f"``{other}``") for other in siblings)
+    ]
+    return _strip_roles("\n\n".join(paragraphs))
+
+
+@stage_app.command("list")
+def stage_list() -> None:
+    """List the registered stages: name, scope and what each does."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from slimkit.recipes.registry import stage_def, stage_names
+
+    table = Table("stage", "scope", "summary")
+    for name in stage_names():
+        definition = stage_def(name)
+        table.add_row(name, definition.scope, Text(definition.summary))
+    _console().print(table)
+
+
+@stage_app.command("show")
+def stage_show(name: Annotated[str, typer.Argument(help="A registered stage (see `slimkit stage list`).")]) -> None:
+    """Describe a stage: what it does, its scope, whether it needs calibration data, every argument."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from slimkit.recipes.registry import stage_def, stage_names
+
+    try:
+        definition = stage_def(name)
+    except KeyError:
+        raise SlimkitError(unknown("stage", name, stage_names())) from None
+    console = _console()
+    console.print(Text(f"{definition.name}: {definition.summary}", style="bold"))
+    facts = [
+        ("scope", SCOPES.get(definition.scope, definition.scope)),
+        ("calibration data", _calibration_text(definition)),
+    ]
+    if getattr(definition, "needs_task", False):
+        facts.append(("task", "needs the recipe's task (a GLUE task model)"))
+    paper = getattr(definition, "paper", None)
+    if paper:
+        facts.append(("paper", str(paper)))
+    for label, value in facts:
+        console.print(Text(f"{label}: {value}"))
+    for block in _reflow(_stage_doc(definition)):
+        console.print()
+        console.print(Text(block))
+    console.print()
+    # Four columns on a wide terminal; on a narrow one type and default go under the name, so the
+    # description keeps a readable width.
+    wide = console.width >= 110
+    table = Table(title=f"{definition.name} arguments", title_justify="left", expand=True, show_lines=not wide)
+    table.add_column("argument", no_wrap=True, max_width=None if wide else 30)
+    if wide:
+        table.add_column("type", max_width=28)
+        table.add_column("default", max_width=16)
+    table.add_column("description", ratio=1)
+    for arg, field in definition.args.model_fields.items():
+        kind = ", ".join([_type_name(field.annotation), *_constraints(field)])
+        default = _default_text(field)
+        description = Text(_describe(field.description))
+        if wide:
+            table.add_row(arg, Text(kind), Text(default), description)
+        else:
+            cell = Text(arg, style="bold")
+            cell.append(f"\n{kind}\ndefault: {default}", style="")
+            table.add_row(cell, description)
+    console.print(table)
+    console.print(Text("Values are YAML: None is written null, True and False true and false."))
+
+
 @app.command("eval")
 def eval_command(
     model: Annotated[str, typer.Argument(help="Model source name or folder (e.g. smollm2-135m, runs/x/model).")],
@@ -155,57 +399,98 @@ def eval_command(
 
 @app.command("inspect")
 def inspect_command(model: Annotated[str, typer.Argument(help="Model source name or folder.")]) -> None:
-    """Per-layer widths and parameter counts of a model."""
-    from rich.table import Table
+    """Per-layer widths, low-rank ranks, residual maps and parameter counts; which loaders read the folder."""
+    from slimkit.primitives.io.describe import describe_source
 
-    from slimkit.primitives.arch import ModelView
-    from slimkit.primitives.evaluate.counting import params_by_part
-    from slimkit.primitives.sources import load_source
+    console = _console()
+    for item in describe_source(model).renderables():
+        console.print(item)
 
-    loaded, _tokenizer, info = load_source(model)
-    view = ModelView(loaded)
-    table = Table("layer", "heads", "kv heads", "head dim", "mlp width", "parameters", title=info.name)
-    for layer in view.layers:
-        table.add_row(
-            str(layer.index),
-            str(layer.num_heads),
-            str(layer.num_kv_heads),
-            str(layer.head_dim),
-            str(layer.mlp_width),
-            f"{layer.num_params():,}",
-        )
-    _console().print(table)
-    parts = params_by_part(loaded)
-    _console().print(
-        f"{view.spec.model_type}: hidden {view.hidden_size}, {view.num_layers} layers, "
-        f"{parts['total']:,} parameters (embeddings {parts['embeddings']:,}, attention {parts['attention']:,}, "
-        f"mlp {parts['mlp']:,}, tied head: {view.tied})"
-    )
+
+def _click_exceptions() -> types.ModuleType:
+    """The exceptions module of the click typer runs on: its bundled copy where it has one, else click."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+def _param_label(param: Any) -> str:
+    """``--out`` for an option (its long name), ``RECIPE`` for an argument."""
+    if param.param_type_name == "option":
+        return next((opt for opt in param.opts if opt.startswith("--")), param.opts[0])
+    return getattr(param, "metavar", None) or (param.name or "").upper()
+
+
+def _usage_message(error: Any) -> str:
+    """A click usage error as one line that names what is wrong and the command it is wrong for."""
+    try:
+        return _describe_usage_error(error)
+    except Exception:  # a click internals change must not turn a usage error into a traceback
+        return " ".join(error.format_message().split())
+
+
+def _describe_usage_error(error: Any) -> str:
+    exceptions = _click_exceptions()
+    ctx = getattr(error, "ctx", None)
+    command = f" for '{ctx.command_path}'" if ctx is not None else ""
+    if isinstance(error, exceptions.NoSuchOption):
+        options: dict[str, str] = {}
+        if ctx is not None:
+            for param in ctx.command.get_params(ctx):
+                if param.param_type_name == "option":
+                    options.update({opt.lstrip("-"): opt for opt in (*param.opts, *param.secondary_opts)})
+        # Compared without the dashes, which every option shares.
+        match = closest(error.option_name.lstrip("-"), options)
+        hint = f"; did you mean '{options[match]}'?" if match else ""
+        return f"no such option '{error.option_name}'{command}{hint}"
+    param = getattr(error, "param", None)
+    if isinstance(error, exceptions.MissingParameter) and param is not None:
+        return f"missing {param.param_type_name} '{_param_label(param)}'{command}"
+    if isinstance(error, exceptions.BadParameter) and param is not None:
+        where = f" of '{ctx.command_path}'" if ctx is not None else ""
+        message = " ".join(str(error.message).split())
+        return f"invalid value for {param.param_type_name} '{_param_label(param)}'{where}: {message}"
+    match = re.match(r"No such command '(.*?)'", error.message)
+    if match and ctx is not None and hasattr(ctx.command, "list_commands"):
+        name, commands = match.group(1), ctx.command.list_commands(ctx)
+        hint = did_you_mean(name, commands)
+        return f"no such command '{name}'" + (hint or f"; commands of '{ctx.command_path}': {', '.join(commands)}")
+    message = " ".join(error.format_message().split()).rstrip(".")
+    return f"{message[:1].lower()}{message[1:]}{command}"
 
 
 def main() -> None:
-    """Entry point: runs the Typer app, turning input errors into one line and exit status 2."""
+    """Entry point: runs the Typer app, turning input and usage errors into one line and exit status 2."""
+    exceptions = _click_exceptions()
+    no_args_is_help = getattr(exceptions, "NoArgsIsHelpError", ())
     try:
         # Without standalone mode Typer returns the exit code of an interrupted command (130).
-        code = app(standalone_mode=False)
+        code = app(prog_name="slimkit", standalone_mode=False)
     except SlimkitError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as error:  # Click usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(error, click.exceptions.ClickException):
-            error.show()
-            sys.exit(error.exit_code)
-        if isinstance(error, click.exceptions.Exit):
-            sys.exit(error.exit_code)
-        if isinstance(error, click.exceptions.Abort):
-            print("aborted", file=sys.stderr)
-            sys.exit(1)
-        raise
+    except no_args_is_help as error:
+        # A group called without a command: its help (rich help is already printed by now). Status 2.
+        text = error.format_message().strip()
+        if text:
+            print(text, file=sys.stderr)
+        sys.exit(2)
+    except exceptions.UsageError as error:
+        print(f"error: {_usage_message(error)}", file=sys.stderr)
+        sys.exit(2)
+    except exceptions.ClickException as error:
+        print(f"error: {' '.join(error.format_message().split())}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except typer.Exit as error:  # typer's own (its bundled click has none); click's with older typer
+        sys.exit(error.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
     if isinstance(code, int) and code != 0:
         if code == 130:
             print("interrupted", file=sys.stderr)

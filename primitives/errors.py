@@ -3,9 +3,16 @@
 Anything a user can get wrong (a recipe field, a model source, a data file, an output folder)
 raises :class:`SlimkitError` with one line that names the problem, the field and what is allowed.
 The CLI prints that line and exits non-zero; it never shows a traceback for these.
+
+A name that is not one of a fixed set (a stage, a dataset, a recipe field, a model source) is
+reported with :func:`unknown`: the name, the closest allowed name when one is close enough
+(:func:`closest`, difflib's ratio >= 0.6, case-insensitive), then every allowed name.
 """
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 
 class SlimkitError(Exception):
@@ -15,3 +22,47 @@ class SlimkitError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
+
+
+def closest(name: str, allowed: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The allowed name closest to ``name``, or None when none is close enough.
+
+    Closeness is :func:`difflib.get_close_matches` on lower-cased names (``cutoff`` on its ratio);
+    ``name`` itself is never returned.
+    """
+    by_lower: dict[str, str] = {}
+    for candidate in allowed:
+        if candidate != name:
+            by_lower.setdefault(candidate.lower(), candidate)
+    matches = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[matches[0]] if matches else None
+
+
+def did_you_mean(name: str, allowed: Iterable[str], cutoff: float = 0.6) -> str:
+    """``"; did you mean 'x'?"`` for the allowed name closest to ``name`` (:func:`closest`), or ``""``."""
+    match = closest(name, allowed, cutoff)
+    return f"; did you mean '{match}'?" if match else ""
+
+
+def unknown(
+    kind: str,
+    name: str,
+    allowed: Iterable[str],
+    *,
+    label: str = "allowed",
+    tail: str = "",
+    suggest: Iterable[str] | None = None,
+) -> str:
+    """``"unknown {kind} '{name}'; did you mean 'x'? {label}: a, b, c{tail}"`` (no suggestion when none is close).
+
+    ``suggest``: the names a suggestion may come from, when not all of ``allowed``.
+
+    >>> unknown("stage", "prnue", ["lora", "prune"])
+    "unknown stage 'prnue'; did you mean 'prune'? allowed: lora, prune"
+    >>> unknown("stage", "heads", ["lora", "prune"])
+    "unknown stage 'heads'; allowed: lora, prune"
+    """
+    names = list(allowed)
+    hint = did_you_mean(name, names if suggest is None else suggest)
+    separator = f"{hint} " if hint else "; "
+    return f"unknown {kind} '{name}'{separator}{label}: {', '.join(names)}{tail}"

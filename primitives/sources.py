@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.paths import cache_root, staging_dir
 
 
@@ -118,7 +118,7 @@ def resolve_source(source: str) -> tuple[Path, SourceInfo]:
             raise SlimkitError(f"model folder {path} has no config.json")
         task = "causal-lm"
         return path.resolve(), SourceInfo(name=str(path), path=str(path.resolve()), task=task)
-    raise SlimkitError(f"unknown model source '{source}'; known: {', '.join(SOURCES)}, or a local model folder")
+    raise SlimkitError(unknown("model source", source, SOURCES, label="known", tail=", or a local model folder"))
 
 
 def load_source(source: str):

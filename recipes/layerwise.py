@@ -39,6 +39,7 @@ def run_layerwise(
                 outputs = run_layer(layer.module, inputs)
             stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}
             stats["tokens"] = inputs.tokens
+            stats["layer_inputs"] = inputs
         for definition, args in definitions:
             definition.fn(ctx, args, ctx.view.layer(layer.index), stats)
         if inputs is not None:

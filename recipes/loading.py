@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.recipes.schema import Recipe, format_validation_error
 
 
@@ -33,7 +33,7 @@ def recipe_path(name_or_file: str) -> Path:
             raise SlimkitError(f"recipe file not found: {path}")
         return path
     raise SlimkitError(
-        f"unknown recipe '{name_or_file}'; bundled: {', '.join(sorted(bundled))}, or a path to a .yaml file"
+        unknown("recipe", name_or_file, sorted(bundled), label="bundled", tail=", or a path to a .yaml file")
     )
 
 

@@ -7,6 +7,21 @@ argument fails with the allowed names) and a scope:
   statistics come from the dense model; inside ``sequential`` they come from the inputs produced by
   the already-compressed previous layers.
 * ``model``: ``fn(ctx, args)`` runs once on the whole model.
+
+What a stage declares besides its arguments, so a recipe is checked before any compute:
+
+* ``budget(args)``: how the stage's share of the recipe's one target is set: ``none`` (it removes no
+  parameters), ``explicit`` (its own ``ratio``; the result is checked against the target at the end),
+  ``solve`` (it removes what is left of the target when it starts, minus what the other stages of its
+  ``sequential`` block plan to remove) or ``layer`` (LoRAP's rule: every layer's sub-layers lose the
+  same fraction, computed from what is left of the target when its block starts).
+* ``plan(ctx, args)``: parameters of the target's part the stage will remove, computed from shapes
+  before it runs (stages whose removal does not depend on data); a ``solve`` stage in the same
+  ``sequential`` block subtracts it.
+* ``touches(args)``: projection roles (q, k, v, o, gate, up, down) the stage needs as plain ``Linear``
+  modules; ``makes_lowrank(args)``: roles it replaces by low-rank pairs. A stage touching a role an
+  earlier stage made low-rank is refused at validation.
+* ``once``: the reason a stage may appear only once in a recipe (a model is PCA-projected only once).
 """
 
 from __future__ import annotations
@@ -18,6 +33,12 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 Scope = Literal["layer", "model"]
+BudgetMode = Literal["none", "explicit", "solve", "layer"]
+ALL_ROLES: frozenset[str] = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
+
+
+def _no_roles(_args: BaseModel) -> frozenset[str]:
+    return frozenset()
 
 
 @dataclass(frozen=True)
@@ -30,6 +51,21 @@ class StageDef:
     needs_calibration: Callable[[BaseModel], bool]
     needs_task: bool = False
     """The stage works on a GLUE task model: the recipe must name its ``task``."""
+    paper: str = ""
+    """The paper section / equations the stage implements."""
+    budget: Callable[[BaseModel], BudgetMode] = lambda _args: "none"
+    plan: Callable[[Any, BaseModel], int] | None = None
+    touches: Callable[[BaseModel], frozenset[str]] = _no_roles
+    makes_lowrank: Callable[[BaseModel], frozenset[str]] = _no_roles
+    once: str | None = None
+    """Why the stage may appear only once in a recipe (None: any number of times)."""
+
+    @property
+    def doc(self) -> str:
+        """The stage function's docstring, else its module's."""
+        import inspect
+
+        return inspect.getdoc(self.fn) or inspect.getdoc(inspect.getmodule(self.fn)) or ""
 
 
 STAGES: dict[str, StageDef] = {}
@@ -41,12 +77,33 @@ def register_stage(
     scope: Scope,
     needs_calibration: Callable[[BaseModel], bool] = lambda _args: False,
     needs_task: bool = False,
+    *,
+    paper: str = "",
+    budget: Callable[[BaseModel], BudgetMode] | None = None,
+    plan: Callable[[Any, BaseModel], int] | None = None,
+    touches: Callable[[BaseModel], frozenset[str]] = _no_roles,
+    makes_lowrank: Callable[[BaseModel], frozenset[str]] = _no_roles,
+    once: str | None = None,
 ):
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in STAGES:
             raise ValueError(f"stage '{name}' registered twice")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        STAGES[name] = StageDef(name, args, scope, fn, summary, needs_calibration, needs_task)
+        STAGES[name] = StageDef(
+            name,
+            args,
+            scope,
+            fn,
+            summary,
+            needs_calibration,
+            needs_task,
+            paper=paper,
+            budget=budget or (lambda _args: "none"),
+            plan=plan,
+            touches=touches,
+            makes_lowrank=makes_lowrank,
+            once=once,
+        )
         return fn
 
     return decorate

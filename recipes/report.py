@@ -1,4 +1,5 @@
-"""Writing ``report.json`` and ``report.md`` (with a per-layer width plot) for a run."""
+"""Writing ``report.json`` and ``report.md`` for a run, with a per-layer width plot (low-rank ranks and
+residual maps included when the saved model has them)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,69 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slimkit.primitives.io.describe import Structure, saved_structure
 
-def plot_widths(before: list[dict[str, int]], after: list[dict[str, int]], path: Path) -> None:
+_ROLE_COLOURS = {
+    "q": "#1f77b4",
+    "k": "#ff7f0e",
+    "v": "#2ca02c",
+    "o": "#d62728",
+    "gate": "#9467bd",
+    "up": "#8c564b",
+    "down": "#e377c2",
+}
+
+
+def plot_widths(
+    before: list[dict[str, int]], after: list[dict[str, int]], path: Path, structure: Structure | None = None
+) -> None:
+    """Bars of every per-layer width before and after; with a :class:`Structure` (low-rank pairs,
+    residual maps) an extra panel of each low-rank pair's rank per role and layer, and dashed lines
+    where residual / basis-change maps sit (before the layer whose input they map; at the right edge
+    for maps outside the layers, e.g. on the final norm)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     keys = [k for k in before[0] if k != "head_dim"]
-    fig, axes = plt.subplots(len(keys), 1, figsize=(8, 2.2 * len(keys)), sharex=True)
+    has_ranks = structure is not None and bool(structure.ranks)
+    panels = len(keys) + int(has_ranks)
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.2 * panels), sharex=True, squeeze=False)
+    axes = axes[:, 0]
     layers = list(range(len(before)))
-    for axis, key in zip(axes, keys, strict=True):
+    for axis, key in zip(axes, keys, strict=False):
         axis.bar(layers, [w[key] for w in before], color="#d0d0d0", label="before")
         axis.bar(layers, [w[key] for w in after], color="#3b75af", label="after")
         axis.set_ylabel(key.replace("_", " "), fontsize=8)
+    if has_ranks:
+        axis = axes[-1]
+        roles = [r for r in _ROLE_COLOURS if any(r in ranks for ranks in structure.ranks.values())]
+        for role in roles:
+            points = [(layer, ranks[role]) for layer, ranks in structure.ranks.items() if role in ranks]
+            axis.plot(
+                [x for x, _ in points],
+                [y for _, y in points],
+                marker="o",
+                markersize=3,
+                linewidth=1,
+                color=_ROLE_COLOURS[role],
+                label=role,
+            )
+        axis.set_ylabel("low-rank rank", fontsize=8)
+        axis.set_ylim(bottom=0)
+        axis.legend(fontsize=7, loc="lower right", ncol=len(roles), title="role", title_fontsize=7)
+    if structure is not None and structure.residual_maps:
+        spots = sorted({(m.layer if m.layer is not None else len(before)) - 0.5 for m in structure.residual_maps})
+        for axis in axes:
+            for x in spots:
+                axis.axvline(x, color="#c0392b", linestyle="--", linewidth=1)
+        axes[0].plot([], [], color="#c0392b", linestyle="--", linewidth=1, label="residual map")
     axes[0].legend(fontsize=8, loc="lower right")
     axes[-1].set_xlabel("layer")
-    fig.suptitle("per-layer widths")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle("per-layer widths" + (" and low-rank ranks" if has_ranks else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -36,7 +83,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def markdown(report: dict[str, Any], plot_name: str | None) -> str:
+def markdown(report: dict[str, Any], plot_name: str | None, structure: Structure | None = None) -> str:
     p, m, t = report["params"], report["macs"], report["target"]
     lines = [
         f"# slimkit report: {report['recipe']} on {report['model']}",
@@ -72,6 +119,8 @@ def markdown(report: dict[str, Any], plot_name: str | None) -> str:
         "",
         f"Peak resident memory: {report['peak_rss_mb']:.0f} MB.",
     ]
+    if structure is not None and not structure.empty:
+        lines += ["", f"Structure: {structure.summary()}."]
     for note in report.get("notes", []):
         lines.append(f"\n> {note}")
     if plot_name:
@@ -80,7 +129,13 @@ def markdown(report: dict[str, Any], plot_name: str | None) -> str:
 
 
 def write_report(report: dict[str, Any], folder: Path) -> None:
+    """Write ``report.json``, ``report.md`` and ``widths.png`` into ``folder``.
+
+    The low-rank ranks and residual maps of the plot (and the report's structure line) come from the
+    saved model's manifest, ``folder/model/slimkit_manifest.json``, when there is one.
+    """
     plot_name = "widths.png"
-    plot_widths(report["layers"]["before"], report["layers"]["after"], folder / plot_name)
+    structure = saved_structure(folder / "model")
+    plot_widths(report["layers"]["before"], report["layers"]["after"], folder / plot_name, structure)
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (folder / "report.md").write_text(markdown(report, plot_name))
+    (folder / "report.md").write_text(markdown(report, plot_name, structure))

@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,6 @@ from slimkit.recipes.layerwise import run_layerwise
 from slimkit.recipes.progress import Tracker
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import CalibrationConfig, EvalConfig, Recipe, SequentialSpec, is_glue_dataset
-from slimkit.recipes.stages import TARGET_PART
 
 MACS_SEQ_LEN = 128
 
@@ -75,21 +75,64 @@ def _calibrate(ctx: Context, recipe: Recipe) -> dict[str, Any] | None:
     return spec.describe()
 
 
-def _run_stages(ctx: Context, recipe: Recipe, timings: Timings, tracker: Tracker) -> None:
+def _block_plan(ctx: Context, children: list) -> int:
+    """Parameters the block's fixed-budget stages plan to remove (a solve stage in it subtracts them)."""
+    planned = 0
+    for spec in children:
+        definition = stage_def(spec.stage)
+        args = spec.parsed_args()
+        if definition.plan is not None and definition.budget(args) in ("explicit", "layer"):
+            planned += definition.plan(ctx, args)
+    return planned
+
+
+def _run_stages(ctx: Context, recipe: Recipe, timings: Timings, tracker: Tracker) -> dict[str, float]:
+    """Run every stage; returns each top-level stage's share: the fraction of the dense target part it removed."""
+    part = recipe.target.part
+    shares: dict[str, float] = {}
     for index, item in enumerate(recipe.stages):
+        before = params_by_part(ctx.model)[part]
         if isinstance(item, SequentialSpec):
             label = f"{index}:sequential[{','.join(s.stage for s in item.sequential)}]"
             children, propagate = item.sequential, "compressed"
         else:
             label = f"{index}:{item.stage}"
-            definition = stage_def(item.stage)
-            if definition.scope == "model":
-                with timings.stage(label):
-                    definition.fn(ctx, item.parsed_args())
-                continue
             children, propagate = [item], "dense"
-        with timings.stage(label), tracker.task(label, ctx.view.num_layers) as advance:
-            run_layerwise(ctx, children, propagate, on_layer=lambda _i: advance(1))
+        ctx.start_block()
+        ctx.block_planned = _block_plan(ctx, children)
+        definition = stage_def(children[0].stage)
+        if not isinstance(item, SequentialSpec) and definition.scope == "model":
+            with timings.stage(label):
+                definition.fn(ctx, item.parsed_args())
+        else:
+            with timings.stage(label), tracker.task(label, ctx.view.num_layers) as advance:
+                run_layerwise(ctx, children, propagate, on_layer=lambda _i: advance(1))
+        shares[label] = (before - params_by_part(ctx.model)[part]) / ctx.params_before[part]
+    return shares
+
+
+def target_outcome(recipe: Recipe, dense: dict[str, int], now: dict[str, int], shares: dict[str, float]) -> dict:
+    """The report's ``target`` entry: wanted, achieved, tolerance, whether it is met, and each stage's share."""
+    target = recipe.target
+    achieved = target.achieved(dense, now)
+    return {
+        "ratio": target.ratio,
+        "of": target.of,
+        "achieved": achieved,
+        "tolerance": target.tolerance,
+        "strict": target.strict,
+        "met": target.met(achieved),
+        "shares": shares,
+    }
+
+
+def missed_target_message(outcome: dict) -> str:
+    shares = ", ".join(f"{label} {share:.2%}" for label, share in outcome["shares"].items())
+    return (
+        f"target missed: {outcome['ratio']:.1%} of {outcome['of']} wanted, {outcome['achieved']:.2%} achieved "
+        f"(tolerance {outcome['tolerance']:.1%}); removed by stage: {shares or 'none'}. Nothing was written; "
+        "adjust the stages' explicit ratios, or set target.strict: false to keep such a result"
+    )
 
 
 def preflight_data(config: EvalConfig, calibration: CalibrationConfig | None) -> None:
@@ -167,38 +210,59 @@ def _evaluate_glue(model, tokenizer, config: EvalConfig, tracker: Tracker, timin
     return {f"glue_{task}_{key}": result[key] for key in glue_task(task).metrics}
 
 
-def run_recipe(
+@dataclass
+class Result:
+    """What :func:`run` returns: the compressed model, its tokenizer, the report, and the output folder."""
+
+    model: Any
+    tokenizer: Any
+    report: dict[str, Any]
+    out: Path | None = None
+
+
+def run(
     recipe: Recipe,
-    raw: dict[str, Any],
-    out: Path,
+    out: str | os.PathLike | None = None,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
     force: bool = False,
     run_eval: bool = True,
     tracker: Tracker | None = None,
-) -> dict[str, Any]:
-    """Run ``recipe`` and write ``out/model``, ``out/report.json``, ``out/report.md``; returns the report."""
+) -> Result:
+    """Run ``recipe``; with ``out`` also write ``out/model``, ``out/report.json`` and ``out/report.md``.
+
+    ``model`` (with ``tokenizer``) compresses a model already in memory instead of loading the recipe's
+    source. A target missed by more than its tolerance raises :class:`SlimkitError` (nothing is written)
+    unless ``target.strict`` is false.
+    """
     tracker = tracker or Tracker()
-    out = Path(out)
-    check_output_dir(out, force)
-    preflight_data(
-        recipe.eval if run_eval else EvalConfig(perplexity=None),
-        recipe.calibration_config(),
-    )
+    out_path = Path(out) if out is not None else None
+    if out_path is not None:
+        check_output_dir(out_path, force)
+    preflight_data(recipe.eval if run_eval else EvalConfig(perplexity=None), recipe.calibration_config())
     timings = Timings()
     torch.manual_seed(recipe.seed)
 
+    given = model is not None
     with timings.stage("load"):
-        model, tokenizer, info = load_source(recipe.model)
+        if not given:
+            model, loaded_tokenizer, info = load_source(recipe.model)
+            tokenizer = tokenizer or loaded_tokenizer
+            source = {"name": info.name, "path": info.path}
+        else:
+            source = {"name": "in-memory model", "path": None}
         if recipe.task is not None:
             from slimkit.primitives.finetune.glue import task_model
 
             model = task_model(model, recipe.task, seed=recipe.seed)
     if tokenizer is None:
-        raise SlimkitError(f"model source '{recipe.model}' has no tokenizer")
+        raise SlimkitError(f"model source '{source['name']}' has no tokenizer")
     ctx = Context(
         recipe=recipe,
         model=model,
         tokenizer=tokenizer,
-        source={"name": info.name, "path": info.path},
+        source=source,
         generator=torch.Generator().manual_seed(recipe.seed),
         tracker=tracker,
     )
@@ -208,40 +272,41 @@ def run_recipe(
 
     with timings.stage("calibration"):
         calibration = _calibrate(ctx, recipe)
-    _run_stages(ctx, recipe, timings, tracker)
+    shares = _run_stages(ctx, recipe, timings, tracker)
 
     params_after = params_by_part(ctx.model)
-    part = TARGET_PART[recipe.target.of]
+    outcome = target_outcome(recipe, ctx.params_before, params_after, shares)
+    if not outcome["met"]:
+        if recipe.target.strict:
+            raise SlimkitError(missed_target_message(outcome))
+        ctx.notes.append(f"target not met: {missed_target_message(outcome).split('; removed by stage')[0]}")
     if calibration and recipe.eval.perplexity and calibration["dataset"] in recipe.eval.perplexity.datasets:
         ctx.notes.append(
             f"calibration and perplexity evaluation both use {calibration['dataset']}: "
             "the perplexity on it is optimistic"
         )
-
-    staging = staging_dir(out)
+    raw = recipe.source()
+    staging = staging_dir(out_path) if out_path is not None else None
     try:
-        manifest = {
-            "recipe_name": recipe.name,
-            "recipe": raw,
-            "seed": recipe.seed,
-            "source": ctx.source,
-            "calibration": calibration,
-            "target": recipe.target.model_dump(),
-            **ctx.manifest,
-        }
-        with timings.stage("save"):
-            slimkit.save(ctx.model, tokenizer, staging / "model", manifest=manifest)
-            (staging / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        if staging is not None:
+            manifest = {
+                "recipe_name": recipe.name,
+                "recipe": raw,
+                "seed": recipe.seed,
+                "source": ctx.source,
+                "calibration": calibration,
+                "target": recipe.target.model_dump(),
+                **ctx.manifest,
+            }
+            with timings.stage("save"):
+                slimkit.save(ctx.model, tokenizer, staging / "model", manifest=manifest)
+                (staging / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         metrics, details = evaluate(ctx.model, tokenizer, recipe.eval, tracker, timings) if run_eval else ({}, {})
         report = {
             "recipe": recipe.name,
-            "model": recipe.model,
+            "model": source["name"] if given else recipe.model,
             "seed": recipe.seed,
-            "target": {
-                "ratio": recipe.target.ratio,
-                "of": recipe.target.of,
-                "achieved": 1.0 - params_after[part] / ctx.params_before[part],
-            },
+            "target": outcome,
             "params": {
                 "before": ctx.params_before["total"],
                 "after": params_after["total"],
@@ -260,15 +325,34 @@ def run_recipe(
             "notes": ctx.notes,
             "versions": versions(),
         }
-        from slimkit.recipes.report import write_report
+        if staging is not None and out_path is not None:
+            from slimkit.recipes.report import write_report
 
-        for name, writer in ctx.artifacts.items():
-            writer(staging / name)
-
-        write_report(report, staging)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
+            for name, writer in ctx.artifacts.items():
+                writer(staging / name)
+            write_report(report, staging)
+            if out_path.exists():
+                shutil.rmtree(out_path)
+            os.replace(staging, out_path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return report
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return Result(ctx.model, tokenizer, report, out_path)
+
+
+def run_recipe(
+    recipe: Recipe,
+    raw: dict[str, Any] | None,
+    out: Path,
+    force: bool = False,
+    run_eval: bool = True,
+    tracker: Tracker | None = None,
+) -> dict[str, Any]:
+    """Run ``recipe`` and write ``out/model``, ``out/report.json``, ``out/report.md``; returns the report.
+
+    ``raw`` (the mapping the recipe came from, saved as ``recipe.yaml``) is kept for callers that built
+    the recipe themselves; a recipe remembers its own source otherwise.
+    """
+    if raw is not None:
+        recipe._source = raw
+    return run(recipe, out, force=force, run_eval=run_eval, tracker=tracker).report

@@ -21,15 +21,33 @@ classifier for that task (:func:`slimkit.primitives.finetune.glue.task_model`), 
 a task model run (``glue_finetune``), lets ``calibration.dataset: glue`` mean that task's train split,
 and changes the evaluation defaults: ``eval.glue`` on the task's dev split instead of perplexity
 (a classifier has no language-model head, so ``eval.perplexity`` and ``eval.zeroshot`` are refused).
+
+Field descriptions: every recipe model derives from :class:`Strict`, whose ``use_attribute_docstrings``
+makes the docstring under a field its pydantic ``description``; ``slimkit stage show NAME`` prints
+those of a stage's arguments, so each stage argument has one (what it means, its units, what its
+values mean). A name outside a fixed set (a field, a stage, a dataset, a task) fails with
+:func:`slimkit.primitives.errors.unknown`: the closest allowed name, if one is close, and all of them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from slimkit.primitives.errors import unknown
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 
@@ -41,15 +59,15 @@ TargetOf = Literal["model", "layers", "mlp", "attention"]
 class Strict(BaseModel):
     """Base of every recipe model: unknown fields fail with the list of allowed ones."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     @model_validator(mode="before")
     @classmethod
     def _no_unknown_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            unknown = [key for key in data if key not in cls.model_fields]
-            if unknown:
-                raise ValueError(f"unknown field '{unknown[0]}'; allowed: {', '.join(cls.model_fields)}")
+            unknown_keys = [key for key in data if key not in cls.model_fields]
+            if unknown_keys:
+                raise ValueError(unknown("field", unknown_keys[0], cls.model_fields))
         return data
 
     def shared_with(self, config_class: type[T], **extra: Any) -> T:
@@ -60,7 +78,7 @@ class Strict(BaseModel):
 
 def check_corpus(name: str) -> str:
     if name not in CORPORA:
-        raise ValueError(f"unknown dataset '{name}'; allowed: {', '.join(CORPORA)}")
+        raise ValueError(unknown("dataset", name, CORPORA))
     return name
 
 
@@ -68,7 +86,7 @@ def check_zeroshot_task(name: str) -> str:
     from slimkit.primitives.evaluate.zeroshot import ZEROSHOT_TASKS
 
     if name not in ZEROSHOT_TASKS:
-        raise ValueError(f"unknown zero-shot task '{name}'; allowed: {', '.join(ZEROSHOT_TASKS)}")
+        raise ValueError(unknown("zero-shot task", name, ZEROSHOT_TASKS))
     return name
 
 
@@ -76,7 +94,7 @@ def check_glue_task(name: str) -> str:
     from slimkit.primitives.gluedata import GLUE_TASKS
 
     if name not in GLUE_TASKS:
-        raise ValueError(f"unknown GLUE task '{name}'; allowed: {', '.join(GLUE_TASKS)}")
+        raise ValueError(unknown("GLUE task", name, GLUE_TASKS))
     return name
 
 
@@ -91,9 +109,10 @@ def check_calibration_dataset(name: str) -> str:
     tasks = [f"glue-{t}" for t in GLUE_TASKS]
     if name in CORPORA or name == "glue" or name in tasks:
         return name
-    raise ValueError(
-        f"unknown dataset '{name}'; allowed: {', '.join(CORPORA)}, glue (the recipe's task), {', '.join(tasks)}"
-    )
+    # A misspelt ``glue-<task>`` is suggested a task, never the bare ``glue`` (which means another thing).
+    suggest = tasks if name.startswith("glue-") else None
+    allowed = [*CORPORA, "glue", *tasks]
+    raise ValueError(unknown("dataset", name, allowed, tail=" (glue: the recipe's task)", suggest=suggest))
 
 
 class CalibrationConfig(Strict):
@@ -113,9 +132,42 @@ class CalibrationConfig(Strict):
         return self
 
 
+# Which entry of ``params_by_part`` a target is a ratio of.
+TARGET_PART: dict[str, str] = {"model": "total", "layers": "layers", "mlp": "mlp", "attention": "attention"}
+
+
 class Target(Strict):
-    ratio: float = Field(ge=0.0, lt=1.0)
+    """The recipe's one budget: remove ``ratio`` of the dense model's ``of`` parameters.
+
+    Every stage that removes parameters either derives its share from what is left of this budget
+    (parameters added or removed by earlier stages counted) or states its own ``ratio``; after the
+    run the achieved ratio is checked against ``ratio`` within ``tolerance``.
+    """
+
+    ratio: float = Field(ge=0.0, lt=1.0, allow_inf_nan=False)
+    """Fraction of the dense model's ``of`` parameters to remove."""
     of: TargetOf = "model"
+    """What the ratio is of: the whole model, the decoder layers, the MLPs or the attention blocks."""
+    tolerance: float = Field(0.005, ge=0.0, le=1.0, allow_inf_nan=False)
+    """Largest accepted |achieved - ratio| (0.005 = half a percentage point)."""
+    strict: bool = True
+    """A run whose achieved ratio is outside the tolerance fails (nothing is written); false: it is
+    kept and flagged (report ``target.met: false``)."""
+
+    @property
+    def part(self) -> str:
+        """The ``params_by_part`` entry the ratio is of (``total`` for ``of: model``)."""
+        return TARGET_PART[self.of]
+
+    def kept_limit(self, dense: dict[str, int]) -> int:
+        """Parameters of the target's part the finished model may keep."""
+        return round((1.0 - self.ratio) * dense[self.part])
+
+    def achieved(self, dense: dict[str, int], now: dict[str, int]) -> float:
+        return 1.0 - now[self.part] / dense[self.part]
+
+    def met(self, achieved: float) -> bool:
+        return abs(achieved - self.ratio) <= self.tolerance + 1e-12
 
 
 class StageSpec(Strict):
@@ -127,7 +179,7 @@ class StageSpec(Strict):
         try:
             definition = stage_def(self.stage)
         except KeyError:
-            raise ValueError(f"unknown stage '{self.stage}'; allowed: {', '.join(stage_names())}") from None
+            raise ValueError(unknown("stage", self.stage, stage_names())) from None
         try:
             self.args = definition.args.model_validate(self.args).model_dump()
         except ValidationError as error:
@@ -220,6 +272,80 @@ class Recipe(Strict):
     @classmethod
     def _known_task(cls, name: str | None) -> str | None:
         return name if name is None else check_glue_task(name)
+
+    _source: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_source(cls, data: Any, handler: Any) -> Recipe:
+        recipe = handler(data)
+        if isinstance(data, dict) and recipe._source is None:
+            recipe._source = copy.deepcopy(data)
+        return recipe
+
+    @classmethod
+    def from_yaml(cls, name_or_file: str, overrides: list[str] | None = None) -> Recipe:
+        """A bundled recipe name or a YAML file, with ``dotted.path=value`` overrides; a bad recipe raises
+        :class:`~slimkit.primitives.errors.SlimkitError` with the field path."""
+        from slimkit.recipes.loading import load_recipe
+
+        return load_recipe(name_or_file, overrides)[0]
+
+    def source(self) -> dict[str, Any]:
+        """The mapping the recipe was built from (what is saved as ``recipe.yaml`` beside the weights)."""
+        if self._source is not None:
+            return copy.deepcopy(self._source)
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    @model_validator(mode="after")
+    def _composition(self) -> Recipe:
+        """Budgets and module types across stages, checked before anything runs."""
+        solver: str | None = None
+        lowrank: dict[str, str] = {}
+        seen: dict[str, str] = {}
+        for index, item in enumerate(self.stages):
+            children = item.sequential if isinstance(item, SequentialSpec) else [item]
+            block_solver: str | None = None
+            for child_index, spec in enumerate(children):
+                where = f"stages.{index}" + (f".sequential.{child_index}" if isinstance(item, SequentialSpec) else "")
+                definition = stage_def(spec.stage)
+                if definition.once and spec.stage in seen:
+                    raise ValueError(
+                        f"{where}: stage '{spec.stage}' may run once per recipe ({definition.once}); "
+                        f"it already runs at {seen[spec.stage]}"
+                    )
+                seen.setdefault(spec.stage, where)
+                args = spec.parsed_args()
+                mode = definition.budget(args)
+                if mode in ("solve", "layer") and solver is not None:
+                    raise ValueError(
+                        f"{where}: stage '{spec.stage}' derives its share from the target, but {solver} before it "
+                        "already removes all that is left of it; give one of them an explicit ratio"
+                    )
+                if mode == "solve":
+                    if block_solver is not None:
+                        raise ValueError(
+                            f"{where}: stage '{spec.stage}' and {block_solver} both solve the rest of the target "
+                            "in one block; give one of them an explicit ratio"
+                        )
+                    block_solver = f"{where} ('{spec.stage}')"
+                clash = sorted(definition.touches(args) & set(lowrank))
+                if clash:
+                    raise ValueError(
+                        f"{where}: stage '{spec.stage}' needs plain Linear {', '.join(clash)} projections, but "
+                        f"{lowrank[clash[0]]} replaced them by low-rank pairs; run it before that stage or leave those "
+                        "projections out"
+                    )
+                for role in definition.makes_lowrank(args):
+                    lowrank.setdefault(role, f"{where} ('{spec.stage}')")
+            solver = solver or block_solver
+        modes = [stage_def(s.stage).budget(s.parsed_args()) for s in self.flat_stages()]
+        if self.target.ratio > 0 and all(mode == "none" for mode in modes):
+            raise ValueError(
+                f"target.ratio: {self.target.ratio:g} of {self.target.of} is to be removed, but no stage removes "
+                "parameters; add a pruning, low-rank or projection stage, or set target.ratio: 0"
+            )
+        return self
 
     @model_validator(mode="after")
     def _task_rules(self) -> Recipe:

@@ -19,12 +19,14 @@ from slimkit.primitives.importance.coupled import (
     attention_scores,
     channel_scores,
     component_scores,
-    coupled,
     feature_scores,
     gradient_weights,
     head_product_gradients,
     mlp_scores,
     product_gradient,
+)
+from slimkit.primitives.importance.coupled import (
+    coupled_scores as coupled,
 )
 from slimkit.primitives.importance.lora_proxy import (
     LoraProxyConfig,
@@ -173,7 +175,7 @@ def test_attention_scores_assemble_component_and_feature_scores():
 
 
 def test_registered_scorer_covers_heads_kv_groups_mlp_and_features(llama):
-    assert SCORERS["coupled"] is coupled
+    assert SCORERS["coupled"].fn is coupled
     batch = torch.randint(3, 250, (2, 12))
     weights = gradient_weights(llama)
     gradients = next(full_gradients(llama, [batch], weights))
@@ -211,7 +213,7 @@ def test_platon_wraps_any_registered_scorer(llama):
     smoother = PlatonScorer("magnitude", aggregation="l2")
     smoother.update(groups, llama, {})
     first = smoother.scores(groups)
-    plain = [SCORERS["magnitude"](g, llama, {}, aggregation="l2") for g in groups]
+    plain = [SCORERS["magnitude"].fn(g, llama, {}, aggregation="l2") for g in groups]
     for smoothed, raw in zip(first, plain, strict=True):  # one evaluation: S = 0.125 I^2, same ranking
         torch.testing.assert_close(smoothed, 0.125 * raw.double().pow(2).float())
 
@@ -372,7 +374,7 @@ def test_unreachable_target_fails_before_pruning_with_the_numbers(tmp_path, tiny
         ({"step": 0.1, "iterations": 2}, "give one of them"),
         ({"scorer": "taylor"}, "use gradients: full with scorer: taylor"),
         ({"kinds": ["mlp_channel", "mlp_channel"]}, "each kind once"),
-        ({"scorer": "l2"}, "Input should be 'coupled', 'magnitude', 'random' or 'taylor'"),
+        ({"scorer": "l2"}, "unknown scorer 'l2'; allowed: activation, coupled"),
     ],
 )
 def test_stage_argument_rules(tmp_path, args, message):
@@ -415,6 +417,7 @@ def test_mha_plain_mlp_model_opt(tmp_path, tokenizer):
     tokenizer.save_pretrained(folder)
     # OPT's attention derives head_dim from the hidden size, so features cannot shrink it on their own.
     raw = cce_recipe(folder, ratio=0.3, gradients="full", kinds=["attention_head", "mlp_channel"])
+    raw["target"]["tolerance"] = 0.03  # whole heads of a 4-head tiny model: coarse steps
     raw["eval"] = {"perplexity": None}
     out = tmp_path / "run"
     report = run_recipe(validate(raw, "tiny"), raw, out, run_eval=False)

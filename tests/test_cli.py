@@ -51,7 +51,7 @@ def test_validate_ok(monkeypatch, capsys, tmp_path):
 
 def test_unknown_recipe_name(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "run", "wanda-chanels", "--out", str(tmp_path / "o"))
-    assert_one_line_error(code, err, "unknown recipe 'wanda-chanels'; bundled: ")
+    assert_one_line_error(code, err, "unknown recipe 'wanda-chanels'; did you mean 'wanda-channels'? bundled: ")
 
 
 def test_yaml_syntax_error(monkeypatch, capsys, tmp_path):
@@ -68,7 +68,7 @@ def test_unknown_stage_and_argument(monkeypatch, capsys, tmp_path):
     assert all(name in err for name in ("lora", "lowrank", "prune", "prune_layer"))
     bad_arg = tiny_recipe(tmp_path, stages=[{"stage": "prune", "args": {"scorer": "activation", "p": 2}}])
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "validate", write_recipe(tmp_path / "b.yaml", bad_arg))
-    assert_one_line_error(code, err, "unknown field 'p'; allowed: groups, scorer, aggregation")
+    assert_one_line_error(code, err, "unknown field 'p'; allowed: scorer, aggregation, order, level, groups")
 
 
 @pytest.mark.parametrize("ratio", ["1.0", "-0.2", "abc"])

@@ -227,6 +227,7 @@ def _shrink(raw: dict, model_dir: Path) -> dict:
 @pytest.mark.parametrize("name", ["sp3-bert", "cofi-bert"])
 def test_recipe_end_to_end(tmp_path, tiny_bert_dir, name):
     raw = _shrink(yaml.safe_load((RECIPES / f"{name}.yaml").read_text()), tiny_bert_dir)
+    raw["target"]["tolerance"] = 0.03  # one FFN filter / hidden gate of the tiny encoder is a coarse step
     out = tmp_path / "run"
     report = run_recipe(validate(raw, name), raw, out)
     stage = report["stages"]["mask_train_encoder"]

@@ -20,12 +20,7 @@ FAST = {"batch_size": 2, "seq_len": 32, "dataset": "alpaca"}
 
 
 def _prune_mlp(model, layer, width):
-    # The surgery API is moving from per-structure functions to coupling-group units; use either.
-    keep = torch.arange(width)
-    if hasattr(surgery, "prune_layer"):
-        surgery.prune_layer(model, "mlp_channel", layer, keep)
-    else:
-        surgery.prune_mlp_channels(ModelView(model).layer(layer), keep)
+    surgery.prune_layer(model, "mlp_channel", layer, torch.arange(width))
 
 
 def _no_peft(model):

@@ -47,9 +47,9 @@ def test_reduce_units_hand_case():
 
 def test_magnitude_and_activation_hand_case():
     model, group = TwoLayerMLP(), mlp_group()
-    assert SCORERS["magnitude"](group, model, {}, aggregation="l1").tolist() == [4.0, 8.0, 4.0]
+    assert SCORERS["magnitude"].fn(group, model, {}, aggregation="l1").tolist() == [4.0, 8.0, 4.0]
     norms = {"up": torch.tensor([1.0, 2.0]), "down": torch.tensor([3.0, 1.0, 2.0])}
-    got = SCORERS["activation"](group, model, {"input_norms": norms}, aggregation="l1")
+    got = SCORERS["activation"].fn(group, model, {"input_norms": norms}, aggregation="l1")
     assert got.tolist() == [8.0, 12.0, 8.0]
 
 
@@ -57,16 +57,16 @@ def test_taylor_hand_case():
     model, group = TwoLayerMLP(), mlp_group()
     ones = {id(p): torch.ones_like(p) for p in model.parameters()}
     stats = {"gradients": GradientStats(ones, ones, 1)}
-    assert SCORERS["taylor"](group, model, stats, order="first", level="vector").tolist() == [2.0, 8.0, 4.0]
-    assert SCORERS["taylor"](group, model, stats, order="first", level="element").tolist() == [4.0, 8.0, 4.0]
+    assert SCORERS["taylor"].fn(group, model, stats, order="first", level="vector").tolist() == [2.0, 8.0, 4.0]
+    assert SCORERS["taylor"].fn(group, model, stats, order="first", level="element").tolist() == [4.0, 8.0, 4.0]
     # 0.5 * h * w^2 with h = 1: unit 0 = 0.5 * (1 + 4) + 0.5 * (1 + 0)
-    assert SCORERS["taylor"](group, model, stats, order="second", level="element").tolist() == [3.0, 13.0, 3.0]
+    assert SCORERS["taylor"].fn(group, model, stats, order="second", level="element").tolist() == [3.0, 13.0, 3.0]
 
 
 def test_random_scorer_is_seeded():
     model, group = TwoLayerMLP(), mlp_group()
-    a = SCORERS["random"](group, model, {}, generator=torch.Generator().manual_seed(3))
-    b = SCORERS["random"](group, model, {}, generator=torch.Generator().manual_seed(3))
+    a = SCORERS["random"].fn(group, model, {}, generator=torch.Generator().manual_seed(3))
+    b = SCORERS["random"].fn(group, model, {}, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a, b) and a.shape == (3,)
 
 

@@ -1,4 +1,6 @@
-"""save/load round trips: non-uniform widths reload with identical logits; uniform loads in plain HF."""
+"""save/load round trips: non-uniform widths reload with identical logits; uniform loads in plain HF;
+folders stock transformers cannot build exactly (low-rank pairs, residual maps, per-layer widths) are
+refused by its loaders, read exactly by slimkit.load, and still give their tokenizer to AutoTokenizer."""
 
 from __future__ import annotations
 
@@ -7,12 +9,15 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 import slimkit
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.io.compat import SLIMKIT_MODEL_TYPE
+from slimkit.primitives.lowrank import LowRankLinear
+from slimkit.primitives.projection.adapters import attach_basis_change
 from slimkit.primitives.surgery import prune_layer
-from tests.tiny import model_output
+from tests.tiny import model_output, tiny_llama
 
 
 def _prune_non_uniform(model):
@@ -52,8 +57,11 @@ def test_uniform_result_loads_with_plain_from_pretrained(llama, tmp_path, tokeni
     config = json.loads((path / "config.json").read_text())
     assert "per_layer_config" not in config
     assert (config["intermediate_size"], config["num_attention_heads"], config["num_key_value_heads"]) == (40, 3, 1)
+    assert config["model_type"] == "llama" and not [k for k in config if k.startswith("slimkit_")]
     plain = AutoModelForCausalLM.from_pretrained(path)
     torch.testing.assert_close(model_output(plain, ids), before, rtol=0, atol=0)
+    loaded, _ = slimkit.load(path)
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
 
 
 def test_uniform_bert_loads_with_plain_auto_model(bert, tmp_path):
@@ -82,3 +90,92 @@ def test_interrupted_save_leaves_nothing_that_loads(llama, tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         slimkit.save(llama, None, tmp_path / "m")
     assert list(tmp_path.iterdir()) == []
+
+
+def _low_rank(model, roles=("q", "k", "v", "o"), rank=5):
+    """LoRAP's attention structure: each role's Linear replaced by a rank-``rank`` pair (plain SVD)."""
+    for layer in ModelView(model).layers:
+        for role in roles:
+            layer.set_linear(role, LowRankLinear.from_linear(layer.linear(role), rank))
+    return model
+
+
+def _assert_stock_loaders_refuse(path):
+    for loader in (AutoConfig, AutoModelForCausalLM, AutoModel):
+        with pytest.raises(ValueError, match=f"model type `{SLIMKIT_MODEL_TYPE}`"):
+            loader.from_pretrained(path)
+
+
+def test_low_rank_result_is_refused_by_transformers_and_read_exactly_by_slimkit(tmp_path, tokenizer):
+    model = _low_rank(tiny_llama(vocab_size=len(tokenizer)))
+    ids = torch.randint(3, 200, (2, 9))
+    before = model_output(model, ids)
+    path = slimkit.save(model, tokenizer, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    assert "per_layer_config" not in config  # uniform widths: only the low-rank pairs need slimkit
+    assert (config["model_type"], config["architectures"]) == (SLIMKIT_MODEL_TYPE, ["SlimkitCompressedModel"])
+    assert (config["slimkit_base_model_type"], config["slimkit_base_architectures"]) == ("llama", ["LlamaForCausalLM"])
+    assert "12 low-rank pairs" in config["slimkit_note"] and "slimkit.load" in config["slimkit_note"]
+    _assert_stock_loaders_refuse(path)
+
+    loaded, tok = slimkit.load(path)
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
+    assert isinstance(loaded.model.layers[0].self_attn.q_proj, LowRankLinear)
+    assert loaded.config.model_type == "llama" and loaded.config.architectures == ["LlamaForCausalLM"]
+    assert not hasattr(loaded.config, "slimkit_base_model_type")
+    assert tok("hello").input_ids == tokenizer("hello").input_ids
+    plain_tok = AutoTokenizer.from_pretrained(path)  # no model config: the export work relies on this
+    assert plain_tok("hello, world").input_ids == tokenizer("hello, world").input_ids
+
+    again = slimkit.save(loaded, tok, tmp_path / "again")  # a reloaded result is marked again
+    assert json.loads((again / "config.json").read_text())["model_type"] == SLIMKIT_MODEL_TYPE
+    torch.testing.assert_close(model_output(slimkit.load(again)[0], ids), before, rtol=0, atol=0)
+
+
+def test_per_layer_widths_result_is_refused_by_transformers(llama, tmp_path, tokenizer):
+    _prune_non_uniform(llama)
+    ids = torch.randint(3, 200, (2, 9))
+    before = model_output(llama, ids)
+    path = slimkit.save(llama, tokenizer, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == SLIMKIT_MODEL_TYPE and "per_layer_config" in config
+    assert "per-layer widths" in config["slimkit_note"]
+    _assert_stock_loaders_refuse(path)
+    loaded, _ = slimkit.load(path)
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
+    assert AutoTokenizer.from_pretrained(path)("ab").input_ids == tokenizer("ab").input_ids
+
+
+@pytest.mark.parametrize("family", ["opt", "bert"])
+def test_residual_map_result_is_refused_and_round_trips(family, request, tmp_path):
+    model = request.getfixturevalue(family)
+    view = ModelView(model)
+    d = view.hidden_size
+    attach_basis_change(view.layer(1).module, torch.linalg.qr(torch.randn(d, d)).Q)
+    ids = torch.randint(3, 200, (2, 9))
+    before = model_output(model, ids)
+    path = slimkit.save(model, None, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == SLIMKIT_MODEL_TYPE and config["slimkit_base_model_type"] == family
+    assert "1 residual / basis-change map" in config["slimkit_note"]
+    with pytest.raises(ValueError, match=SLIMKIT_MODEL_TYPE):
+        AutoModel.from_pretrained(path)
+    loaded, _ = slimkit.load(path, task="encoder" if family == "bert" else "causal-lm")
+    assert type(loaded) is type(model)
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
+
+
+def test_folders_saved_before_the_mark_still_load(tmp_path, tokenizer):
+    """An older slimkit wrote the model's own model_type next to manifest modules."""
+    model = _low_rank(tiny_llama(vocab_size=len(tokenizer)), roles=("q", "down"), rank=3)
+    ids = torch.randint(3, 200, (2, 9))
+    before = model_output(model, ids)
+    path = slimkit.save(model, tokenizer, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"], config["architectures"] = config.pop("slimkit_base_model_type"), ["LlamaForCausalLM"]
+    for key in ("slimkit_base_architectures", "slimkit_note"):
+        config.pop(key)
+    (path / "config.json").write_text(json.dumps(config))
+    loaded, tok = slimkit.load(path)
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
+    assert tok is not None

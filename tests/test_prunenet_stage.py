@@ -39,6 +39,7 @@ def test_prunenet_trains_saves_and_reuses_its_policy(tmp_path, tiny_llama_dir):
 @pytest.mark.parametrize("selection", ["random", "deterministic"])
 def test_prunenet_ablations_run(tmp_path, tiny_llama_dir, selection):
     raw = prunenet_recipe(tiny_llama_dir, 0.25, selection=selection, schedule="linear")
+    raw["target"]["tolerance"] = 0.01  # the linear schedule rounds every layer of a 64-channel MLP
     report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
     ratios = report["stages"]["prunenet"]["layer_ratios"]
     assert sum(ratios) / len(ratios) == pytest.approx(0.25) and ratios[0] > ratios[-1]

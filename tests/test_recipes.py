@@ -58,15 +58,15 @@ def test_overrides_by_dotted_path():
         ({"stages": [{"stage": "prune_everything"}]}, "stages.0: unknown stage 'prune_everything'; allowed: "),
         (
             {"stages": [{"stage": "prune", "args": {"scorer": "taylor9"}}]},
-            "stages.0: args.scorer: Input should be 'activation', 'magnitude', 'random' or 'taylor'",
+            "stages.0: args.scorer: unknown scorer 'taylor9'; did you mean 'taylor'? allowed: activation, coupled,",
         ),
         (
             {"stages": [{"stage": "prune", "args": {"aggregate": "l2"}}]},
-            "args: unknown field 'aggregate'; allowed: groups, scorer, aggregation, order, level, ratio",
+            "args: unknown field 'aggregate'; did you mean 'aggregation'? allowed: scorer, aggregation, order",
         ),
         ({"calibration": {"dataset": "wiki103"}}, "calibration.dataset: unknown dataset 'wiki103'; allowed:"),
         ({"eval": {"zeroshot": {"tasks": ["mmlu"]}}}, "eval.zeroshot.tasks: unknown zero-shot task 'mmlu'"),
-        ({"stagez": []}, "unknown field 'stagez'; allowed: name, description"),
+        ({"stagez": []}, "unknown field 'stagez'; did you mean 'stages'? allowed: name, description"),
     ],
 )
 def test_bad_recipes_name_field_and_allowed_values(tmp_path, change, message):
@@ -98,7 +98,15 @@ def test_end_to_end_tiny_run(tmp_path, tiny_llama_dir):
     assert saved == json.loads(json.dumps(report))
     for key in ("recipe", "model", "seed", "timings_s", "peak_rss_mb", "metrics", "versions", "macs"):
         assert key in saved
-    assert saved["target"] == {"ratio": 0.25, "of": "mlp", "achieved": pytest.approx(0.25)}
+    assert saved["target"] == {
+        "ratio": 0.25,
+        "of": "mlp",
+        "achieved": pytest.approx(0.25),
+        "tolerance": 0.005,
+        "strict": True,
+        "met": True,
+        "shares": {"0:sequential[prune_layer]": pytest.approx(0.25)},
+    }
     assert saved["params"]["after"] < saved["params"]["before"]
     assert saved["macs"]["after"] < saved["macs"]["before"]
     assert 0 < saved["params"]["removed_ratio"] < 0.25

@@ -157,7 +157,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
     raw = tiny_recipe(
         tiny_llama_dir,
         name="tiny-sp3-llm",
-        target={"ratio": 0.3, "of": "model"},
+        target={"ratio": 0.3, "of": "model", "tolerance": 0.025},  # one tiny hidden gate is ~2%
         calibration={"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2},
         stages=stages,
         eval={"perplexity": None},

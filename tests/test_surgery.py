@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups, layer_group
-from slimkit.primitives.surgery import prune_layer, remove_units
+from slimkit.primitives.surgery import SurgeryError, prune_layer, remove_units
 from tests.tiny import model_output
 
 
@@ -90,3 +91,59 @@ def test_hidden_feature_removal_equals_zeroing_up_to_the_rms_scale(llama):
 def test_score_only_kinds_are_refused(llama):
     with pytest.raises(ValueError, match="cannot be removed"):
         remove_units(llama, layer_group(llama, "qk_dim", 0), torch.arange(2))
+
+
+def _state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_unchanged(model, before, shapes):
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        assert torch.equal(after[key], value), key
+    view = ModelView(model)
+    assert [(layer.num_heads, layer.num_kv_heads, layer.mlp_width) for layer in view.layers] == shapes
+
+
+@pytest.mark.parametrize(
+    ("kind", "keep", "problem"),
+    [
+        # 2 KV groups of 3 query heads: 2 + 1 kept is uneven (this used to slice q and then raise)
+        ("attention_head", [0, 1, 3], r"keeps \[2, 1\] query heads in the 2 KV groups"),
+        # 3 + 1: an even total (4 heads over 2 KV heads) that would silently regroup the heads
+        ("attention_head", [0, 1, 2, 3], r"keeps \[3, 1\] query heads"),
+        ("attention_head", [0, 6], r"keep indices \[6\] are outside the group's 6 units"),
+        ("mlp_channel", [0, -1], r"keep indices \[-1\] are outside"),
+        ("mlp_channel", [3, 3, 5], r"repeats units \[3\]"),
+        ("mlp_channel", [], "the keep set is empty"),
+        ("kv_group", torch.tensor([True, False]), "boolean mask"),
+        ("mlp_channel", torch.tensor([[0, 1]]), "must be 1-D"),
+        ("mlp_channel", torch.tensor([0.5, 2.0]), "integer unit indices"),
+    ],
+)
+def test_refused_keep_set_leaves_the_model_unchanged(llama, kind, keep, problem):
+    group = layer_group(llama, kind, 1)
+    before, view = _state(llama), ModelView(llama)
+    shapes = [(layer.num_heads, layer.num_kv_heads, layer.mlp_width) for layer in view.layers]
+    with pytest.raises(SurgeryError, match=rf"layer 1 {kind}: .*{problem}"):
+        remove_units(llama, group, keep if isinstance(keep, torch.Tensor) else torch.tensor(keep, dtype=torch.long))
+    _assert_unchanged(llama, before, shapes)
+    assert isinstance(SurgeryError("x"), SlimkitError) and isinstance(SurgeryError("x"), ValueError)
+
+
+def test_stale_group_is_refused_before_slicing(llama):
+    """A group built before an earlier surgery of the same layer no longer matches the shapes."""
+    stale = layer_group(llama, "mlp_channel", 0)
+    prune_layer(llama, "mlp_channel", 0, torch.arange(40))
+    before = _state(llama)
+    shapes = [(layer.num_heads, layer.num_kv_heads, layer.mlp_width) for layer in ModelView(llama).layers]
+    with pytest.raises(SurgeryError, match=r"layer 0 mlp_channel: .*built before an earlier surgery"):
+        remove_units(llama, stale, torch.arange(30))
+    _assert_unchanged(llama, before, shapes)
+
+
+def test_even_gqa_keep_set_and_plain_lists_are_accepted(llama):
+    remove_units(llama, layer_group(llama, "attention_head", 2), [0, 2, 4, 5])  # 2 + 2 over the KV groups
+    layer = ModelView(llama).layer(2)
+    assert (layer.num_heads, layer.num_kv_heads) == (4, 2)

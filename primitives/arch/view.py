@@ -34,12 +34,6 @@ def _get(root: nn.Module, path: str) -> nn.Module:
     return root.get_submodule(path)
 
 
-def _set(root: nn.Module, path: str, module: nn.Module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    parent = root.get_submodule(parent_path) if parent_path else root
-    setattr(parent, name, module)
-
-
 def out_features(module: nn.Module) -> int:
     return int(module.out_features)
 
@@ -67,7 +61,7 @@ class LayerView:
         return _get(self.module, path)
 
     def set_linear(self, role: LinearRole, module: nn.Module) -> None:
-        _set(self.module, getattr(self.spec, role), module)
+        self.module.set_submodule(getattr(self.spec, role), module)
 
     def linear_path(self, role: LinearRole) -> str:
         return getattr(self.spec, role)

@@ -1,6 +1,8 @@
 """Importance scorers: ``score(group, model, stats, **args) -> 1-D tensor`` over the group's units.
 
-Registered by name in :data:`SCORERS`. Each scorer gives a per-element score for every member
+Registered by name in :data:`SCORERS` with :func:`register_scorer` (what statistics each reads and which
+group kinds it scores); :mod:`.compose` combines them (PLATON smoothing of any scorer, weighted blends)
+for every pruning stage. Each scorer gives a per-element score for every member
 parameter; unit ``u`` of a member gathers the elements at ``member.indices[u]`` along ``member.dim``
 (every row/column element there), reduces them with ``aggregation`` (``l1`` sum of absolute values,
 ``l2``, ``linf`` max, ``mean`` of absolute values), and a group's score is the sum over its members.
@@ -23,11 +25,13 @@ parameter; unit ``u`` of a member gathers the elements at ``member.indices[u]`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, Member
 
 Aggregation = Literal["l1", "l2", "linf", "mean"]
@@ -64,11 +68,53 @@ def member_sum(group: Group, model: nn.Module, per_member: Callable[[Member, tor
     return total
 
 
+@dataclass(frozen=True)
+class ScorerDef:
+    """A registered scorer: ``fn(group, model, stats, **args) -> [units]`` and what it reads."""
+
+    name: str
+    fn: Callable[..., torch.Tensor]
+    needs: tuple[str, ...] = ()
+    """Statistics keys it reads: ``input_norms`` (per-Linear input norms by module path) and/or
+    ``gradients`` (calibration-loss gradients, anything with ``.of(tensor) -> (g, g^2)``)."""
+    kinds: tuple[str, ...] | None = None
+    """Group kinds it can score (None: any)."""
+    summary: str = ""
+
+
+SCORERS: dict[str, ScorerDef] = {}
+
+
+def register_scorer(name: str, needs: tuple[str, ...] = (), kinds: tuple[str, ...] | None = None):
+    """Register ``fn`` as the scorer ``name`` (a recipe's ``scorer:`` value)."""
+
+    def decorate(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        if name in SCORERS:
+            raise ValueError(f"scorer '{name}' registered twice")
+        summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        SCORERS[name] = ScorerDef(name, fn, tuple(needs), kinds, summary)
+        return fn
+
+    return decorate
+
+
+def scorer_def(name: str) -> ScorerDef:
+    if name not in SCORERS:
+        from slimkit.primitives.errors import unknown
+
+        raise SlimkitError(unknown("scorer", name, sorted(SCORERS)))
+    return SCORERS[name]
+
+
+@register_scorer("magnitude")
 def magnitude(group: Group, model: nn.Module, stats: Mapping, aggregation: Aggregation = "l1", **_) -> torch.Tensor:
+    """|W| aggregated per unit (l1 / l2: the unit's L1 / L2 magnitude)."""
     return member_sum(group, model, lambda m, w: reduce_units(gather_units(w.abs(), m), aggregation))
 
 
+@register_scorer("activation", needs=("input_norms",))
 def activation(group: Group, model: nn.Module, stats: Mapping, aggregation: Aggregation = "l2", **_) -> torch.Tensor:
+    """Wanda-style |W_ij| * ||X_j||_2 over the unit's Linear weights."""
     norms: Mapping[str, torch.Tensor] = stats["input_norms"]
 
     def score(member: Member, weight: torch.Tensor) -> torch.Tensor | None:
@@ -81,6 +127,7 @@ def activation(group: Group, model: nn.Module, stats: Mapping, aggregation: Aggr
     return member_sum(group, model, score)
 
 
+@register_scorer("taylor", needs=("gradients",))
 def taylor(
     group: Group,
     model: nn.Module,
@@ -90,6 +137,7 @@ def taylor(
     aggregation: Aggregation = "l1",
     **_,
 ) -> torch.Tensor:
+    """LLM-Pruner's Taylor importance of the unit's weights (first / second order / mix)."""
     gradients = stats["gradients"]
 
     def score(member: Member, weight: torch.Tensor) -> torch.Tensor:
@@ -103,29 +151,68 @@ def taylor(
     return member_sum(group, model, score)
 
 
+@register_scorer("random")
 def random(group: Group, model: nn.Module, stats: Mapping, generator: torch.Generator | None = None, **_):
+    """Uniform noise from the run's seeded generator (a baseline)."""
     return torch.rand(group.size, generator=generator)
 
 
-SCORERS: dict[str, Callable[..., torch.Tensor]] = {
-    "magnitude": magnitude,
-    "activation": activation,
-    "taylor": taylor,
-    "random": random,
-}
-NEEDS: dict[str, tuple[str, ...]] = {"activation": ("input_norms",), "taylor": ("gradients",)}
-
-
 def score_group(name: str, group: Group, model: nn.Module, stats: Mapping, **args: Any) -> torch.Tensor:
-    scores = SCORERS[name](group, model, stats, **args)
+    """Scores of ``group``'s units by the registered scorer ``name`` (checked: kind, statistics, finite)."""
+    definition = scorer_def(name)
+    where = f"layer {group.layer}" if group.layer is not None else "model"
+    if definition.kinds is not None and group.kind not in definition.kinds:
+        raise SlimkitError(f"scorer {name} cannot score {group.kind} groups; it scores {', '.join(definition.kinds)}")
+    missing = [key for key in definition.needs if key not in stats]
+    if missing:
+        raise SlimkitError(
+            f"scorer {name} needs the statistics {', '.join(missing)} (have: {', '.join(sorted(stats)) or 'none'})"
+        )
+    scores = definition.fn(group, model, stats, **args)
     if not torch.isfinite(scores).all():
-        where = f"layer {group.layer}" if group.layer is not None else "model"
         raise RuntimeError(f"{where}: non-finite {name} scores for {group.kind}")
     return scores
 
 
 # Coupled-component importance (CCE); imported last because it builds on the definitions above.
-from slimkit.primitives.importance.coupled import coupled  # noqa: E402
+from slimkit.primitives.importance.coupled import COUPLED_KINDS, coupled_scores  # noqa: E402
 
-SCORERS["coupled"] = coupled
-NEEDS["coupled"] = ("gradients",)
+register_scorer("coupled", needs=("gradients",), kinds=COUPLED_KINDS)(coupled_scores)
+
+from slimkit.primitives.importance.compose import (  # noqa: E402
+    Blend,
+    Named,
+    ScoreAccumulator,
+    ScorerSpec,
+    Smoothed,
+    parse_scorer,
+    spec_needs,
+    spec_smooths,
+)
+
+
+def needs_of(name: str) -> tuple[str, ...]:
+    """Statistics the registered scorer ``name`` reads."""
+    return scorer_def(name).needs
+
+
+__all__ = [
+    "AGGREGATIONS",
+    "SCORERS",
+    "Blend",
+    "Named",
+    "ScoreAccumulator",
+    "ScorerDef",
+    "ScorerSpec",
+    "Smoothed",
+    "gather_units",
+    "member_sum",
+    "needs_of",
+    "parse_scorer",
+    "reduce_units",
+    "register_scorer",
+    "score_group",
+    "scorer_def",
+    "spec_needs",
+    "spec_smooths",
+]

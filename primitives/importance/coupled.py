@@ -255,6 +255,31 @@ def gradient_weights(model: nn.Module) -> list[torch.Tensor]:
     return weights
 
 
+def roles_read(kind: str) -> tuple[str, ...]:
+    """Projection roles whose weights (and gradients) the coupled scorer reads for a group kind."""
+    if kind == "mlp_channel":
+        return ("gate", "up", "down")
+    return ("q", "k", "v", "o")
+
+
+def coupled_gradient_weights(model: nn.Module, groups: list[Group]) -> list[torch.Tensor]:
+    """The weights whose gradients the coupled scorer reads for ``groups`` only, so that groups a stage
+    does not score (e.g. attention after a low-rank stage) need no plain Linear."""
+    view = ModelView(model)
+    wanted: dict[tuple[int, str], None] = {}
+    for group in groups:
+        layers = range(view.num_layers) if group.layer is None else [group.layer]
+        for index in layers:
+            for role in roles_read(group.kind):
+                wanted[(index, role)] = None
+    weights = []
+    for index, role in wanted:
+        layer = view.layer(index)
+        if role in layer.roles:
+            weights.append(_weight(layer, role))
+    return weights
+
+
 def _grad(gradients, weight: torch.Tensor) -> torch.Tensor:
     return gradients.of(weight)[0].detach().float()
 
@@ -282,8 +307,8 @@ def layer_mlp(model: nn.Module, layer: int, stats: Mapping) -> torch.Tensor:
     return mlp_scores(down.detach().float(), _grad(gradients, down), inputs)
 
 
-def coupled(group: Group, model: nn.Module, stats: MutableMapping, **_) -> torch.Tensor:
-    """Coupled-component scores of ``group``'s units (see the module docstring)."""
+def coupled_scores(group: Group, model: nn.Module, stats: MutableMapping, **_) -> torch.Tensor:
+    """CCE's coupled-component importance (Eqs. 2-6, 8) through the gradient on q_i k_i, v_i o_i, MLP kernels."""
     if group.kind not in COUPLED_KINDS:
         raise ValueError(f"coupled scorer cannot score '{group.kind}' groups; allowed: {', '.join(COUPLED_KINDS)}")
     if group.kind == "hidden_feature":
@@ -301,7 +326,8 @@ __all__ = [
     "attention_scores",
     "channel_scores",
     "component_scores",
-    "coupled",
+    "coupled_gradient_weights",
+    "coupled_scores",
     "feature_scores",
     "gradient_weights",
     "head_product_gradients",

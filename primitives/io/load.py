@@ -1,14 +1,16 @@
 """`load(dir)`: rebuild a model saved by :func:`slimkit.save` (or any HF folder) with identical outputs.
 
-A folder without ``per_layer_config`` and without manifest modules goes through the model class's
-own ``from_pretrained``. Otherwise the model is built from the global config, the manifest's
-modules are put in place (low-rank pairs; RMSNorms that replaced LayerNorms), every module
-whose saved parameters differ in shape (or that gains a saved bias, e.g. a head that took a
-LayerNorm's β) is given a module of the saved shape (shape-driven materialisation, so no
-architecture's forward pass is copied), the manifest's residual / basis-change matrices are
-attached with their hooks, each layer's attention head attributes are re-synced from its
-projection shapes, and the weights are loaded strictly. The materialised widths (per-layer hidden
-sizes included) are then checked against ``per_layer_config``.
+A marked ``config.json`` (``model_type`` ``slimkit_compressed``, see :mod:`.compat`) gets its
+original ``model_type`` and ``architectures`` back first. A folder that is not marked and has no
+``per_layer_config`` and no manifest modules goes through the model class's own
+``from_pretrained``. Otherwise (marked folders, and folders saved before the mark existed) the
+model is built from the global config, the manifest's modules are put in place (low-rank pairs;
+RMSNorms that replaced LayerNorms), every module whose saved parameters differ in shape (or that
+gains a saved bias, e.g. a head that took a LayerNorm's β) is given a module of the saved shape
+(shape-driven materialisation, so no architecture's forward pass is copied), the manifest's
+residual / basis-change matrices are attached with their hooks, each layer's attention head
+attributes are re-synced from its projection shapes, and the weights are loaded strictly. The
+materialised widths (per-layer hidden sizes included) are then checked against ``per_layer_config``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.io.compat import is_marked, unmark_config
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
 from slimkit.primitives.lowrank.module import materialise_lowrank
 from slimkit.primitives.projection.manifest import materialise_basis_changes, materialise_rms_norms
@@ -138,10 +141,12 @@ def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Modu
     if not config_path.is_file():
         raise SlimkitError(f"{directory} is not a model folder (no config.json)")
     config_dict = json.loads(config_path.read_text())
+    marked = is_marked(config_dict)
+    config_dict = unmark_config(config_dict)
     per_layer = config_dict.pop("per_layer_config", None)
     manifest = read_manifest(directory) or {}
 
-    if per_layer is None and not manifest.get("modules"):
+    if not marked and per_layer is None and not manifest.get("modules"):
         config = transformers.AutoConfig.from_pretrained(directory)
         cls = _model_class(config, task)
         model = cls.from_pretrained(directory, dtype=torch.float32)
@@ -182,5 +187,5 @@ def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> A
     if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
         return None
     # The config is passed so the tokenizer never parses config.json (whose per_layer_config
-    # transformers would turn into a heterogeneous config).
+    # transformers would turn into a heterogeneous config, and whose marked model_type it does not know).
     return transformers.AutoTokenizer.from_pretrained(directory, config=config)

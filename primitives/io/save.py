@@ -18,6 +18,13 @@ written when a model built from it has every saved parameter's shape (checked on
 OPT, for instance, derives its attention width from ``hidden_size``, so a narrower hidden size
 there must stay per-layer.
 
+Folders stock transformers cannot build exactly (manifest ``modules`` or ``per_layer_config``) get
+a marked ``config.json`` (``model_type`` ``slimkit_compressed``, the original kept in
+``slimkit_base_model_type``), so ``AutoConfig`` / ``AutoModel*.from_pretrained`` refuse them
+instead of loading random weights where the low-rank pairs are; see :mod:`.compat`. Such a
+folder's ``tokenizer_config.json`` always names its tokenizer class, so ``AutoTokenizer`` reads
+it without the model config.
+
 The manifest records what the HF config cannot express (low-rank pairs, residual / basis-change
 matrices, LayerNorms converted to RMSNorm), the per-layer widths, and whatever the caller passes
 (recipe, seed, data slices); library versions are added here. The folder is written to a
@@ -37,6 +44,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.paths import staging_dir
 from slimkit.primitives.projection.manifest import projection_entries
@@ -118,6 +126,17 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+def _name_tokenizer_class(directory: Path, tokenizer: Any) -> None:
+    """Make ``tokenizer_config.json`` name the tokenizer class, so ``AutoTokenizer`` needs no model config."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text())
+    if not data.get("tokenizer_class"):
+        data["tokenizer_class"] = type(tokenizer).__name__
+        _write_json(path, data)
+
+
 def save(
     model: nn.Module, tokenizer: Any, directory: str | os.PathLike, manifest: dict[str, Any] | None = None
 ) -> Path:
@@ -137,12 +156,6 @@ def save(
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        config_path = tmp / "config.json"
-        config = json.loads(config_path.read_text())
-        config.update(global_widths)
-        if per_layer is not None:
-            config["per_layer_config"] = per_layer
-        _write_json(config_path, config)
         record = {
             "format": MANIFEST_FORMAT,
             "model_type": view.spec.model_type,
@@ -151,6 +164,17 @@ def save(
             "versions": versions(),
             **(manifest or {}),
         }
+        config_path = tmp / "config.json"
+        config = unmark_config(json.loads(config_path.read_text()))
+        config.update(global_widths)
+        if per_layer is not None:
+            config["per_layer_config"] = per_layer
+        reasons = structure_reasons(per_layer, record.get("modules"))
+        if reasons:
+            config = mark_config(config, reasons)
+            if tokenizer is not None:
+                _name_tokenizer_class(tmp, tokenizer)
+        _write_json(config_path, config)
         _write_json(tmp / MANIFEST_NAME, record)
         if target.exists():
             target.rmdir()

@@ -62,11 +62,6 @@ def layer_groups(num_layers: int, group_size: int | None) -> list[range]:
     return [range(start, min(start + group_size, num_layers)) for start in range(0, num_layers, group_size)]
 
 
-def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    setattr(root.get_submodule(parent_path) if parent_path else root, name, module)
-
-
 def resized_rms_norm(norm: nn.Module, width: int, value: float) -> nn.Module:
     """A copy of an RMSNorm of ``width`` features with every weight entry ``value`` (ε kept)."""
     weight = norm.weight
@@ -136,7 +131,7 @@ def fuse_layer(model: nn.Module, index: int, basis: torch.Tensor) -> None:
             gamma, _ = norm_params(norm, d)
             for module in readers(layer, which):
                 _read_through(module, basis, gamma)
-            _set_module(model, f"{layer_path}.{path}", resized_rms_norm(norm, k, math.sqrt(d / k)))
+            model.set_submodule(f"{layer_path}.{path}", resized_rms_norm(norm, k, math.sqrt(d / k)))
         for role in ("o", "down"):
             _write_through(layer.linear(role), basis)
 
@@ -160,7 +155,7 @@ def fuse_head(model: nn.Module, first: torch.Tensor, last: torch.Tensor) -> torc
     gamma, _ = norm_params(final, d)
     attached = None
     with torch.no_grad():
-        _set_module(model, view.path_of(final), resized_rms_norm(final, k, math.sqrt(d / k)))
+        model.set_submodule(view.path_of(final), resized_rms_norm(final, k, math.sqrt(d / k)))
         head = view.head
         if head is not None and view.tied:
             weight = first.T @ (gamma[:, None] * last)

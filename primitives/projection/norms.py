@@ -101,11 +101,6 @@ def untie_head(model: nn.Module) -> bool:
     return True
 
 
-def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    setattr(root.get_submodule(parent_path) if parent_path else root, name, module)
-
-
 def is_rms_norm(norm: nn.Module) -> bool:
     """``torch.nn.RMSNorm`` or a Hugging Face RMSNorm class (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ...)."""
     return isinstance(norm, nn.RMSNorm) or (not isinstance(norm, nn.LayerNorm) and "rms" in type(norm).__name__.lower())
@@ -204,12 +199,12 @@ def layernorm_to_rmsnorm(model: nn.Module) -> dict:
             norm = layer.module.get_submodule(path)
             gamma, beta = norm_params(norm, width)
             fold_into_readers(gamma, beta, readers(layer, which))
-            _set_module(model, f"{layer_path}.{path}", _rms_like(norm, width))
+            model.set_submodule(f"{layer_path}.{path}", _rms_like(norm, width))
     final = view.final_norm.module
     gamma, beta = norm_params(final, width)
     if view.head is not None:
         fold_into_readers(gamma, beta, [view.head])
-    _set_module(model, view.path_of(final), _rms_like(final, width))
+    model.set_submodule(view.path_of(final), _rms_like(final, width))
     return {"converted_layernorm": True, "untied_head": untied}
 
 

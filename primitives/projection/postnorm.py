@@ -139,11 +139,6 @@ def _residual(view: ModelView, j: int) -> BasisChange | None:
     return _residual_host(view, j)._modules.get(ADAPTER_NAME)
 
 
-def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    setattr(root.get_submodule(parent_path) if parent_path else root, name, module)
-
-
 # -- statistics ----------------------------------------------------------------------------------------
 def _model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
     if isinstance(batch, torch.Tensor):
@@ -306,7 +301,7 @@ def project_post_norm(
                 _read(module, us[j], gammas[j], betas[j])
         for path, norm, k in zip(paths, norms, widths, strict=True):
             weight = torch.full((k,), math.sqrt(d / k), dtype=torch.float64)
-            _set_module(model, path, _rms_norm(norm.eps * d / k, weight, norm.weight))
+            model.set_submodule(path, _rms_norm(norm.eps * d / k, weight, norm.weight))
         if restore_output:
             attach_basis_change(
                 model.get_submodule(paths[last]), gammas[last][:, None] * us[last], betas[last], hook="output"

@@ -6,6 +6,13 @@ plan removes the wanted number of parameters of the target's part (bisection on 
 rounding included), so the achieved ratio lands on the target up to one rounding step. A plan is
 validated completely before any weight changes: a group that would lose every unit, or a rounding
 its shape cannot satisfy, fails with the layer and the numbers.
+
+Part names. :func:`solve_fraction` (and :func:`removed_params`) count parameters of one part of
+the model. The part may be named as a recipe target names it (``target.of``: ``model``,
+``layers``, ``mlp``, ``attention``; ``model`` means every parameter) or as
+:func:`~slimkit.primitives.evaluate.counting.params_by_part` counts it (``total``, ``layers``,
+``embeddings``, ``attention``, ``mlp``, ``norms``, ``head``, ``other``). Any other name fails with
+the allowed ones, instead of silently counting nothing.
 """
 
 from __future__ import annotations
@@ -18,13 +25,48 @@ import torch
 from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.evaluate.counting import param_parts
+from slimkit.primitives.evaluate.counting import PARTS, param_parts
 from slimkit.primitives.groups import Group
-from slimkit.primitives.select import global_keep, keep_top, keep_top_per_block, min_kept, protect_lowest, round_kept
+from slimkit.primitives.select.rules import (
+    global_keep,
+    keep_top,
+    keep_top_per_block,
+    min_kept,
+    protect_lowest,
+    round_kept,
+)
+
+TARGET_PARTS: dict[str, str] = {"model": "total", "layers": "layers", "mlp": "mlp", "attention": "attention"}
+"""Recipe target names (``target.of``) and the parameter count each one is a ratio of."""
+COUNT_PARTS: tuple[str, ...] = ("total", "layers", *PARTS)
+"""The parameter counts of :func:`~slimkit.primitives.evaluate.counting.params_by_part`."""
+PART_NAMES: tuple[str, ...] = tuple(dict.fromkeys((*TARGET_PARTS, *COUNT_PARTS)))
+"""Every name :func:`solve_fraction` accepts for ``part``."""
+
+
+def count_part(part: str) -> str:
+    """The ``params_by_part`` count a part name means (``model`` -> ``total``); unknown names fail."""
+    if part in TARGET_PARTS:
+        return TARGET_PARTS[part]
+    if part in COUNT_PARTS:
+        return part
+    raise SlimkitError(
+        f"unknown part {part!r} to count removed parameters of; allowed: recipe targets "
+        f"{', '.join(TARGET_PARTS)} or parameter counts {', '.join(COUNT_PARTS)}"
+    )
 
 
 @dataclass(frozen=True)
 class SelectionRules:
+    """How scores become kept units.
+
+    ``mode``: ``uniform`` (every group loses the same fraction) or ``global`` (one threshold per
+    group kind across layers). ``round_to``: kept units of a kind rounded to a multiple (e.g.
+    ``{"attention_head": 2}``; GQA head groups are also rounded to their KV-group count).
+    ``min_keep``: the fewest units any group keeps. ``protect_lowest``: LoRAP's retained fraction
+    of least important units (Eq. 11).
+    """
+
     mode: str = "uniform"
     round_to: dict[str, int] = field(default_factory=dict)
     min_keep: int = 1
@@ -42,7 +84,9 @@ def multiple_for(group: Group, rules: SelectionRules) -> int:
 
 
 def kept_counts(groups: list[Group], scores: list[torch.Tensor], fraction: float, rules: SelectionRules) -> list[int]:
-    """Kept units per group for removing ``fraction`` (clamped to the rules' minimum)."""
+    """Kept units per group for removing ``fraction`` of its units (uniform) or of each kind's pooled
+    units (global), rounded to the group's multiple and clamped to the rules' minimum and the group size.
+    """
     raw: list[float] = [g.size * (1.0 - fraction) for g in groups]
     if rules.mode == "global":  # one threshold per kind: scores of different kinds do not compare
         for kind in dict.fromkeys(g.kind for g in groups):
@@ -56,7 +100,8 @@ def kept_counts(groups: list[Group], scores: list[torch.Tensor], fraction: float
 
 
 def check_shapes(groups: list[Group], rules: SelectionRules) -> None:
-    """Rounding and minimum rules every group's shape must allow, whatever the budget."""
+    """Raise :class:`SlimkitError` (naming the layer and kind) when a group's shape cannot meet the
+    rounding and minimum rules, whatever the budget (e.g. 2 KV groups rounded to a multiple of 4)."""
     for group in groups:
         multiple = multiple_for(group, rules)
         if multiple > group.size:
@@ -85,7 +130,8 @@ def validate_counts(groups: list[Group], counts: list[int], fraction: float, rul
 def removed_params(
     model: nn.Module, groups: list[Group], counts: list[int], part: str, parts: dict[int, tuple[str, bool]]
 ) -> int:
-    """Parameters of ``part`` (``total``, ``layers``, ``mlp``, ``attention``) the counts remove."""
+    """Parameters of ``part`` the counts remove (any name of :data:`PART_NAMES`; ``model`` is ``total``)."""
+    part = count_part(part)
     total = 0
     for group, count in zip(groups, counts, strict=True):
         for tensor, per_unit in group.unit_slices(model):
@@ -103,7 +149,13 @@ def solve_fraction(
     part: str,
     wanted: int,
 ) -> float:
-    """The removal fraction whose (rounded) plan removes closest to ``wanted`` parameters of ``part``."""
+    """The removal fraction whose (rounded) plan removes closest to ``wanted`` parameters of ``part``.
+
+    ``part`` is a recipe target name (``model``, ``layers``, ``mlp``, ``attention``) or a
+    ``params_by_part`` count name (``total``, ``embeddings``, ...); see :data:`PART_NAMES`. Raises
+    :class:`SlimkitError` for another name, or when the groups cannot remove ``wanted`` parameters.
+    """
+    part = count_part(part)
     parts = param_parts(model)
 
     def removed(fraction: float) -> int:
@@ -140,7 +192,12 @@ def keep_indices(group: Group, scores: torch.Tensor, count: int, rules: Selectio
 
 
 def plan(groups: list[Group], scores: list[torch.Tensor], fraction: float, rules: SelectionRules) -> list[torch.Tensor]:
-    """Kept unit indices for every group; raises before anything is changed if a rule cannot hold."""
+    """Kept unit indices (sorted, into each group's units) for removing ``fraction``.
+
+    Every group is checked first (:func:`check_shapes`, and that no group would fall below its
+    minimum), so a plan that cannot hold raises :class:`SlimkitError` before anything is selected.
+    GQA attention-head groups keep the same number of query heads in every KV group.
+    """
     counts = kept_counts(groups, scores, fraction, rules)
     validate_counts(groups, counts, fraction, rules)
     return [keep_indices(g, s, c, rules) for g, s, c in zip(groups, scores, counts, strict=True)]

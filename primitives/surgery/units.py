@@ -6,6 +6,18 @@ distinct parameter once; module attributes that mirror shapes are updated (Linea
 attention head attributes are re-synced from the new projection shapes; a head that was tied to the
 embeddings is tied again; and the config's width fields follow when every layer agrees and the
 config class accepts the values (per-layer widths are otherwise recorded at save time).
+
+Validation first. :func:`remove_units` checks the whole keep set before it changes any tensor, so a
+refused keep set leaves the model exactly as it was (same parameters, same state dict). It checks
+that the keep set is a 1-D integer index tensor (a boolean mask is refused, not read as indices
+0/1), non-empty, without duplicates, with every index in ``[0, group.size)``; that a GQA
+``attention_head`` group (``extra["kv_groups"] > 1``) keeps the same number of query heads in every
+KV group (query heads are grouped consecutively per KV head, as ``repeat_kv`` expects); that every
+member's module and parameter exist and its unit positions lie inside the parameter (a group built
+before an earlier surgery of the same layer fails here); and that the new projection shapes give
+whole heads with an integer number of query heads per KV head. Problems raise
+:class:`SurgeryError` (a :class:`SlimkitError`, and a ``ValueError`` for callers that catch those)
+naming the layer, the group kind and the problem.
 """
 
 from __future__ import annotations
@@ -13,11 +25,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from slimkit.primitives.arch import ModelView
-from slimkit.primitives.groups import Group
+from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import Group, Member
 from slimkit.primitives.io.save import config_accepts
+from slimkit.primitives.lowrank.module import member_target
 
 REMOVABLE_KINDS = ("mlp_channel", "attention_head", "kv_group", "hidden_feature")
+
+
+class SurgeryError(SlimkitError, ValueError):
+    """A keep set or group that surgery refuses, raised before any tensor changes."""
 
 
 def _kept_positions(length: int, removed: torch.Tensor) -> torch.Tensor:
@@ -52,23 +70,134 @@ def sync_config(model: nn.Module) -> None:
             setattr(model.config, key, value)
 
 
-def remove_units(model: nn.Module, group: Group, keep: torch.Tensor) -> None:
-    """Keep units ``keep`` of ``group`` (indices into its units) and remove the rest."""
+def _where(group: Group) -> str:
+    return f"layer {group.layer} {group.kind}" if group.layer is not None else group.kind
+
+
+def _keep_indices(group: Group, keep: torch.Tensor | list[int]) -> torch.Tensor:
+    """``keep`` as a 1-D long tensor, after checking it is a valid set of unit indices."""
+    where = _where(group)
+    tensor = torch.as_tensor(keep)
+    if tensor.dtype == torch.bool:
+        raise SurgeryError(f"{where}: the keep set is a boolean mask; pass the kept unit indices (mask.nonzero())")
+    if tensor.is_floating_point() or tensor.is_complex():
+        if tensor.is_complex() or not torch.equal(tensor, tensor.round()):
+            raise SurgeryError(f"{where}: the keep set must hold integer unit indices, got {tensor.dtype} values")
+    if tensor.dim() != 1:
+        raise SurgeryError(f"{where}: the keep set must be 1-D unit indices, got shape {tuple(tensor.shape)}")
+    tensor = tensor.to(torch.long)
+    if tensor.numel() == 0:
+        raise SurgeryError(f"{where}: the keep set is empty; at least one of {group.size} units must stay")
+    outside = tensor[(tensor < 0) | (tensor >= group.size)]
+    if outside.numel():
+        raise SurgeryError(
+            f"{where}: keep indices {sorted(set(outside.tolist()))[:8]} are outside the group's "
+            f"{group.size} units (0..{group.size - 1})"
+        )
+    values, counts = torch.unique(tensor, return_counts=True)
+    if (counts > 1).any():
+        raise SurgeryError(f"{where}: the keep set repeats units {values[counts > 1].tolist()[:8]}")
+    blocks = int(group.extra.get("kv_groups", 1)) if group.kind == "attention_head" else 1
+    if blocks > 1:
+        if group.size % blocks:
+            raise SurgeryError(f"{where}: {group.size} query heads do not split evenly over {blocks} KV groups")
+        per_block = torch.bincount(tensor // (group.size // blocks), minlength=blocks).tolist()
+        if len(set(per_block)) > 1:
+            raise SurgeryError(
+                f"{where}: the keep set keeps {per_block} query heads in the {blocks} KV groups; grouped-query "
+                "attention needs the same number in every KV group (see select.keep_top_per_block)"
+            )
+    return tensor
+
+
+def _plan_member(group: Group, member: Member, model: nn.Module, removed: torch.Tensor) -> torch.Tensor:
+    """The positions ``member``'s parameter keeps along its dimension (checked, nothing changed)."""
+    where = _where(group)
+    try:
+        module = model.get_submodule(member.module)
+    except AttributeError:
+        raise SurgeryError(f"{where}: member module {member.module!r} is not in the model") from None
+    tensor = getattr(module, member.param, None)
+    if not isinstance(tensor, torch.Tensor):
+        raise SurgeryError(f"{where}: {member.key} is not a parameter of {type(module).__name__}")
+    if not -tensor.dim() <= member.dim < tensor.dim():
+        raise SurgeryError(f"{where}: {member.key} has no dimension {member.dim} (shape {tuple(tensor.shape)})")
+    if member.indices.dim() != 2 or member.indices.shape[0] != group.size:
+        raise SurgeryError(
+            f"{where}: {member.key} lists units of shape {tuple(member.indices.shape)}, not [{group.size}, per_unit]"
+        )
+    length = tensor.shape[member.dim]
+    if member.indices.numel() and (int(member.indices.min()) < 0 or int(member.indices.max()) >= length):
+        raise SurgeryError(
+            f"{where}: {member.key} has {length} positions along dim {member.dim} but the group's units reach "
+            f"position {int(member.indices.max())}; was the group built before an earlier surgery? Rebuild it"
+        )
+    positions = _kept_positions(length, member.indices[removed].reshape(-1))
+    if positions.numel() == 0:
+        raise SurgeryError(
+            f"{where}: removing these units would leave {member.key} with no entries along dim {member.dim}"
+        )
+    return positions
+
+
+def _planned_rows(layer: LayerView, role: str, new_shapes: dict[int, tuple[int, ...]]) -> int:
+    """Output rows of a layer's ``role`` projection once the planned slicing is done."""
+    module = layer.linear(role)
+    sub_path, name = member_target(module, "weight", 0)
+    weight = getattr(module.get_submodule(sub_path) if sub_path else module, name)
+    return int(new_shapes.get(id(weight), tuple(weight.shape))[0])
+
+
+def _check_heads(group: Group, view: ModelView, new_shapes: dict[int, tuple[int, ...]]) -> None:
+    """Whole heads and an integer number of query heads per KV head after the planned slicing."""
+    layers = view.layers if group.layer is None else [view.layer(group.layer)]
+    for layer in layers:
+        if layer.spec.q is None or layer.spec.k is None:
+            continue
+        d = layer.head_dim
+        q, k = _planned_rows(layer, "q", new_shapes), _planned_rows(layer, "k", new_shapes)
+        if d <= 0 or q % d or k % d or k == 0 or (q // d) % (k // d):
+            raise SurgeryError(
+                f"layer {layer.index} {group.kind}: the keep set would leave q with {q} and k with {k} output rows, "
+                f"which are not whole heads of {d} with an integer number of query heads per KV head"
+            )
+
+
+def remove_units(model: nn.Module, group: Group, keep: torch.Tensor | list[int]) -> None:
+    """Keep units ``keep`` of ``group`` (indices into its units) and remove the rest.
+
+    The keep set and every member are validated first (see the module docstring); a refused keep
+    set raises :class:`SurgeryError` and leaves the model unchanged.
+    """
     if group.kind not in REMOVABLE_KINDS:
-        raise ValueError(f"group kind '{group.kind}' cannot be removed from HF modules; removable: {REMOVABLE_KINDS}")
+        raise SurgeryError(
+            f"group kind '{group.kind}' cannot be removed from HF modules; removable: {', '.join(REMOVABLE_KINDS)}"
+        )
     view = ModelView(model)
-    tied = view.tied
-    removed_units = _kept_positions(group.size, torch.as_tensor(keep, dtype=torch.long))
-    touched: dict[int, nn.Module] = {}
+    kept_units = _keep_indices(group, keep)
+    removed_units = _kept_positions(group.size, kept_units)
+    planned: list[tuple[nn.Module, Member, torch.Tensor]] = []
+    new_shapes: dict[int, tuple[int, ...]] = {}
     done: set[tuple[int, int]] = set()
     for member in group.members:
+        positions = _plan_member(group, member, model, removed_units)
         module = model.get_submodule(member.module)
         tensor = getattr(module, member.param)
-        if (id(tensor), member.dim) in done:
+        dim = member.dim % tensor.dim()
+        if (id(tensor), dim) in done:
             continue
-        done.add((id(tensor), member.dim))
-        removed = member.indices[removed_units].reshape(-1)
-        positions = _kept_positions(tensor.shape[member.dim], removed)
+        done.add((id(tensor), dim))
+        shape = list(new_shapes.get(id(tensor), tuple(tensor.shape)))
+        shape[dim] = positions.numel()
+        new_shapes[id(tensor)] = tuple(shape)
+        planned.append((module, member, positions))
+    _check_heads(group, view, new_shapes)
+
+    # Nothing above changed the model; from here on every step is a plain slice that cannot fail.
+    tied = view.tied
+    touched: dict[int, nn.Module] = {}
+    for module, member, positions in planned:
+        tensor = getattr(module, member.param)
         new = nn.Parameter(tensor.detach().index_select(member.dim, positions).clone(), tensor.requires_grad)
         setattr(module, member.param, new)
         touched[id(module)] = module

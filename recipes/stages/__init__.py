@@ -18,6 +18,5 @@ import slimkit.recipes.stages.glue  # registers glue_finetune
 import slimkit.recipes.stages.masks  # registers mask_train
 import slimkit.recipes.stages.projection  # noqa: F401  (registers pca_project)
 from slimkit.recipes.stages import lora, lowrank, prune, prunenet
-from slimkit.recipes.stages.prune import TARGET_PART
 
-__all__ = ["TARGET_PART", "lora", "lowrank", "prune", "prunenet"]
+__all__ = ["lora", "lowrank", "prune", "prunenet"]

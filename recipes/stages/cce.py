@@ -5,12 +5,13 @@ CCE (../shared/papers/cce-coupled-components-elimination.md). Each iteration:
 1. draws calibration samples (the run's calibration set first, then fresh ones drawn with seeds from
    the run's generator, recorded in the report: the paper takes 10 new C4 sentences of 64 tokens);
 2. scores attention heads (per layer), MLP channels (per layer) and hidden features (model-wide)
-   with ``scorer``: ``coupled`` (Eqs. 2-6, 8; :mod:`slimkit.primitives.importance.coupled`) from
-   per-batch gradients, either LoRAPrune's LoRA proxy (``gradients: lora``, the paper's choice) or
-   the true gradients (``full``); per-batch scores are smoothed with PLATON (Eq. 7) over the
-   iteration's batches (PLATON's state starts afresh each iteration, since units and samples
-   change). ``magnitude`` (the paper's L2 baseline with ``aggregation: l2``) and ``random`` need no
-   data and are evaluated once per iteration; ``taylor`` (per-weight, LLM-Pruner) is also accepted;
+   with ``scorer`` (any registered scorer or composition, :mod:`.scoring`): ``coupled`` (Eqs. 2-6, 8;
+   :mod:`slimkit.primitives.importance.coupled`) from per-batch gradients, either LoRAPrune's LoRA
+   proxy (``gradients: lora``, the paper's choice) or the true gradients (``full``); per-batch scores
+   are smoothed with PLATON (Eq. 7) over the iteration's batches (``platon: true``; PLATON's state
+   starts afresh each iteration, since units and samples change). ``magnitude`` (the paper's L2
+   baseline with ``aggregation: l2``) and ``random`` need no data and are evaluated once per
+   iteration; ``taylor`` (per-weight, LLM-Pruner), ``activation`` and blends are also accepted;
 3. removes, in every layer, the lowest-scoring heads and MLP channels, and the lowest-scoring hidden
    features from every matrix (``remove_units``: heads, MLP channels, hidden features as the pruning
    core's groups).
@@ -18,8 +19,9 @@ CCE (../shared/papers/cce-coupled-components-elimination.md). Each iteration:
 How much per iteration (:mod:`slimkit.primitives.select.iterative`): the paper removes one head,
 r * d_k MLP kernels (r = im / (heads * d_k)) and d_k features per iteration, i.e. the fraction
 1/heads of every width when d_m = heads * d_k; ``step`` (default 1/heads) is that fraction, the
-final fraction is solved on exact parameter counts so the recipe target is met (the last step is
-shortened), and ``iterations`` instead splits it into equal steps. Widths after iteration t are
+final fraction is solved on exact parameter counts so that what is left of the recipe target when
+the stage starts is removed (the last step is shortened), or given as ``ratio``; ``iterations``
+instead splits it into equal steps. Widths after iteration t are
 rounded from the dense widths, so rounding does not accumulate.
 
 Grouped-query attention (the paper's ChatGLM3 rule, generalised): query heads are removed evenly
@@ -53,10 +55,9 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.evaluate.memory import MB, PeakRSS
 from slimkit.primitives.groups import Group, build_groups
-from slimkit.primitives.importance import NEEDS, score_group
-from slimkit.primitives.importance.coupled import gradient_weights
+from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_names
+from slimkit.primitives.importance.coupled import coupled_gradient_weights
 from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
-from slimkit.primitives.importance.platon import PlatonScorer
 from slimkit.primitives.select import keep_top, keep_top_per_block
 from slimkit.primitives.select.iterative import (
     UnitRule,
@@ -67,42 +68,53 @@ from slimkit.primitives.select.iterative import (
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict
-from slimkit.recipes.stages.prune import TARGET_PART
+from slimkit.recipes.stages.scoring import ScoringArgs, input_norms, roles_of
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
 KINDS: tuple[str, ...] = ("attention_head", "mlp_channel", "hidden_feature")
 
 
-class CceArgs(Strict):
-    scorer: Literal["coupled", "magnitude", "random", "taylor"] = "coupled"
-    aggregation: Literal["l1", "l2", "linf", "mean"] = "l2"
-    """Per-kernel aggregation of ``magnitude`` (l2: the paper's L2 baseline) and element-level ``taylor``."""
+class CceArgs(ScoringArgs):
+    scorer: str | dict = "coupled"
+    """Importance scorer: coupled (CCE Eqs. 2-6, 8), magnitude (with aggregation l2: the paper's L2
+    baseline), random, taylor, activation, or a composition ({blend: ...}; smoothing is ``platon``)."""
     kinds: list[Kind] = Field(default_factory=lambda: list(KINDS), min_length=1)
+    """Which components are eliminated: attention_head, mlp_channel, hidden_feature."""
+    ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
+    """Final fraction of every dense width removed; None: solved from what is left of the recipe target."""
     step: float | None = Field(None, gt=0.0, le=1.0)
     """Fraction of every dense width removed per iteration; None: 1/heads (the paper's one head per iteration)."""
     iterations: int | None = Field(None, ge=1)
     """Split the target into this many equal steps instead of ``step``."""
     gradients: Literal["lora", "full"] = "lora"
+    """Gradients the scorer reads: lora (LoRAPrune's Eq. 9 proxy, the paper's choice) or full (true gradients)."""
     lora_rank: int = Field(8, ge=1)
+    """Rank of the proxy's LoRA adapters (gradients: lora)."""
     lora_alpha: float = Field(16.0, gt=0)
+    """Scaling alpha of the proxy's adapters (gradients: lora)."""
     lora_steps: int = Field(5, ge=0)
     """AdamW steps on the iteration's samples before the proxy gradients are read (the paper: 5)."""
-    lora_learning_rate: float = Field(1e-4, gt=0)
+    lora_learning_rate: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    """Learning rate of those steps (gradients: lora)."""
     platon: bool = True
     """Smooth per-batch scores with PLATON (Eq. 7); false averages them."""
     x1: float = Field(0.5, ge=0.0, lt=1.0)
+    """PLATON's importance smoothing factor (Eq. 7; the paper: 0.5)."""
     x2: float = Field(0.5, ge=0.0, lt=1.0)
+    """PLATON's uncertainty smoothing factor (Eq. 7; the paper: 0.5)."""
     fresh_samples: bool = True
     """Draw new calibration samples for every iteration after the first (false: reuse the run's set)."""
 
     @model_validator(mode="after")
     def _compatible(self) -> CceArgs:
+        self.check_kinds(self.kinds)
+        if self.platon and isinstance(self.scorer_spec(), Smoothed):
+            raise ValueError("scorer: platon is set twice (the stage's platon: true and the scorer's); give one")
         if self.step is not None and self.iterations is not None:
             raise ValueError("step and iterations: give one of them (or neither for 1/heads per iteration)")
         if len(set(self.kinds)) != len(self.kinds):
             raise ValueError(f"kinds: each kind once (got {', '.join(self.kinds)})")
-        if self.gradients == "lora" and self.scorer == "taylor":
+        if self.gradients == "lora" and "taylor" in spec_names(self.scorer_spec()):
             raise ValueError(
                 "gradients: lora estimates Linear weights only, and taylor also scores embeddings and norms; "
                 "use gradients: full with scorer: taylor"
@@ -110,7 +122,10 @@ class CceArgs(Strict):
         return self
 
     def needs_gradients(self) -> bool:
-        return "gradients" in NEEDS.get(self.scorer, ())
+        return "gradients" in self.needs()
+
+    def needs_data(self) -> bool:
+        return bool(self.needs())
 
 
 def _groups(ctx: Context, kinds: list[str]) -> list[Group]:
@@ -151,26 +166,28 @@ def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Te
 
 
 def _gradient_weights(ctx: Context, args: CceArgs, groups: list[Group]) -> list[torch.Tensor]:
-    if args.scorer == "coupled":
-        return gradient_weights(ctx.model)
+    """Only the weights the scorers read for these groups (groups the stage does not prune need none)."""
     unique: dict[int, torch.Tensor] = {}
-    for group in groups:
-        for member in group.members:
-            tensor = member.tensor(ctx.model)
+    if "coupled" in spec_names(args.scorer_spec()):
+        for tensor in coupled_gradient_weights(ctx.model, groups):
             unique.setdefault(id(tensor), tensor)
+    if "taylor" in spec_names(args.scorer_spec()):
+        for group in groups:
+            for member in group.members:
+                tensor = member.tensor(ctx.model)
+                unique.setdefault(id(tensor), tensor)
     return list(unique.values())
 
 
 def _evaluate(ctx: Context, args: CceArgs, groups: list[Group], batches, seed: int) -> tuple[list[torch.Tensor], dict]:
     """Scores of every group for one iteration, and what the evaluation cost."""
-    scorer_args = {"aggregation": args.aggregation}
+    scorer_args = args.scorer_args()
+    spec = args.scorer_spec()
     if not args.needs_gradients():
-        stats: dict = {}
-        scores = [score_group(args.scorer, g, ctx.model, stats, generator=ctx.generator, **scorer_args) for g in groups]
-        return scores, {}
+        stats: dict = {"input_norms": input_norms(ctx.model, batches)} if "input_norms" in args.needs() else {}
+        return score_groups(spec, groups, ctx.model, [stats], generator=ctx.generator, **scorer_args), {}
     weights = _gradient_weights(ctx, args, groups)
-    smoother = PlatonScorer(args.scorer, args.x1, args.x2, **scorer_args)
-    totals: list[torch.Tensor] | None = None
+    accumulator = ScoreAccumulator(Smoothed(spec, args.x1, args.x2) if args.platon else spec)
     losses: list[float] = []
     report: dict = {}
     with PeakRSS() as memory:
@@ -179,16 +196,14 @@ def _evaluate(ctx: Context, args: CceArgs, groups: list[Group], batches, seed: i
             source = lora_gradients(ctx.model, batches, weights, config)
         else:
             source = full_gradients(ctx.model, batches, weights)
-        for gradients in source:
+        for batch, gradients in zip(batches, source, strict=True):
             stats = {"gradients": gradients}
-            if args.platon:
-                smoother.update(groups, ctx.model, stats)
-            else:
-                batch_scores = [score_group(args.scorer, g, ctx.model, stats, **scorer_args) for g in groups]
-                totals = batch_scores if totals is None else [t + s for t, s in zip(totals, batch_scores, strict=True)]
+            if "input_norms" in args.needs():
+                stats["input_norms"] = input_norms(ctx.model, [batch])
+            accumulator.update(groups, ctx.model, stats, generator=ctx.generator, **scorer_args)
             losses.append(gradients.loss)
             report = gradients.report
-    scores = smoother.scores(groups) if args.platon else [t / len(losses) for t in totals]
+    scores = accumulator.scores(groups)
     cost = {
         "gradients": args.gradients,
         "batches": len(losses),
@@ -237,7 +252,15 @@ def _effective(fractions: list[float], widths: list[int], rules: list[UnitRule])
     return kept
 
 
-@register_stage("cce", args=CceArgs, scope="model", needs_calibration=lambda a: a.needs_gradients())
+@register_stage(
+    "cce",
+    args=CceArgs,
+    scope="model",
+    needs_calibration=lambda a: a.needs_data(),
+    paper="CCE Algorithm 1, Eqs. 2-8 (coupled components, PLATON smoothing Eq. 7)",
+    budget=lambda a: "explicit" if a.ratio is not None else "solve",
+    touches=lambda a: roles_of(a.kinds),
+)
 def cce(ctx: Context, args: CceArgs) -> None:
     """Iteratively score coupled components (heads, MLP kernels, features) and remove the lowest until the target."""
     if args.needs_gradients() and ModelView(ctx.model).head is None:
@@ -247,15 +270,15 @@ def cce(ctx: Context, args: CceArgs) -> None:
     groups = _groups(ctx, args.kinds)
     widths = [g.size for g in groups]
     rules, floors = _rules(ctx, groups)
-    target = ctx.recipe.target
-    part = TARGET_PART[target.of]
-    wanted = round(target.ratio * ctx.params_before[part])
-    final = solve_uniform_fraction(ctx.model, groups, rules, part, wanted, floors)  # raises before any change
+    if args.ratio is not None:
+        final = args.ratio
+    else:  # raises before any change when the schedule cannot remove that much
+        final = solve_uniform_fraction(ctx.model, groups, rules, ctx.recipe.target.part, ctx.params_to_remove(), floors)
     step = args.step if args.step is not None or args.iterations is not None else 1.0 / ctx.view.layer(0).num_heads
     fractions = _effective(iteration_fractions(final, step, args.iterations), widths, rules)
     history: list[dict] = []
     report = {
-        "scorer": args.scorer,
+        "scorer": args.scorer_name(),
         "gradients": args.gradients if args.needs_gradients() else None,
         "platon": args.platon,
         "kinds": list(args.kinds),
@@ -267,7 +290,7 @@ def cce(ctx: Context, args: CceArgs) -> None:
     with ctx.tracker.task("cce iterations", len(fractions)) as advance:
         for iteration, fraction in enumerate(fractions):
             started = time.perf_counter()
-            batches, seed = _batches(ctx, args, iteration) if args.needs_gradients() else ([], None)
+            batches, seed = _batches(ctx, args, iteration) if args.needs_data() else ([], None)
             current = _groups(ctx, args.kinds)
             scores, cost = _evaluate(ctx, args, current, batches, seed if seed is not None else ctx.recipe.seed)
             _prune(ctx, current, scores, widths, rules, fraction)

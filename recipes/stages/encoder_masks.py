@@ -26,7 +26,7 @@ from slimkit.primitives import gluedata
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim.encoder_masks import EncoderMaskConfig, train_encoder_masks
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import register_stage
+from slimkit.recipes.registry import ALL_ROLES, register_stage
 from slimkit.recipes.schema import Strict
 
 
@@ -34,7 +34,9 @@ class MaskTrainEncoderArgs(Strict):
     hidden: Literal["per_norm", "shared", "none"] = "per_norm"
     """per_norm: one gate per hidden LayerNorm (needs pca_project_post first); shared: CoFi's one mask."""
     head: bool = True
+    """Attention-head gates, joining in the joint stage (false: heads are kept)."""
     layer: bool = True
+    """Whole-block gates z_MHA, z_FFN, joining in the joint stage (false: blocks are kept)."""
     finetune_steps: int = Field(0, ge=0)
     """Task-loss-only steps before the masks join (SP3 D.2: 2 epochs)."""
     dimension_steps: int = Field(100, ge=0)
@@ -44,17 +46,32 @@ class MaskTrainEncoderArgs(Strict):
     warmup_steps: int = Field(0, ge=0)
     """Steps over which the target rises linearly from 0 (CoFi's Lagrangian warm-up)."""
     learning_rate: float = Field(2e-5, ge=0)
+    """Weights' AdamW learning rate (0: train the masks only; the paper: 2e-5 for BERT)."""
     mask_learning_rate: float = Field(0.05, gt=0)
+    """AdamW learning rate of the gates' log alpha."""
     lagrangian_learning_rate: float = Field(0.05, gt=0)
+    """Learning rate of the Lagrange multipliers λ₁, λ₂ of Eq. 14 (they ascend)."""
     init_drop: float = Field(0.5, gt=0, lt=1)
+    """Initial drop probability of every gate, in (0, 1) (CoFi: log alpha = log(1 − p) − log p)."""
     distill: float = Field(0.0, ge=0)
+    """Weight of the KL (classification) / MSE (regression) to the unmasked model's logits (0: none)."""
     batch_size: int = Field(16, ge=1)
+    """Training examples per optimizer step."""
     max_length: int = Field(128, ge=8)
+    """Tokens per example; longer examples are truncated."""
     check_examples: int | None = Field(None, ge=0)
     """Dev examples for the masked-vs-fused comparison (None: the whole dev split; 0: none)."""
 
 
-@register_stage("mask_train_encoder", args=MaskTrainEncoderArgs, scope="model", needs_task=True)
+@register_stage(
+    "mask_train_encoder",
+    args=MaskTrainEncoderArgs,
+    scope="model",
+    needs_task=True,
+    paper="SP3 §3.2 (masks on a post-norm encoder); CoFi (Xia et al. 2022) for the masks-only baseline",
+    budget=lambda _a: "solve",
+    touches=lambda _a: ALL_ROLES,
+)
 def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
     """Train SP3's per-norm (or CoFi's shared) hidden, filter, head and layer masks on the GLUE task; fuse."""
     target = ctx.recipe.target

@@ -13,16 +13,25 @@ from slimkit.recipes.schema import Strict, check_corpus
 
 class LoraArgs(Strict):
     rank: int = Field(8, ge=1)
+    """Rank r of every adapter pair (A: r x in, B: out x r)."""
     alpha: float = Field(16.0, gt=0)
+    """LoRA scaling numerator: the adapter's update is scaled by alpha / rank."""
     dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input during training, in [0, 1)."""
     target_modules: list[str] | None = None
     """Linear module names to adapt; None: every attention and MLP projection of the layers."""
     learning_rate: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the adapter parameters (constant; base weights stay frozen)."""
     steps: int = Field(50, ge=0)
+    """Optimizer steps (0: no training, the model is left as it is)."""
     batch_size: int = Field(4, ge=1)
+    """Token windows per optimizer step."""
     seq_len: int = Field(128, ge=2)
+    """Tokens per training window."""
     dataset: str = "alpaca"
+    """Local corpus the training windows are drawn from: wikitext2, ptb, c4 or alpaca."""
     weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay of the adapter parameters (0: none)."""
 
     _dataset = field_validator("dataset")(check_corpus)
 
@@ -41,7 +50,7 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-@register_stage("lora", args=LoraArgs, scope="model")
+@register_stage("lora", args=LoraArgs, scope="model", paper="LoRA (Hu et al. 2022) recovery, merged into the weights")
 def lora(ctx: Context, args: LoraArgs) -> None:
     """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
     values = args.model_dump()

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.lowrank import (
     LowRankLinear,
     allocate_attention,
@@ -30,21 +31,25 @@ from slimkit.primitives.lowrank import (
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.schema import Strict
-from slimkit.recipes.stages.prune import lorap_layer_ratio
 
 Role = Literal["q", "k", "v", "o", "gate", "up", "down"]
 
 
 class LowRankArgs(Strict):
     roles: list[Role] = Field(default_factory=lambda: ["q", "k", "v", "o"], min_length=1)
+    """Projections replaced by low-rank pairs (q, k, v, o, gate, up, down)."""
     method: Literal["awsvd", "svd"] = "awsvd"
+    """awsvd: SVD of W diag(||X_j||) (LoRAP Eqs. 5-7, needs calibration); svd: plain truncated SVD."""
     allocation: Literal["lorap", "uniform"] = "lorap"
+    """lorap: the attention budget split qk_share : (1 - qk_share) between (W_q + W_k) and (W_v + W_o);
+    uniform: every matrix keeps the same fraction."""
     qk_share: float = Field(0.25, gt=0.0, lt=1.0)
     """Share of the attention budget for (W_q + W_k) under ``allocation: lorap`` (1:3 -> 0.25)."""
     mac_fraction: float = Field(0.75, gt=0.0, le=1.0)
     """Speed cap: a factorisation may cost at most this fraction of the dense MACs."""
-    ratio: float | None = Field(None, ge=0.0, lt=1.0)
-    """Fraction of the chosen projections' parameters to remove; None: LoRAP's layer ratio."""
+    ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
+    """Fraction of the chosen projections' parameters to remove; None: LoRAP's layer ratio (Appendix C.1)
+    from what is left of the recipe target when the block starts."""
 
     @model_validator(mode="after")
     def _lorap_needs_attention(self) -> LowRankArgs:
@@ -62,10 +67,16 @@ def _uniform_ranks(shapes: dict[str, tuple[int, int]], keep: float, mac_fraction
     return ranks
 
 
-@register_stage("lowrank", args=LowRankArgs, scope="layer", needs_calibration=lambda a: a.method == "awsvd")
-def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> None:
-    """Replace projections of one layer by (activation-weighted) SVD factor pairs within a budget."""
-    fraction = args.ratio if args.ratio is not None else lorap_layer_ratio(ctx)
+def _fraction(ctx: Context, args: LowRankArgs) -> float:
+    if args.ratio is not None:
+        return args.ratio
+    if "lowrank:fraction" not in ctx.block_cache:
+        ctx.block_cache["lowrank:fraction"] = ctx.layer_rule_ratio()
+    return ctx.block_cache["lowrank:fraction"]
+
+
+def _layer_ranks(layer: LayerView, args: LowRankArgs, fraction: float) -> dict[str, int | None]:
+    """The rank of every chosen projection of ``layer`` (None: the projection stays dense)."""
     shapes: dict[str, tuple[int, int]] = {}
     for role in args.roles:
         module = layer.linear(role)
@@ -74,9 +85,43 @@ def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> N
         shapes[role] = tuple(module.weight.shape)
     if args.allocation == "lorap":
         budget = int((1.0 - fraction) * sum(dense_params(d_in, d_out) for d_out, d_in in shapes.values()))
-        ranks = allocate_attention(shapes, budget, args.qk_share, args.mac_fraction)
-    else:
-        ranks = _uniform_ranks(shapes, 1.0 - fraction, args.mac_fraction)
+        return allocate_attention(shapes, budget, args.qk_share, args.mac_fraction)
+    return _uniform_ranks(shapes, 1.0 - fraction, args.mac_fraction)
+
+
+def planned_removal(ctx: Context, args: LowRankArgs) -> int:
+    """Parameters of the target's part the stage will remove (ranks depend on shapes only)."""
+    fraction = _fraction(ctx, args)
+    part = ctx.recipe.target.part
+    parts = param_parts(ctx.model)
+    removed = 0
+    for layer in ctx.view.layers:
+        for role, rank in _layer_ranks(layer, args, fraction).items():
+            if rank is None:
+                continue
+            weight = layer.linear(role).weight
+            name, in_layers = parts[id(weight)]
+            if part == "total" or name == part or (part == "layers" and in_layers):
+                d_out, d_in = weight.shape
+                removed += dense_params(d_in, d_out) - rank * (d_in + d_out)
+    return removed
+
+
+@register_stage(
+    "lowrank",
+    args=LowRankArgs,
+    scope="layer",
+    needs_calibration=lambda a: a.method == "awsvd",
+    paper="LoRAP §3.2 (Eqs. 5-7, AWSVD; 1:3 parameter allocation; Appendix C.1 layer ratio)",
+    budget=lambda a: "explicit" if a.ratio is not None else "layer",
+    plan=planned_removal,
+    touches=lambda a: frozenset(a.roles),
+    makes_lowrank=lambda a: frozenset(a.roles),
+)
+def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> None:
+    """Replace projections of one layer by (activation-weighted) SVD factor pairs within a budget."""
+    fraction = _fraction(ctx, args)
+    ranks = _layer_ranks(layer, args, fraction)
     view = ctx.view
     for role, rank in ranks.items():
         if rank is None:

@@ -21,7 +21,7 @@ from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import register_stage
+from slimkit.recipes.registry import ALL_ROLES, register_stage
 from slimkit.recipes.schema import Strict, check_corpus
 
 
@@ -31,25 +31,39 @@ class MaskTrainArgs(Strict):
     finetune_steps: int = Field(0, ge=0)
     """Optimizer steps of plain fine-tuning before the masks join (SP3's first stage)."""
     mask_steps: int = Field(100, ge=1)
+    """Optimizer steps with the masks (after ``finetune_steps``); then they are binarised and fused."""
     warmup_steps: int = Field(0, ge=0)
     """Steps over which the target rises linearly from 0 (CoFi's Lagrangian warm-up)."""
     learning_rate: float = Field(1e-5, ge=0)
     """Weights (0: train the masks only). The paper's LLM runs: 1e-5."""
     mask_learning_rate: float = Field(0.05, gt=0)
+    """AdamW learning rate of the gates' log alpha."""
     lagrangian_learning_rate: float = Field(0.05, gt=0)
+    """Learning rate of the Lagrange multipliers λ₁, λ₂ of Eq. 14 (they ascend)."""
     init_drop: float = Field(0.5, gt=0, lt=1)
+    """Initial drop probability of every gate, in (0, 1) (CoFi: log alpha = log(1 − p) − log p)."""
     rank_prior: float = Field(0.0, ge=0)
     """Spread of the hidden gates' initial log alpha over their principal-component rank (0: uniform)."""
     distill: float = Field(0.0, ge=0)
     """Weight of the KL divergence to the unmasked model (0: the task loss alone, as the paper's LLM runs)."""
     batch_size: int = Field(4, ge=1)
+    """Token windows per optimizer step."""
     seq_len: int = Field(128, ge=2)
+    """Tokens per training window."""
     dataset: str = "alpaca"
+    """Local corpus the training windows are drawn from: wikitext2, ptb, c4 or alpaca."""
 
     _dataset = field_validator("dataset")(check_corpus)
 
 
-@register_stage("mask_train", args=MaskTrainArgs, scope="model")
+@register_stage(
+    "mask_train",
+    args=MaskTrainArgs,
+    scope="model",
+    paper="SP3 §3.2, Appendix F (hard-concrete masks, expected-sparsity Lagrangian)",
+    budget=lambda _a: "solve",
+    touches=lambda _a: ALL_ROLES,
+)
 def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
     """Train SP3's hidden (per layer group) and FFN-filter masks with the weights, then binarise and fuse."""
     target = ctx.recipe.target

@@ -40,7 +40,7 @@ from pydantic import Field, field_validator
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import register_stage
+from slimkit.recipes.registry import ALL_ROLES, register_stage
 from slimkit.recipes.schema import Strict
 
 
@@ -50,12 +50,19 @@ class PCAProjectArgs(Strict):
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
     """Fraction of hidden dimensions removed; None solves it from the recipe target (of: model)."""
     allocation: Literal["uniform", "variance"] = "uniform"
+    """Widths across groups: ``uniform`` (the same) or ``variance`` (one explained-variance threshold)."""
     basis: Literal["pca", "identity"] = "pca"
+    """``pca``: principal components; ``identity``: raw dimensions of largest second moment (Table 3)."""
     statistics: Literal["dense", "projected"] = "dense"
+    """``dense``: each group's statistics from the dense model (Algorithm 1); ``projected``: from the
+    already-projected groups' outputs."""
     features: Literal["input", "normalized"] = "input"
+    """``input``: the raw stream the norms read (the paper); ``normalized``: each token divided by its RMS."""
     tokens: int | None = Field(None, ge=1)
     """Calibration tokens used for the statistics (whole calibration samples); None: all."""
     tied_head: Literal["shared", "joint", "untie"] = "joint"
+    """A tied embedding: ``joint`` (own basis from both its uses), ``shared`` (the first group's basis) or
+    ``untie`` (copied into the head)."""
 
     @field_validator("group_size")
     @classmethod
@@ -72,10 +79,19 @@ def _keep_params(ctx: Context) -> int:
             f"pca_project without ratio solves the hidden widths from target.of: model (got {target.of}); "
             "or give args.ratio (the fraction of hidden dimensions removed)"
         )
-    return round((1.0 - target.ratio) * ctx.params_before["total"])
+    return target.kept_limit(ctx.params_before)
 
 
-@register_stage("pca_project", args=PCAProjectArgs, scope="model", needs_calibration=lambda _a: True)
+@register_stage(
+    "pca_project",
+    args=PCAProjectArgs,
+    scope="model",
+    needs_calibration=lambda _a: True,
+    paper="SP3 §3.1, §3.3 (Eqs. 15-18), Appendix F.1 (group PCA, RMSNorm folding)",
+    budget=lambda a: "explicit" if a.ratio is not None else "solve",
+    touches=lambda _a: ALL_ROLES,
+    once="a model is projected once; its residual matrices would be projected again",
+)
 def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
     """Reduce the hidden dimension by group PCA: fold norms, keep top-k components per group, fuse."""
     batches = ctx.calibration_batches()
@@ -112,7 +128,14 @@ class PCAProjectPostArgs(Strict):
     """Map the last stream back to the original coordinates (only for heads reading the sequence output)."""
 
 
-@register_stage("pca_project_post", args=PCAProjectPostArgs, scope="model", needs_calibration=lambda _a: True)
+@register_stage(
+    "pca_project_post",
+    args=PCAProjectPostArgs,
+    scope="model",
+    needs_calibration=lambda _a: True,
+    paper="SP3 §3.1 (post-norm encoders: one basis per hidden LayerNorm)",
+    touches=lambda _a: ALL_ROLES,
+)
 def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
     """Re-represent a post-norm encoder (BERT) in one PCA basis per hidden LayerNorm, at full width (SP3 §3.1).
 

@@ -36,7 +36,6 @@ from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.schema import Strict
-from slimkit.recipes.stages.prune import TARGET_PART
 
 
 class PruneNetArgs(Strict):
@@ -46,30 +45,45 @@ class PruneNetArgs(Strict):
     source: Literal["up", "gate", "down"] = "up"
     """Which matrix the policy reads: FFN1 (``up``), the gate, or FFN2's columns (Table 19)."""
     episodes: int = Field(20, ge=0)
+    """REINFORCE episodes of policy training (the paper: 20); ignored with ``policy`` or ``selection: random``."""
     learning_rate: float = Field(5e-4, gt=0)
+    """AdamW learning rate of the policy (the paper: 5e-4)."""
     gamma: float = Field(0.99, ge=0.0, le=1.0)
+    """Discount γ of the future spectral penalty (Eq. 7), in [0, 1] (the paper: 0.99)."""
     baseline: bool = False
+    """Subtract the mean return of the previous episodes (per layer) to reduce the gradient's variance."""
     distance: Literal["ks", "ad"] = "ks"
+    """Distance between singular-value spectra: ``ks`` (Kolmogorov-Smirnov, Eq. 6), ``ad`` (Anderson-Darling)."""
     spectrum_dtype: Literal["float32", "float64"] = "float32"
+    """Precision of the singular-value computations (float64: slower, more exact)."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
     """Fraction of each layer's MLP channels to remove; None follows the recipe target."""
     schedule: Literal["uniform", "linear"] = "uniform"
+    """Per-layer ratios: ``uniform`` (all equal) or ``linear`` (a ramp, same mean, later layers lose less; Table 7)."""
     policy: str | None = None
     """Folder of a saved policy to reuse without training."""
     save_policy: bool = True
+    """Save the trained policy with the run as OUT/policy/ (for reuse through ``policy``)."""
 
 
 def _channel_ratio(ctx: Context) -> float:
-    target = ctx.recipe.target
-    if target.of == "mlp":
-        return target.ratio
+    """The MLP-channel fraction that removes what is left of the recipe target: for ``of: mlp`` that share of
+    the MLP (channels carry equal parameters), otherwise solved on exact counts, rounding included."""
+    if ctx.recipe.target.of == "mlp":
+        return ctx.params_to_remove() / ctx.block_start["mlp"]
     groups = build_groups(ctx.model, "mlp_channel")
-    part = TARGET_PART[target.of]
-    wanted = round(target.ratio * ctx.params_before[part])
-    return solve_fraction(ctx.model, groups, [torch.zeros(g.size) for g in groups], SelectionRules(), part, wanted)
+    scores = [torch.zeros(g.size) for g in groups]
+    return solve_fraction(ctx.model, groups, scores, SelectionRules(), ctx.recipe.target.part, ctx.params_to_remove())
 
 
-@register_stage("prunenet", args=PruneNetArgs, scope="model")
+@register_stage(
+    "prunenet",
+    args=PruneNetArgs,
+    scope="model",
+    paper="PruneNet Eqs. 3-7, Algorithm 1 (policy learning with a KS spectral reward)",
+    budget=lambda a: "explicit" if a.ratio is not None else "solve",
+    touches=lambda _a: frozenset({"gate", "up", "down"}),
+)
 def prunenet(ctx: Context, args: PruneNetArgs) -> None:
     """Learn (or load) a PruneNet policy from the FFN weights and remove MLP channels with it."""
     ratio = args.ratio if args.ratio is not None else _channel_ratio(ctx)

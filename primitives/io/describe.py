@@ -1,0 +1,337 @@
+"""What a model (folder) holds and who can read it: the logic behind ``slimkit inspect``.
+
+* :func:`structure_of` turns manifest ``modules`` records (:func:`~slimkit.primitives.lowrank.module.lowrank_entries`,
+  :func:`~slimkit.primitives.projection.manifest.projection_entries`) into a :class:`Structure`: the rank
+  of every low-rank pair by layer and role (``{layer: {"q": 12, "k": 12}}``), every residual /
+  basis-change map (where it sits, its ``out x in`` shape, its hook) and the LayerNorms converted to
+  RMSNorm. Paths are matched against the architecture's :class:`~slimkit.primitives.arch.ArchSpec`
+  (layer container and role paths), so no model needs to be built; :func:`saved_structure` does it
+  for a saved folder's manifest (used by the run report's width plot).
+* :func:`folder_loaders` says which loaders read a folder exactly: ``slimkit.load`` (always),
+  transformers ``from_pretrained`` (only folders that are not slimkit-only, see :mod:`.compat`, with
+  the reason when not) and GGUF export (not yet: slimkit has no export command).
+* :func:`describe_model` / :func:`describe_source` gather that with the per-layer widths into a
+  :class:`Description` that renders as rich tables (``renderables``) or a dict (``as_dict``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from slimkit.primitives.arch import ARCH_SPECS, LINEAR_ROLES, ArchSpec, ModelView
+from slimkit.primitives.io.compat import SLIMKIT_MODEL_TYPE, is_marked, structure_reasons, unmark_config
+from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
+from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
+from slimkit.primitives.lowrank.module import lowrank_entries
+from slimkit.primitives.projection.adapters import KIND as BASIS_CHANGE_KIND
+from slimkit.primitives.projection.manifest import RMS_NORM_KIND, projection_entries
+
+_HOOK_WORDS = {"input": "input of", "output": "output of", "residual": "residual input of"}
+
+
+@dataclass(frozen=True)
+class ResidualMap:
+    """A residual / basis-change matrix: ``y = W x`` with ``W`` of shape ``(out, in)``."""
+
+    path: str
+    layer: int | None
+    """The layer the map sits in (its host is the layer or inside it), None outside the layers."""
+    host: str
+    hook: str
+    shape: tuple[int, int]
+
+    @property
+    def where(self) -> str:
+        return f"{_HOOK_WORDS.get(self.hook, self.hook)} {self.host}"
+
+    def short(self) -> str:
+        """``input 48->40`` style, for a per-layer table cell."""
+        return f"{self.hook} {self.shape[1]}->{self.shape[0]}"
+
+
+@dataclass
+class Structure:
+    """What a model holds beyond stock Hugging Face modules (from manifest records)."""
+
+    ranks: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per layer, the rank of each low-rank pair by projection role (``q``, ``k``, ..., ``down``)."""
+    other_low_rank: dict[str, int] = field(default_factory=dict)
+    """Low-rank pairs that are not a layer's projection: path -> rank."""
+    residual_maps: list[ResidualMap] = field(default_factory=list)
+    rms_norms: list[str] = field(default_factory=list)
+    """Paths of LayerNorms converted to RMSNorm."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ranks or self.other_low_rank or self.residual_maps or self.rms_norms)
+
+    def maps_in_layer(self, layer: int) -> list[ResidualMap]:
+        return [m for m in self.residual_maps if m.layer == layer]
+
+    def summary(self) -> str:
+        """One line: how many low-rank pairs (rank range per role), residual maps, converted norms."""
+        parts = []
+        pairs = sum(len(r) for r in self.ranks.values()) + len(self.other_low_rank)
+        if pairs:
+            by_role: dict[str, list[int]] = {}
+            for ranks in self.ranks.values():
+                for role, rank in ranks.items():
+                    by_role.setdefault(role, []).append(rank)
+            spans = [
+                f"{role} {min(v)}" if min(v) == max(v) else f"{role} {min(v)}-{max(v)}"
+                for role in LINEAR_ROLES
+                if (v := by_role.get(role))
+            ]
+            parts.append(f"{pairs} low-rank pair(s)" + (f" (ranks: {', '.join(spans)})" if spans else ""))
+        if self.residual_maps:
+            layers = sorted({m.layer for m in self.residual_maps if m.layer is not None})
+            outside = sum(m.layer is None for m in self.residual_maps)
+            where = [f"layer(s) {', '.join(map(str, layers))}"] if layers else []
+            where += [f"{outside} outside the layers"] if outside else []
+            parts.append(f"{len(self.residual_maps)} residual map(s) ({'; '.join(where)})")
+        if self.rms_norms:
+            parts.append(f"{len(self.rms_norms)} LayerNorm(s) converted to RMSNorm")
+        return "; ".join(parts) if parts else "no low-rank pairs, residual maps or converted norms"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": {str(k): v for k, v in self.ranks.items()},
+            "other_low_rank": dict(self.other_low_rank),
+            "residual_maps": [{**asdict(m), "shape": list(m.shape), "where": m.where} for m in self.residual_maps],
+            "rms_norms": list(self.rms_norms),
+        }
+
+
+def _locate(path: str, spec: ArchSpec | None) -> tuple[int | None, str]:
+    """``(layer index, path inside the layer)`` of a module path, or ``(None, path)`` outside the layers."""
+    if spec is None:
+        return None, path
+    match = re.search(rf"(?:^|\.){re.escape(spec.layers)}\.(\d+)(?:\.(.*))?$", path)
+    if match is None:
+        return None, path
+    return int(match.group(1)), match.group(2) or ""
+
+
+def structure_of(entries: list[dict[str, Any]], model_type: str | None) -> Structure:
+    """The :class:`Structure` recorded by manifest ``modules`` entries of a ``model_type`` model."""
+    spec = ARCH_SPECS.get(model_type or "")
+    roles = {getattr(spec, role): role for role in LINEAR_ROLES if spec is not None and getattr(spec, role)}
+    structure = Structure()
+    for entry in entries:
+        kind, path = entry.get("kind"), str(entry.get("path", ""))
+        layer, inside = _locate(path, spec)
+        if kind == LOW_RANK_KIND:
+            role = roles.get(inside) if layer is not None else None
+            if role is None:
+                structure.other_low_rank[path] = int(entry["rank"])
+            else:
+                structure.ranks.setdefault(layer, {})[role] = int(entry["rank"])
+        elif kind == BASIS_CHANGE_KIND:
+            host = path.rpartition(".")[0]
+            shape = (int(entry["out_features"]), int(entry["in_features"]))
+            structure.residual_maps.append(ResidualMap(path, layer, host, str(entry.get("hook", "input")), shape))
+        elif kind == RMS_NORM_KIND:
+            structure.rms_norms.append(path)
+    structure.ranks = {
+        layer: {role: ranks[role] for role in LINEAR_ROLES if role in ranks}
+        for layer, ranks in sorted(structure.ranks.items())
+    }
+    return structure
+
+
+def model_structure(model: nn.Module) -> Structure:
+    """The :class:`Structure` of a model in memory (the records :func:`slimkit.save` would write)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return structure_of(lowrank_entries(model) + projection_entries(model), model_type)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def saved_structure(directory: str | os.PathLike) -> Structure | None:
+    """The :class:`Structure` recorded in a saved folder's manifest; None without a manifest."""
+    manifest = _read_json(Path(directory) / MANIFEST_NAME)
+    if manifest is None:
+        return None
+    model_type = manifest.get("model_type")
+    if model_type is None:
+        config = _read_json(Path(directory) / "config.json") or {}
+        model_type = unmark_config(config).get("model_type") if config.get("model_type") else None
+    return structure_of(manifest.get("modules") or [], model_type)
+
+
+@dataclass(frozen=True)
+class LoaderVerdict:
+    loader: str
+    ok: bool | None
+    """True: reads the folder exactly; False: cannot; None: not available yet."""
+    detail: str
+
+    @property
+    def answer(self) -> str:
+        return "yes" if self.ok else ("not yet" if self.ok is None else "no")
+
+
+def folder_loaders(directory: str | os.PathLike) -> list[LoaderVerdict]:
+    """Which loaders read ``directory`` exactly, and why not where one cannot."""
+    directory = Path(directory)
+    config = _read_json(directory / "config.json") or {}
+    manifest = _read_json(directory / MANIFEST_NAME) or {}
+    reasons = structure_reasons(config.get("per_layer_config"), manifest.get("modules"))
+    verdicts = [LoaderVerdict("slimkit.load", True, "reads slimkit folders and plain Hugging Face folders exactly")]
+    if is_marked(config):
+        verdicts.append(
+            LoaderVerdict(
+                "transformers from_pretrained",
+                False,
+                f"config.json's model_type is '{SLIMKIT_MODEL_TYPE}', which AutoConfig refuses: the folder holds "
+                f"{'; '.join(reasons) or 'modules stock transformers cannot build'}",
+            )
+        )
+    elif reasons:
+        verdicts.append(
+            LoaderVerdict(
+                "transformers from_pretrained",
+                False,
+                f"the folder holds {'; '.join(reasons)}; saved before slimkit marked such folders, so "
+                "from_pretrained does not refuse it but builds a different model (re-save with slimkit.save)",
+            )
+        )
+    else:
+        verdicts.append(LoaderVerdict("transformers from_pretrained", True, "uniform widths, no slimkit-only modules"))
+    verdicts.append(LoaderVerdict("GGUF export", None, "slimkit has no export command yet"))
+    return verdicts
+
+
+@dataclass
+class Description:
+    """Everything ``slimkit inspect`` shows about a model."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    tied: bool
+    parts: dict[str, int]
+    layers: list[dict[str, Any]]
+    structure: Structure
+    loaders: list[LoaderVerdict]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "tied": self.tied,
+            "parameters": self.parts,
+            "layers": self.layers,
+            "structure": self.structure.as_dict(),
+            "loaders": [{**asdict(v), "answer": v.answer} for v in self.loaders],
+        }
+
+    def renderables(self) -> list[Any]:
+        """Rich tables and lines: per-layer widths (with ranks and maps), residual maps, loaders, totals."""
+        from rich.table import Table
+
+        per_layer_hidden = any(row["hidden"] != self.hidden_size for row in self.layers)
+        columns = ["layer", "heads", "kv heads", "head dim", "mlp width"]
+        columns += ["hidden"] if per_layer_hidden else []
+        columns += ["low-rank (role: rank)"] if self.structure.ranks else []
+        columns += ["residual map"] if any(m.layer is not None for m in self.structure.residual_maps) else []
+        columns += ["parameters"]
+        table = Table(*columns, title=self.name)
+        for row in self.layers:
+            cells = [str(row["layer"]), str(row["heads"]), str(row["kv_heads"]), str(row["head_dim"])]
+            cells.append(str(row["mlp_width"]))
+            if per_layer_hidden:
+                cells.append(str(row["hidden"]))
+            if self.structure.ranks:
+                ranks = self.structure.ranks.get(row["layer"], {})
+                cells.append(", ".join(f"{role}: {rank}" for role, rank in ranks.items()) or "-")
+            if "residual map" in columns:
+                maps = self.structure.maps_in_layer(row["layer"])
+                cells.append(", ".join(m.short() for m in maps) or "-")
+            cells.append(f"{row['parameters']:,}")
+            table.add_row(*cells)
+        items: list[Any] = [table]
+        if self.structure.residual_maps:
+            maps = Table("residual / basis-change map", "where", "shape (out x in)", title="residual maps")
+            for m in self.structure.residual_maps:
+                maps.add_row(m.path, m.where, f"{m.shape[0]} x {m.shape[1]}")
+            items.append(maps)
+        if self.structure.other_low_rank:
+            other = Table("low-rank pair outside the layers", "rank")
+            for path, rank in self.structure.other_low_rank.items():
+                other.add_row(path, str(rank))
+            items.append(other)
+        if self.structure.rms_norms:
+            items.append(f"LayerNorms converted to RMSNorm: {len(self.structure.rms_norms)}")
+        if self.loaders:
+            loaders = Table("loader", "reads it", "why", title="loaders")
+            for verdict in self.loaders:
+                loaders.add_row(verdict.loader, verdict.answer, verdict.detail)
+            items.append(loaders)
+        p = self.parts
+        items.append(
+            f"{self.model_type}: hidden {self.hidden_size}, {len(self.layers)} layers, {p['total']:,} parameters "
+            f"(embeddings {p['embeddings']:,}, attention {p['attention']:,}, mlp {p['mlp']:,}, tied head: {self.tied})"
+        )
+        return items
+
+
+def describe_model(model: nn.Module, folder: str | os.PathLike | None = None, name: str | None = None) -> Description:
+    """Describe a loaded model; ``folder`` (where it was loaded from) adds the loader verdicts."""
+    from slimkit.primitives.evaluate.counting import params_by_part
+
+    view = ModelView(model)
+    layers = [
+        {
+            "layer": layer.index,
+            "heads": layer.num_heads,
+            "kv_heads": layer.num_kv_heads,
+            "head_dim": layer.head_dim,
+            "mlp_width": layer.mlp_width,
+            "hidden": layer_hidden_size(layer),
+            "parameters": layer.num_params(),
+        }
+        for layer in view.layers
+    ]
+    return Description(
+        name=name or (str(folder) if folder is not None else view.spec.model_type),
+        model_type=view.spec.model_type,
+        hidden_size=view.hidden_size,
+        tied=view.tied,
+        parts=params_by_part(model),
+        layers=layers,
+        structure=model_structure(model),
+        loaders=folder_loaders(folder) if folder is not None else [],
+    )
+
+
+def describe_source(source: str) -> Description:
+    """Load a model source (name or folder) with :func:`slimkit.load_source` and describe it."""
+    from slimkit.primitives.sources import load_source
+
+    model, _tokenizer, info = load_source(source)
+    return describe_model(model, Path(info.path), info.name)
+
+
+__all__ = [
+    "Description",
+    "LoaderVerdict",
+    "ResidualMap",
+    "Structure",
+    "describe_model",
+    "describe_source",
+    "folder_loaders",
+    "model_structure",
+    "saved_structure",
+    "structure_of",
+]
