@@ -286,7 +286,7 @@ def cce(ctx: Context, args: CceArgs) -> None:
         "final_fraction": final,
         "iterations": history,
     }
-    ctx.stage_report["cce"] = report
+    ctx.report_stage("cce", report)
     with ctx.tracker.task("cce iterations", len(fractions)) as advance:
         for iteration, fraction in enumerate(fractions):
             started = time.perf_counter()

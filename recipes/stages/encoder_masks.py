@@ -99,7 +99,7 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
         report = train_encoder_masks(ctx.model, batches, config, progress=lambda _step: advance(1), check_batches=check)
     report["epochs"] = needed / len(examples)
     report["examples_seen"] = needed
-    ctx.stage_report["mask_train_encoder"] = report
+    ctx.report_stage("mask_train_encoder", report)
     agreement = report["fused"].get("masked_vs_fused", {})
     ctx.notes.append(
         f"mask_train_encoder: {report['steps']} steps in {report['seconds']:.0f} s; Eq. 30 sparsity "

@@ -58,4 +58,4 @@ def lora(ctx: Context, args: LoraArgs) -> None:
     config = LoraConfig(**values, seed=ctx.recipe.seed)
     with ctx.tracker.task("lora", config.steps) as advance:
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
-    ctx.stage_report["lora"] = report
+    ctx.report_stage("lora", report)

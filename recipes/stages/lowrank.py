@@ -129,5 +129,6 @@ def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> N
         linear = layer.linear(role)
         norms = stats["input_norms"][view.path_of(linear)] if args.method == "awsvd" else None
         layer.set_linear(role, LowRankLinear.from_linear(linear, rank, norms))
-    entry = ctx.stage_report.setdefault("lowrank", {"fraction": fraction, "ranks": {}})
-    entry["ranks"][str(layer.index)] = ranks
+    if "lowrank:report" not in ctx.block_cache:  # one report per block
+        ctx.block_cache["lowrank:report"] = ctx.report_stage("lowrank", {"fraction": fraction, "ranks": {}})
+    ctx.stage_report[ctx.block_cache["lowrank:report"]]["ranks"][str(layer.index)] = ranks

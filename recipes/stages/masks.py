@@ -78,7 +78,7 @@ def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
     with ctx.tracker.task("mask_train", config.total_steps) as advance:
         report = train_stream_masks(ctx.model, batches, config, progress=lambda _step: advance(1))
     report["tokens"] = int(ids.numel())
-    ctx.stage_report["mask_train"] = report
+    ctx.report_stage("mask_train", report)
     ctx.notes.append(
         f"mask_train: {report['steps']} steps in {report['seconds']:.0f} s; "
         f"{report['achieved_sparsity']:.2%} of the dense model's parameters removed"

@@ -111,7 +111,7 @@ def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
     )
     with ctx.tracker.task("pca_project", None):
         report = project_hidden_dimension(ctx.model, batches, settings)
-    ctx.stage_report["pca_project"] = report
+    ctx.report_stage("pca_project", report)
     if report["residual_params"]:
         ctx.notes.append(
             f"pca_project: {report['residual_matrices']} residual matrices hold {report['residual_params']:,} "
@@ -155,7 +155,7 @@ def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
             max_tokens=args.tokens,
         )
     report.pop("norms", None)
-    ctx.stage_report["pca_project_post"] = report
+    ctx.report_stage("pca_project_post", report)
     if report["rank_deficient"]:
         ctx.notes.append(
             f"pca_project_post: {report['tokens']} calibration tokens < hidden size {report['hidden_size']}; "

@@ -121,10 +121,14 @@ def _score_and_prune(
 
 
 def _record(ctx: Context, name: str, fraction: float, args: PruneArgs, layers: list[int] | None = None) -> None:
-    entry = ctx.stage_report.setdefault(name, {})
-    entry.update({"unit_fraction": fraction, "groups": list(args.groups), "scorer": args.scorer_name()})
+    """One report per stage and block (``prune``, ``prune#2``, ... when a recipe prunes twice)."""
+    key = f"{name}:{'+'.join(args.groups)}:report"
+    if key in ctx.block_cache:
+        return
+    entry = {"unit_fraction": fraction, "groups": list(args.groups), "scorer": args.scorer_name()}
     if layers is not None:
         entry["layers"] = layers
+    ctx.block_cache[key] = ctx.report_stage(name, entry)
 
 
 def _budget(args: PruneArgs) -> BudgetMode:

@@ -125,4 +125,4 @@ def prunenet(ctx: Context, args: PruneNetArgs) -> None:
     ]
     for group, keep in zip(groups, keeps, strict=True):
         remove_units(ctx.model, group, keep)
-    ctx.stage_report["prunenet"] = report
+    ctx.report_stage("prunenet", report)
