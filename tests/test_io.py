@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 import slimkit
 from slimkit.primitives.arch import ModelView
@@ -100,10 +100,13 @@ def _low_rank(model, roles=("q", "k", "v", "o"), rank=5):
     return model
 
 
-def _assert_stock_loaders_refuse(path):
+def _assert_stock_loaders_refuse(path, model_class=None):
     for loader in (AutoConfig, AutoModelForCausalLM, AutoModel):
         with pytest.raises(ValueError, match=f"model type `{SLIMKIT_MODEL_TYPE}`"):
             loader.from_pretrained(path)
+    if model_class is not None:  # the class called directly never refuses a config; the weight file name stops it
+        with pytest.raises(OSError, match=r"model\.safetensors"):
+            model_class.from_pretrained(path)
 
 
 def test_low_rank_result_is_refused_by_transformers_and_read_exactly_by_slimkit(tmp_path, tokenizer):
@@ -116,7 +119,7 @@ def test_low_rank_result_is_refused_by_transformers_and_read_exactly_by_slimkit(
     assert (config["model_type"], config["architectures"]) == (SLIMKIT_MODEL_TYPE, ["SlimkitCompressedModel"])
     assert (config["slimkit_base_model_type"], config["slimkit_base_architectures"]) == ("llama", ["LlamaForCausalLM"])
     assert "12 low-rank pairs" in config["slimkit_note"] and "slimkit.load" in config["slimkit_note"]
-    _assert_stock_loaders_refuse(path)
+    _assert_stock_loaders_refuse(path, LlamaForCausalLM)
 
     loaded, tok = slimkit.load(path)
     torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)

@@ -180,7 +180,8 @@ def test_lowrank_model_views_counts_and_reloads(tmp_path):
     # slimkit.save already passes the records through its manifest and writes the factor keys.
     folder = slimkit.save(model, None, tmp_path / "lowrank", manifest={"modules": entries})
     manifest = json.loads((folder / "slimkit_manifest.json").read_text())
-    state = load_file(str(folder / "model.safetensors"))
+    assert not (folder / "model.safetensors").exists()  # named so that stock loaders refuse the folder
+    state = load_file(str(folder / "slimkit-model.safetensors"))
     assert "model.layers.1.self_attn.k_proj.first.weight" in state
     assert "model.layers.1.self_attn.k_proj.weight" not in state
     reloaded = tiny_llama()

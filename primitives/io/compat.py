@@ -27,8 +27,10 @@ What stock transformers 5.23 does with a marked folder (checked against the inst
   a model of type `slimkit_compressed` to instantiate a model of type `llama`": transformers never
   refuses a config there. With per-layer widths it then fails (``per_layer_config`` makes the width
   attributes per-layer); with only low-rank pairs or residual maps it loads, with the load report
-  listing the MISSING / UNEXPECTED keys. Nothing in a folder that stays a normal safetensors
-  checkpoint can stop that path.
+  listing the MISSING / UNEXPECTED keys. So the weights of a slimkit-only folder are also renamed
+  (``slimkit-model.safetensors``, :func:`~slimkit.primitives.io.save.rename_weight_files`): the
+  model class then fails with "does not appear to have a file named model.safetensors", and so do
+  vLLM and other loaders that read the standard file names.
 
 :func:`slimkit.load` reads both kinds, and also folders saved before the mark existed (the
 original ``model_type`` with manifest ``modules``): it restores the marked fields first

@@ -122,6 +122,27 @@ def width_config(model: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, 
     return {}, per_layer
 
 
+WEIGHTS_PREFIX = "slimkit-"
+"""Prefix of the weight files of a slimkit-only folder (``slimkit-model.safetensors``)."""
+
+
+def rename_weight_files(folder: Path) -> None:
+    """Rename ``model*.safetensors`` (and the shard index) to ``slimkit-model*...``.
+
+    A model class called directly (``LlamaForCausalLM.from_pretrained``) never refuses a config, so a
+    marked config alone would let it load a low-rank folder with random projections; without a
+    ``model.safetensors`` it fails with "no file named model.safetensors", as vLLM and other loaders do.
+    """
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {k: WEIGHTS_PREFIX + v for k, v in data.get("weight_map", {}).items()}
+        _write_json(folder / (WEIGHTS_PREFIX + index.name), data)
+        index.unlink()
+    for file in folder.glob("model*.safetensors"):
+        file.rename(folder / (WEIGHTS_PREFIX + file.name))
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
@@ -172,6 +193,7 @@ def save(
         reasons = structure_reasons(per_layer, record.get("modules"))
         if reasons:
             config = mark_config(config, reasons)
+            rename_weight_files(tmp)
             if tokenizer is not None:
                 _name_tokenizer_class(tmp, tokenizer)
         _write_json(config_path, config)
