@@ -124,3 +124,16 @@ def test_lowrank_then_attention_pruning_is_refused_at_validation(tiny_llama_dir)
     raw = _recipe(tiny_llama_dir, LORAP_FIRST, prune_heads)
     with pytest.raises(SlimkitError, match=r"stages.1: stage 'prune' needs plain Linear k, o, q, v projections"):
         validate(raw, "r")
+
+
+def test_coupled_scores_after_lowrank_read_only_the_mlp(tiny_llama_dir):
+    """CCE's coupled scorer on MLP channels after the attention became low-rank (its LoRA gradient proxy
+    needs plain Linear weights, and only the MLP's are read)."""
+    cce = {"stage": "cce", "args": {"kinds": ["mlp_channel"], "gradients": "lora", "iterations": 2, "lora_steps": 1}}
+    lowrank = {"sequential": [{"stage": "lowrank", "args": {"method": "awsvd", "ratio": 0.3}}]}
+    result = slimkit.run(validate(_recipe(tiny_llama_dir, lowrank, cce), "r"), evaluate=False)
+    target = result.report["target"]
+    assert target["met"] and result.report["stages"]["cce"]["scorer"] == "coupled"
+    assert list(target["shares"]) == ["0:sequential[lowrank]", "1:cce"] and all(
+        v > 0 for v in target["shares"].values()
+    )
