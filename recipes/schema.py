@@ -1,16 +1,17 @@
 """The recipe schema (pydantic). A bad recipe fails with the field path and the allowed values.
 
 ```yaml
-name: wanda-channels
+name: my-hybrid
 model: smollm2-135m            # a named source or a local folder
 seed: 0
 calibration: {dataset: c4, samples: 32, seq_len: 128, batch_size: 8}
-target: {ratio: 0.2, of: mlp}  # what the ratio is of: model | layers | mlp | attention
+target: {ratio: 0.2, of: model} # the one budget: of model | layers | mlp | attention; tolerance, strict
 stages:
-  - stage: mlp_channels        # a registered stage and its arguments
-    args: {scorer: activation, aggregation: l2}
   - sequential:                # children run layer by layer on captured layer inputs
-      - stage: mlp_channels
+      - stage: lowrank         # a registered stage (`slimkit stage list`) and its arguments
+        args: {roles: [q, k, v, o], ratio: 0.3}    # an explicit share, checked against the target
+  - stage: prune               # no ratio: removes what is left of the target
+    args: {groups: [mlp_channel], scorer: {blend: {activation: 1, taylor: 1}}}
 eval:
   perplexity: {datasets: [wikitext2], seq_len: 512, max_tokens: 16384}
   zeroshot: {tasks: [piqa, arc_easy], limit: 100}

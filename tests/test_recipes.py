@@ -166,3 +166,11 @@ def test_stage_args_build_a_config_from_the_fields_they_share():
 
     config = Args().shared_with(Config, target=0.2)
     assert config == Config(target=0.2, steps=7, rate=0.5)
+
+
+def test_the_schema_docstring_example_validates():
+    import slimkit.recipes.schema as schema
+
+    example = yaml.safe_load(schema.__doc__.split("```yaml")[1].split("```")[0])
+    recipe = validate(example, "schema docstring")
+    assert [s.stage for s in recipe.flat_stages()] == ["lowrank", "prune"]
