@@ -1,22 +1,13 @@
-"""Built-in stages; importing this package registers them with the stage registry.
+"""Built-in stages; importing this package imports every module in it, which registers its stages.
 
-* :mod:`.prune`: ``prune`` (model scope) and ``prune_layer`` (layer scope) over coupling groups.
-* :mod:`.lowrank`: ``lowrank`` (layer scope), LoRAP's (activation-weighted) SVD of projections.
-* :mod:`.prunenet`: ``prunenet`` (model scope), calibration-free policy-learned MLP pruning.
-* :mod:`.lora`: ``lora`` (model scope), LoRA recovery merged into the weights.
-* :mod:`.cce`: ``cce`` (model scope), coupled-components elimination: iterative evaluate-and-prune.
-* :mod:`.projection`: ``pca_project`` (model scope), SP3's Group PCA projection of the hidden dimension;
-  ``pca_project_post`` (model scope), its post-norm encoder (BERT) counterpart.
-* :mod:`.masks`: ``mask_train`` (model scope), SP3's learned masks, binarised and fused.
-* :mod:`.glue`: ``glue_finetune`` (model scope), GLUE task fine-tuning.
-* :mod:`.encoder_masks`: ``mask_train_encoder`` (model scope), SP3's / CoFi's masks on a BERT task model.
+``slimkit stage list`` prints them; each module's docstring describes its stages (``prune``,
+``prune_layer``, ``lowrank``, ``cce``, ``prunenet``, ``lora``, ``pca_project``, ``pca_project_post``,
+``mask_train``, ``mask_train_encoder``, ``glue_finetune``). :mod:`.scoring` holds what the pruning
+stages share (the ``scorer`` argument and the statistics a scorer reads).
 """
 
-import slimkit.recipes.stages.cce  # registers cce
-import slimkit.recipes.stages.encoder_masks  # registers mask_train_encoder
-import slimkit.recipes.stages.glue  # registers glue_finetune
-import slimkit.recipes.stages.masks  # registers mask_train
-import slimkit.recipes.stages.projection  # noqa: F401  (registers pca_project)
-from slimkit.recipes.stages import lora, lowrank, prune, prunenet
+import importlib
+import pkgutil
 
-__all__ = ["lora", "lowrank", "prune", "prunenet"]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -1,0 +1,41 @@
+"""Every registered scorer on every group kind of a tiny llama: finite scores of the group's size, or a
+clear refusal for a kind the scorer does not score."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimkit.primitives.calibration.gradients import accumulate_gradients
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import build_groups
+from slimkit.primitives.importance import SCORERS, score_group
+from slimkit.recipes.stages.scoring import input_norms
+
+KINDS = ("mlp_channel", "attention_head", "kv_group", "hidden_feature")
+
+
+@pytest.fixture(scope="module")
+def scored():
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama()
+    batches = [torch.randint(3, 250, (2, 12)) for _ in range(2)]
+    stats = {"input_norms": input_norms(model, batches), "gradients": accumulate_gradients(model, batches)}
+    return model, stats
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", sorted(SCORERS))
+def test_every_scorer_on_every_group_kind(scored, name, kind):
+    model, stats = scored
+    layers = None if kind == "hidden_feature" else [1]
+    [group] = build_groups(model, kind, layers)
+    definition = SCORERS[name]
+    if definition.kinds is not None and kind not in definition.kinds:
+        with pytest.raises(SlimkitError, match=f"scorer {name} cannot score {kind}"):
+            score_group(name, group, model, dict(stats), generator=torch.Generator().manual_seed(0))
+        return
+    scores = score_group(name, group, model, dict(stats), generator=torch.Generator().manual_seed(0))
+    assert scores.shape == (group.size,) and torch.isfinite(scores).all()
+    assert definition.summary, f"scorer {name} has no one-line docstring"
