@@ -427,3 +427,22 @@ def test_mha_plain_mlp_model_opt(tmp_path, tokenizer):
     # which OPT re-derives head_dim = hidden / heads; a pruning-core limitation, not CCE's.)
     with pytest.raises(SlimkitError, match=r"at least 1 query head\(s\); every layer keeps at least 1 MLP channel"):
         run_recipe(validate(cce_recipe(folder, ratio=0.97, gradients="full"), "tiny"), raw, tmp_path / "run2")
+
+
+def test_schedule_runs_with_scoring_as_a_callback(llama):
+    from slimkit.primitives.select.iterative import plan_schedule, run_schedule
+
+    schedule = plan_schedule(llama, ["mlp_channel", "attention_head"], final=0.5, iterations=2)
+    assert schedule.fractions == (0.25, 0.5) and schedule.widths[:1] == (6,)  # heads first, then channels
+    seen: list[tuple[int, list[int]]] = []
+
+    def score(iteration, groups):
+        seen.append((iteration, [g.size for g in groups]))
+        return [torch.arange(g.size, dtype=torch.float32) for g in groups]  # later units score higher
+
+    run_schedule(llama, schedule, score)
+    # 6 heads over 2 KV groups in multiples of 2: 6 -> 4 (0.25 of 6 = 4.5, rounded to 4) -> 4 (3 rounds to 4);
+    # 64 MLP channels -> 48 -> 32, every time the highest-scoring (last) ones kept.
+    assert seen == [(0, [6, 6, 6, 64, 64, 64]), (1, [4, 4, 4, 48, 48, 48])]
+    assert [layer.mlp_width for layer in ModelView(llama).layers] == [32, 32, 32]
+    assert [layer.num_heads for layer in ModelView(llama).layers] == [4, 4, 4]

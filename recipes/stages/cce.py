@@ -54,24 +54,17 @@ from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.evaluate.memory import MB, PeakRSS
-from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.groups import Group
 from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_names
 from slimkit.primitives.importance.coupled import coupled_gradient_weights
 from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
-from slimkit.primitives.select import keep_top, keep_top_per_block
-from slimkit.primitives.select.iterative import (
-    UnitRule,
-    iteration_fractions,
-    kept_units,
-    solve_uniform_fraction,
-)
-from slimkit.primitives.surgery import remove_units
+from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.stages.scoring import ScoringArgs, input_norms, roles_of
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
-KINDS: tuple[str, ...] = ("attention_head", "mlp_channel", "hidden_feature")
+KINDS: tuple[str, ...] = SCHEDULE_KINDS
 
 
 class CceArgs(ScoringArgs):
@@ -126,33 +119,6 @@ class CceArgs(ScoringArgs):
 
     def needs_data(self) -> bool:
         return bool(self.needs())
-
-
-def _groups(ctx: Context, kinds: list[str]) -> list[Group]:
-    return [g for kind in KINDS if kind in kinds for g in build_groups(ctx.model, kind)]
-
-
-def _rules(ctx: Context, groups: list[Group]) -> tuple[list[UnitRule], str]:
-    view = ctx.view
-    head_dim = max(layer.head_dim for layer in view.layers)
-    rules, floors = [], []
-    for group in groups:
-        if group.kind == "attention_head":
-            blocks = group.extra.get("kv_groups", 1)
-            rules.append(UnitRule(blocks, blocks))
-        elif group.kind == "hidden_feature":
-            rules.append(UnitRule(1, head_dim))
-        else:
-            rules.append(UnitRule())
-    kinds = {g.kind for g in groups}
-    if "attention_head" in kinds:
-        least = max(r.minimum for g, r in zip(groups, rules, strict=True) if g.kind == "attention_head")
-        floors.append(f"every layer keeps at least {least} query head(s){' (one per KV group)' if least > 1 else ''}")
-    if "mlp_channel" in kinds:
-        floors.append("every layer keeps at least 1 MLP channel")
-    if "hidden_feature" in kinds:
-        floors.append(f"the model keeps at least {head_dim} hidden features (one head_dim) of {view.hidden_size}")
-    return rules, "; ".join(floors)
 
 
 def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Tensor], int | None]:
@@ -214,24 +180,6 @@ def _evaluate(ctx: Context, args: CceArgs, groups: list[Group], batches, seed: i
     return scores, cost
 
 
-def _prune(
-    ctx: Context,
-    groups: list[Group],
-    scores: list[torch.Tensor],
-    widths: list[int],
-    rules: list[UnitRule],
-    fraction: float,
-) -> None:
-    """Cut every group to the width the schedule gives ``fraction`` (of its dense width), keeping top scores."""
-    for group, score, width, rule in zip(groups, scores, widths, rules, strict=True):
-        kept = kept_units(width, fraction, rule)
-        if kept >= group.size:
-            continue
-        blocks = group.extra.get("kv_groups", 1) if group.kind == "attention_head" else 1
-        keep = keep_top_per_block(score, blocks, kept) if blocks > 1 else keep_top(score, kept)
-        remove_units(ctx.model, group, keep)
-
-
 def _widths(ctx: Context) -> dict:
     view = ctx.view
     return {
@@ -239,17 +187,6 @@ def _widths(ctx: Context) -> dict:
         "mlp": [layer.mlp_width for layer in view.layers],
         "hidden": view.hidden_size,
     }
-
-
-def _effective(fractions: list[float], widths: list[int], rules: list[UnitRule]) -> list[float]:
-    """Drop iterations whose rounded widths equal the previous iteration's (they would remove nothing)."""
-    kept, previous = [], [*widths]
-    for fraction in fractions:
-        counts = [kept_units(w, fraction, r) for w, r in zip(widths, rules, strict=True)]
-        if counts != previous:
-            kept.append(fraction)
-            previous = counts
-    return kept
 
 
 @register_stage(
@@ -267,42 +204,49 @@ def cce(ctx: Context, args: CceArgs) -> None:
         raise SlimkitError(
             f"cce: scorer {args.scorer} needs a causal LM (the calibration loss); this model has no LM head"
         )
-    groups = _groups(ctx, args.kinds)
-    widths = [g.size for g in groups]
-    rules, floors = _rules(ctx, groups)
-    if args.ratio is not None:
-        final = args.ratio
-    else:  # raises before any change when the schedule cannot remove that much
-        final = solve_uniform_fraction(ctx.model, groups, rules, ctx.recipe.target.part, ctx.params_to_remove(), floors)
-    step = args.step if args.step is not None or args.iterations is not None else 1.0 / ctx.view.layer(0).num_heads
-    fractions = _effective(iteration_fractions(final, step, args.iterations), widths, rules)
+    schedule = plan_schedule(  # raises before any change when the floors forbid the target
+        ctx.model,
+        args.kinds,
+        final=args.ratio,
+        step=args.step,
+        iterations=args.iterations,
+        part=ctx.recipe.target.part,
+        wanted=ctx.params_to_remove(),
+    )
     history: list[dict] = []
     report = {
         "scorer": args.scorer_name(),
         "gradients": args.gradients if args.needs_gradients() else None,
         "platon": args.platon,
         "kinds": list(args.kinds),
-        "step": step,
-        "final_fraction": final,
+        "step": schedule.step,
+        "final_fraction": schedule.final,
         "iterations": history,
     }
     ctx.report_stage("cce", report)
-    with ctx.tracker.task("cce iterations", len(fractions)) as advance:
-        for iteration, fraction in enumerate(fractions):
-            started = time.perf_counter()
-            batches, seed = _batches(ctx, args, iteration) if args.needs_data() else ([], None)
-            current = _groups(ctx, args.kinds)
-            scores, cost = _evaluate(ctx, args, current, batches, seed if seed is not None else ctx.recipe.seed)
-            _prune(ctx, current, scores, widths, rules, fraction)
-            entry = {"iteration": iteration + 1, "fraction": fraction, "seed": seed, **cost}
+    state: dict = {}
+
+    def score(iteration: int, groups: list[Group]) -> list[torch.Tensor]:
+        state["started"] = time.perf_counter()
+        batches, seed = _batches(ctx, args, iteration) if args.needs_data() else ([], None)
+        scores, state["cost"] = _evaluate(ctx, args, groups, batches, seed if seed is not None else ctx.recipe.seed)
+        state["seed"] = seed
+        return scores
+
+    with ctx.tracker.task("cce iterations", len(schedule.fractions)) as advance:
+
+        def record(iteration: int, fraction: float) -> None:
+            entry = {"iteration": iteration + 1, "fraction": fraction, "seed": state["seed"], **state["cost"]}
             entry.update(_widths(ctx))
             entry["params"] = params_by_part(ctx.model)["total"]
-            entry["seconds"] = time.perf_counter() - started
+            entry["seconds"] = time.perf_counter() - state["started"]
             entry["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
             history.append(entry)
             advance(1)
+
+        run_schedule(ctx.model, schedule, score, record)
     peaks = [h["gradient_peak_mb"] for h in history if "gradient_peak_mb" in h]
     if peaks:
         report["gradient_peak_mb"] = max(peaks)
         report["gradient_state_mb"] = max(h["gradient_state_mb"] for h in history if "gradient_state_mb" in h)
-    ctx.manifest["cce"] = {"iteration_seeds": [h["seed"] for h in history], "fractions": fractions}
+    ctx.manifest["cce"] = {"iteration_seeds": [h["seed"] for h in history], "fractions": list(schedule.fractions)}
