@@ -69,26 +69,12 @@ def evaluate(
     max_tokens: int | None = 16384,
 ) -> dict[str, float]:
     """Metrics of a model in memory, as ``slimkit eval`` prints them (``wikitext2_ppl``, ``piqa_acc``, ...)."""
-    from pydantic import ValidationError
-
-    from slimkit.primitives.errors import SlimkitError
     from slimkit.recipes.progress import Tracker
     from slimkit.recipes.runner import Timings, preflight_data
     from slimkit.recipes.runner import evaluate as run_evaluation
-    from slimkit.recipes.schema import EvalConfig, format_validation_error
+    from slimkit.recipes.schema import eval_options
 
-    config = {
-        "perplexity": {"datasets": list(perplexity), "seq_len": seq_len, "max_tokens": max_tokens}
-        if perplexity
-        else None,
-        "zeroshot": {"tasks": list(zeroshot), "limit": limit} if zeroshot else None,
-        "speed": speed,
-        "glue": {"task": glue, "limit": limit} if glue else None,
-    }
-    try:
-        eval_config = EvalConfig.model_validate(config)
-    except ValidationError as error:
-        raise SlimkitError(f"evaluate: {format_validation_error(error)}") from None
+    eval_config = eval_options("evaluate", perplexity, zeroshot, limit, glue, speed, seq_len, max_tokens)
     preflight_data(eval_config, None)
     return run_evaluation(model, tokenizer, eval_config, Tracker(), Timings())[0]
 

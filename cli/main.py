@@ -353,29 +353,19 @@ def eval_command(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
 ) -> None:
     """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput."""
-    from pydantic import ValidationError
     from rich.table import Table
 
     from slimkit.primitives.evaluate.counting import count_params
     from slimkit.primitives.sources import load_source
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.runner import Timings, evaluate, preflight_data
-    from slimkit.recipes.schema import EvalConfig, format_validation_error
+    from slimkit.recipes.schema import eval_options
 
     if ppl is None:
         ppl = "" if glue else "wikitext2"
-    config = {
-        "perplexity": {"datasets": _split_csv(ppl), "seq_len": seq_len, "max_tokens": max_tokens or None}
-        if ppl
-        else None,
-        "zeroshot": {"tasks": _split_csv(zeroshot), "limit": limit} if zeroshot else None,
-        "speed": speed,
-        "glue": {"task": glue, "limit": limit} if glue else None,
-    }
-    try:
-        eval_config = EvalConfig.model_validate(config)
-    except ValidationError as error:
-        raise SlimkitError(f"slimkit eval: {format_validation_error(error)}") from None
+    eval_config = eval_options(
+        "slimkit eval", _split_csv(ppl), _split_csv(zeroshot), limit, glue, speed, seq_len, max_tokens or None
+    )
     preflight_data(eval_config, None)
     loaded, tokenizer, info = load_source(model)
     metrics, details = evaluate(loaded, tokenizer, eval_config, RichTracker(), Timings())

@@ -256,6 +256,34 @@ class EvalConfig(Strict):
     glue: GlueEval | None = None
 
 
+def eval_options(
+    origin: str,
+    perplexity: list[str] | None,
+    zeroshot: list[str] | None = None,
+    limit: int | None = None,
+    glue: str | None = None,
+    speed: bool = False,
+    seq_len: int = 512,
+    max_tokens: int | None = 16384,
+) -> EvalConfig:
+    """An :class:`EvalConfig` from flat options (``slimkit eval``, :func:`slimkit.evaluate`); a bad value raises
+    :class:`~slimkit.primitives.errors.SlimkitError` as ``origin: field.path: message``."""
+    from slimkit.primitives.errors import SlimkitError
+
+    config = {
+        "perplexity": {"datasets": list(perplexity), "seq_len": seq_len, "max_tokens": max_tokens}
+        if perplexity
+        else None,
+        "zeroshot": {"tasks": list(zeroshot), "limit": limit} if zeroshot else None,
+        "speed": speed,
+        "glue": {"task": glue, "limit": limit} if glue else None,
+    }
+    try:
+        return EvalConfig.model_validate(config)
+    except ValidationError as error:
+        raise SlimkitError(f"{origin}: {format_validation_error(error)}") from None
+
+
 class Recipe(Strict):
     name: str
     description: str = ""

@@ -14,6 +14,7 @@ from tests.test_recipes import tiny_recipe
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["slimkit", *args])
+    monkeypatch.setenv("COLUMNS", "220")  # wide tables: no wrapped cells
     try:
         main()
         code = 0

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import torch
 
 import slimkit
-from slimkit.cli.main import main
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.io.describe import (
     describe_model,
@@ -21,6 +19,7 @@ from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection.adapters import attach_basis_change
 from slimkit.primitives.surgery import prune_layer
 from slimkit.recipes.report import markdown, plot_widths
+from tests.test_cli import run_cli
 from tests.tiny import tiny_llama
 
 
@@ -33,18 +32,6 @@ def _lowrank_with_map(tokenizer):
         layer.set_linear(role, LowRankLinear.from_linear(layer.linear(role), rank))
     attach_basis_change(view.layer(1).module, torch.eye(48))
     return model
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["slimkit", *args])
-    monkeypatch.setenv("COLUMNS", "220")
-    try:
-        main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_structure_from_manifest_records(tokenizer):
