@@ -34,7 +34,7 @@ def run_layerwise(
         stats: dict = {}
         outputs = None
         if inputs is not None:
-            modules = {view.path_of(layer.linear(role)): layer.linear(role) for role in layer.roles}
+            modules = view.linears([layer])
             with input_norm_hooks(modules) as accumulators:
                 outputs = run_layer(layer.module, inputs)
             stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}

@@ -69,3 +69,11 @@ def test_view_follows_surgery(family, request):
     with torch.no_grad():
         out = model(ids)
     assert torch.isfinite(out[0]).all()
+
+
+def test_linears_maps_every_projection_to_its_path(llama):
+    view = ModelView(llama)
+    found = view.linears()
+    assert len(found) == view.num_layers * 7  # q, k, v, o, gate, up, down
+    assert all(llama.get_submodule(path) is module for path, module in found.items())
+    assert list(view.linears([view.layer(1)])) == [p for p in found if p.startswith("model.layers.1.")]

@@ -8,6 +8,7 @@ layer while the config still holds the dense values.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -194,6 +195,12 @@ class ModelView:
     @property
     def activation(self) -> str:
         return str(getattr(self.config, self.spec.activation_attr))
+
+    def linears(self, layers: Iterable[LayerView] | None = None) -> dict[str, nn.Module]:
+        """The projections of ``layers`` (default: every layer) by their paths in the model (one walk)."""
+        paths = {id(module): name for name, module in self.model.named_modules()}
+        chosen = self.layers if layers is None else layers
+        return {paths[id(layer.linear(role))]: layer.linear(role) for layer in chosen for role in layer.roles}
 
     def path_of(self, module: nn.Module) -> str:
         """The module's path inside the model (``model.get_submodule(path) is module``)."""

@@ -196,8 +196,7 @@ def planned_layer_removal(ctx: Context, args: PruneLayerArgs) -> int:
 def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
     """One ``input_norms`` dict per calibration batch (for smoothing scorers), re-running the layer."""
     inputs = stats["layer_inputs"]
-    view = ctx.view
-    modules = {view.path_of(layer.linear(role)): layer.linear(role) for role in layer.roles}
+    modules = ctx.view.linears([layer])
     result = []
     for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
         with input_norm_hooks(modules) as accumulators, torch.no_grad():
@@ -213,7 +212,7 @@ def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
     needs_calibration=lambda a: bool(a.needs()),
     paper="LoRAP §3.3 (Eqs. 8-11): activation-scored MLP channels, layer by layer",
     budget=_budget,
-    plan=lambda ctx, args: planned_layer_removal(ctx, args) if args.budget_mode() != "solve" else 0,
+    plan=planned_layer_removal,
     touches=_touches,
 )
 def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dict) -> None:

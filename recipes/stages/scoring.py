@@ -77,14 +77,9 @@ class ScoringArgs(Strict):
                 raise ValueError(f"scorer: {self.scorer_name()} cannot score {wrong[0]} groups; it scores {kinds}")
 
 
-def _linears(model: nn.Module) -> dict[str, nn.Module]:
-    view = ModelView(model)
-    return {view.path_of(layer.linear(role)): layer.linear(role) for layer in view.layers for role in layer.roles}
-
-
 def input_norms(model: nn.Module, batches: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """``||X_j||_2`` of every projection's input over the batches (one forward pass per batch)."""
-    with input_norm_hooks(_linears(model)) as accumulators, torch.no_grad():
+    with input_norm_hooks(ModelView(model).linears()) as accumulators, torch.no_grad():
         for batch in batches:
             model(batch, use_cache=False)
     return {path: acc.norms() for path, acc in accumulators.items()}
