@@ -42,6 +42,14 @@ app.add_typer(stage_app, name="stage")
 SetOption = Annotated[
     list[str] | None, typer.Option("--set", help="Override a recipe field: dotted.path=value (repeatable).")
 ]
+DeviceOption = Annotated[str | None, typer.Option("--device", help="auto (CUDA when available), cpu, cuda, cuda:N.")]
+DtypeOption = Annotated[
+    str | None, typer.Option("--dtype", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16.")
+]
+MaxMemoryOption = Annotated[
+    str | None,
+    typer.Option("--max-memory", help="Weights' budget on the device (e.g. 20GiB); the rest is offloaded."),
+]
 
 
 def _console():
@@ -94,6 +102,12 @@ def recipe_run(
     overrides: SetOption = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the recipe's evaluations.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty output directory.")] = False,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    max_memory: MaxMemoryOption = None,
+    save_dtype: Annotated[
+        str | None, typer.Option("--save-dtype", help="Dtype of the saved weights (default: the model's dtype).")
+    ] = None,
 ) -> None:
     """Compress a model with a recipe; writes OUT/model, OUT/report.json and OUT/report.md."""
     from slimkit.recipes.loading import load_recipe
@@ -101,8 +115,8 @@ def recipe_run(
     from slimkit.recipes.runner import check_output_dir, run_recipe
 
     all_overrides = list(overrides or [])
-    if model is not None:
-        all_overrides.append(f"model={model}")
+    settings = {"source": model, "device": device, "dtype": dtype, "max_memory": max_memory, "save_dtype": save_dtype}
+    all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
     parsed, raw = load_recipe(recipe, all_overrides)
     check_output_dir(out, force)
     run_recipe(parsed, raw, out, force=force, run_eval=not no_eval, tracker=RichTracker())
@@ -351,6 +365,9 @@ def eval_command(
     ] = 16384,
     speed: Annotated[bool, typer.Option("--speed", help="Also measure prefill/decode tokens per second.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    max_memory: MaxMemoryOption = None,
 ) -> None:
     """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput."""
     from rich.table import Table
@@ -367,7 +384,7 @@ def eval_command(
         "slimkit eval", _split_csv(ppl), _split_csv(zeroshot), limit, glue, speed, seq_len, max_tokens or None
     )
     preflight_data(eval_config, None)
-    loaded, tokenizer, info = load_source(model)
+    loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
     metrics, details = evaluate(loaded, tokenizer, eval_config, RichTracker(), Timings())
     table = Table("metric", "value")
     table.add_row("parameters", f"{count_params(loaded):,}")

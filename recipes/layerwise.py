@@ -6,7 +6,9 @@ norms, apply the stages with those statistics, then produce the next layer's inp
 layer, so later layers see the errors of earlier ones, as SparseGPT/Wanda/LoRAP do; with
 ``"dense"`` (a layer stage at the top level) they come from the layer before compression, which
 equals calibrating the whole dense model once. Only one layer's activations are alive at a time,
-so peak memory is the model plus one layer's calibration activations.
+so peak memory is the model plus one layer's calibration activations. On a model offloaded by
+``model.max_memory`` each layer is brought onto the compute device for its turn and written back
+afterwards (:func:`slimkit.primitives.offload.resident`), so the device holds one layer at a time.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from slimkit.primitives.calibration import capture_layer_inputs, input_norm_hooks, run_layer
+from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, input_norm_hooks, run_layer
+from slimkit.primitives.offload import resident
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import StageSpec
@@ -30,21 +33,35 @@ def run_layerwise(
     definitions = [(stage_def(s.stage), s.parsed_args()) for s in stages]
     needs_stats = any(d.needs_calibration(a) for d, a in definitions)
     inputs = capture_layer_inputs(ctx.model, view.layer(0).module, ctx.calibration_batches()) if needs_stats else None
+    names = {id(module): name for name, module in ctx.model.named_modules()}
     for layer in view.layers:
-        stats: dict = {}
-        outputs = None
-        if inputs is not None:
-            modules = view.linears([layer])
-            with input_norm_hooks(modules) as accumulators:
-                outputs = run_layer(layer.module, inputs)
-            stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}
-            stats["tokens"] = inputs.tokens
-            stats["layer_inputs"] = inputs
-        for definition, args in definitions:
-            definition.fn(ctx, args, ctx.view.layer(layer.index), stats)
-        if inputs is not None:
-            if propagate == "compressed":
-                outputs = run_layer(ctx.view.layer(layer.index).module, inputs)
-            inputs.hidden = outputs
+        with resident(ctx.model, names[id(layer.module)], layer.module):
+            _compress_layer(ctx, definitions, layer.index, inputs, propagate)
         if on_layer is not None:
             on_layer(layer.index)
+
+
+def _compress_layer(
+    ctx: Context,
+    definitions: list,
+    index: int,
+    inputs: LayerInputs | None,
+    propagate: Literal["dense", "compressed"],
+) -> None:
+    """Calibrate layer ``index`` on ``inputs``, run the stages on it, and advance ``inputs`` to its outputs."""
+    layer = ctx.view.layer(index)
+    stats: dict = {}
+    outputs = None
+    if inputs is not None:
+        modules = ctx.view.linears([layer])
+        with input_norm_hooks(modules) as accumulators:
+            outputs = run_layer(layer.module, inputs)
+        stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}
+        stats["tokens"] = inputs.tokens
+        stats["layer_inputs"] = inputs
+    for definition, args in definitions:
+        definition.fn(ctx, args, ctx.view.layer(index), stats)
+    if inputs is not None:
+        if propagate == "compressed":
+            outputs = run_layer(ctx.view.layer(index).module, inputs)
+        inputs.hidden = outputs

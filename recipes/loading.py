@@ -73,6 +73,8 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
             if last:
                 node[part] = value
             else:
+                if i == 0 and part == "model" and isinstance(node.get(part), str):
+                    node[part] = {"source": node[part]}  # the string shorthand, expanded to set one field
                 node = node.setdefault(part, {})
                 if node is None:
                     raise SlimkitError(f"--set {key}: '{part}' is null")

@@ -23,9 +23,11 @@ import yaml
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.device import DTYPES, Placement, dtype_name, peak_memory_mb, reset_peak_memory, resolve_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.io import versions
+from slimkit.primitives.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.paths import staging_dir
 from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
@@ -244,20 +246,10 @@ def run(
     timings = Timings()
     torch.manual_seed(recipe.seed)
 
-    given = model is not None
+    placement = model_placement(recipe, model)
+    reset_peak_memory(placement.device)
     with timings.stage("load"):
-        if not given:
-            model, loaded_tokenizer, info = load_source(recipe.model)
-            tokenizer = tokenizer or loaded_tokenizer
-            source = {"name": info.name, "path": info.path}
-        else:
-            source = {"name": "in-memory model", "path": None}
-        if recipe.task is not None:
-            from slimkit.primitives.finetune.glue import task_model
-
-            model = task_model(model, recipe.task, seed=recipe.seed)
-    if tokenizer is None:
-        raise SlimkitError(f"model source '{source['name']}' has no tokenizer")
+        model, tokenizer, source = _load(recipe, placement, model, tokenizer)
     ctx = Context(
         recipe=recipe,
         model=model,
@@ -265,7 +257,71 @@ def run(
         source=source,
         generator=torch.Generator().manual_seed(recipe.seed),
         tracker=tracker,
+        device=placement.device,
     )
+    return _compress(ctx, placement, out_path, timings, run_eval)
+
+
+def _load(recipe: Recipe, placement: Placement, model: Any, tokenizer: Any):
+    """``(model, tokenizer, source)``: the recipe's source loaded as ``placement`` says, or the given model.
+
+    An offloaded model's folder (accelerate's disk offload) lives as long as the model (see :func:`slimkit.load`).
+    """
+    if model is None:
+        model, loaded_tokenizer, info = load_source(
+            recipe.model.source,
+            device=str(placement.device),
+            dtype=dtype_name(placement.dtype),
+            max_memory=placement.max_memory,
+        )
+        tokenizer = tokenizer or loaded_tokenizer
+        source = {"name": info.name, "path": info.path}
+    else:
+        source = {"name": "in-memory model", "path": None}
+    if recipe.task is not None:
+        from slimkit.primitives.finetune.glue import task_model
+
+        model = task_model(model, recipe.task, seed=recipe.seed)
+    if tokenizer is None:
+        raise SlimkitError(f"model source '{source['name']}' has no tokenizer")
+    return model, tokenizer, source
+
+
+def model_placement(recipe: Recipe, model: Any = None) -> Placement:
+    """Where the run computes: the recipe's ``model`` fields, or the given in-memory model's own device and
+    dtype (a recipe that names another device or dtype for it is refused: nothing is moved silently)."""
+    settings = recipe.model
+    if model is None:
+        return Placement.resolve(settings.device, settings.dtype, settings.max_memory)
+    first = next(model.parameters())
+    if settings.max_memory is not None:
+        raise SlimkitError("model.max_memory applies when slimkit loads the model, not to a model given in memory")
+    for field, wanted, actual in (("device", settings.device, first.device), ("dtype", settings.dtype, first.dtype)):
+        if wanted != "auto":
+            resolved = resolve_device(wanted) if field == "device" else DTYPES[wanted]
+            if resolved != actual and not (field == "device" and resolved.type == actual.type == "cuda"):
+                raise SlimkitError(
+                    f"model.{field}: the recipe asks for {wanted} but the model given has {actual}; "
+                    f"move or cast the model first, or leave model.{field}: auto"
+                )
+    return Placement(first.device, first.dtype)
+
+
+def _check_offloaded_stages(ctx: Context) -> None:
+    """Whole-model stages cannot run on an offloaded model: refuse them before any compute."""
+    if not is_offloaded(ctx.model):
+        return
+    for item in ctx.recipe.stages:
+        if not isinstance(item, SequentialSpec):
+            check_stage_fits(ctx.model, item.stage, stage_def(item.stage).scope)
+
+
+def _compress(ctx: Context, placement: Placement, out_path: Path | None, timings: Timings, run_eval: bool) -> Result:
+    recipe, model, tokenizer, tracker = ctx.recipe, ctx.model, ctx.tokenizer, ctx.tracker
+    save_dtype = DTYPES[recipe.model.save_dtype] if recipe.model.save_dtype else None
+    _check_offloaded_stages(ctx)
+    if save_dtype is not None and save_dtype != placement.dtype and is_offloaded(model):
+        raise SlimkitError("model.save_dtype: an offloaded model is saved in its own dtype; leave save_dtype unset")
     ctx.params_before = params_by_part(model)
     widths_before = ctx.view.layer_widths()
     macs_before = count_macs(model, MACS_SEQ_LEN)
@@ -284,6 +340,11 @@ def run(
         ctx.notes.append(
             f"calibration and perplexity evaluation both use {calibration['dataset']}: "
             "the perplexity on it is optimistic"
+        )
+    if save_dtype is not None and save_dtype != placement.dtype:
+        ctx.model.to(dtype=save_dtype)
+        ctx.notes.append(
+            f"weights computed in {dtype_name(placement.dtype)}, saved and evaluated in {dtype_name(save_dtype)}"
         )
     raw = recipe.source()
     staging = staging_dir(out_path) if out_path is not None else None
@@ -304,7 +365,7 @@ def run(
         metrics, details = evaluate(ctx.model, tokenizer, recipe.eval, tracker, timings) if run_eval else ({}, {})
         report = {
             "recipe": recipe.name,
-            "model": source["name"] if given else recipe.model,
+            "model": ctx.source["name"],
             "seed": recipe.seed,
             "target": outcome,
             "params": {
@@ -317,6 +378,12 @@ def run(
             "macs": {"before": macs_before, "after": count_macs(ctx.model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN},
             "timings_s": timings.as_dict(),
             "peak_rss_mb": peak_rss_mb(),
+            "placement": {
+                **placement.describe(),
+                "offloaded": is_offloaded(ctx.model),
+                "peak_gpu_mb": peak_memory_mb(placement.device),
+                **({"save_dtype": dtype_name(save_dtype)} if save_dtype is not None else {}),
+            },
             "metrics": metrics,
             "evaluation": details,
             "calibration": calibration,

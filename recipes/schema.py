@@ -48,7 +48,8 @@ from pydantic import (
     model_validator,
 )
 
-from slimkit.primitives.errors import unknown
+from slimkit.primitives.device import check_device_name, check_dtype_name, parse_size
+from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 
@@ -284,11 +285,70 @@ def eval_options(
         raise SlimkitError(f"{origin}: {format_validation_error(error)}") from None
 
 
+class ModelConfig(Strict):
+    """The model to compress and where it runs. A bare string in a recipe (``model: smollm2-135m``) is
+    shorthand for ``{source: smollm2-135m}``."""
+
+    source: str = "smollm2-135m"
+    """A named source (``slimkit sources``: smollm2-135m, minilm-l6) or a local Hugging Face folder."""
+    device: str = "auto"
+    """auto (CUDA when available, else CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Weights' dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16. Statistics and
+    decompositions are computed in float32/float64 whatever this is."""
+    save_dtype: str | None = None
+    """Dtype of the saved weights (default: the model's dtype)."""
+    max_memory: str | int | None = None
+    """Memory the weights may use on the compute device (e.g. 20GiB); layers that do not fit are offloaded by
+    accelerate (to CPU memory with CUDA, else to disk) and brought onto the device one at a time. Only layer
+    stages (``sequential``, ``prune_layer``) run on an offloaded model."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"source": data} if isinstance(data, str) else data
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, name: str) -> str:
+        return _as_value_error(check_device_name, name)
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, name: str) -> str:
+        return _as_value_error(check_dtype_name, name)
+
+    @field_validator("save_dtype")
+    @classmethod
+    def _known_save_dtype(cls, name: str | None) -> str | None:
+        if name is None:
+            return None
+        if name == "auto":
+            raise ValueError("use a dtype (float32, bfloat16, float16) or leave save_dtype unset")
+        return _as_value_error(check_dtype_name, name)
+
+    @field_validator("max_memory")
+    @classmethod
+    def _size(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            _as_value_error(parse_size, value)
+        return value
+
+
+def _as_value_error(check: Any, value: Any) -> Any:
+    """Run a ``check_*`` that raises SlimkitError as pydantic expects (ValueError, message without field)."""
+    try:
+        check(value)
+    except SlimkitError as error:
+        raise ValueError(str(error).partition(": ")[2]) from None
+    return value
+
+
 class Recipe(Strict):
     name: str
     description: str = ""
     paper: str | None = None
-    model: str = "smollm2-135m"
+    model: ModelConfig = Field(default_factory=ModelConfig)
     task: str | None = None
     """A GLUE task (sst2, mrpc, rte, stsb): the model becomes a sequence classifier for it (see above)."""
     seed: int = 0

@@ -134,8 +134,26 @@ def _check_widths(model: nn.Module, per_layer: dict[str, dict[str, int]]) -> Non
             raise SlimkitError(f"layer {index}: saved weights disagree with per_layer_config {wrong}")
 
 
-def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Module, Any]:
-    """Load ``(model, tokenizer)`` from ``directory`` in float32 and eval mode."""
+def load(
+    directory: str | os.PathLike,
+    task: str = "causal-lm",
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_memory: str | int | None = None,
+    offload_folder: str | os.PathLike | None = None,
+) -> tuple[nn.Module, Any]:
+    """Load ``(model, tokenizer)`` from ``directory`` in eval mode.
+
+    ``device``: auto (CUDA when available), cpu, cuda, cuda:N. ``dtype``: auto (float32 on CPU, bfloat16 on
+    CUDA), float32, bfloat16, float16. ``max_memory`` (e.g. ``"20GiB"``): the weights' budget on the device;
+    accelerate offloads what does not fit (to CPU memory with CUDA, else to disk in ``offload_folder``, by
+    default a temporary folder under the cache removed with the model). Offloading loads plain Hugging Face
+    folders (the input of a compression), not folders with per-layer widths.
+    """
+    from slimkit.primitives.device import Placement
+
+    placement = Placement.resolve(device, dtype, max_memory)
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
@@ -149,15 +167,24 @@ def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Modu
     if not marked and per_layer is None and not manifest.get("modules"):
         config = transformers.AutoConfig.from_pretrained(directory)
         cls = _model_class(config, task)
-        model = cls.from_pretrained(directory, dtype=torch.float32)
+        if placement.max_memory is not None:
+            model = _load_offloaded(cls, directory, config, placement, offload_folder)
+        else:
+            on_gpu = {"device_map": {"": placement.device}} if placement.device.type != "cpu" else {}
+            model = cls.from_pretrained(directory, dtype=placement.dtype, **on_gpu)
         return model.eval(), _load_tokenizer(directory, config)
+    if placement.max_memory is not None:
+        raise SlimkitError(
+            f"{directory}: max_memory offloads plain Hugging Face folders; this one has per-layer widths or "
+            "low-rank modules (a slimkit output): load it without max_memory"
+        )
 
     model_type = config_dict.pop("model_type")
     config_dict.pop("transformers_version", None)
     # Built from the global (HF-valid) widths; the saved per-layer widths are materialised below.
     config = transformers.AutoConfig.for_model(model_type, **config_dict)
     tokenizer = _load_tokenizer(directory, config)
-    model = _model_class(config, task)._from_config(config, dtype=torch.float32)
+    model = _model_class(config, task)._from_config(config, dtype=placement.dtype)
     saved = _saved_shapes(directory)
     modules = manifest.get("modules", [])
     materialise_lowrank(model, modules)
@@ -167,6 +194,8 @@ def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Modu
     view = ModelView(model)
     for layer in view.layers:
         layer.sync_head_counts()
+    # Materialised modules are built in float32; the whole model takes the requested dtype at once.
+    model.to(dtype=placement.dtype)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     state = _load_state(directory)
@@ -180,7 +209,24 @@ def load(directory: str | os.PathLike, task: str = "causal-lm") -> tuple[nn.Modu
         )
     if per_layer:
         _check_widths(model, per_layer)
-    return model.eval(), tokenizer
+    return model.to(placement.device).eval(), tokenizer
+
+
+def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, offload_folder: Any) -> nn.Module:
+    import shutil
+    import tempfile
+    import weakref
+
+    from slimkit.primitives.offload import load_offloaded
+    from slimkit.primitives.paths import cache_root
+
+    if offload_folder is None:
+        (cache_root() / "offload").mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="run-", dir=cache_root() / "offload"))
+        model = load_offloaded(cls, directory, config, placement, folder)
+        weakref.finalize(model, shutil.rmtree, str(folder), True)
+        return model
+    return load_offloaded(cls, directory, config, placement, Path(offload_folder))
 
 
 def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> Any:

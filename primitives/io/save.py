@@ -174,7 +174,10 @@ def save(
     tmp = staging_dir(target)
     try:
         # save_pretrained validates the in-memory config, which still holds HF-valid global widths.
-        model.save_pretrained(tmp, safe_serialization=True)
+        # An offloaded model (accelerate hooks) is written shard by shard from its offloaded weights: small
+        # shards keep the memory that takes small.
+        offloaded = any(where in ("cpu", "disk") for where in (getattr(model, "hf_device_map", None) or {}).values())
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="1GB" if offloaded else "5GB")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         record = {
