@@ -51,7 +51,8 @@ def test_unknown_model_type_is_one_clear_line():
     class Fake(torch.nn.Module):
         config = type("C", (), {"model_type": "gpt9"})()
 
-    with pytest.raises(SlimkitError, match="no ModelView adapter for model_type 'gpt9'"):
+    supported = "bert, llama, mistral, opt, qwen2, qwen3"
+    with pytest.raises(SlimkitError, match=rf"^model_type 'gpt9' is not supported; supported: {supported}$"):
         ModelView(Fake())
 
 

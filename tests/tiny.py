@@ -9,9 +9,15 @@ from transformers import (
     BertModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     OPTConfig,
     OPTForCausalLM,
     PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 
@@ -40,6 +46,68 @@ def tiny_llama(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> Llam
         pad_token_id=0,
     )
     return _randomise_norms(LlamaForCausalLM(config))
+
+
+# Llama-family widths shared by the tiny Mistral / Qwen2 / Qwen3 (same as tiny_llama: GQA 6/2 heads of 8).
+_FAMILY_WIDTHS = dict(
+    hidden_size=48,
+    intermediate_size=64,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def _randomise_attention_biases(model: torch.nn.Module) -> torch.nn.Module:
+    # Linear biases start at 0; random q/k/v biases make bias bookkeeping visible in equality tests.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias")):
+                param.copy_(torch.randn_like(param) * 0.5)
+    return model
+
+
+def tiny_mistral(
+    vocab_size: int = 300, layers: int = 3, tie: bool = False, sliding_window: int | None = 4096
+) -> MistralForCausalLM:
+    """Mistral with GQA; the sliding window (Mistral's default 4096) is longer than any test input
+    unless a short one is given."""
+    config = MistralConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        sliding_window=sliding_window,
+        **_FAMILY_WIDTHS,
+    )
+    return _randomise_norms(MistralForCausalLM(config))
+
+
+def tiny_qwen2(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> Qwen2ForCausalLM:
+    """Qwen2 with GQA and biased q/k/v projections (Qwen2 always has them; random, non-zero here).
+
+    Like real Qwen2 configs, no ``head_dim`` field: the attention derives it as hidden_size / heads (8).
+    """
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "head_dim"}
+    config = Qwen2Config(vocab_size=vocab_size, num_hidden_layers=layers, tie_word_embeddings=tie, **widths)
+    return _randomise_norms(_randomise_attention_biases(Qwen2ForCausalLM(config)))
+
+
+def tiny_qwen3(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> Qwen3ForCausalLM:
+    """Qwen3 with GQA and per-head q/k RMSNorms (``q_norm``/``k_norm`` over head_dim, random weights).
+
+    As in real Qwen3 models, heads x head_dim (6 x 12 = 72) differs from hidden_size (48).
+    """
+    widths = {**_FAMILY_WIDTHS, "head_dim": 12}
+    config = Qwen3Config(vocab_size=vocab_size, num_hidden_layers=layers, tie_word_embeddings=tie, **widths)
+    return _randomise_norms(Qwen3ForCausalLM(config))
+
+
+FAMILIES = {"llama": tiny_llama, "mistral": tiny_mistral, "qwen2": tiny_qwen2, "qwen3": tiny_qwen3}
+"""Llama-family factories by model_type (each ``factory(vocab_size=..., layers=...)``)."""
 
 
 def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:

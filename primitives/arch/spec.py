@@ -9,7 +9,7 @@ implementation reads (``head_attrs``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 NormKind = Literal["rmsnorm", "layernorm"]
@@ -45,10 +45,25 @@ class ArchSpec:
     """Other embeddings that write the residual stream (positions, token types), relative to base."""
     extra_norms: tuple[str, ...] = ()
     """Other norms on the residual stream outside the layers (e.g. BERT's embedding LayerNorm)."""
+    q_norm: str | None = None
+    """Per-head norm on the queries after the projection (Qwen3: RMSNorm over ``head_dim``, shared by
+    every head), relative to the layer; None when the model has none."""
+    k_norm: str | None = None
+    """Per-head norm on the keys after the projection (Qwen3), relative to the layer."""
 
     @property
     def mlp_kind(self) -> MLPKind:
         return "gated" if self.gate is not None else "plain"
+
+    @property
+    def qk_norms(self) -> bool:
+        """Whether queries/keys pass a per-head norm over ``head_dim`` before the dot product.
+
+        Removing whole heads leaves such a norm unchanged (it is shared by all heads); removing or
+        rotating dimensions inside a head changes its statistic, so ``qk_dim`` groups and Q/K
+        projections inside heads are refused for these models.
+        """
+        return self.q_norm is not None or self.k_norm is not None
 
 
 _LLAMA = ArchSpec(
@@ -126,12 +141,19 @@ _BERT = ArchSpec(
     extra_norms=("embeddings.LayerNorm",),
 )
 
-# Qwen2 and Mistral keep Llama's module names (Qwen2 adds q/k/v biases, which the view handles
-# generically because it reads biases from the modules).
+# Mistral and Qwen2 keep Llama's module names. Qwen2 adds q/k/v biases, which need no data here:
+# biases are read from the modules (groups slice them with their output rows, projections carry
+# them). Mistral's sliding window and Qwen2's per-layer ``layer_types`` are config fields that no
+# width change touches. Qwen3 adds per-head q/k RMSNorms (over head_dim) after the projections.
+_MISTRAL = replace(_LLAMA, model_type="mistral")
+_QWEN2 = replace(_LLAMA, model_type="qwen2")
+_QWEN3 = replace(_LLAMA, model_type="qwen3", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+
 ARCH_SPECS: dict[str, ArchSpec] = {
     "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
+    "mistral": _MISTRAL,
+    "qwen2": _QWEN2,
+    "qwen3": _QWEN3,
     "opt": _OPT,
     "bert": _BERT,
 }

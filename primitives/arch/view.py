@@ -15,6 +15,7 @@ from typing import Literal
 from torch import nn
 
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
+from slimkit.primitives.arch.support import unsupported_message
 from slimkit.primitives.errors import SlimkitError
 
 LinearRole = Literal["q", "k", "v", "o", "up", "gate", "down"]
@@ -84,6 +85,16 @@ class LayerView:
         return NormView(_get(self.module, self.spec.mlp_norm), self.spec.norm_kind, self.spec.norm_placement)
 
     @property
+    def q_norm(self) -> nn.Module | None:
+        """The per-head query norm over ``head_dim`` (Qwen3), or None."""
+        return None if self.spec.q_norm is None else _get(self.module, self.spec.q_norm)
+
+    @property
+    def k_norm(self) -> nn.Module | None:
+        """The per-head key norm over ``head_dim`` (Qwen3), or None."""
+        return None if self.spec.k_norm is None else _get(self.module, self.spec.k_norm)
+
+    @property
     def mlp_kind(self) -> str:
         return self.spec.mlp_kind
 
@@ -141,9 +152,7 @@ class ModelView:
     def __init__(self, model: nn.Module) -> None:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         if model_type not in ARCH_SPECS:
-            raise SlimkitError(
-                f"no ModelView adapter for model_type '{model_type}'; supported: {', '.join(sorted(ARCH_SPECS))}"
-            )
+            raise SlimkitError(unsupported_message(model_type))
         self.model = model
         self.spec = ARCH_SPECS[model_type]
         self.config = model.config

@@ -15,7 +15,9 @@ Kinds built from a :class:`ModelView` (:func:`build_groups`):
 * ``kv_group``: a KV head with the query heads sharing it: those rows of q, k, v (+biases) and
   columns of o; without GQA this is one head.
 * ``qk_dim``: dimension j of every head's query and key: row j of each head in q and k (with
-  RoPE, j and j + head_dim/2 rotate together and form one unit).
+  RoPE, j and j + head_dim/2 rotate together and form one unit). Refused for models with per-head
+  q/k norms (Qwen3's ``q_norm``/``k_norm``, an RMSNorm over ``head_dim``): removing dimensions
+  inside a head changes the norm's mean square, so no slicing of q/k rows is exact there.
 * ``vo_dim``: dimension j of every head's value and output: row j of each KV head in v, column j
   of each query head in o.
 * ``hidden_feature``: one residual-stream feature: the embedding columns (token, position, type),
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
 
 GROUP_KINDS = ("mlp_channel", "attention_head", "kv_group", "qk_dim", "vo_dim", "hidden_feature")
@@ -162,6 +165,11 @@ def _dims_across_heads(heads: int, head_dim: int, dims: torch.Tensor) -> torch.T
 
 
 def qk_dim_group(view: ModelView, layer: LayerView) -> Group:
+    if layer.spec.qk_norms:
+        raise SlimkitError(
+            f"qk_dim groups are not supported for {layer.spec.model_type}: its per-head q/k norms (RMSNorm over "
+            "head_dim) make removing query/key dimensions inside a head inexact; prune attention_head or kv_group"
+        )
     d = layer.head_dim
     if layer.rope:  # rotate_half pairs dimension j with j + d/2
         dims = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1)

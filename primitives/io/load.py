@@ -25,7 +25,7 @@ import transformers
 from safetensors import safe_open
 from torch import nn
 
-from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch import ModelView, check_supported
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
@@ -159,6 +159,7 @@ def load(
     if not config_path.is_file():
         raise SlimkitError(f"{directory} is not a model folder (no config.json)")
     config_dict = json.loads(config_path.read_text())
+    check_supported(config_dict, task)
     marked = is_marked(config_dict)
     config_dict = unmark_config(config_dict)
     per_layer = config_dict.pop("per_layer_config", None)

@@ -36,6 +36,10 @@ Conventions and choices
   projection and the dot product, so ``P_Qᵀ P_K`` would no longer meet. Also one KV head per query
   head is required (Q/K and V/O pair per head); both are refused with a :class:`SlimkitError` by
   :func:`attention_projection` when given a ``rope``/GQA flag.
+* **Not for per-head Q/K norms** (Qwen3's ``q_norm``/``k_norm``, RMSNorm over ``d_h``): the norm sits
+  between the projection and the dot product and its mean square is not invariant under ``P_Q``/``P_K``
+  (nor under dropping rows), so the fused scores would differ; ``qk_norm=True`` is refused likewise
+  (pass ``view.spec.qk_norms``).
 * Fusing (Eq. 15; :func:`project_attention_weights`): ``W_Q ← P_Q W_Q``, ``b_Q ← P_Q b_Q`` (and K, V
   alike), ``W_O ← W_O P_O`` per head. After masking or truncating the head width to ``k < d_h``, the
   softmax scale a module derives from its head size changes from ``1/√d_h`` to ``1/√k``: whoever
@@ -168,9 +172,14 @@ def attention_projection(
     b_v: torch.Tensor | None = None,
     n_kv_heads: int | None = None,
     rope: bool = False,
+    qk_norm: bool = False,
     rtol: float = DEFAULT_RTOL,
 ) -> AttentionProjection:
     """SP3's ``P_Q, P_K, P_V, P_O`` for every head from calibration inputs ``x`` ``(N, d)`` (Algorithm 1)."""
+    if qk_norm:
+        raise SlimkitError(
+            "MHA intermediate projections do not apply to models with per-head q/k norms (e.g. Qwen3's q_norm/k_norm)"
+        )
     if rope:
         raise SlimkitError("MHA intermediate projections do not apply to RoPE models (SP3 Appendix F)")
     if n_kv_heads is not None and n_kv_heads != n_heads:

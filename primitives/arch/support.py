@@ -1,0 +1,95 @@
+"""Which architectures slimkit supports, and the one-line refusal for the others.
+
+:func:`check_supported` is called when a model is loaded (``primitives/sources.py``), before any
+weights are read, so an unsupported folder fails with one line instead of a traceback from deep
+inside a stage. The supported sets are per task:
+
+* ``causal-lm`` (decoder recipes): llama, mistral, opt, qwen2, qwen3 (the :data:`ARCH_SPECS`
+  decoders; Mistral and Qwen2 share Llama's module names, Qwen3 adds per-head q/k norms);
+* ``encoder`` (BERT recipes: SP3 post-norm projection, CoFi masks, GLUE): bert.
+
+Folders that need custom model code (``auto_map`` in ``config.json`` naming a config or model
+class, loaded by transformers only with ``trust_remote_code``) are refused in the same style, even
+when their ``model_type`` is a supported one: slimkit never runs a repository's code, and its
+adapters only know the built-in transformers classes. Entries for a tokenizer or processor class
+alone do not count (they do not change the model).
+
+A config may be a ``PretrainedConfig`` or the ``config.json`` mapping; a folder written by
+:func:`slimkit.save` with a marked config (``model_type`` ``slimkit_compressed``) is judged by the
+model type it records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from slimkit.primitives.arch.spec import ARCH_SPECS
+from slimkit.primitives.errors import SlimkitError
+
+SUPPORTED: dict[str, tuple[str, ...]] = {
+    "causal-lm": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.norm_placement == "pre")),
+    "encoder": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.norm_placement == "post")),
+}
+"""Supported ``model_type`` s per task (decoders are the pre-norm specs, encoders the post-norm ones)."""
+
+
+_CODE_FREE_AUTO = ("AutoTokenizer", "AutoProcessor", "AutoImageProcessor", "AutoFeatureExtractor")
+"""``auto_map`` entries that do not replace the model's code (a custom tokenizer or processor class)."""
+
+
+def _field(config: Any, key: str) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(key)
+    return getattr(config, key, None)
+
+
+def _model_type(config: Any) -> str | None:
+    model_type = _field(config, "model_type")
+    from slimkit.primitives.io.compat import BASE_MODEL_TYPE_KEY, SLIMKIT_MODEL_TYPE  # io imports arch
+
+    if model_type == SLIMKIT_MODEL_TYPE:
+        return _field(config, BASE_MODEL_TYPE_KEY)
+    return model_type
+
+
+def _supported_for(task: str | None) -> tuple[str, ...]:
+    if task is None:
+        return tuple(sorted(ARCH_SPECS))
+    if task not in SUPPORTED:
+        raise SlimkitError(f"unknown model task '{task}'; allowed: {', '.join(SUPPORTED)}")
+    return SUPPORTED[task]
+
+
+def unsupported_message(model_type: str | None, task: str | None = None) -> str:
+    """``"model_type 'gpt2' is not supported for causal-lm recipes; supported: llama, ..."`` (one line).
+
+    Without ``task`` every architecture slimkit has an adapter for is listed.
+    """
+    supported = _supported_for(task)
+    what = f"model_type '{model_type}'" if model_type else "a config without a model_type"
+    scope = f" for {task} recipes" if task else ""
+    return f"{what} is not supported{scope}; supported: {', '.join(supported)}"
+
+
+def check_supported(config: Any, task: str = "causal-lm") -> None:
+    """Raise :class:`SlimkitError` (one line) unless ``config`` is an architecture ``task`` supports.
+
+    Custom-code configs (``auto_map``) are refused first, naming the classes they map and the
+    supported built-in architectures.
+    """
+    supported = _supported_for(task)
+    model_type = _model_type(config)
+    auto_map = _field(config, "auto_map")
+    names = sorted(auto_map) if isinstance(auto_map, Mapping) else ([str(auto_map)] if auto_map else [])
+    names = [name for name in names if not name.startswith(_CODE_FREE_AUTO)]
+    if names:
+        raise SlimkitError(
+            f"model_type '{model_type}' needs custom code (auto_map: {', '.join(names)}), which slimkit never runs "
+            f"(no trust_remote_code); supported built-in architectures for {task} recipes: {', '.join(supported)}"
+        )
+    if model_type not in supported:
+        raise SlimkitError(unsupported_message(model_type, task))
+
+
+__all__ = ["SUPPORTED", "check_supported", "unsupported_message"]
