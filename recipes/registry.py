@@ -59,6 +59,9 @@ class StageDef:
     makes_lowrank: Callable[[BaseModel], frozenset[str]] = _no_roles
     once: str | None = None
     """Why the stage may appear only once in a recipe (None: any number of times)."""
+    trains: bool = False
+    """The stage takes gradient steps through the model (refused with float16 weights: without loss scaling
+    float16 activations and gradients overflow or underflow; bfloat16 and float32 train)."""
 
     @property
     def doc(self) -> str:
@@ -84,6 +87,7 @@ def register_stage(
     touches: Callable[[BaseModel], frozenset[str]] = _no_roles,
     makes_lowrank: Callable[[BaseModel], frozenset[str]] = _no_roles,
     once: str | None = None,
+    trains: bool = False,
 ):
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in STAGES:
@@ -103,6 +107,7 @@ def register_stage(
             touches=touches,
             makes_lowrank=makes_lowrank,
             once=once,
+            trains=trains,
         )
         return fn
 

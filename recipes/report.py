@@ -119,6 +119,8 @@ def markdown(report: dict[str, Any], plot_name: str | None, structure: Structure
         "",
         f"Peak resident memory: {report['peak_rss_mb']:.0f} MB.",
     ]
+    if report.get("placement"):
+        lines.append(_placement_line(report["placement"]))
     if structure is not None and not structure.empty:
         lines += ["", f"Structure: {structure.summary()}."]
     for note in report.get("notes", []):
@@ -126,6 +128,19 @@ def markdown(report: dict[str, Any], plot_name: str | None, structure: Structure
     if plot_name:
         lines += ["", f"![per-layer widths]({plot_name})"]
     return "\n".join(lines) + "\n"
+
+
+def _placement_line(placement: dict[str, Any]) -> str:
+    where = placement["device"] + (f" ({placement['gpu']})" if placement.get("gpu") else "")
+    line = f"Ran on {where} in {placement['dtype']}"
+    if placement.get("peak_gpu_mb") is not None:
+        line += f"; peak GPU memory {placement['peak_gpu_mb']:.0f} MB"
+    if placement.get("max_memory"):
+        offloaded = "layers offloaded, one at a time on the device" if placement.get("offloaded") else "all fitted"
+        line += f"; weights' budget {placement['max_memory']} ({offloaded})"
+    if placement.get("save_dtype"):
+        line += f"; saved in {placement['save_dtype']}"
+    return line + "."
 
 
 def write_report(report: dict[str, Any], folder: Path) -> None:

@@ -247,6 +247,7 @@ def run(
     torch.manual_seed(recipe.seed)
 
     placement = model_placement(recipe, model)
+    check_stage_dtypes(recipe, placement.dtype)
     reset_peak_memory(placement.device)
     with timings.stage("load"):
         model, tokenizer, source = _load(recipe, placement, model, tokenizer)
@@ -305,6 +306,18 @@ def model_placement(recipe: Recipe, model: Any = None) -> Placement:
                     f"move or cast the model first, or leave model.{field}: auto"
                 )
     return Placement(first.device, first.dtype)
+
+
+def check_stage_dtypes(recipe: Recipe, dtype: torch.dtype) -> None:
+    """Refuse stages that cannot run with the weights' dtype, before anything is loaded."""
+    if dtype != torch.float16:
+        return
+    for spec in recipe.flat_stages():
+        if stage_def(spec.stage).trains:
+            raise SlimkitError(
+                f"stage '{spec.stage}' trains through the model, which float16 weights cannot do without loss "
+                "scaling (activations and gradients overflow or underflow); use model.dtype bfloat16 or float32"
+            )
 
 
 def _check_offloaded_stages(ctx: Context) -> None:

@@ -200,3 +200,16 @@ def test_cli_cuda_without_cuda(monkeypatch, capsys, four_layer_dir, tmp_path):
     assert not out.exists()
     code, _, err = run_cli(monkeypatch, capsys, "eval", str(four_layer_dir), "--device", "cuda")
     assert_one_line_error(code, err, "CUDA is not available")
+
+
+def test_float16_training_stage_is_refused_before_loading(tiny_llama_dir):
+    lora = {"stage": "lora", "args": {"steps": 1, "batch_size": 2, "seq_len": 16}}
+    recipe = _recipe({"source": str(tiny_llama_dir), "dtype": "float16"}, [LORAP, lora])
+    with pytest.raises(SlimkitError, match="stage 'lora' trains through the model, which float16 weights cannot"):
+        slimkit.run(recipe)
+
+
+def test_report_says_where_it_ran(four_layer_dir, tmp_path):
+    slimkit.run(_recipe({"source": str(four_layer_dir), "max_memory": "200KB"}), out=tmp_path / "run")
+    text = (tmp_path / "run" / "report.md").read_text()
+    assert "Ran on cpu in float32; weights' budget 195.31 KiB (layers offloaded, one at a time on the device)." in text

@@ -71,6 +71,7 @@ class MaskTrainEncoderArgs(Strict):
     paper="SP3 §3.2 (masks on a post-norm encoder); CoFi (Xia et al. 2022) for the masks-only baseline",
     budget=lambda _a: "solve",
     touches=lambda _a: ALL_ROLES,
+    trains=True,
 )
 def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
     """Train SP3's per-norm (or CoFi's shared) hidden, filter, head and layer masks on the GLUE task; fuse."""

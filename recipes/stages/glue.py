@@ -38,7 +38,9 @@ class GlueFinetuneArgs(Strict):
     """Gradient-norm clipping threshold (None: no clipping)."""
 
 
-@register_stage("glue_finetune", args=GlueFinetuneArgs, scope="model", needs_task=True, paper="GLUE task fine-tuning")
+@register_stage(
+    "glue_finetune", args=GlueFinetuneArgs, scope="model", needs_task=True, trains=True, paper="GLUE task fine-tuning"
+)
 def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> None:
     """Fine-tune every weight on the recipe's GLUE task (AdamW, linear decay) on its train split."""
     config = GlueFinetuneConfig(task=ctx.recipe.task, seed=ctx.recipe.seed, **args.model_dump())

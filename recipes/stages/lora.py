@@ -50,7 +50,9 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-@register_stage("lora", args=LoraArgs, scope="model", paper="LoRA (Hu et al. 2022) recovery, merged into the weights")
+@register_stage(
+    "lora", args=LoraArgs, scope="model", trains=True, paper="LoRA (Hu et al. 2022) recovery, merged into the weights"
+)
 def lora(ctx: Context, args: LoraArgs) -> None:
     """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
     values = args.model_dump()

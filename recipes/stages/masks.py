@@ -63,6 +63,7 @@ class MaskTrainArgs(Strict):
     paper="SP3 §3.2, Appendix F (hard-concrete masks, expected-sparsity Lagrangian)",
     budget=lambda _a: "solve",
     touches=lambda _a: ALL_ROLES,
+    trains=True,
 )
 def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
     """Train SP3's hidden (per layer group) and FFN-filter masks with the weights, then binarise and fuse."""
