@@ -15,12 +15,14 @@ Packages are located with ``importlib.util.find_spec`` and never imported.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slimkit.primitives.arch.support import task_of
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.paths import cache_root, staging_dir
 
@@ -116,7 +118,10 @@ def resolve_source(source: str) -> tuple[Path, SourceInfo]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise SlimkitError(f"model folder {path} has no config.json")
-        task = "causal-lm"
+        try:
+            task = task_of(json.loads((path / "config.json").read_text()))
+        except (OSError, ValueError) as error:
+            raise SlimkitError(f"model folder {path}: cannot read config.json ({error})") from None
         return path.resolve(), SourceInfo(name=str(path), path=str(path.resolve()), task=task)
     raise SlimkitError(unknown("model source", source, SOURCES, label="known", tail=", or a local model folder"))
 

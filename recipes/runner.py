@@ -23,12 +23,19 @@ import yaml
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
-from slimkit.primitives.device import DTYPES, Placement, dtype_name, peak_memory_mb, reset_peak_memory, resolve_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.io import versions
 from slimkit.primitives.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.paths import staging_dir
+from slimkit.primitives.placement import (
+    DTYPES,
+    Placement,
+    dtype_name,
+    peak_memory_mb,
+    reset_peak_memory,
+    resolve_device,
+)
 from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import run_layerwise

@@ -48,8 +48,8 @@ from pydantic import (
     model_validator,
 )
 
-from slimkit.primitives.device import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.errors import SlimkitError, unknown
+from slimkit.primitives.placement import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 

@@ -61,6 +61,11 @@ def _supported_for(task: str | None) -> tuple[str, ...]:
     return SUPPORTED[task]
 
 
+def task_of(config: Any) -> str:
+    """``"encoder"`` for an encoder architecture (BERT), else ``"causal-lm"`` (a local folder's task)."""
+    return "encoder" if _model_type(config) in SUPPORTED["encoder"] else "causal-lm"
+
+
 def unsupported_message(model_type: str | None, task: str | None = None) -> str:
     """``"model_type 'gpt2' is not supported for causal-lm recipes; supported: llama, ..."`` (one line).
 
@@ -92,4 +97,4 @@ def check_supported(config: Any, task: str = "causal-lm") -> None:
         raise SlimkitError(unsupported_message(model_type, task))
 
 
-__all__ = ["SUPPORTED", "check_supported", "unsupported_message"]
+__all__ = ["SUPPORTED", "check_supported", "task_of", "unsupported_message"]

@@ -17,9 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimkit.primitives.devices import to_input_device
+
 
 class InputNormAccumulator:
-    """Accumulates ``sum_t x_tj^2`` over tokens for every input feature ``j`` of a module."""
+    """Accumulates ``sum_t x_tj^2`` over tokens for every input feature ``j`` of a module.
+
+    The sum is float32 on the activations' device whatever their dtype (bfloat16 squares lose digits)."""
 
     def __init__(self) -> None:
         self.sum_sq: torch.Tensor | None = None
@@ -69,7 +73,8 @@ class LayerInputs:
 
 
 def capture_layer_inputs(model: nn.Module, first_layer: nn.Module, batches: Iterable[torch.Tensor]) -> LayerInputs:
-    """Inputs to ``first_layer`` for each batch; the rest of the model is not run."""
+    """Inputs to ``first_layer`` for each batch (moved to the model's input device); the rest of the model
+    is not run. The captured hidden states keep the model's dtype and device."""
     hidden: list[torch.Tensor] = []
     kwargs_list: list[dict[str, Any]] = []
 
@@ -83,7 +88,7 @@ def capture_layer_inputs(model: nn.Module, first_layer: nn.Module, batches: Iter
         with torch.no_grad():
             for batch in batches:
                 try:
-                    model(batch, use_cache=False)
+                    model(to_input_device(model, batch), use_cache=False)
                 except _StopForward:
                     pass
     finally:

@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from slimkit.primitives import textdata
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.devices import to_input_device
 from slimkit.primitives.errors import SlimkitError
 
 
@@ -48,6 +49,7 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
     would dominate peak memory, so for models with a ModelView the base model's hidden states go
     through the head in chunks.
     """
+    batch = to_input_device(model, batch)
     targets = batch[:, 1:].reshape(-1)
     try:
         view = ModelView(model)

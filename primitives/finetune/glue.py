@@ -26,7 +26,10 @@ by ``(seed, epoch)``, in batches padded to their longest example; the run stops 
 3 epochs at batch 32 with lr 1e-5 on GLUE; the CPU default here caps the run at 250 steps, and the
 default lr is 2e-5 (the paper's SQuAD rate), which suits the shorter run. Dropout and data order are
 seeded; the global RNG state is left as it was. The model is trained in place and returned in eval
-mode; a non-finite loss stops the run with an error.
+mode; a non-finite loss stops the run with an error. The model trains where it is and in its dtype:
+batches go to its input device, the loss is float32, and bfloat16/float16 weights are stepped through
+float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`), so AdamW's state is float32.
+A new classifier head is created in the encoder's dtype and on its device.
 
 Reported: ``task``, ``steps``, ``epochs`` (examples seen / train examples), ``train_examples``,
 ``examples_seen``, ``tokens`` (non-padding tokens seen), ``loss_first``, ``loss_last``,
@@ -48,6 +51,7 @@ import transformers
 from torch import nn
 
 from slimkit.primitives import gluedata
+from slimkit.primitives.devices import FloatMaster, model_dtype, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.glue import check_task_model
 
@@ -87,16 +91,16 @@ def task_model(model: nn.Module, task: str, seed: int = 0) -> nn.Module:
     config.problem_type = "regression" if spec.regression else "single_label_classification"
     config.finetuning_task = task
     config.architectures = [cls.__name__]
-    device = next(model.parameters()).device
+    device, dtype = next(model.parameters()).device, model_dtype(model)
     with torch.random.fork_rng(devices=_cuda_devices(model)):
         torch.manual_seed(seed)
-        classifier = cls(config)
+        classifier = cls(config)  # initialised in float32 on the CPU (seeded), then moved to the encoder's
     fresh_base = getattr(classifier, classifier.base_model_prefix)
     if hasattr(model, "pooler"):
         model.pooler = fresh_base.pooler
     setattr(classifier, classifier.base_model_prefix, model)
     model.config = classifier.config
-    return classifier.to(device).eval()
+    return classifier.to(device=device, dtype=dtype).eval()  # the new head and pooler in the encoder's dtype
 
 
 def _cuda_devices(model: nn.Module) -> list[int]:
@@ -148,8 +152,7 @@ class GlueFinetuneConfig:
         return steps if self.max_steps is None else min(steps, self.max_steps)
 
 
-def _optimizer(model: nn.Module, config: GlueFinetuneConfig) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
+def _optimizer(params: list[torch.Tensor], config: GlueFinetuneConfig) -> torch.optim.AdamW:
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -179,13 +182,14 @@ def finetune_glue(
     seeded = config.seed if config.train_examples is not None else None
     examples = gluedata.load_examples(config.task, "train", config.train_examples, seeded)
     total = config.total_steps(len(examples))
-    device = next(model.parameters()).device
     losses: list[float] = []
     seen = tokens = 0
+    # bfloat16/float16 weights are trained through float32 master copies (AdamW state in float32)
+    master = FloatMaster([p for p in model.parameters() if p.requires_grad])
     with torch.random.fork_rng(devices=_cuda_devices(model)):
         torch.manual_seed(config.seed)
         if total > 0:
-            optimizer = _optimizer(model, config)
+            optimizer = _optimizer(master.params, config)
             schedule = _schedule(optimizer, total, int(config.warmup_ratio * total))
             model.train()
         try:
@@ -197,7 +201,7 @@ def finetune_glue(
                         break
                     chosen = [examples[i] for i in order[start : start + config.batch_size]]
                     batch = gluedata.encode(tokenizer, chosen, config.max_length)
-                    loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+                    loss = model(**to_input_device(model, batch)).loss.float()
                     value = float(loss.detach())
                     if not math.isfinite(value):
                         raise SlimkitError(
@@ -205,10 +209,13 @@ def finetune_glue(
                             f"try a lower learning_rate (got {config.learning_rate})"
                         )
                     optimizer.zero_grad(set_to_none=True)
+                    model.zero_grad(set_to_none=True)
                     loss.backward()
+                    master.grads_to_master()
                     if config.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                        torch.nn.utils.clip_grad_norm_(master.params, config.max_grad_norm)
                     optimizer.step()
+                    master.master_to_model()
                     schedule.step()
                     losses.append(value)
                     seen += len(chosen)
@@ -220,6 +227,7 @@ def finetune_glue(
                 epoch += 1
             if total > 0:
                 optimizer.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=True)
         finally:
             model.eval()
     seconds = time.perf_counter() - started

@@ -19,6 +19,11 @@ without merging and the model is left as it was.
 Reported: ``steps``, ``tokens`` (trained tokens), ``loss_first``, ``loss_last``, ``losses`` (one
 per step), ``trainable_params`` (adapter parameters), ``seconds`` (training and merge) and
 ``config`` (the :class:`LoraConfig` as a dict).
+
+Devices and dtypes: the model is trained where it is; token batches go to its input device. The
+adapters are float32 (peft's ``autocast_adapter_dtype``) on their base layer's device whatever the
+base weights' dtype, so AdamW's state is float32 and the loss is float32; merging adds the float32
+update to the frozen base weights in their own dtype (a bfloat16 model stays bfloat16).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.devices import to_input_device
 from slimkit.primitives.errors import SlimkitError
 
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -136,7 +142,6 @@ def train_lora(
         spec = CalibrationSpec(config.dataset, config.steps * config.batch_size, config.seq_len, config.seed)
         ids = calibration_batches(tokenizer, spec)
     base_requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
-    device = next(model.parameters()).device
     peft_config = PeftLoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,
@@ -151,7 +156,8 @@ def train_lora(
         with warnings.catch_warnings():
             # peft 0.21 calls transformers' deprecated `is_gradient_checkpointing` when wrapping.
             warnings.simplefilter("ignore", FutureWarning)
-            peft_model = get_peft_model(model, peft_config)
+            # autocast_adapter_dtype (peft's default): float32 adapters over bfloat16/float16 base weights
+            peft_model = get_peft_model(model, peft_config, autocast_adapter_dtype=True)
         try:
             params = [p for p in peft_model.parameters() if p.requires_grad]
             trainable = sum(p.numel() for p in params)
@@ -159,8 +165,8 @@ def train_lora(
                 optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
                 peft_model.train()
                 for step in range(config.steps):
-                    batch = ids[step * config.batch_size : (step + 1) * config.batch_size].to(device)
-                    loss = peft_model(input_ids=batch, labels=batch, use_cache=False).loss
+                    batch = to_input_device(model, ids[step * config.batch_size : (step + 1) * config.batch_size])
+                    loss = peft_model(input_ids=batch, labels=batch, use_cache=False).loss.float()
                     value = float(loss.detach())
                     if not math.isfinite(value):
                         raise SlimkitError(

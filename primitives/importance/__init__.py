@@ -54,17 +54,20 @@ def reduce_units(values: torch.Tensor, how: Aggregation) -> torch.Tensor:
 def gather_units(values: torch.Tensor, member: Member) -> torch.Tensor:
     """The elements of each unit of ``member``: ``[units, per_unit * rest]``."""
     moved = values.movedim(member.dim, 0)
-    picked = moved[member.indices.reshape(-1)]
+    picked = moved[member.indices.reshape(-1).to(moved.device)]  # group indices live on the CPU
     return picked.reshape(member.indices.shape[0], -1)
 
 
 def member_sum(group: Group, model: nn.Module, per_member: Callable[[Member, torch.Tensor], torch.Tensor | None]):
-    """Sum over distinct member parameters of ``per_member(member, tensor) -> [units]`` (None skips)."""
-    total = torch.zeros(group.size)
+    """Sum over distinct member parameters of ``per_member(member, tensor) -> [units]`` (None skips).
+
+    ``per_member`` sees the parameter in float32 on its own device (a bfloat16/float16 weight is upcast
+    first); the per-unit sums are float32 on the CPU (one number per unit), whatever the model's device."""
+    total = torch.zeros(group.size, dtype=torch.float32)
     for member, tensor in group.distinct_members(model):
         scores = per_member(member, tensor.detach().float())
         if scores is not None:
-            total += scores
+            total += scores.detach().to(device=total.device, dtype=total.dtype)
     return total
 
 
@@ -158,7 +161,8 @@ def random(group: Group, model: nn.Module, stats: Mapping, generator: torch.Gene
 
 
 def score_group(name: str, group: Group, model: nn.Module, stats: Mapping, **args: Any) -> torch.Tensor:
-    """Scores of ``group``'s units by the registered scorer ``name`` (checked: kind, statistics, finite)."""
+    """Scores of ``group``'s units by the registered scorer ``name`` (checked: kind, statistics, finite);
+    float32 on the CPU."""
     definition = scorer_def(name)
     where = f"layer {group.layer}" if group.layer is not None else "model"
     if definition.kinds is not None and group.kind not in definition.kinds:
@@ -168,7 +172,8 @@ def score_group(name: str, group: Group, model: nn.Module, stats: Mapping, **arg
         raise SlimkitError(
             f"scorer {name} needs the statistics {', '.join(missing)} (have: {', '.join(sorted(stats)) or 'none'})"
         )
-    scores = definition.fn(group, model, stats, **args)
+    # Scores are float32 on the CPU (one number per unit), whatever the model's device and dtype.
+    scores = definition.fn(group, model, stats, **args).detach().to(device="cpu", dtype=torch.float32)
     if not torch.isfinite(scores).all():
         raise RuntimeError(f"{where}: non-finite {name} scores for {group.kind}")
     return scores

@@ -191,15 +191,16 @@ def attention_scores(
     """Head scores [heads] and, if asked, this layer's share of the feature scores [d_m] (Eq. 8).
 
     Weights as stored by ``nn.Linear``: q [heads*d_k, d_m], k and v [kv*d_k, d_m], o [d_m, heads*d_k],
-    and their gradients; without ``grad_k``/``grad_v`` only the query-side equations are used.
+    and their gradients; without ``grad_k``/``grad_v`` only the query-side equations are used. The scores
+    are in ``q``'s dtype and on its device (the registered scorer passes float32 copies of the weights).
     """
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads cannot be grouped over {num_kv_heads} KV heads")
     d_m = q.shape[1]
     d_k = q.shape[0] // num_heads
     per_group = num_heads // num_kv_heads
-    heads = torch.zeros(num_heads)
-    feats = torch.zeros(d_m) if features else None
+    heads = torch.zeros(num_heads, dtype=q.dtype, device=q.device)
+    feats = torch.zeros(d_m, dtype=q.dtype, device=q.device) if features else None
     kv_grads = (
         None if grad_k is None else grad_k.view(num_kv_heads, d_k, d_m),
         None if grad_v is None else grad_v.view(num_kv_heads, d_k, d_m),

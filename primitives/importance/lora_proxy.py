@@ -29,6 +29,12 @@ carries the factor |A|^2, which makes the second-order term of Eq. 6 negligible.
 ``state_bytes`` in each function's report counts the gradient state the path holds: every
 requested weight's gradient (full); adapters, their gradients and AdamW moments plus the stored
 per-batch factors (lora).
+
+Devices and dtypes: batches go to the model's input device and the loss is float32. peft creates the
+adapters in float32 on the base layer's device (``autocast_adapter_dtype``, its default) whatever the
+base weights' dtype, so the proxy's factors, their gradients and the AdamW moments are float32 while
+the frozen base stays in its own dtype; the full-gradient path yields gradients in the weights' dtype
+(the scorers upcast them to float32 before any arithmetic).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from slimkit.primitives.devices import to_input_device
 from slimkit.primitives.errors import SlimkitError
 
 
@@ -70,7 +77,8 @@ def loraprune_gradient(
 
 
 def _loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    loss = model(batch, labels=batch, use_cache=False).loss
+    batch = to_input_device(model, batch)
+    loss = model(batch, labels=batch, use_cache=False).loss.float()
     if not math.isfinite(float(loss.detach())):
         raise SlimkitError(f"calibration loss is not finite ({float(loss.detach())}); the model is broken")
     return loss

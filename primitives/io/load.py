@@ -26,6 +26,7 @@ from safetensors import safe_open
 from torch import nn
 
 from slimkit.primitives.arch import ModelView, check_supported
+from slimkit.primitives.arch.support import task_of
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
@@ -136,7 +137,7 @@ def _check_widths(model: nn.Module, per_layer: dict[str, dict[str, int]]) -> Non
 
 def load(
     directory: str | os.PathLike,
-    task: str = "causal-lm",
+    task: str | None = None,
     *,
     device: str = "auto",
     dtype: str = "auto",
@@ -145,13 +146,15 @@ def load(
 ) -> tuple[nn.Module, Any]:
     """Load ``(model, tokenizer)`` from ``directory`` in eval mode.
 
+    ``task``: ``causal-lm`` or ``encoder`` (default: from the config's ``model_type``).
+
     ``device``: auto (CUDA when available), cpu, cuda, cuda:N. ``dtype``: auto (float32 on CPU, bfloat16 on
     CUDA), float32, bfloat16, float16. ``max_memory`` (e.g. ``"20GiB"``): the weights' budget on the device;
     accelerate offloads what does not fit (to CPU memory with CUDA, else to disk in ``offload_folder``, by
     default a temporary folder under the cache removed with the model). Offloading loads plain Hugging Face
     folders (the input of a compression), not folders with per-layer widths.
     """
-    from slimkit.primitives.device import Placement
+    from slimkit.primitives.placement import Placement
 
     placement = Placement.resolve(device, dtype, max_memory)
     directory = Path(directory)
@@ -159,6 +162,7 @@ def load(
     if not config_path.is_file():
         raise SlimkitError(f"{directory} is not a model folder (no config.json)")
     config_dict = json.loads(config_path.read_text())
+    task = task or task_of(config_dict)
     check_supported(config_dict, task)
     marked = is_marked(config_dict)
     config_dict = unmark_config(config_dict)

@@ -21,12 +21,15 @@ The paper writes ``SVD(W) = U Σ V`` with ``V`` already transposed; here ``Vᵀ`
 
 Σ is folded into ``L`` as in the paper (``L = U_r Σ_r``), so ``R`` has orthonormal rows (before
 ``D⁻¹``). Factors are computed in ``compute_dtype`` (float64 by default, for accuracy at a
-negligible cost for attention-sized matrices) and returned in ``W``'s dtype and device.
+negligible cost for attention-sized matrices; never below float32) on ``W``'s device and returned in
+``W``'s dtype and device.
 """
 
 from __future__ import annotations
 
 import torch
+
+from slimkit.primitives.devices import math_dtype
 
 DEFAULT_EPS = 1e-6
 """Relative floor for activation norms in AWSVD: norms are clamped to ``eps * max(norms)``."""
@@ -55,10 +58,11 @@ def truncated_svd(
 
     Returns ``L = U_r Σ_r`` (``d_out x rank``) and ``R = V_rᵀ`` (``rank x d_in``) in ``weight``'s
     dtype and device. ``rank == min(d_out, d_in)`` reconstructs ``W`` up to round-off.
-    ``compute_dtype=None`` computes in ``weight``'s own dtype.
+    ``compute_dtype=None`` computes in ``weight``'s own dtype, at least float32 (torch has no
+    bfloat16/float16 SVD).
     """
     _check_rank(weight, rank)
-    work = weight.detach().to(compute_dtype or weight.dtype)
+    work = weight.detach().to(compute_dtype or math_dtype(weight.dtype))
     left, right = _svd_factors(work, rank)
     return left.to(weight.dtype), right.to(weight.dtype)
 
@@ -106,7 +110,7 @@ def activation_weighted_svd(
             f"input_norms must have d_in={weight.shape[1]} entries for a {tuple(weight.shape)} weight, "
             f"got shape {tuple(input_norms.shape)}"
         )
-    dtype = compute_dtype or weight.dtype
+    dtype = compute_dtype or math_dtype(weight.dtype)
     d = clamp_norms(input_norms.to(device=weight.device, dtype=dtype), eps)
     work = weight.detach().to(dtype)
     left, right = _svd_factors(work * d[None, :], rank)

@@ -70,6 +70,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.devices import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
@@ -162,17 +163,17 @@ def _scale_linear(module: nn.Module, factor: torch.Tensor, columns: bool) -> Non
     """Multiply a Linear's columns (``columns``) or its rows and bias by ``factor`` (a vector or a scalar)."""
     owner, name = linear_param(module, "weight", 1 if columns else 0)
     weight = getattr(owner, name).detach()
-    f = factor.to(weight.dtype)
-    set_param(owner, name, weight * (f[None, :] if columns and f.dim() else f[:, None] if f.dim() else f))
+    f = factor.to(weight.device, torch.float64)  # folded in float64; set_param keeps the weight's dtype
+    set_param(owner, name, weight.double() * (f[None, :] if columns and f.dim() else f[:, None] if f.dim() else f))
     if not columns:
         bias_owner, bias_name = linear_param(module, "bias", 0)
         bias = getattr(bias_owner, bias_name)
         if bias is not None:
-            set_param(bias_owner, bias_name, bias.detach() * f)
+            set_param(bias_owner, bias_name, bias.detach().double() * f)
 
 
 def _keep_or_placeholder(z: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    keep = (z != 0).nonzero().flatten()
+    keep = (z != 0).nonzero().flatten().cpu()  # a small index list; surgery indexes on the CPU
     if keep.numel() == 0:
         return torch.zeros(1, dtype=torch.long), True
     return keep, False
@@ -208,13 +209,14 @@ def fuse_encoder_masks(
     view = ModelView(model)
     n = view.num_layers
     report: dict = {"placeholder_heads": [], "placeholder_filters": [], "forced_hidden": []}
+    on = next((t.device for _name, field in values.items() for t in field), torch.device("cpu"))  # masks' device
     with torch.no_grad():
         for i in range(n):
             layer = view.layer(i)
             heads, dh = layer.num_heads, layer.head_dim
             o, down = layer.linear("o"), layer.linear("down")
-            z_head = values.head[i].detach() if values.head is not None else torch.ones(heads)
-            z_mha = values.mha[i].detach() if values.mha is not None else torch.ones(())
+            z_head = values.head[i].detach() if values.head is not None else torch.ones(heads, device=on)
+            z_mha = values.mha[i].detach() if values.mha is not None else torch.ones((), device=on)
             _scale_linear(o, z_head.repeat_interleave(dh), columns=True)
             _scale_linear(o, z_mha, columns=False)
             keep, empty = _keep_or_placeholder(z_head * z_mha)
@@ -222,8 +224,8 @@ def fuse_encoder_masks(
                 report["placeholder_heads"].append(i)
             if keep.numel() < heads:
                 prune_layer(model, "attention_head", i, keep)
-            z_f = values.f[i].detach() if values.f is not None else torch.ones(layer.mlp_width)
-            z_ffn = values.ffn[i].detach() if values.ffn is not None else torch.ones(())
+            z_f = values.f[i].detach() if values.f is not None else torch.ones(layer.mlp_width, device=on)
+            z_ffn = values.ffn[i].detach() if values.ffn is not None else torch.ones((), device=on)
             _scale_linear(down, z_f, columns=True)
             _scale_linear(down, z_ffn, columns=False)
             keep, empty = _keep_or_placeholder(z_f * z_ffn)
@@ -237,7 +239,7 @@ def fuse_encoder_masks(
             if z is not None:
                 keep = []
                 for j, zj in enumerate(z):
-                    k = (zj != 0).nonzero().flatten()
+                    k = (zj != 0).nonzero().flatten().cpu()
                     if k.numel() == 0:
                         best = int(scores[j].argmax()) if scores is not None else 0
                         k = torch.tensor([best])
@@ -246,7 +248,7 @@ def fuse_encoder_masks(
                 report.update(slice_post_norm_hidden(model, keep))
         elif hidden == "shared" and values.mha_in is not None:
             z = values.mha_in[0].detach()
-            keep = (z != 0).nonzero().flatten()
+            keep = (z != 0).nonzero().flatten().cpu()
             if keep.numel() == 0:
                 keep = torch.tensor([int(scores[0].argmax()) if scores is not None else 0])
                 report["forced_hidden"].append(0)
@@ -287,10 +289,10 @@ def _agreement(masked: list[torch.Tensor], fused: list[torch.Tensor]) -> dict:
 
 
 def _logits(model: nn.Module, batches: Sequence[Batch]) -> list[torch.Tensor]:
-    device = next(model.parameters()).device
-    with torch.no_grad():
+    with torch.no_grad():  # classification logits are small: compared on the CPU in float32
         return [
-            model(**{k: v.to(device) for k, v in b.items() if k != "labels"}).logits.detach().cpu() for b in batches
+            model(**to_input_device(model, {k: v for k, v in b.items() if k != "labels"})).logits.detach().float().cpu()
+            for b in batches
         ]
 
 
@@ -332,16 +334,15 @@ def train_encoder_masks(
     total = dense_size(shape)
     schedule = config.schedule()
     teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
-    device = next(model.parameters()).device
-    masks.to(device)
+    masks.to(input_device(model))  # float32 gates on the model's device
 
     def step_loss(net: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = {k: v.to(device) for k, v in batch.items()}
+        batch = to_input_device(net, batch)
         if net is teacher:
             batch.pop("labels", None)
-            return torch.zeros(()), net(**batch).logits
+            return torch.zeros((), device=batch["input_ids"].device), net(**batch).logits
         out = net(**batch)
-        return out.loss, out.logits
+        return out.loss.float(), out.logits
 
     def size(values: MaskValues) -> torch.Tensor:
         return expected_size(values, shape, residual=residual)

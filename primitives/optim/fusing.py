@@ -11,7 +11,8 @@ times the 0/1 masks of :func:`~.sparsity.binarize`) into a smaller model with th
   of each group and folds their values into what writes the group's stream.
 
 The layer groups are the model's own (:func:`~slimkit.primitives.projection.stream_groups`: a group
-starts at each residual matrix); the masks must use the same groups.
+starts at each residual matrix); the masks must use the same groups. Mask values (float32, on the
+masks' device) are folded in float64 on each weight's device; the weights keep their dtype.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def _fold_filters(model: nn.Module, values: list[torch.Tensor]) -> list[int]:
             down = view.layer(i).linear("down")
             owner, name = linear_param(down, "weight", 1)
             weight = getattr(owner, name).detach()
-            set_param(owner, name, weight * z.to(weight.dtype)[None, :])
-            keep = (z != 0).nonzero().flatten()
+            set_param(owner, name, weight.double() * z.to(weight.device, torch.float64)[None, :])
+            keep = (z != 0).nonzero().flatten().cpu()  # a small index list; surgery indexes on the CPU
             if keep.numel() == 0:
                 raise SlimkitError(f"layer {i}: every FFN filter is masked; keep at least one")
             if keep.numel() < z.numel():
@@ -106,7 +107,7 @@ def fuse_stream_masks(model: nn.Module, values: MaskValues) -> dict:
     if values.f is not None:
         report["ffn_widths"] = _fold_filters(model, [z.detach() for z in values.f])
     if hidden is not None:
-        keep = [(z != 0).nonzero().flatten() for z in hidden]
+        keep = [(z != 0).nonzero().flatten().cpu() for z in hidden]
         report.update(slice_stream(model, keep, scale=hidden))
     return report
 

@@ -9,6 +9,11 @@ in the count behind ``ŝ`` and in where the masks sit (the caller applies the ho
 with the levels of :class:`~.schedule.MaskSchedule` active (none in a fine-tuning stage: no
 Lagrangian, no mask step), the weights on AdamW (clipped), the gates' ``log α`` on AdamW and the
 multipliers ascending (:func:`~.sparsity.lagrangian_optimizer`).
+
+Devices and dtypes: the gates' ``log α`` and the multipliers are float32 on the masks' device (the
+caller moves the mask set to the model's device), the loss is float32, and bfloat16/float16 weights
+are trained through float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`: AdamW's
+moments and the clipped gradients are float32; the updated weights are written back in their dtype).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimkit.primitives.devices import FloatMaster, input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim.masks import MaskSet, MaskValues
 from slimkit.primitives.optim.schedule import MaskSchedule
@@ -94,10 +100,12 @@ def train_masks(
     if settings.distill > 0 and (teacher is None or distance is None):
         raise SlimkitError("distillation needs a teacher model and a distance between their logits")
     teacher = teacher if settings.distill > 0 else None
-    lagrangian = Lagrangian()
-    weights = [p for p in model.parameters() if p.requires_grad] if settings.learning_rate > 0 else []
-    weight_opt = torch.optim.AdamW(weights, lr=settings.learning_rate, weight_decay=0.0) if weights else None
     mask_params = [p for p in masks.parameters() if p.requires_grad]
+    device = mask_params[0].device if mask_params else input_device(model)
+    lagrangian = Lagrangian().to(device)
+    weights = [p for p in model.parameters() if p.requires_grad] if settings.learning_rate > 0 else []
+    master = FloatMaster(weights)  # float32 copies of bfloat16/float16 weights for AdamW
+    weight_opt = torch.optim.AdamW(master.params, lr=settings.learning_rate, weight_decay=0.0) if weights else None
     mask_opt = torch.optim.AdamW(mask_params, lr=settings.mask_learning_rate, weight_decay=0.0)
     lagrangian_opt = lagrangian_optimizer(lagrangian, settings.lagrangian_learning_rate)
     optimizers = [opt for opt in (weight_opt, mask_opt, lagrangian_opt) if opt is not None]
@@ -112,7 +120,7 @@ def train_masks(
                 masks.set_active(levels)
                 batch = batches[step % len(batches)]
                 task, logits = step_loss(model, batch)
-                loss = task
+                loss = task.float()
                 if teacher is not None:
                     with torch.no_grad():
                         reference = step_loss(teacher, batch)[1]
@@ -128,11 +136,15 @@ def train_masks(
                     raise SlimkitError(f"mask training diverged: loss {value} at step {step + 1}; lower learning rates")
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
+                for weight in weights:  # with float32 masters the optimiser does not see the model's grads
+                    weight.grad = None
                 loss.backward()
                 if weight_opt is not None:
+                    master.grads_to_master()
                     if settings.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(weights, settings.max_grad_norm)
+                        torch.nn.utils.clip_grad_norm_(master.params, settings.max_grad_norm)
                     weight_opt.step()
+                    master.master_to_model()
                 if levels:
                     mask_opt.step()
                     lagrangian_opt.step()
@@ -145,6 +157,7 @@ def train_masks(
             masks.eval()
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
     return history, lagrangian
 
 

@@ -45,6 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.devices import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
 from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
@@ -110,7 +111,8 @@ def _rank_prior(masks: MaskSet, spread: float) -> None:
     """Tilt each hidden gate's start by the rank of its coordinate (the stream is in PCA order)."""
     for gate in masks.group_hidden or ():
         d = gate.log_alpha.numel()
-        tilt = spread * (0.5 - torch.arange(d, dtype=gate.log_alpha.dtype) / max(d - 1, 1))
+        ranks = torch.arange(d, dtype=gate.log_alpha.dtype, device=gate.log_alpha.device)
+        tilt = spread * (0.5 - ranks / max(d - 1, 1))
         with torch.no_grad():
             gate.log_alpha.add_(tilt)
 
@@ -144,7 +146,7 @@ def train_stream_masks(
         groups=groups if config.hidden else None,
         init_drop=config.init_drop,
         seed=config.seed,
-    )
+    ).to(input_device(model))  # float32 gates on the model's device (sampled with a seeded CPU generator)
     if config.rank_prior > 0:
         _rank_prior(masks, config.rank_prior)
     size = lambda values: stream_model_size(values, shape, **count)  # noqa: E731
@@ -158,14 +160,13 @@ def train_stream_masks(
         warmup_epochs=config.warmup_steps,
     )
     teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
-    device = next(model.parameters()).device
 
     def step_loss(net: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = ids.to(device)
+        ids = to_input_device(net, ids)
         if net is teacher:  # only its logits are used: no language-model loss over the vocabulary
-            return torch.zeros(()), net(input_ids=ids, use_cache=False).logits
+            return torch.zeros((), device=ids.device), net(input_ids=ids, use_cache=False).logits
         out = net(input_ids=ids, labels=ids, use_cache=False)
-        return out.loss, out.logits
+        return out.loss.float(), out.logits
 
     settings = LoopSettings.of(config, config.total)
     hooks = apply_masks(

@@ -222,6 +222,9 @@ class HardConcrete(nn.Module):
     """A tensor of hard-concrete gates with learned ``log_alpha`` of shape ``shape``.
 
     ``forward()`` samples in training mode and returns the deterministic values in eval mode.
+    ``log_alpha`` is float32 whatever the model's dtype (move the module to the model's device); the
+    uniform noise comes from a seeded CPU generator and is moved there, and the hooks cast the values
+    to the activations' dtype where they multiply them. Gates never become model parameters.
     """
 
     def __init__(

@@ -129,7 +129,8 @@ class PruneNetPolicy(nn.Module):
 
     ``forward(W)`` gives ``W_imp ∈ (0, 1)^n`` (Eq. 3, one score per row of ``W``; see the module
     docstring for the product used). One policy serves every layer, so every weight it sees must be
-    ``n×d``. ``selection`` is the default for :func:`policy_keep_indices`.
+    ``n×d``. ``selection`` is the default for :func:`policy_keep_indices`. Its parameters are float32 (on
+    the weights' device once moved there); weights of any dtype are upcast before they are scored.
     """
 
     def __init__(self, n: int, d: int, selection: Selection = "policy", generator: torch.Generator | None = None):

@@ -35,7 +35,8 @@ def widths_at_threshold(components: Sequence[PrincipalComponents], threshold: fl
     widths = []
     for c in components:
         cumulative = c.explained()
-        k = int(torch.searchsorted(cumulative, torch.tensor(threshold, dtype=cumulative.dtype) - 1e-12)) + 1
+        value = torch.tensor(threshold, dtype=cumulative.dtype, device=cumulative.device) - 1e-12
+        k = int(torch.searchsorted(cumulative, value)) + 1
         widths.append(min(max(k, 1), c.dim))
     return widths
 
@@ -54,7 +55,8 @@ def _closest(candidates: torch.Tensor, value: Callable[[float], float], target: 
 
 
 def _thresholds(components: Sequence[PrincipalComponents]) -> torch.Tensor:
-    return torch.unique(torch.cat([c.explained().double() for c in components]))
+    # one number per component: searched on the CPU (components may live on the model's device)
+    return torch.unique(torch.cat([c.explained().double().cpu() for c in components]))
 
 
 def variance_widths(components: Sequence[PrincipalComponents], sizes: Sequence[int], ratio: float) -> list[int]:

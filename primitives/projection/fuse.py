@@ -29,7 +29,9 @@ the full norm's value up to ε (the ε stays as configured; its effective value 
 negligible next to ``||x||²/d``). At k = d every step is an orthogonal change of basis and the
 model's outputs are unchanged (the invariant tests check this).
 
-Everything is computed in float64 and cast back to the parameters' dtype.
+Everything is computed in float64 on the parameters' device (bases given elsewhere are moved there)
+and cast back to the parameters' dtype: a bfloat16 model stays bfloat16 (its outputs then match the
+unprojected model's to bfloat16 round-off, not exactly).
 """
 
 from __future__ import annotations
@@ -82,18 +84,20 @@ def _read_through(module: nn.Module, basis: torch.Tensor, gamma: torch.Tensor | 
     owner, name = linear_param(module, "weight", 1)
     weight = getattr(owner, name).detach().double()
     if gamma is not None:
-        weight = weight * gamma[None, :]
-    set_param(owner, name, weight @ basis)
+        weight = weight * gamma.to(weight.device, torch.float64)[None, :]
+    set_param(owner, name, weight @ basis.to(weight.device, torch.float64))
 
 
 def _write_through(module: nn.Module, basis: torch.Tensor) -> None:
     """``W ← Qᵀ W`` and ``b ← Qᵀ b`` on the output dimension of a linear module."""
     owner, name = linear_param(module, "weight", 0)
-    set_param(owner, name, basis.T @ getattr(owner, name).detach().double())
+    weight = getattr(owner, name).detach().double()
+    basis = basis.to(weight.device, torch.float64)
+    set_param(owner, name, basis.T @ weight)
     bias_owner, bias_name = linear_param(module, "bias", 0)
     bias = getattr(bias_owner, bias_name)
     if bias is not None:
-        set_param(bias_owner, bias_name, basis.T @ bias.detach().double())
+        set_param(bias_owner, bias_name, basis.T @ bias.detach().to(weight.device, torch.float64))
 
 
 def _check_fusable(view: ModelView, basis: torch.Tensor) -> None:
@@ -110,7 +114,7 @@ def fuse_embeddings(model: nn.Module, basis: torch.Tensor) -> None:
     basis = basis.double()
     with torch.no_grad():
         for module in [view.embed_tokens] + [view.base.get_submodule(p) for p in view.spec.extra_embeddings]:
-            set_param(module, "weight", module.weight.detach().double() @ basis)
+            set_param(module, "weight", module.weight.detach().double() @ basis.to(module.weight.device))
     if tied:
         view.head.weight = view.embed_tokens.weight
         view.head.in_features = view.embed_tokens.weight.shape[1]
@@ -158,9 +162,9 @@ def fuse_head(model: nn.Module, first: torch.Tensor, last: torch.Tensor) -> torc
         model.set_submodule(view.path_of(final), resized_rms_norm(final, k, math.sqrt(d / k)))
         head = view.head
         if head is not None and view.tied:
-            weight = first.T @ (gamma[:, None] * last)
+            weight = first.T @ (gamma.to(first.device)[:, None] * last.to(first.device))
             if weight.shape[0] != weight.shape[1] or not torch.allclose(
-                weight, torch.eye(k, dtype=weight.dtype), atol=1e-12
+                weight, torch.eye(k, dtype=weight.dtype, device=weight.device), atol=1e-12
             ):
                 attach_basis_change(view.final_norm.module, weight, hook="output")
                 attached = weight

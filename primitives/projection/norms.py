@@ -44,10 +44,13 @@ def linear_param(module: nn.Module, param: str, dim: int) -> tuple[nn.Module, st
 
 
 def set_param(owner: nn.Module, name: str, value: torch.Tensor, like: torch.Tensor | None = None) -> None:
+    """Replace ``owner.name`` by ``value`` in the dtype and on the device of ``like`` (default: the current
+    parameter), so float64 math written back keeps the model's dtype (bfloat16 stays bfloat16)."""
     reference = like if like is not None else getattr(owner, name)
     requires_grad = reference.requires_grad if reference is not None else False
     dtype = reference.dtype if reference is not None else value.dtype
-    setattr(owner, name, nn.Parameter(value.to(dtype).contiguous(), requires_grad=requires_grad))
+    device = reference.device if reference is not None else value.device
+    setattr(owner, name, nn.Parameter(value.to(device=device, dtype=dtype).contiguous(), requires_grad=requires_grad))
     if isinstance(owner, nn.Linear):
         owner.out_features, owner.in_features = owner.weight.shape
     elif isinstance(owner, nn.Embedding):
@@ -55,25 +58,32 @@ def set_param(owner: nn.Module, name: str, value: torch.Tensor, like: torch.Tens
 
 
 def norm_params(norm: nn.Module, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(γ, β)`` of a norm as float64 (γ = 1 for a norm without weight; β None without bias)."""
+    """``(γ, β)`` of a norm as float64 on its device (γ = 1 for a norm without weight; β None without bias)."""
     weight = getattr(norm, "weight", None)
     bias = getattr(norm, "bias", None)
-    gamma = torch.ones(width, dtype=torch.float64) if weight is None else weight.detach().double()
+    device = next((p.device for p in norm.parameters()), None)
+    gamma = torch.ones(width, dtype=torch.float64, device=device) if weight is None else weight.detach().double()
     return gamma, None if bias is None else bias.detach().double()
 
 
 def fold_into_readers(gamma: torch.Tensor, beta: torch.Tensor | None, modules: list[nn.Module]) -> None:
-    """``W ← W diag(γ)`` and ``b ← b + W β`` for every linear reading ``γ ⊙ n + β``."""
+    """``W ← W diag(γ)`` and ``b ← b + W β`` for every linear reading ``γ ⊙ n + β``.
+
+    The products are float64 on the weight's device; the results keep the weight's dtype. ``W β`` of a
+    plain Linear is computed in float64 (a low-rank pair is run in its own dtype)."""
     for module in modules:
         owner, name = linear_param(module, "weight", 1)
         weight = getattr(owner, name)
         with torch.no_grad():
             shift = None
             if beta is not None and bool(beta.abs().max() > 0):
-                bias_now = getattr(module, "bias", None)
-                out = module(beta.to(weight.dtype)[None])[0].double()
-                shift = out - (0 if bias_now is None else bias_now.detach().double())
-            set_param(owner, name, weight.detach().double() * gamma[None, :])
+                if isinstance(module, nn.Linear):
+                    shift = weight.detach().double() @ beta.to(weight.device, torch.float64)
+                else:
+                    bias_now = getattr(module, "bias", None)
+                    out = module(beta.to(weight.device, weight.dtype)[None])[0].double()
+                    shift = out - (0 if bias_now is None else bias_now.detach().double())
+            set_param(owner, name, weight.detach().double() * gamma.to(weight.device)[None, :])
             if shift is not None:
                 bias_owner, bias_name = linear_param(module, "bias", 0)
                 bias = getattr(bias_owner, bias_name)
@@ -209,9 +219,11 @@ def layernorm_to_rmsnorm(model: nn.Module) -> dict:
 
 
 # -- the LayerNorm form (Eqs. 5-9) -------------------------------------------------------------------
-def centring_matrix(d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def centring_matrix(
+    d: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+) -> torch.Tensor:
     """``R = I − (1/d) 11ᵀ`` (Eq. 7): ``R x`` subtracts each token's mean."""
-    return torch.eye(d, dtype=dtype) - torch.full((d, d), 1.0 / d, dtype=dtype)
+    return torch.eye(d, dtype=dtype, device=device) - torch.full((d, d), 1.0 / d, dtype=dtype, device=device)
 
 
 def layernorm_projection(
@@ -220,8 +232,8 @@ def layernorm_projection(
     """``(P_in, P_out) = (U_kᵀ R, diag(γ) U_k)`` for components ``basis`` (d x d or d x k)."""
     u = basis.double() if k is None else basis.double()[:, :k]
     d = u.shape[0]
-    gamma = torch.ones(d, dtype=torch.float64) if gamma is None else gamma.double()
-    return u.T @ centring_matrix(d), gamma[:, None] * u
+    gamma = torch.ones(d, dtype=torch.float64, device=u.device) if gamma is None else gamma.to(u.device, torch.float64)
+    return u.T @ centring_matrix(d, device=u.device), gamma[:, None] * u
 
 
 def projected_layernorm(

@@ -20,6 +20,9 @@ Choices recorded here:
   Off by default (the paper uses the raw block inputs); the ``pca_project`` stage exposes it.
 * ``max_tokens`` stops accumulating after that many tokens (the paper's T); tokens are taken in
   order, which with randomly drawn calibration windows is a random sample.
+* Precision and device: features of any dtype are upcast to float64 and the Gram matrix and its
+  eigendecomposition stay on the features' device (the model's); callers cast the bases they fuse
+  into weights back to the weights' dtype.
 * Eigenvalues are the Gram's eigenvalues divided by the token count (second moments per token),
   sorted descending; each component's sign is fixed so its largest-magnitude entry is positive, so
   the streamed and the concatenated computation give the same U, not just the same subspace.
@@ -55,13 +58,13 @@ class PrincipalComponents:
         values = self.values.clamp_min(0)
         total = values.sum()
         if total <= 0:
-            return torch.arange(1, self.dim + 1, dtype=values.dtype) / self.dim
+            return torch.arange(1, self.dim + 1, dtype=values.dtype, device=values.device) / self.dim
         return values.cumsum(0) / total
 
 
 def _fix_signs(vectors: torch.Tensor) -> torch.Tensor:
     index = vectors.abs().argmax(dim=0)
-    signs = torch.sign(vectors[index, torch.arange(vectors.shape[1])])
+    signs = torch.sign(vectors[index, torch.arange(vectors.shape[1], device=vectors.device)])
     signs[signs == 0] = 1
     return vectors * signs
 
@@ -83,7 +86,7 @@ def identity_components(gram: torch.Tensor, tokens: int = 1) -> PrincipalCompone
     """
     diagonal = gram.double().diagonal()
     order = torch.argsort(diagonal, descending=True)
-    vectors = torch.eye(gram.shape[0], dtype=torch.float64)[:, order]
+    vectors = torch.eye(gram.shape[0], dtype=torch.float64, device=gram.device)[:, order]
     return PrincipalComponents(vectors, diagonal[order] / max(tokens, 1))
 
 
@@ -104,13 +107,16 @@ def pca(
     if max_tokens is not None:
         x = x[:max_tokens]
     _, singular, vh = torch.linalg.svd(x, full_matrices=True)
-    values = torch.zeros(x.shape[1], dtype=torch.float64)
+    values = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
     values[: singular.shape[0]] = singular.pow(2)
     return PrincipalComponents(_fix_signs(vh.T), values / max(x.shape[0], 1))
 
 
 class GramAccumulator:
-    """Streaming ``Σ_t x_t x_tᵀ`` over the tokens of feature batches ``[..., d]`` (float64)."""
+    """Streaming ``Σ_t x_t x_tᵀ`` over the tokens of feature batches ``[..., d]`` (float64).
+
+    The sum lives on the device of the first features it sees (the model's), in float64 whatever the
+    features' dtype (bfloat16/float16 activations are upcast before the product)."""
 
     def __init__(
         self, dim: int, centre: Centre = "none", normalise: bool = False, max_tokens: int | None = None
@@ -134,6 +140,8 @@ class GramAccumulator:
         if self.full:
             return
         x = _prepare(features, self.centre, self.normalise)
+        if self.gram.device != x.device:
+            self.gram = self.gram.to(x.device)
         if self.max_tokens is not None:
             x = x[: self.max_tokens - self.tokens]
         self.gram += x.T @ x

@@ -65,6 +65,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.devices import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection.adapters import (
     NAME as ADAPTER_NAME,
@@ -176,7 +177,7 @@ def norm_statistics(model: nn.Module, batches: Iterable[Batch], max_tokens: int 
     try:
         with torch.no_grad():
             for batch in batches:
-                inputs = _model_inputs(batch)
+                inputs = to_input_device(model, _model_inputs(batch))
                 mask = inputs.get("attention_mask")
                 current["mask"] = None if mask is None else mask.to(torch.bool)
                 model(**inputs)
@@ -198,23 +199,25 @@ def _read(module: nn.Module, into: torch.Tensor, gamma: torch.Tensor, beta: torc
     if beta is not None:
         bias_owner, bias_name = linear_param(module, "bias", 0)
         bias = getattr(bias_owner, bias_name)
-        base = torch.zeros(w.shape[0], dtype=torch.float64) if bias is None else bias.detach().double()
-        set_param(bias_owner, bias_name, base + w @ beta, like=weight)
-    set_param(owner, name, (w * gamma[None, :]) @ into)
+        base = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device) if bias is None else bias.detach().double()
+        set_param(bias_owner, bias_name, base + w @ beta.to(w.device, torch.float64), like=weight)
+    set_param(owner, name, (w * gamma.to(w.device, torch.float64)[None, :]) @ into.to(w.device, torch.float64))
 
 
 def _write(module: nn.Module, p_in: torch.Tensor, shift: torch.Tensor | None = None) -> None:
     """``W ← P W``, ``b ← P b (+ shift)`` on the output side of a linear, or ``E ← E Pᵀ`` for an embedding."""
     if isinstance(module, nn.Embedding):
-        set_param(module, "weight", module.weight.detach().double() @ p_in.T)
+        set_param(module, "weight", module.weight.detach().double() @ p_in.to(module.weight.device).T)
         return
     owner, name = linear_param(module, "weight", 0)
     weight = getattr(owner, name)
+    p_in = p_in.to(weight.device, torch.float64)
     set_param(owner, name, p_in @ weight.detach().double())
     bias_owner, bias_name = linear_param(module, "bias", 0)
     bias = getattr(bias_owner, bias_name)
     new = None if bias is None else p_in @ bias.detach().double()
     if shift is not None:
+        shift = shift.to(weight.device, torch.float64)
         new = shift if new is None else new + shift
     if new is not None:
         set_param(bias_owner, bias_name, new, like=weight)
@@ -280,12 +283,13 @@ def project_post_norm(
     accumulators = norm_statistics(model, batches, max_tokens)
     components: list[PrincipalComponents] = [acc.components(basis) for acc in accumulators]
     us = [c.basis(k) for c, k in zip(components, widths, strict=True)]
-    r = centring_matrix(d)
+    device = us[0].device  # where the statistics were taken: the model's (first norm's) device
+    r = centring_matrix(d, device=device)
     p_ins = [u.T @ r for u in us]  # U_jᵀ R  (k_j x d)
     params = [norm_params(n, d) for n in norms]  # (γ_j, β_j) in float64
-    zero = torch.zeros(d, dtype=torch.float64)
-    gammas = [g for g, _ in params]
-    betas = [zero if b is None else b for _, b in params]
+    zero = torch.zeros(d, dtype=torch.float64, device=device)
+    gammas = [g.to(device) for g, _ in params]
+    betas = [zero if b is None else b.to(device) for _, b in params]
     last = len(paths) - 1
 
     with torch.no_grad():

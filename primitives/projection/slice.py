@@ -22,6 +22,7 @@ Per group ``g`` with kept coordinates ``S_g``:
 A sliced RMSNorm of width ``n`` keeping ``k`` entries gets the weight ``w[S] · sqrt(n / k)``, so it
 keeps dividing by the RMS over the ``n`` coordinates it had (zeros included), as the masked model
 does; only ε's effective size changes (by ``k / n``), far below float32 tolerance on real streams.
+Scales are applied in float64 on each weight's device and the results keep the weights' dtype.
 """
 
 from __future__ import annotations
@@ -63,12 +64,12 @@ def _columns(module: nn.Module, keep: torch.Tensor) -> None:
 def _rows(module: nn.Module, keep: torch.Tensor, scale: torch.Tensor | None) -> None:
     owner, name = linear_param(module, "weight", 0)
     weight = getattr(owner, name).detach()[keep]
-    set_param(owner, name, weight if scale is None else weight * scale[:, None].to(weight.dtype))
+    set_param(owner, name, weight if scale is None else weight.double() * scale.to(weight.device)[:, None])
     bias_owner, bias_name = linear_param(module, "bias", 0)
     bias = getattr(bias_owner, bias_name)
     if bias is not None:
         bias = bias.detach()[keep]
-        set_param(bias_owner, bias_name, bias if scale is None else bias * scale.to(bias.dtype))
+        set_param(bias_owner, bias_name, bias if scale is None else bias.double() * scale.to(bias.device))
 
 
 def _norm(norm: nn.Module, keep: torch.Tensor) -> None:
@@ -111,7 +112,7 @@ def slice_stream(model: nn.Module, keep: Sequence[torch.Tensor], scale: Sequence
         for module in [view.embed_tokens] + [view.base.get_submodule(p) for p in view.spec.extra_embeddings]:
             weight = module.weight.detach()[:, kept[0]]
             if scales[0] is not None:
-                weight = weight * scales[0].to(weight.dtype)[None, :]
+                weight = weight.double() * scales[0].to(weight.device)[None, :]
             set_param(module, "weight", weight)
         if tied:
             view.head.weight = view.embed_tokens.weight
@@ -130,7 +131,7 @@ def slice_stream(model: nn.Module, keep: Sequence[torch.Tensor], scale: Sequence
                 adapter = view.layer(group[0]).module._modules[BASIS_CHANGE]
                 weight = adapter.weight.detach()[kept[g]][:, kept[g - 1]]
                 if scales[g] is not None:
-                    weight = weight * scales[g].to(weight.dtype)[:, None]
+                    weight = (weight.double() * scales[g].to(weight.device)[:, None]).to(adapter.weight.dtype)
                 adapter.weight = nn.Parameter(weight.contiguous(), requires_grad=adapter.weight.requires_grad)
         if view.final_norm is not None:
             _norm(view.final_norm.module, kept[-1])

@@ -64,7 +64,7 @@ def global_keep(scores: list[torch.Tensor], remove_ratio: float, minimum: int = 
     """Per-layer kept counts for removing ``remove_ratio`` of all units by one global threshold."""
     total = sum(s.numel() for s in scores)
     to_remove = round(remove_ratio * total)
-    pooled = torch.cat([s.float() for s in scores])
+    pooled = torch.cat([s.detach().float().cpu() for s in scores])  # one number per unit: selection is CPU logic
     owner = torch.cat([torch.full((s.numel(),), i) for i, s in enumerate(scores)])
     kept = [s.numel() for s in scores]
     for index in torch.argsort(pooled, stable=True).tolist():

@@ -77,7 +77,7 @@ def _where(group: Group) -> str:
 def _keep_indices(group: Group, keep: torch.Tensor | list[int]) -> torch.Tensor:
     """``keep`` as a 1-D long tensor, after checking it is a valid set of unit indices."""
     where = _where(group)
-    tensor = torch.as_tensor(keep)
+    tensor = torch.as_tensor(keep).cpu()  # index sets are small: checked and planned on the CPU
     if tensor.dtype == torch.bool:
         raise SurgeryError(f"{where}: the keep set is a boolean mask; pass the kept unit indices (mask.nonzero())")
     if tensor.is_floating_point() or tensor.is_complex():
@@ -198,7 +198,9 @@ def remove_units(model: nn.Module, group: Group, keep: torch.Tensor | list[int])
     touched: dict[int, nn.Module] = {}
     for module, member, positions in planned:
         tensor = getattr(module, member.param)
-        new = nn.Parameter(tensor.detach().index_select(member.dim, positions).clone(), tensor.requires_grad)
+        # Index sets are built on the CPU; the slice stays on the parameter's device, in its dtype.
+        kept = tensor.detach().index_select(member.dim, positions.to(tensor.device))
+        new = nn.Parameter(kept.clone(), tensor.requires_grad)
         setattr(module, member.param, new)
         touched[id(module)] = module
     for module in touched.values():

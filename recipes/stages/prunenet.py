@@ -118,6 +118,7 @@ def prunenet(ctx: Context, args: PruneNetArgs) -> None:
         }
         if args.save_policy:
             ctx.artifacts["policy"] = lambda folder, trained=policy: save_policy(trained, folder)
+    policy.to(device=weights[0].device, dtype=torch.float32)  # float32 policy next to the weights it scores
     groups = build_groups(ctx.model, "mlp_channel")
     keeps = [
         policy_keep_indices(policy, weight, layer_ratio, args.selection, ctx.generator)

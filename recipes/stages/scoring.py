@@ -19,6 +19,7 @@ from torch import nn
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
+from slimkit.primitives.devices import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.importance import ScorerSpec, parse_scorer, spec_needs, spec_smooths
 from slimkit.primitives.importance.compose import describe, spec_kinds
@@ -81,7 +82,7 @@ def input_norms(model: nn.Module, batches: Sequence[torch.Tensor]) -> dict[str, 
     """``||X_j||_2`` of every projection's input over the batches (one forward pass per batch)."""
     with input_norm_hooks(ModelView(model).linears()) as accumulators, torch.no_grad():
         for batch in batches:
-            model(batch, use_cache=False)
+            model(to_input_device(model, batch), use_cache=False)
     return {path: acc.norms() for path, acc in accumulators.items()}
 
 
