@@ -147,6 +147,9 @@ def dependency_graph_groups(
 
 
 def _default_forward(model: nn.Module, inputs: torch.Tensor | dict) -> torch.Tensor:
+    from slimkit.primitives.devices import to_input_device
+
+    inputs = to_input_device(model, inputs)
     out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
     if isinstance(out, torch.Tensor):
         return out
