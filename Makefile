@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install lint bench bench-quick
+.PHONY: demo test install lint bench bench-quick bench-scale
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,3 +41,9 @@ bench: install
 # The smoke-sized grid (one ratio, recovery off, small budgets): minutes.
 bench-quick: install
 	$(PY) -m benchmarks.run --quick $(BENCH_ARGS)
+
+# Compression cost vs model size (benchmarks/scale.py): random-weight models of real shapes (SmolLM2-135M/360M,
+# Llama-3.2-1B, Qwen2.5-1.5B; --device cuda adds Llama-3.2-3B and Llama-3.1-8B), depth and width sweeps, an
+# offload row; cost only, no quality. About 45 minutes on 2 cores; BENCH_ARGS="--quick" for the tiny shapes.
+bench-scale: install
+	$(PY) -m benchmarks.scale $(BENCH_ARGS)

@@ -479,3 +479,68 @@ def test_glue_grid_claims_and_table_from_rows():
     assert "| sst2:sp3-bert@50 | 0.8000 |" in table and "1.000 |" in table
     assert main(["--tasks", "cola"]) == 2 and main(["--ratios", "abc"]) == 2
     assert main(["--task-set", "cola:x=1"]) == 2 and main(["--jobs", "0"]) == 2
+
+
+def test_scale_power_fit_and_recipe_without_recovery():
+    from benchmarks.scale import REAL, fit_power, scale_recipe, target_of
+    from benchmarks.scale import markdown as scale_markdown
+
+    fit = fit_power([8, 16, 32], [3.0 * 8**1.5, 3.0 * 16**1.5, 3.0 * 32**1.5])
+    assert fit["exponent"] == pytest.approx(1.5) and fit["r2"] == pytest.approx(1.0) and fit["points"] == 3
+    assert fit_power([8], [1.0]) is None and fit_power([8, 8], [1.0, 2.0]) is None
+    raw, dropped = scale_recipe("lorap", 8, 64, of="layers")
+    assert dropped == ["lora"] and all("sequential" in s for s in raw["stages"])
+    assert raw["target"] == {"ratio": 0.2, "of": "layers", "strict": False}
+    assert raw["calibration"]["samples"] == 8 and raw["calibration"]["batch_size"] <= 8
+    assert [c["args"]["ratio"] for c in raw["stages"][0]["sequential"]] == [0.2, 0.2]
+    assert target_of(REAL["llama-3.2-1b"], "lorap") == "model"
+    assert REAL["llama-3.2-1b"].params()["total"] == pytest.approx(1.236e9, rel=0.01)  # the published size
+    assert REAL["qwen2.5-1.5b"].params()["total"] == pytest.approx(1.544e9, rel=0.01)
+    offload = {"id": "x/wanda-channels@offload", "shape": "x", "kind": "offload", "recipe": "wanda-channels"}
+    offload |= {"status": "ok", "weights_mb": 4096.0, "max_memory": "1.5GiB", "peak_rss_mb": 2048.0, "offloaded": True}
+    offload |= {"peak_rss_above_baseline_mb": 1536.0, "peak_gpu_mb": None, "load_s": 1.0, "compress_s": 2.0}
+    offload |= {"save_s": 0.5, "achieved": 0.2, "notes": []}
+    result = {"date": "d", "command": "c", "machine": {"cpu": "cpu", "cores": 2, "memory_gb": 1.0, "torch_threads": 2}}
+    result["machine"]["python"] = "3.11"
+    result |= {
+        "versions": {"torch": "x"},
+        "rows": [offload],
+        "baseline": {"id": "b", "status": "ok", "peak_rss_mb": 512.0},
+    }
+    result |= {"settings": {"device": "cpu", "dtype": "float32", "samples": 8, "seq_len": 128, "recipes": ["lorap"]}}
+    text = scale_markdown(result)
+    assert (
+        "## Offload" in text and "| 4.00 | 1.5GiB | 0.50 | 2.00 | 1.50 |" in text and "cost (time, memory) only" in text
+    )
+
+
+@pytest.mark.real
+def test_scale_benchmark_quick_smoke(tmp_path):
+    """`python -m benchmarks.scale --quick`: tiny random-weight shapes (the smollm2-135m tokenizer) in three
+    processes, the depth and width sweeps and their fitted exponents (the offload row is left out for time)."""
+    command = [sys.executable, "-m", "benchmarks.scale", "--quick", "--out", str(tmp_path), "--name", "smoke"]
+    command += [
+        "--models-dir",
+        str(tmp_path / "models"),
+        "--samples",
+        "2",
+        "--seq-len",
+        "32",
+        "--offload-memory",
+        "none",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [path] = tmp_path.glob("*-smoke.json")
+    result = json.loads(path.read_text())
+    rows = result["rows"]
+    assert {r["kind"] for r in rows} == {"depth", "width"} and len(rows) == 3
+    for row in rows:
+        assert row["status"] == "ok", (row["id"], row.get("reason"))
+        assert row["compress_s"] > 0 and row["load_s"] > 0 and row["s_per_layer"] > 0 and row["peak_rss_mb"] > 0
+        assert all(v >= 0 for v in row["stages_s"].values())
+    fits = {(f["sweep"], f["cost_key"]): f for f in result["exponents"]}
+    assert math.isfinite(fits[("depth", "compress_s")]["exponent"])
+    assert math.isfinite(fits[("width", "compress_s")]["exponent"])
+    text = path.with_suffix(".md").read_text()
+    assert "cost (time, memory) only" in text and "## Growth exponents" in text
