@@ -30,7 +30,8 @@ N(0, 0.02) (norms 1, biases 0), so perplexity would be meaningless and is not me
 4. Offload: a shape whose weights exceed ``--offload-memory`` (default: Llama-3.2-1B's shape with a
    1.5 GiB budget) is compressed with ``--max-memory`` by the layer-wise recipes (wanda-channels and
    lorap without recovery; whole-model stages are refused on an offloaded model), its peak RSS shown
-   next to the weights' size, the budget and the baseline.
+   next to the weights' size, the budget and the baseline, with the peak anonymous and file-backed
+   memory (sampled from /proc) apart: ``ru_maxrss`` also counts the memory-mapped offloaded weights.
 
 A run that fails (for instance killed for memory) is a row with its reason, not a crash: what does not
 fit on the machine is a result. Writes ``OUT/<date>-scale.{json,md}`` (rewritten after every row).
@@ -470,7 +471,7 @@ def run_one(
         if done.returncode != 0:
             reason = _last_line(log_path)
             if _killed(done.returncode):
-                reason = f"killed (SIGKILL: out of memory on this machine); last output: {reason}"
+                reason = "killed (SIGKILL): out of memory on this machine"
             return {**row, "status": "failed", "reason": f"exit {done.returncode}: {reason}"[:400]}
         report = json.loads((out / "report.json").read_text())
     finally:
@@ -717,6 +718,8 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{'-' if r['achieved'] is None else format(r['achieved'], '.2%')} |"
             )
         lines.append("")
+    if result.get("analysis"):  # written by people after the run (kept in the json, rendered with --render)
+        lines += ["## Reading these numbers", "", *(f"- {a}" for a in result["analysis"]), ""]
     if result.get("cuts"):
         lines += ["## Left out", "", *(f"- {c}" for c in result["cuts"]), ""]
     notes = sorted({n for r in rows for n in r.get("notes", []) if "calibration and perplexity" not in n})

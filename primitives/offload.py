@@ -12,11 +12,12 @@ and the hooks removed; after the stages ran, the (smaller) layer is written back
 is attached again with the new weights. ``save_pretrained`` then reads offloaded weights shard by
 shard through those hooks, so saving does not hold the model in memory either.
 
-Peak device memory is meant to be the budget plus one layer and its calibration activations. Measured
-on the CPU (benchmarks/results/2026-11-23-scale.md, Llama-3.2-1B shape, 4.60 GiB of float32 weights,
-budget 1.5 GiB): peak RSS 2.74 GiB above the process baseline, so RSS stays well below the weights but
-not yet within the budget (not yet traced: loading, the 1 GB save shards and memory-mapped reads are
-the candidates). Whole-model stages (gradients, LoRA, mask training) need every weight on the device at once
+The budget counts weights: one layer's working memory and calibration activations come on top.
+Measured on the CPU (benchmarks/results/2026-11-23-scale-offload-*.md): with a 1.5 GiB budget on the
+Llama-3.2-1B shape (4.60 GiB of weights) anonymous memory peaked 1.25 GiB above the process baseline;
+with 0.5 GiB on SmolLM2-360M it peaked 0.71-0.73 GiB above it (over the budget by that layer overhead).
+Peak RSS also counts the memory-mapped pages each offloaded layer is read from.
+Whole-model stages (gradients, LoRA, mask training) need every weight on the device at once
 and are refused on an offloaded model: :func:`check_stage_fits`.
 """
 
