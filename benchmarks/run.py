@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -674,28 +675,38 @@ def _summary(row: dict[str, Any]) -> str:
     return f"params removed {removed:.2%}, {metrics}" if removed is not None else metrics
 
 
-def main(argv: list[str] | None = None) -> int:
+def bench_main(argv: list[str] | None, body: Callable[[list[str]], int | None]) -> int:
+    """A benchmark's ``main``: the offline, quiet environment first (before tqdm is imported: it reads it
+    then), then ``body(argv)``; a :class:`BenchError` or :class:`SlimkitError` prints one ``error:`` line
+    (exit 2), Ctrl-C keeps the results written so far (130)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    for key, value in {**OFFLINE_ENV, **QUIET_ENV}.items():  # before tqdm is imported: it reads them then
+    for key, value in {**OFFLINE_ENV, **QUIET_ENV}.items():
         os.environ.setdefault(key, value)
     from slimkit.primitives.errors import SlimkitError
 
     try:
-        args = build_parser().parse_args(argv)
-        if args.list:
-            _grid, settings, jobs = plan(args)
-            print(f"dense + {len(jobs)} rows on {settings.model}:")
-            for job in jobs:
-                print(f"  {job.id}" + (f"  ({', '.join(job.overrides)})" if job.overrides else ""))
-            return 0
-        run(args, argv)
+        return body(argv) or 0
     except (BenchError, SlimkitError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted (the results written so far are kept)", file=sys.stderr)
         return 130
-    return 0
+
+
+def _main(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    if args.list:
+        _grid, settings, jobs = plan(args)
+        print(f"dense + {len(jobs)} rows on {settings.model}:")
+        for job in jobs:
+            print(f"  {job.id}" + (f"  ({', '.join(job.overrides)})" if job.overrides else ""))
+        return
+    run(args, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, _main)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.grid import BenchError
-from benchmarks.run import OFFLINE_ENV, QUIET_ENV, RESULTS, _last_line, log, machine_info, via_launcher
+from benchmarks.run import (
+    OFFLINE_ENV,
+    QUIET_ENV,
+    RESULTS,
+    _last_line,
+    bench_main,
+    log,
+    machine_info,
+    via_launcher,
+)
 
 RECIPES = ("lorap", "wanda-channels", "llm-pruner", "sp3-oneshot")
 OFFLOAD_RECIPES = ("wanda-channels", "lorap")
@@ -968,26 +977,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    for key, value in {**OFFLINE_ENV, **QUIET_ENV}.items():
-        os.environ.setdefault(key, value)
-    from slimkit.primitives.errors import SlimkitError
+def _main(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
+        result = json.loads(args.render.read_text())
+        args.render.with_suffix(".md").write_text(markdown(result))
+        return
+    run(args, argv)
 
-    try:
-        args = build_parser().parse_args(argv)
-        if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
-            result = json.loads(args.render.read_text())
-            args.render.with_suffix(".md").write_text(markdown(result))
-            return 0
-        run(args, argv)
-    except (BenchError, SlimkitError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted (the results written so far are kept)", file=sys.stderr)
-        return 130
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, _main)
 
 
 if __name__ == "__main__":
