@@ -43,8 +43,6 @@ class Context:
     """Parameters of the target's part the current block's fixed-budget stages plan to remove."""
     block_cache: dict[str, Any] = field(default_factory=dict)
     """Values a layer-scope stage computes once per block (e.g. prune_layer's solved fraction)."""
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    """The compute device: where the model (or, offloaded, the layer being compressed) runs."""
 
     # -- the one budget ------------------------------------------------------------------------
     def start_block(self, planned: int = 0) -> None:
@@ -104,4 +102,5 @@ class Context:
         if self.calibration is None:
             return []
         size = self.recipe.calibration.batch_size if self.recipe.calibration else 8
-        return [batch.to(self.device) for batch in self.calibration.split(size)]
+        # On the CPU: every forward pass moves its batch to the model's input device (primitives/devices.py).
+        return list(self.calibration.split(size))

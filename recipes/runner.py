@@ -265,7 +265,6 @@ def run(
         source=source,
         generator=torch.Generator().manual_seed(recipe.seed),
         tracker=tracker,
-        device=placement.device,
     )
     return _compress(ctx, placement, out_path, timings, run_eval)
 
