@@ -15,7 +15,6 @@ Packages are located with ``importlib.util.find_spec`` and never imported.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -64,7 +63,8 @@ SOURCES: dict[str, NamedSource] = {
 class SourceInfo:
     name: str
     path: str
-    task: str
+    task: str | None
+    """``causal-lm`` or ``encoder``; for a local folder None until :func:`load_source` has read its config."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -118,11 +118,7 @@ def resolve_source(source: str) -> tuple[Path, SourceInfo]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise SlimkitError(f"model folder {path} has no config.json")
-        try:
-            task = task_of(json.loads((path / "config.json").read_text()))
-        except (OSError, ValueError) as error:
-            raise SlimkitError(f"model folder {path}: cannot read config.json ({error})") from None
-        return path.resolve(), SourceInfo(name=str(path), path=str(path.resolve()), task=task)
+        return path.resolve(), SourceInfo(name=str(path), path=str(path.resolve()), task=None)
     raise SlimkitError(unknown("model source", source, SOURCES, label="known", tail=", or a local model folder"))
 
 
@@ -145,4 +141,6 @@ def load_source(
     model, tokenizer = load(
         folder, task=info.task, device=device, dtype=dtype, max_memory=max_memory, offload_folder=offload_folder
     )
+    if info.task is None:
+        info.task = task_of(model.config)
     return model, tokenizer, info

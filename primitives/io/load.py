@@ -161,7 +161,10 @@ def load(
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise SlimkitError(f"{directory} is not a model folder (no config.json)")
-    config_dict = json.loads(config_path.read_text())
+    try:
+        config_dict = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise SlimkitError(f"{directory}: cannot read config.json ({error})") from None
     task = task or task_of(config_dict)
     check_supported(config_dict, task)
     marked = is_marked(config_dict)
