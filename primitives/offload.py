@@ -62,11 +62,8 @@ def plan_device_map(empty_model: nn.Module, layers: list[nn.Module], placement: 
     compute: Any = "cpu" if device.type == "cpu" else (device.index or 0)
     names = {id(module): name for name, module in empty_model.named_modules()}
     layer_names = [names[id(layer)] for layer in layers]
-    in_layers = {id(p) for layer in layers for p in layer.parameters()}
-    resident = sum(
-        p.numel() * _dtype_bytes(placement.dtype) for p in empty_model.parameters() if id(p) not in in_layers
-    )
     layer_sizes = [module_bytes(layer, placement.dtype) for layer in layers]
+    resident = module_bytes(empty_model, placement.dtype) - sum(layer_sizes)  # embeddings, head, final norm
     left = placement.max_memory - resident
     if left < max(layer_sizes):
         raise SlimkitError(
@@ -120,7 +117,6 @@ class OffloadState:
     def __init__(self, device: torch.device, folder: Path) -> None:
         self.device = device
         self.folder = folder
-        self.onloaded = 0
 
 
 def offload_state(model: nn.Module) -> OffloadState | None:
@@ -191,14 +187,6 @@ def resident(model: nn.Module, name: str, module: nn.Module) -> Iterator[nn.Modu
     else:
         weights_map = weights
     attach_align_device_hook(module, execution_device=device, offload=True, weights_map=weights_map)
-    state.onloaded += 1
-
-
-def module_name(model: nn.Module, module: nn.Module) -> str:
-    for name, candidate in model.named_modules():
-        if candidate is module:
-            return name
-    raise KeyError("module is not part of the model")
 
 
 def check_stage_fits(model: nn.Module, stage: str, scope: str) -> None:
