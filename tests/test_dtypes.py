@@ -165,13 +165,9 @@ def _floating(model: torch.nn.Module) -> dict[str, torch.dtype]:
     return {name: p.dtype for name, p in model.named_parameters() if p.is_floating_point()}
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("case", list(CASES))
-def test_stage_runs_in_the_models_dtype(case, dtype, tokenizer):
-    kind, changes = CASES[case]
-    torch.manual_seed(0)
-    model = _model(kind, len(tokenizer)).to(dtype)
-    recipe = {
+def _case_recipe(case: str, changes: dict) -> dict:
+    """The recipe of ``CASES[case]`` on a model given in memory (no evaluation)."""
+    return {
         "name": case,
         "model": "in-memory",
         "seed": 0,
@@ -180,6 +176,15 @@ def test_stage_runs_in_the_models_dtype(case, dtype, tokenizer):
         "eval": {"perplexity": None},
         **changes,
     }
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", list(CASES))
+def test_stage_runs_in_the_models_dtype(case, dtype, tokenizer):
+    kind, changes = CASES[case]
+    torch.manual_seed(0)
+    model = _model(kind, len(tokenizer)).to(dtype)
+    recipe = _case_recipe(case, changes)
     result = slimkit.run(recipe, model=model, tokenizer=tokenizer, evaluate=False)
     out = result.model
     wrong = {name: d for name, d in _floating(out).items() if d != dtype}
@@ -332,21 +337,14 @@ def test_float_master_trains_bfloat16_weights_in_float32():
     assert weight[0].item() == pytest.approx(0.99, abs=8e-3) and weight[0].item() < 1.0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", ["prune-taylor", "lowrank+prune_layer", "pca_project+mask_train", "prune+lora"])
 def test_stage_runs_on_cuda_in_bfloat16(case):
     tokenizer = byte_tokenizer()
     kind, changes = CASES[case]
     model = _model(kind, len(tokenizer)).to(device="cuda", dtype=torch.bfloat16)
-    recipe = {
-        "name": case,
-        "model": "in-memory",
-        "seed": 0,
-        "calibration": CALIBRATION,
-        "target": MODEL_TARGET,
-        "eval": {"perplexity": None},
-        **changes,
-    }
+    recipe = _case_recipe(case, changes)
     result = slimkit.run(recipe, model=model, tokenizer=tokenizer, evaluate=False)
     devices = {p.device.type for p in result.model.parameters()}
     assert devices == {"cuda"} and set(_floating(result.model).values()) == {torch.bfloat16}
