@@ -44,7 +44,7 @@ bench-quick: install
 
 # Compression cost vs model size (benchmarks/scale.py): random-weight models of real shapes (SmolLM2-135M/360M,
 # Llama-3.2-1B, Qwen2.5-1.5B; --device cuda adds Llama-3.2-3B and Llama-3.1-8B), depth and width sweeps, an
-# offload row; cost only, no quality. Over an hour on 2 cores (--budget-s S caps it, cheapest runs first);
-# BENCH_ARGS="--quick" for the tiny shapes (about a minute).
+# offload row; cost only, no quality. The 2026-11-23 run took 2,730 s on 2 shared cores with some rows skipped
+# (--budget-s S caps it, cheapest runs first); BENCH_ARGS="--quick" for the tiny shapes (about 3 minutes here).
 bench-scale: install
 	$(PY) -m benchmarks.scale $(BENCH_ARGS)
