@@ -10,7 +10,7 @@ bfloat16 or float16, ...). The rules every primitive follows, and the helpers th
   state of optimisers over masks, multipliers and policies are computed in float32 (or float64 where
   the math needs it) on the weights' device, whatever the weights' dtype: :func:`math_dtype` /
   :func:`upcast` give the precision of the math, never lower than float32.
-* Results written back into weights take the weight's own dtype and device (:func:`like`); nothing
+* Results written back into weights take the weight's own dtype and device (``.to(weight.dtype)``); nothing
   moves the model to the CPU or casts it to float32.
 """
 
@@ -69,11 +69,6 @@ def math_dtype(dtype: torch.dtype, at_least: torch.dtype = torch.float32) -> tor
 def upcast(tensor: torch.Tensor, at_least: torch.dtype = torch.float32) -> torch.Tensor:
     """``tensor`` in :func:`math_dtype` precision on its own device (no copy when it already is)."""
     return tensor.to(math_dtype(tensor.dtype, at_least))
-
-
-def like(value: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``value`` in ``weight``'s dtype and on its device (for results written back into weights)."""
-    return value.to(device=weight.device, dtype=weight.dtype)
 
 
 class FloatMaster:

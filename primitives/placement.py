@@ -24,8 +24,10 @@ from slimkit.primitives.errors import SlimkitError
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-_UNITS["tib"] = 2**40
+_UNITS = {
+    **{"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12},
+    **{"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40},
+}
 
 
 def check_device_name(name: str, field: str = "device") -> str:
