@@ -315,7 +315,7 @@ def stage_show(name: Annotated[str, typer.Argument(help="A registered stage (see
     ]
     if getattr(definition, "needs_task", False):
         facts.append(("task", "needs the recipe's task (a GLUE task model)"))
-    if getattr(definition, "trains", False):
+    if definition.trains:
         facts.append(("dtype", "trains through the model: float32 or bfloat16 weights (float16 is refused)"))
     if definition.scope == "model":
         facts.append(("memory", "the whole model on the device (not with model.max_memory offloading)"))
