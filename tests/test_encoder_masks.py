@@ -227,7 +227,10 @@ def _shrink(raw: dict, model_dir: Path) -> dict:
 @pytest.mark.parametrize("name", ["sp3-bert", "cofi-bert"])
 def test_recipe_end_to_end(tmp_path, tiny_bert_dir, name):
     raw = _shrink(yaml.safe_load((RECIPES / f"{name}.yaml").read_text()), tiny_bert_dir)
-    raw["target"]["tolerance"] = 0.03  # one FFN filter / hidden gate of the tiny encoder is a coarse step
+    # Binarising stops at the first threshold that meets the target, so it overshoots by up to one
+    # unit: one hidden feature of the 32-wide tiny encoder is 224 of its 7,168 matrix weights per
+    # layer (3.1%), more than a 3% tolerance (CI once measured 53.19% on another CPU).
+    raw["target"]["tolerance"] = 0.05
     out = tmp_path / "run"
     report = run_recipe(validate(raw, name), raw, out)
     stage = report["stages"]["mask_train_encoder"]
