@@ -50,3 +50,18 @@ def staging_dir(target: Path) -> Path:
     os.umask(umask)
     path.chmod(0o777 & ~umask)
     return path
+
+
+def staging_file(target: Path) -> Path:
+    """A new hidden, empty sibling file of ``target`` to write before one atomic ``os.replace``.
+
+    Created with the permissions a plain ``open`` would give (``mkstemp`` alone makes it 0600).
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{target.name}.partial-", dir=target.parent)
+    os.close(handle)
+    umask = os.umask(0)
+    os.umask(umask)
+    path = Path(name)
+    path.chmod(0o666 & ~umask)
+    return path

@@ -157,3 +157,17 @@ def assert_scaled_close(actual: torch.Tensor, expected: torch.Tensor, tol: float
     """Equal within ``tol`` times the larger of 1 and ``expected``'s largest magnitude (no relative term)."""
     scale = expected.abs().max().item()
     torch.testing.assert_close(actual, expected, rtol=0, atol=tol * max(scale, 1.0))
+
+
+def bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """The byte tokenizer plus three BPE merges (``Ġ t``, ``h e``, ``Ġt he``): GGUF's gpt2 tokenizer needs merges."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_vocab = {ch: i + 3 for i, ch in enumerate(sorted(alphabet))}
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **byte_vocab}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")

@@ -1,0 +1,143 @@
+"""Export compressed models to inference engines: GGUF for llama.cpp, plain Hugging Face folders.
+
+:func:`export` is what ``slimkit export`` and a recipe's ``export:`` section call:
+
+* ``format="gguf"`` (:mod:`.gguf_file`): llama.cpp's ``llama`` architecture for uniform widths, its
+  ``deci`` architecture for per-layer head / KV-head / MLP widths; ``type`` f32, f16, bf16 or q8_0.
+* ``format="hf"`` (:mod:`.hf_folder`): a folder stock transformers loads, when the result has
+  uniform widths; verified by loading it back and comparing logits.
+
+Both merge low-rank pairs and SP3's embedding / final-norm maps into dense weights exactly (the file
+is then larger than the slimkit model; the result says by how much) and refuse what has no exact
+merge in one line (:mod:`.dense`). Every check on the arguments and the output path runs before the
+model is loaded; outputs are written to a hidden sibling and renamed into place, so nothing
+half-written is left. ``force`` replaces only an existing GGUF file (by its magic bytes) or an existing
+model folder (one with a ``config.json``), never anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.export.dense import DenseModel, dense_tensors
+from slimkit.primitives.export.gguf_file import GGUF_TYPES, GgufResult, write_gguf
+from slimkit.primitives.export.hf_folder import HfResult, write_hf
+
+FORMATS = ("gguf", "hf")
+GGUF_MAGIC = b"GGUF"
+
+
+def check_export_args(format: str, type: str | None) -> str | None:
+    """One line for an unknown format or type; returns the type to use (gguf default f16)."""
+    if format not in FORMATS:
+        raise SlimkitError(f"export format '{format}' is not one of {', '.join(FORMATS)}")
+    if format == "gguf":
+        if type is None:
+            return "f16"
+        if type not in GGUF_TYPES:
+            raise SlimkitError(f"GGUF type '{type}' is not one of {', '.join(GGUF_TYPES)}")
+        return type
+    if type is not None:
+        raise SlimkitError("--type applies to --format gguf only (a Hugging Face folder keeps the model's dtype)")
+    return None
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def check_export_target(format: str, out: str | os.PathLike, force: bool) -> Path:
+    """The output path, checked before any work: what exists there may be replaced only with ``force``
+    and only when it is an earlier export of the same kind."""
+    target = Path(out)
+    if format == "gguf":
+        if target.is_dir():
+            raise SlimkitError(f"--out {target} is a folder; give a file name such as {target / 'model.gguf'}")
+        if target.exists():
+            if not force:
+                raise SlimkitError(f"--out {target} exists; pass --force to replace it")
+            if not _is_gguf(target):
+                raise SlimkitError(f"--out {target} exists and is not a GGUF file; --force replaces only GGUF files")
+    else:
+        if target.exists() and not target.is_dir():
+            raise SlimkitError(f"--out {target} exists and is not a folder")
+        if target.is_dir() and any(target.iterdir()):
+            if not force:
+                raise SlimkitError(f"--out {target} exists and is not empty; pass --force to replace it")
+            if not (target / "config.json").is_file():
+                raise SlimkitError(
+                    f"--out {target} is not a model folder (no config.json); --force replaces only model folders"
+                )
+    parent = target.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise SlimkitError(f"--out {target}: {parent} is not a writable folder")
+    return target
+
+
+def _replace_folder(write, target: Path) -> Any:
+    """Run ``write(path)`` into a fresh path, then swap it with an existing ``target`` (old moved aside first)."""
+    if not (target.is_dir() and any(target.iterdir())):
+        return write(target)
+    aside = target.with_name(f".{target.name}.replaced-{os.getpid()}")
+    fresh = target.with_name(f".{target.name}.new-{os.getpid()}")
+    result = write(fresh)
+    os.replace(target, aside)
+    os.replace(fresh, target)
+    shutil.rmtree(aside, ignore_errors=True)
+    result.path = target
+    return result
+
+
+def export(
+    model: nn.Module | str | os.PathLike,
+    out: str | os.PathLike,
+    format: str = "gguf",
+    type: str | None = None,
+    *,
+    tokenizer: Any = None,
+    force: bool = False,
+    verify: bool = True,
+) -> GgufResult | HfResult:
+    """Export ``model`` (a loaded model with ``tokenizer``, or a source name / folder) to ``out``.
+
+    Returns a :class:`GgufResult` or :class:`HfResult` (``as_dict()`` for a report). Raises
+    :class:`SlimkitError` with one line for bad arguments, an occupied ``out``, an unsupported model
+    or a structure with no exact merge; nothing is left at ``out`` then.
+    """
+    type = check_export_args(format, type)
+    target = check_export_target(format, out, force)
+    if not isinstance(model, nn.Module):
+        from slimkit.primitives.sources import load_source
+
+        model, tokenizer, _ = load_source(str(model), device="cpu")
+    if tokenizer is None and format == "gguf":
+        raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
+    if format == "gguf":
+        return write_gguf(model, tokenizer, target, type=type or "f16")
+    return _replace_folder(lambda path: write_hf(model, tokenizer, path, verify=verify), target)
+
+
+__all__ = [
+    "FORMATS",
+    "DenseModel",
+    "GgufResult",
+    "HfResult",
+    "check_export_args",
+    "check_export_target",
+    "dense_tensors",
+    "export",
+    "write_gguf",
+    "write_hf",
+]

@@ -1,0 +1,302 @@
+"""Write a compressed Llama-family decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
+
+Architecture:
+
+* **uniform widths** (every layer has the same head, KV-head and MLP widths): llama.cpp's ``llama``
+  architecture, written as its own converter writes a Hugging Face Llama: scalar
+  ``head_count`` / ``head_count_kv`` / ``feed_forward_length``; the q and k rows of each head
+  reordered from Hugging Face's half-split RoPE layout to llama.cpp's interleaved one
+  (:func:`rope_permute`); a tied head is not written (llama.cpp reads ``token_embd`` instead).
+* **per-layer widths** (LLM-Pruner, CCE, PruneNet results): llama.cpp's ``deci`` architecture (the
+  one it uses for Nemotron-NAS models), whose loader reads ``head_count``, ``head_count_kv`` and
+  ``feed_forward_length`` as per-layer arrays; ``llama`` rejects arrays. Same tensors, same permutation
+  per layer with that layer's head counts; ``key_length`` / ``value_length`` carry the head dimension.
+
+What llama.cpp has no tensor for is merged into dense weights first, where that is exact, or refused
+in one line (:func:`~slimkit.primitives.export.dense.dense_tensors`).
+
+Types: ``f32``, ``f16``, ``bf16`` or ``q8_0`` for the 2-D weights (norm vectors stay f32, as
+llama.cpp's converter keeps them), quantised with the ``gguf`` package's own quantisers. ``q8_0``
+blocks hold 32 values of a row, so a matrix whose rows (input width) are not a multiple of 32 — a
+pruned MLP width feeding ``ffn_down``, for instance — falls back to ``f16`` for that tensor, and
+:attr:`GgufResult.fallbacks` lists each.
+
+RoPE: the base frequency and, for Llama 3.x, the ``llama3`` frequency factors (``rope_freqs``) and
+``linear`` scaling are written; other scaling types are refused. Models: ``llama`` and ``mistral``
+(without a sliding window shorter than the context); others are refused in one line.
+
+The file is written to a temporary sibling and renamed into place.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from torch import nn
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.export.dense import DenseModel, dense_tensors
+from slimkit.primitives.export.gguf_vocab import vocabulary
+from slimkit.primitives.paths import staging_file
+
+GGUF_TYPES = {
+    "f32": gguf.GGMLQuantizationType.F32,
+    "f16": gguf.GGMLQuantizationType.F16,
+    "bf16": gguf.GGMLQuantizationType.BF16,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+}
+_FILE_TYPES = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+FALLBACK_TYPE = "f16"
+EXPORTABLE_MODEL_TYPES = ("llama", "mistral")
+
+_LAYER_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GLOBAL_TENSORS = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+@dataclass
+class GgufResult:
+    """What :func:`write_gguf` wrote."""
+
+    path: Path
+    architecture: str
+    type: str
+    bytes: int
+    tensors: int
+    merged: list[str]
+    added_params: int
+    fallbacks: list[str] = field(default_factory=list)
+    """``"blk.3.ffn_down.weight: rows of 1229 are not a multiple of 32, written as f16"``."""
+    tokenizer_pre: str = "default"
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": "gguf",
+            "path": str(self.path),
+            "architecture": self.architecture,
+            "type": self.type,
+            "bytes": self.bytes,
+            "tensors": self.tensors,
+            "merged": self.merged,
+            "added_params": self.added_params,
+            "fallbacks": self.fallbacks,
+            "tokenizer_pre": self.tokenizer_pre,
+            "warnings": self.warnings,
+        }
+
+
+def rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of a q/k projection from Hugging Face's RoPE layout to llama.cpp's.
+
+    Hugging Face rotates the two halves of each head (``rotate_half``: dimension ``j`` pairs with
+    ``j + d/2``); llama.cpp's ``llama`` RoPE rotates adjacent pairs (``2j`` with ``2j + 1``). Within
+    each head the rows ``[x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}]`` become ``[x_0, y_0, x_1, y_1, ...]``.
+    Works on a weight (``heads * d x d_in``) and on a bias (``heads * d``).
+    """
+    rows = weight.shape[0]
+    if rows % (2 * heads):
+        raise ValueError(f"{rows} rows cannot be split into {heads} heads of even size")
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def check_exportable(model: nn.Module) -> None:
+    """One line when llama.cpp cannot run this model type / attention / RoPE configuration."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in EXPORTABLE_MODEL_TYPES:
+        raise SlimkitError(
+            f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
+            + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
+        )
+    window = getattr(config, "sliding_window", None)
+    if window is not None and window < config.max_position_embeddings:
+        raise SlimkitError(
+            f"sliding_window {window} < context {config.max_position_embeddings}: llama.cpp's llama has none"
+        )
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise SlimkitError(
+            "attention_bias / mlp_bias: llama.cpp's llama and deci architectures are written without biases"
+        )
+    scaling = _rope_scaling(config)
+    if scaling.get("rope_type", "default") not in ("default", "llama3", "linear"):
+        raise SlimkitError(f"rope scaling '{scaling.get('rope_type')}' is not written by slimkit's GGUF export")
+
+
+def _rope_scaling(config: Any) -> dict[str, Any]:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return dict(params)
+
+
+def _rope_theta(config: Any) -> float:
+    return float(_rope_scaling(config).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def llama3_rope_factors(scaling: dict[str, Any], head_dim: int) -> torch.Tensor:
+    """Llama 3.x's per-frequency RoPE divisors (llama.cpp's ``rope_freqs`` tensor)."""
+    base = float(scaling.get("rope_theta", 10000.0))
+    factor = float(scaling.get("factor", 8.0))
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    context = float(scaling.get("original_max_position_embeddings", 8192))
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    wavelengths = 2 * math.pi / freqs
+    smooth = (context / wavelengths - low) / (high - low)
+    factors = 1.0 / ((1 - smooth) / factor + smooth)
+    factors = torch.where(wavelengths < context / high, torch.ones_like(factors), factors)
+    factors = torch.where(wavelengths > context / low, torch.full_like(factors, factor), factors)
+    return factors.to(torch.float32)
+
+
+def _gguf_name(name: str) -> str | None:
+    if name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[name]
+    parts = name.split(".")
+    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
+        suffix = _LAYER_TENSORS.get(".".join(parts[3:]))
+        if suffix is not None:
+            return f"blk.{int(parts[2])}.{suffix}"
+    return None
+
+
+def _encode(
+    array: np.ndarray, name: str, wanted: str, fallbacks: list[str]
+) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+    """``array`` (float32) in the wanted type; 1-D tensors stay f32; q8_0 falls back per tensor."""
+    if array.ndim == 1 or wanted == "f32":
+        return array, gguf.GGMLQuantizationType.F32
+    qtype = GGUF_TYPES[wanted]
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return array.astype(np.float16), qtype
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if array.shape[-1] % block:
+        fallbacks.append(f"{name}: rows of {array.shape[-1]} are not a multiple of {block}, written as {FALLBACK_TYPE}")
+        return array.astype(np.float16), GGUF_TYPES[FALLBACK_TYPE]
+    return gguf.quants.quantize(array, qtype), qtype
+
+
+def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name: str) -> None:
+    config = model.config
+    widths = dense.layer_widths
+    head_dim = widths[0]["head_dim"]
+    writer.add_name(name)
+    writer.add_block_count(len(widths))
+    writer.add_context_length(int(config.max_position_embeddings))
+    writer.add_embedding_length(dense.hidden_size)
+    if dense.uniform:
+        writer.add_feed_forward_length(widths[0]["intermediate_size"])
+        writer.add_head_count(widths[0]["num_attention_heads"])
+        writer.add_head_count_kv(widths[0]["num_key_value_heads"])
+    else:
+        writer.add_feed_forward_length([w["intermediate_size"] for w in widths])
+        writer.add_head_count([w["num_attention_heads"] for w in widths])
+        writer.add_head_count_kv([w["num_key_value_heads"] for w in widths])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(_rope_theta(config))
+    scaling = _rope_scaling(config)
+    if scaling.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
+
+
+def write_gguf(
+    model: nn.Module, tokenizer: Any, path: str | os.PathLike, type: str = "f16", name: str | None = None
+) -> GgufResult:
+    """Write ``model`` (a loaded Llama-family decoder) and its tokenizer to ``path`` as GGUF.
+
+    Every check that can fail (model type, merges, tokenizer, type) runs before anything is written;
+    the file appears at ``path`` only when complete.
+    """
+    if type not in GGUF_TYPES:
+        raise SlimkitError(f"GGUF type '{type}' is not one of {', '.join(GGUF_TYPES)}")
+    check_exportable(model)
+    dense = dense_tensors(model)
+    widths = dense.layer_widths
+    vocab = vocabulary(tokenizer, int(dense.tensors["model.embed_tokens.weight"].shape[0]))
+    architecture = "llama" if dense.uniform else "deci"
+    target = Path(path)
+    staging = staging_file(target)
+    fallbacks: list[str] = []
+    writer = gguf.GGUFWriter(staging, architecture, use_temp_file=True)
+    try:
+        _metadata(writer, model, dense, name or target.stem)
+        writer.add_file_type(_FILE_TYPES[type])
+        vocab.add_to(writer)
+        scaling = _rope_scaling(model.config)
+        count = 0
+        if scaling.get("rope_type") == "llama3":
+            writer.add_tensor("rope_freqs.weight", llama3_rope_factors(scaling, widths[0]["head_dim"]).numpy())
+            count += 1
+        for hf_name, tensor in dense.tensors.items():
+            gguf_name = _gguf_name(hf_name)
+            if gguf_name is None:
+                raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's Llama mapping")
+            weight = tensor.detach().to("cpu", torch.float32)
+            layer = int(hf_name.split(".")[2]) if hf_name.startswith("model.layers.") else None
+            if gguf_name.endswith("attn_q.weight"):
+                weight = rope_permute(weight, widths[layer]["num_attention_heads"])
+            elif gguf_name.endswith("attn_k.weight"):
+                weight = rope_permute(weight, widths[layer]["num_key_value_heads"])
+            data, qtype = _encode(weight.numpy(), gguf_name, type, fallbacks)
+            writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+            count += 1
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(staging, target)
+    finally:
+        writer.close()
+        staging.unlink(missing_ok=True)
+    return GgufResult(
+        path=target,
+        architecture=architecture,
+        type=type,
+        bytes=target.stat().st_size,
+        tensors=count,
+        merged=dense.merged,
+        added_params=dense.added_params,
+        fallbacks=fallbacks,
+        tokenizer_pre=vocab.pre,
+        warnings=[vocab.warning] if vocab.warning else [],
+    )
+
+
+__all__ = [
+    "EXPORTABLE_MODEL_TYPES",
+    "GGUF_TYPES",
+    "GgufResult",
+    "check_exportable",
+    "llama3_rope_factors",
+    "rope_permute",
+    "write_gguf",
+]

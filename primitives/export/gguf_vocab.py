@@ -1,0 +1,136 @@
+"""A Hugging Face BPE tokenizer as GGUF ``tokenizer.ggml.*`` metadata (what llama.cpp tokenizes with).
+
+GPT-2 style byte-level BPE tokenizers (SmolLM2, Llama 3, Qwen2, Mistral-Nemo) are written as
+llama.cpp's converter writes them: ``tokenizer.ggml.model = "gpt2"``, one token per id up to the
+model's vocabulary size (ids the tokenizer lacks become ``[PAD<i>]`` of type UNUSED), token types
+(special added tokens CONTROL, other added tokens USER_DEFINED, the rest NORMAL), the merges and
+the special-token ids and chat template (read by gguf's own :class:`gguf.SpecialVocab` from the
+tokenizer's saved files).
+
+``tokenizer.ggml.pre`` names the pre-tokenizer (the regex that splits text before BPE). llama.cpp
+identifies it by tokenizing a fixed check text and hashing the ids; :data:`KNOWN_PRE_TOKENIZERS`
+holds the hashes of the families slimkit supports (values from llama.cpp's
+``convert_hf_to_gguf.py``). An unknown hash is written as ``"default"`` and reported
+(:attr:`Vocabulary.warning`): llama.cpp then splits text with its default rules, so text it
+tokenizes may differ from the Hugging Face tokenizer; token ids fed directly are unaffected.
+
+SentencePiece (``tokenizer.ggml.model = "llama"``) and other tokenizer models are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from slimkit.primitives.errors import SlimkitError
+
+CHECK_TEXT = (
+    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 "
+    "3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
+    "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
+    "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
+)
+"""llama.cpp's pre-tokenizer check text (``chktxt`` in ``convert_hf_to_gguf.py``)."""
+
+KNOWN_PRE_TOKENIZERS = {
+    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
+    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",
+    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
+}
+"""``sha256(str(tokenizer.encode(CHECK_TEXT)))`` -> llama.cpp pre-tokenizer name."""
+
+
+@dataclass
+class Vocabulary:
+    tokens: list[str]
+    token_types: list[int]
+    pre: str
+    check_hash: str
+    special: gguf.SpecialVocab
+    add_bos: bool
+    warning: str | None = None
+
+    def add_to(self, writer: gguf.GGUFWriter) -> None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(self.pre)
+        writer.add_token_list(self.tokens)
+        writer.add_token_types(self.token_types)
+        writer.add_add_bos_token(self.add_bos)
+        self.special.add_to_gguf(writer, quiet=True)
+
+
+def _tokenizer_model(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise SlimkitError(
+            f"tokenizer {type(tokenizer).__name__} is not a fast (tokenizers) tokenizer; GGUF export needs one"
+        )
+    return str(json.loads(backend.to_str())["model"]["type"])
+
+
+def pre_tokenizer_name(tokenizer: Any) -> tuple[str | None, str]:
+    """The llama.cpp pre-tokenizer name of ``tokenizer`` (None when unknown) and the check hash."""
+    ids = tokenizer.encode(CHECK_TEXT)  # with the tokenizer's own special tokens, as llama.cpp's converter
+    digest = sha256(str(ids).encode()).hexdigest()
+    return KNOWN_PRE_TOKENIZERS.get(digest), digest
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and ids[0] == bos
+
+
+def vocabulary(tokenizer: Any, vocab_size: int) -> Vocabulary:
+    """GGUF tokenizer metadata for a byte-level BPE ``tokenizer`` and a model of ``vocab_size`` rows."""
+    kind = _tokenizer_model(tokenizer)
+    if kind != "BPE":
+        raise SlimkitError(f"tokenizer model '{kind}': GGUF export writes byte-level BPE (GPT-2 style) tokenizers only")
+    vocab = tokenizer.get_vocab()
+    if vocab and max(vocab.values()) >= vocab_size:
+        raise SlimkitError(
+            f"the tokenizer has token id {max(vocab.values())} but the model's embedding has {vocab_size} rows"
+        )
+    reverse = {index: token for token, index in vocab.items()}
+    added = tokenizer.get_added_vocab()
+    decoder = tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for index in range(vocab_size):
+        token = reverse.get(index)
+        if token is None:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif token in added:
+            special = index in decoder and decoder[index].special
+            types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+            tokens.append(token)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+            tokens.append(token)
+    pre, digest = pre_tokenizer_name(tokenizer)
+    warning = None
+    if pre is None:
+        pre = "default"
+        warning = (
+            f"pre-tokenizer not recognised (check hash {digest[:12]}...): written as 'default', so llama.cpp may split "
+            "text differently from the Hugging Face tokenizer (token ids fed directly are unaffected)"
+        )
+    with tempfile.TemporaryDirectory(prefix="slimkit-vocab-") as folder:
+        tokenizer.save_pretrained(folder)
+        special = gguf.SpecialVocab(Path(folder), load_merges=True, n_vocab=vocab_size)
+    if not special.merges:
+        raise SlimkitError("the tokenizer has no BPE merges; llama.cpp's gpt2 tokenizer needs them")
+    return Vocabulary(tokens, [int(t) for t in types], pre, digest, special, _adds_bos(tokenizer), warning)
+
+
+__all__ = ["CHECK_TEXT", "KNOWN_PRE_TOKENIZERS", "Vocabulary", "pre_tokenizer_name", "vocabulary"]

@@ -1,0 +1,135 @@
+"""Write a compressed decoder as a plain Hugging Face folder stock transformers loads (``--format hf``).
+
+The folder holds ``config.json``, ``model.safetensors`` and the tokenizer files, and nothing
+slimkit-specific: ``AutoModelForCausalLM.from_pretrained(folder)`` builds the same model. That is
+possible when every layer has the same widths and nothing is left that a Hugging Face config cannot
+describe; low-rank pairs and the embedding / final-norm output maps are merged exactly first (see
+:mod:`.dense`, which refuses residual matrices). Per-layer widths are refused in one line pointing
+to ``--format gguf`` (llama.cpp's ``deci`` reads them) and ``slimkit.load``.
+
+The model is rebuilt from the new config on the meta device and its weights assigned from the
+dense tensors, so the caller's model is never modified. The written folder is checked before it is
+moved into place: loaded back with stock ``from_pretrained`` (no slimkit code) and compared with
+the compressed model on a fixed batch of token ids (``verify``; max abs logit difference).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+
+from slimkit.primitives.devices import input_device
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.export.dense import dense_tensors
+from slimkit.primitives.paths import staging_dir
+
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class HfResult:
+    path: Path
+    merged: list[str]
+    added_params: int
+    max_abs_logit_diff: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": "hf",
+            "path": str(self.path),
+            "merged": self.merged,
+            "added_params": self.added_params,
+            "max_abs_logit_diff": self.max_abs_logit_diff,
+        }
+
+
+def plain_config(model: nn.Module, dense: Any) -> transformers.PretrainedConfig:
+    """The model's config with the dense result's uniform widths, hidden size and tie."""
+    widths = dense.layer_widths[0]
+    values = model.config.to_dict()
+    for key in ("per_layer_config", "transformers_version", "_name_or_path"):
+        values.pop(key, None)
+    values.update(widths)
+    values["hidden_size"] = dense.hidden_size
+    values["tie_word_embeddings"] = dense.tied
+    return type(model.config)(**values)
+
+
+def _check_ids(model: nn.Module) -> torch.Tensor:
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (2, 16), generator=generator)
+
+
+def write_hf(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, verify: bool = True) -> HfResult:
+    """Write ``model`` as a plain Hugging Face folder at ``directory`` (must not exist or be empty)."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in HF_MODEL_TYPES:
+        raise SlimkitError(
+            f"--format hf writes decoders of types {', '.join(HF_MODEL_TYPES)}; this model is '{model_type}'"
+        )
+    dense = dense_tensors(model)
+    if not dense.uniform:
+        varying = sorted({k for w in dense.layer_widths for k in w if w[k] != dense.layer_widths[0][k]})
+        raise SlimkitError(
+            f"per-layer widths ({', '.join(varying)} vary across layers) cannot be expressed by a Hugging Face "
+            "config; use --format gguf (llama.cpp's deci architecture reads them) or slimkit.load"
+        )
+    config = plain_config(model, dense)
+    with torch.device("meta"):
+        plain = type(model)(config)
+    expected = set(plain.state_dict())
+    missing = expected - set(dense.tensors) - ({"lm_head.weight"} if dense.tied else set())
+    extra = set(dense.tensors) - expected
+    if missing or extra:
+        raise SlimkitError(
+            f"the dense weights do not fit a plain {type(model).__name__}: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(extra)[:3]}"
+        )
+    plain.load_state_dict({k: v.detach().to("cpu") for k, v in dense.tensors.items()}, strict=False, assign=True)
+    if dense.tied:
+        plain.tie_weights()
+    target = Path(directory)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise SlimkitError(f"{target} exists and is not an empty folder")
+    staging = staging_dir(target)
+    try:
+        plain.save_pretrained(staging, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        difference = _verify(model, staging) if verify else None
+        if target.exists():
+            target.rmdir()
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return HfResult(target, dense.merged, dense.added_params, difference)
+
+
+def _verify(model: nn.Module, folder: Path) -> float:
+    """Load ``folder`` with stock transformers and compare its logits with ``model``'s (one line if not close)."""
+    dtype = next(model.parameters()).dtype
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    ids = _check_ids(model)
+    with torch.no_grad():
+        expected = model(ids.to(input_device(model))).logits.float().cpu()
+        actual = loaded(ids).logits.float()
+    difference = float((expected - actual).abs().max())
+    scale = max(float(expected.abs().max()), 1.0)
+    tolerance = (1e-4 if dtype == torch.float32 else 5e-2) * scale
+    if not difference <= tolerance:
+        raise SlimkitError(
+            f"the plain folder's logits differ from the compressed model's by {difference:.3g} "
+            f"(tolerance {tolerance:.3g}); nothing was written"
+        )
+    return difference
+
+
+__all__ = ["HF_MODEL_TYPES", "HfResult", "plain_config", "write_hf"]
