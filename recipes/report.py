@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slimkit.primitives.export import result_lines
 from slimkit.primitives.io.describe import Structure, saved_structure
 
 _ROLE_COLOURS = {
@@ -125,6 +126,15 @@ def markdown(report: dict[str, Any], plot_name: str | None, structure: Structure
         lines += ["", f"Structure: {structure.summary()}."]
     for note in report.get("notes", []):
         lines.append(f"\n> {note}")
+    if report.get("loaders"):
+        lines += ["", "Readable by:"]
+        lines += [f"- {v['loader']}: {v['answer']} ({v['detail']})" for v in report["loaders"]]
+    for item in report.get("export", []):
+        lines += ["", f"Export {item['format']} to {item['path']}:"]
+        if "error" in item:
+            lines.append(f"- FAILED: {item['error']}")
+        else:
+            lines += [f"- {line}" for line in result_lines(item)]
     if plot_name:
         lines += ["", f"![per-layer widths]({plot_name})"]
     return "\n".join(lines) + "\n"

@@ -249,6 +249,8 @@ def run(
     out_path = Path(out) if out is not None else None
     if out_path is not None:
         check_output_dir(out_path, force)
+    elif recipe.export:
+        raise SlimkitError("export: writes inside the run's output folder; give the run an output folder")
     preflight_data(recipe.eval if run_eval else EvalConfig(perplexity=None), recipe.calibration_config())
     timings = Timings()
     torch.manual_seed(recipe.seed)
@@ -258,6 +260,7 @@ def run(
     reset_peak_memory(placement.device)
     with timings.stage("load"):
         model, tokenizer, source = _load(recipe, placement, model, tokenizer)
+    check_export_model(recipe, model)
     ctx = Context(
         recipe=recipe,
         model=model,
@@ -267,6 +270,20 @@ def run(
         tracker=tracker,
     )
     return _compress(ctx, placement, out_path, timings, run_eval)
+
+
+def check_export_model(recipe: Recipe, model: Any) -> None:
+    """Refuse, before any compression, an ``export:`` item the model's type can never satisfy."""
+    from slimkit.primitives.export import EXPORTABLE_MODEL_TYPES, HF_MODEL_TYPES
+
+    model_type = getattr(model.config, "model_type", None)
+    for index, item in enumerate(recipe.export):
+        allowed = EXPORTABLE_MODEL_TYPES if item.format == "gguf" else HF_MODEL_TYPES
+        if model_type not in allowed or recipe.task is not None:
+            raise SlimkitError(
+                f"export.{index}: format {item.format} writes {', '.join(allowed)} language models; "
+                f"this run's model is {'a GLUE task model' if recipe.task else repr(model_type)}"
+            )
 
 
 def _load(recipe: Recipe, placement: Placement, model: Any, tokenizer: Any):
@@ -381,6 +398,9 @@ def _compress(ctx: Context, placement: Placement, out_path: Path | None, timings
             with timings.stage("save"):
                 slimkit.save(ctx.model, tokenizer, staging / "model", manifest=manifest)
                 (staging / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+            exports = run_exports(recipe, ctx.model, tokenizer, staging, timings)
+        else:
+            exports = []
         metrics, details = evaluate(ctx.model, tokenizer, recipe.eval, tracker, timings) if run_eval else ({}, {})
         report = {
             "recipe": recipe.name,
@@ -411,6 +431,14 @@ def _compress(ctx: Context, placement: Placement, out_path: Path | None, timings
             "notes": ctx.notes,
             "versions": versions(),
         }
+        if staging is not None:
+            from slimkit.primitives.io.describe import folder_loaders
+
+            report["loaders"] = [
+                {"loader": v.loader, "answer": v.answer, "detail": v.detail} for v in folder_loaders(staging / "model")
+            ]
+        if exports:
+            report["export"] = exports
         if staging is not None and out_path is not None:
             from slimkit.recipes.report import write_report
 
@@ -423,7 +451,33 @@ def _compress(ctx: Context, placement: Placement, out_path: Path | None, timings
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+    failed = [item for item in exports if "error" in item]
+    if failed:
+        raise SlimkitError(
+            f"the model and report are in {out_path}, but {len(failed)} export(s) failed: "
+            + "; ".join(f"{item['format']} {item['path']}: {item['error']}" for item in failed)
+        )
     return Result(ctx.model, tokenizer, report, out_path)
+
+
+def run_exports(recipe: Recipe, model: Any, tokenizer: Any, folder: Path, timings: Timings) -> list[dict[str, Any]]:
+    """The recipe's ``export:`` items, written under ``folder``; a refused export is recorded, not raised
+    (the caller reports it after the run's results are safely written)."""
+    from slimkit.primitives.export import export
+
+    results = []
+    for index, item in enumerate(recipe.export):
+        target = folder / item.target()
+        with timings.stage(f"export{'' if index == 0 else f'#{index + 1}'}"):
+            try:
+                if is_offloaded(model):
+                    raise SlimkitError("an offloaded model is exported from its saved folder: run slimkit export on it")
+                result = export(model, target, item.format, item.type, tokenizer=tokenizer).as_dict()
+                result["path"] = item.target()
+            except SlimkitError as error:
+                result = {"format": item.format, "path": item.target(), "error": str(error)}
+        results.append(result)
+    return results
 
 
 def run_recipe(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -285,6 +286,32 @@ def eval_options(
         raise SlimkitError(f"{origin}: {format_validation_error(error)}") from None
 
 
+class ExportItem(Strict):
+    """One export of the saved model (``slimkit export``), written inside the run's output folder."""
+
+    format: Literal["gguf", "hf"] = "gguf"
+    """gguf: a llama.cpp file (llama architecture, or deci for per-layer widths); hf: a plain Hugging Face folder."""
+    type: Literal["f32", "f16", "bf16", "q8_0"] | None = None
+    """GGUF weight type (default f16); not allowed with hf."""
+    path: str | None = None
+    """Where, relative to the output folder (default ``export/model-<type>.gguf`` or ``export/hf``)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ExportItem:
+        if self.format == "hf" and self.type is not None:
+            raise ValueError("type applies to format gguf only")
+        if self.path is not None:
+            parts = PurePosixPath(self.path).parts
+            if not parts or self.path.startswith(("/", "\\")) or ".." in parts or ":" in self.path:
+                raise ValueError(f"path '{self.path}' must be a relative path inside the output folder")
+        return self
+
+    def target(self) -> str:
+        if self.path is not None:
+            return self.path
+        return f"export/model-{self.type or 'f16'}.gguf" if self.format == "gguf" else "export/hf"
+
+
 class ModelConfig(Strict):
     """The model to compress and where it runs. A bare string in a recipe (``model: smollm2-135m``) is
     shorthand for ``{source: smollm2-135m}``."""
@@ -356,6 +383,20 @@ class Recipe(Strict):
     target: Target
     stages: list[StageItem] = Field(min_length=1)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    export: list[ExportItem] = Field(default_factory=list)
+    """Exports of the saved model (a mapping or a list of them): GGUF for llama.cpp, a plain Hugging Face folder."""
+
+    @field_validator("export", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _distinct_exports(self) -> Recipe:
+        targets = [item.target() for item in self.export]
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"export: two exports write the same path ({', '.join(targets)}); give each a path")
+        return self
 
     @field_validator("task")
     @classmethod

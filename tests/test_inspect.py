@@ -57,12 +57,17 @@ def test_loader_verdicts(tmp_path, tokenizer, llama):
     hf = verdicts["transformers from_pretrained"]
     assert hf.answer == "no" and "slimkit_compressed" in hf.detail and "3 low-rank pairs" in hf.detail
     assert "1 residual / basis-change map" in hf.detail
-    assert verdicts["GGUF export"].answer == "not yet"
+    gguf = verdicts["llama.cpp via slimkit export --format gguf"]  # the map on layer 1's input has no exact merge
+    assert gguf.answer == "no" and "model.layers.1.basis_change" in gguf.detail
+    assert verdicts["transformers via slimkit export --format hf"].answer == "no"
 
     for layer in ModelView(llama).layers:
         prune_layer(llama, "mlp_channel", layer.index, torch.arange(40))
     plain = slimkit.save(llama, tokenizer, tmp_path / "plain")
-    assert {v.loader: v.answer for v in folder_loaders(plain)}["transformers from_pretrained"] == "yes"
+    plain_verdicts = {v.loader: v for v in folder_loaders(plain)}
+    assert plain_verdicts["transformers from_pretrained"].answer == "yes"
+    assert plain_verdicts["llama.cpp via slimkit export --format gguf"].detail.startswith("as gguf llama")
+    assert "transformers via slimkit export --format hf" not in plain_verdicts  # already plain
 
     config = json.loads((marked / "config.json").read_text())  # as an older slimkit wrote it
     config["model_type"] = config.pop("slimkit_base_model_type")
@@ -78,10 +83,10 @@ def test_inspect_command_shows_ranks_maps_and_loaders(monkeypatch, capsys, tmp_p
     assert "q: 4, k: 3" in out and "down: 6" in out
     assert "input 48->48" in out and "input of model.layers.1" in out and "48 x 48" in out
     assert "transformers from_pretrained" in out and "slimkit_compressed" in out
-    assert "GGUF export" in out and "not yet" in out
+    assert "slimkit export --format gguf" in out
     description = describe_model(slimkit.load(folder)[0], folder).as_dict()
     assert description["structure"]["ranks"] == {"0": {"q": 4, "k": 3}, "2": {"down": 6}}
-    assert [v["answer"] for v in description["loaders"]] == ["yes", "no", "not yet"]
+    assert [v["answer"] for v in description["loaders"]] == ["yes", "no", "no", "no"]
 
 
 def test_inspect_plain_folder(monkeypatch, capsys, tiny_llama_dir):

@@ -26,8 +26,8 @@ from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
-from slimkit.primitives.export.gguf_file import GGUF_TYPES, GgufResult, write_gguf
-from slimkit.primitives.export.hf_folder import HfResult, write_hf
+from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
+from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, write_hf
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"
@@ -129,8 +129,36 @@ def export(
     return _replace_folder(lambda path: write_hf(model, tokenizer, path, verify=verify), target)
 
 
+def result_lines(result: dict[str, Any]) -> list[str]:
+    """An export result in a few lines (the CLI and the run report)."""
+    if result["format"] == "gguf":
+        lines = [
+            f"wrote {result['path']}: GGUF {result['architecture']} {result['type']}, "
+            f"{result['bytes'] / 2**20:.1f} MiB, {result['tensors']} tensors"
+        ]
+    else:
+        check = result.get("max_abs_logit_diff")
+        verified = "not verified" if check is None else f"stock from_pretrained logits within {check:.2g}"
+        lines = [f"wrote {result['path']}: plain Hugging Face folder ({verified})"]
+    for item in result.get("merged", []):
+        lines.append(f"merged {item}")
+    if result.get("added_params"):
+        lines.append(f"the dense form has {result['added_params']:,} more parameters than the slimkit model")
+    fallbacks = result.get("fallbacks") or []
+    if fallbacks:
+        lines.append(
+            f"{len(fallbacks)} tensors fell back to f16: "
+            + "; ".join(fallbacks[:3])
+            + (" ..." if len(fallbacks) > 3 else "")
+        )
+    lines += [f"warning: {text}" for text in result.get("warnings", [])]
+    return lines
+
+
 __all__ = [
+    "EXPORTABLE_MODEL_TYPES",
     "FORMATS",
+    "HF_MODEL_TYPES",
     "DenseModel",
     "GgufResult",
     "HfResult",
@@ -138,6 +166,7 @@ __all__ = [
     "check_export_target",
     "dense_tensors",
     "export",
+    "result_lines",
     "write_gguf",
     "write_hf",
 ]

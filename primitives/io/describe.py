@@ -9,7 +9,8 @@
   for a saved folder's manifest (used by the run report's width plot).
 * :func:`folder_loaders` says which loaders read a folder exactly: ``slimkit.load`` (always),
   transformers ``from_pretrained`` (only folders that are not slimkit-only, see :mod:`.compat`, with
-  the reason when not) and GGUF export (not yet: slimkit has no export command).
+  the reason when not), and what ``slimkit export`` can turn it into (GGUF for llama.cpp, a plain
+  Hugging Face folder; see :mod:`slimkit.primitives.export.plan`).
 * :func:`describe_model` / :func:`describe_source` gather that with the per-layer widths into a
   :class:`Description` that renders as rich tables (``renderables``) or a dict (``as_dict``).
 """
@@ -207,7 +208,15 @@ def folder_loaders(directory: str | os.PathLike) -> list[LoaderVerdict]:
         )
     else:
         verdicts.append(LoaderVerdict("transformers from_pretrained", True, "uniform widths, no slimkit-only modules"))
-    verdicts.append(LoaderVerdict("GGUF export", None, "slimkit has no export command yet"))
+    from slimkit.primitives.export.plan import export_verdicts
+
+    model_type = unmark_config(config).get("model_type", "?")
+    for verdict in export_verdicts(model_type, config.get("per_layer_config"), manifest.get("modules")):
+        if verdict.format.startswith("gguf"):
+            detail = f"as {verdict.format}: {verdict.detail}" if verdict.ok else verdict.detail
+            verdicts.append(LoaderVerdict("llama.cpp via slimkit export --format gguf", verdict.ok, detail))
+        elif is_marked(config) or reasons:  # a plain folder needs no hf export
+            verdicts.append(LoaderVerdict("transformers via slimkit export --format hf", verdict.ok, verdict.detail))
     return verdicts
 
 

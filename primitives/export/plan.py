@@ -1,0 +1,93 @@
+"""What a saved folder can be exported as, decided from its config and manifest alone (no model built).
+
+Used by ``slimkit inspect`` and the run report ("readable by"); the export itself decides again on the
+loaded model (:mod:`.dense`, :mod:`.gguf_file`, :mod:`.hf_folder`) and the two agree by construction:
+the same structures are merged (low-rank pairs; output maps of the embedding or final norm) or refused
+(maps on a layer's input or residual, LayerNorms converted to RMSNorm, per-layer hidden sizes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES
+from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES
+
+
+@dataclass(frozen=True)
+class ExportVerdict:
+    format: str
+    """``gguf llama``, ``gguf deci``, ``hf`` (what the export would write), or the format asked about."""
+    ok: bool
+    detail: str
+
+
+def _blocking(modules: Iterable[dict[str, Any]]) -> str | None:
+    for entry in modules:
+        kind = entry.get("kind")
+        if kind == "basis_change" and entry.get("hook") in ("input", "residual"):
+            return (
+                f"a residual / basis-change matrix at {entry.get('path')} has no exact merge into a dense decoder "
+                "(SP3 with several layer groups)"
+            )
+        if kind == "rms_norm":
+            return "LayerNorms converted to RMSNorm have no dense-decoder equivalent"
+    return None
+
+
+def _merges(modules: list[dict[str, Any]]) -> str:
+    lowrank = sum(1 for entry in modules if entry.get("kind") == "low_rank")
+    maps = sum(1 for entry in modules if entry.get("kind") == "basis_change" and entry.get("hook") == "output")
+    parts = []
+    if lowrank:
+        parts.append(f"{lowrank} low-rank pairs merged into dense weights (a larger file)")
+    if maps:
+        parts.append(f"{maps} output map{'s' if maps > 1 else ''} folded into the embedding / head (untied)")
+    return "; ".join(parts)
+
+
+def export_verdicts(
+    model_type: str, per_layer: dict[str, dict[str, Any]] | None, modules: list[dict[str, Any]] | None
+) -> list[ExportVerdict]:
+    """The GGUF and plain-HF verdicts for a folder of ``model_type`` with these per-layer widths and modules."""
+    modules = list(modules or [])
+    blocking = _blocking(modules)
+    merges = _merges(modules)
+    per_layer = per_layer or {}
+    hidden = {str(widths.get("hidden_size")) for widths in per_layer.values() if "hidden_size" in widths}
+    if len(hidden) > 1:
+        blocking = blocking or "per-layer hidden sizes cannot be expressed by a dense decoder"
+    varying = sorted(
+        {
+            key
+            for widths in per_layer.values()
+            for key in widths
+            if len({str(w.get(key)) for w in per_layer.values()}) > 1
+        }
+    )
+    suffix = f"; {merges}" if merges else ""
+    verdicts = []
+    if model_type not in EXPORTABLE_MODEL_TYPES:
+        verdicts.append(ExportVerdict("gguf", False, f"GGUF export writes {', '.join(EXPORTABLE_MODEL_TYPES)} models"))
+    elif blocking:
+        verdicts.append(ExportVerdict("gguf", False, blocking))
+    elif varying:
+        verdicts.append(ExportVerdict("gguf deci", True, f"per-layer {', '.join(varying)}{suffix}"))
+    else:
+        verdicts.append(ExportVerdict("gguf llama", True, f"uniform widths{suffix}"))
+    if model_type not in HF_MODEL_TYPES:
+        verdicts.append(ExportVerdict("hf", False, f"--format hf writes {', '.join(HF_MODEL_TYPES)} models"))
+    elif blocking:
+        verdicts.append(ExportVerdict("hf", False, blocking))
+    elif varying:
+        verdicts.append(
+            ExportVerdict("hf", False, f"per-layer {', '.join(varying)}: no Hugging Face config expresses them")
+        )
+    else:
+        verdicts.append(ExportVerdict("hf", True, f"uniform widths{suffix}"))
+    return verdicts
+
+
+__all__ = ["ExportVerdict", "export_verdicts"]
