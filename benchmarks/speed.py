@@ -10,6 +10,12 @@ always measured first. The table gives the median of the rounds and the ratio to
 every compressed model with the dense one). Parameters and MACs come from
 :mod:`slimkit.primitives.evaluate.counting`. Numbers are ratios for this machine and run, not absolute
 claims. Writes JSON with ``--json``.
+
+``--backend llama.cpp`` measures the same models in llama.cpp instead: each is exported to GGUF
+(``--type``, default f16; into ``--gguf-dir`` or a temporary folder) and loaded once, then measured in
+the same interleaved rounds with the same thread count (``--threads``), batch 1, greedy decode one
+token per call (:func:`slimkit.primitives.evaluate.llamacpp.gguf_throughput`). A model that cannot be
+exported is reported with the one-line reason and left out of the table.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +55,26 @@ def _median(values) -> float:
 
 
 def measure(
-    models: list[tuple[str, Any, int]], rounds: int, prompt_len: int, new_tokens: int, batch: int = 1
+    models: list[tuple[str, Any, int]],
+    rounds: int,
+    prompt_len: int,
+    new_tokens: int,
+    batch: int = 1,
+    sample: Any = None,
 ) -> list[dict[str, Any]]:
     """Interleaved throughput of ``(name, model, vocab_size)`` triples (names unique): ``rounds`` rounds,
     each measuring every model once in an order rotated by one per round; per model the medians and
     their ratios to the first model's medians (a decode sample that stays implausible after
-    ``ATTEMPTS`` tries is NaN and left out of the median)."""
+    ``ATTEMPTS`` tries is NaN and left out of the median). ``sample(model)`` replaces the PyTorch
+    measurement with another backend's ``(prefill, decode)`` tokens/s."""
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _m, _v in models}
     for index in range(rounds):
         shift = index % len(models)
         for name, model, vocab_size in models[shift:] + models[:shift]:
-            samples[name].append(_sample(model, vocab_size, batch, prompt_len, new_tokens))
+            if sample is None:
+                samples[name].append(_sample(model, vocab_size, batch, prompt_len, new_tokens))
+            else:
+                samples[name].append(sample(model))
     rows = []
     for name, _model, _vocab in models:
         rows.append(
@@ -77,6 +93,30 @@ def measure(
     return rows
 
 
+def _llamacpp_models(
+    loaded: list[tuple[str, Any, Any]], args: argparse.Namespace, folder: Path
+) -> tuple[list[tuple[str, Any, int]], dict[str, dict[str, Any]]]:
+    """Export every model to GGUF and load it in llama.cpp; ``(name, llama, vocab)`` and the export results."""
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.primitives.evaluate.llamacpp import load_gguf
+    from slimkit.primitives.export import export
+
+    handles, exports = [], {}
+    for index, (name, model, tokenizer) in enumerate(loaded):
+        path = folder / f"{index}-{Path(name).parent.name or name}-{args.type}.gguf"
+        try:
+            result = export(model, path, "gguf", args.type, tokenizer=tokenizer, force=True)
+        except SlimkitError as error:
+            print(f"{name}: not exported: {error}")
+            exports[name] = {"error": str(error)}
+            continue
+        exports[name] = {k: v for k, v in result.as_dict().items() if k != "fallbacks"} | {
+            "fallback_tensors": len(result.fallbacks)
+        }
+        handles.append((name, load_gguf(path, args.prompt_len + args.new_tokens, threads=args.threads), 0))
+    return handles, exports
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="model sources or folders; the first is the baseline")
@@ -85,21 +125,44 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch")
+    parser.add_argument("--type", default="f16", help="GGUF type for --backend llama.cpp (f32, f16, bf16, q8_0)")
+    parser.add_argument("--gguf-dir", type=Path, default=None, help="keep the exported GGUF files here")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     loaded = [(name, *slimkit.load_source(name)[:2]) for name in args.models]
-    measured = measure(
-        [(name, model, len(tokenizer)) for name, model, tokenizer in loaded],
-        args.rounds,
-        args.prompt_len,
-        args.new_tokens,
-        args.batch,
-    )
+    exports: dict[str, dict[str, Any]] = {}
+    if args.backend == "llama.cpp":
+        from slimkit.primitives.evaluate.llamacpp import gguf_throughput
+
+        with tempfile.TemporaryDirectory(prefix="slimkit-speed-") as scratch:
+            folder = args.gguf_dir or Path(scratch)
+            folder.mkdir(parents=True, exist_ok=True)
+            handles, exports = _llamacpp_models(loaded, args, folder)
+
+            def sample(llama: Any) -> tuple[float, float]:
+                result = gguf_throughput(llama, args.prompt_len, args.new_tokens, args.threads, repeats=1)
+                return result["prefill_tokens_per_s"], result["decode_tokens_per_s"]
+
+            measured = measure(handles, args.rounds, args.prompt_len, args.new_tokens, 1, sample)
+            for _name, llama, _vocab in handles:
+                llama.close()
+        kept = {row["model"] for row in measured}
+        loaded = [item for item in loaded if item[0] in kept]
+    else:
+        measured = measure(
+            [(name, model, len(tokenizer)) for name, model, tokenizer in loaded],
+            args.rounds,
+            args.prompt_len,
+            args.new_tokens,
+            args.batch,
+        )
     rows = []
     for (_name, model, _tokenizer), row in zip(loaded, measured, strict=True):
-        rows.append({**row, "params": count_params(model), "macs": count_macs(model, args.prompt_len)})
+        extra = {"export": exports[row["model"]]} if row["model"] in exports else {}
+        rows.append({**row, "params": count_params(model), "macs": count_macs(model, args.prompt_len), **extra})
     print(f"| model | params | MACs ({args.prompt_len} tok) | prefill tok/s | decode tok/s | prefill x | decode x |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
@@ -108,8 +171,12 @@ def main() -> None:
             f"{row['decode_tokens_per_s']:.1f} | {row['prefill_ratio']:.2f} | {row['decode_ratio']:.2f} |"
         )
     if args.json is not None:
-        settings = {k: getattr(args, k) for k in ("prompt_len", "new_tokens", "batch", "rounds", "threads")}
-        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+        keys = ("prompt_len", "new_tokens", "batch", "rounds", "threads", "backend")
+        settings = {k: getattr(args, k) for k in keys}
+        if args.backend == "llama.cpp":
+            settings["type"] = args.type
+        failed = {name: item["error"] for name, item in exports.items() if "error" in item}
+        args.json.write_text(json.dumps({"settings": settings, "rows": rows, "not_exported": failed}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from slimkit.primitives.evaluate.llamacpp import gguf_logits, nll_perplexity
 from slimkit.primitives.export import dense_tensors, export
 from slimkit.primitives.export.gguf_file import llama3_rope_factors, rope_permute
 from slimkit.primitives.export.gguf_vocab import pre_tokenizer_name
+from slimkit.primitives.io.describe import folder_loaders
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.recipes.loading import validate
@@ -216,7 +217,7 @@ def test_residual_matrices_between_groups_are_refused_in_one_line(tmp_path, bpe)
     project_hidden_dimension(model, _batches(), ProjectionSettings(group_size=2, ratio=0.25))
     for format in ("gguf", "hf"):
         out = tmp_path / ("m.gguf" if format == "gguf" else "hf")
-        with pytest.raises(SlimkitError, match=r"no exact merge.*group_size: null") as error:
+        with pytest.raises(SlimkitError, match=r"no exact merge.*group_size: all") as error:
             export(model, out, format, tokenizer=bpe)
         assert "\n" not in str(error.value) and not out.exists()
     assert _no_partials(tmp_path)
@@ -379,3 +380,19 @@ def test_recipe_export_is_refused_up_front_for_an_encoder_or_without_an_output(t
     raw = tiny_recipe(tiny_bpe_llama_dir, export={"format": "gguf"})
     with pytest.raises(SlimkitError, match="give the run an output folder"):
         slimkit.run(validate(raw, "t"))
+
+
+def test_a_hidden_size_llama_config_refuses_is_gguf_only(tmp_path, bpe):
+    model = tiny_llama(layers=4)
+    project_hidden_dimension(model, _batches(), ProjectionSettings(group_size=None, ratio=0.3))
+    assert ModelView(model).hidden_size == 34  # not a multiple of the 6 heads
+    with pytest.raises(
+        SlimkitError, match=r"LlamaConfig refuses these widths \(The hidden size \(34\) is not a multiple"
+    ):
+        export(model, tmp_path / "hf", "hf", tokenizer=bpe)
+    assert not (tmp_path / "hf").exists()
+    export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert_llamacpp_matches(model, tmp_path / "m.gguf")
+    verdicts = {v.loader: v for v in folder_loaders(slimkit.save(model, bpe, tmp_path / "saved"))}
+    assert verdicts["llama.cpp via slimkit export --format gguf"].answer == "yes"
+    assert "refuses" in verdicts["transformers via slimkit export --format hf"].detail

@@ -98,10 +98,16 @@ def gguf_perplexity(path: str | os.PathLike, ids: list[int], threads: int | None
 
 
 def gguf_throughput(
-    path: str | os.PathLike, prompt_len: int = 128, new_tokens: int = 32, threads: int | None = None, repeats: int = 3
+    model: Any, prompt_len: int = 128, new_tokens: int = 32, threads: int | None = None, repeats: int = 3
 ) -> dict[str, float]:
-    """Median prefill and decode tokens/s of a GGUF file in llama.cpp (batch 1, greedy, fixed ids)."""
-    model = load_gguf(path, n_ctx=prompt_len + new_tokens, threads=threads)
+    """Median prefill and decode tokens/s in llama.cpp (batch 1, greedy from fixed random ids).
+
+    ``model`` is a GGUF path (loaded and closed here) or a loaded ``llama_cpp.Llama`` with a context of at
+    least ``prompt_len + new_tokens``. Decode feeds one token per call, as a chat client does.
+    """
+    owned = not hasattr(model, "eval")
+    if owned:
+        model = load_gguf(model, n_ctx=prompt_len + new_tokens, threads=threads)
     vocab = model.n_vocab()
     prompt = [int(i) for i in torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(0))]
     prefill, decode = [], []
@@ -117,12 +123,9 @@ def gguf_throughput(
                 model.eval([token])
             decode.append(new_tokens / (time.perf_counter() - start))
     finally:
-        model.close()
-    return {
-        "prefill_tokens_per_s": float(np.median(prefill)),
-        "decode_tokens_per_s": float(np.median(decode)),
-        "threads": float(threads or os.cpu_count() or 1),
-    }
+        if owned:
+            model.close()
+    return {"prefill_tokens_per_s": float(np.median(prefill)), "decode_tokens_per_s": float(np.median(decode))}
 
 
 __all__ = ["gguf_logits", "gguf_perplexity", "gguf_throughput", "load_gguf", "nll_perplexity"]

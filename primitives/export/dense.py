@@ -17,7 +17,7 @@ merged **exactly** and refusing the rest in one line:
 * a map on a decoder layer's input (SP3's residual matrix between layer groups, Eq. 18) has no exact
   merge: the residual stream of a Llama decoder is one basis from the embeddings to the head, and
   the map would have to be applied to the residual sum inside the layer. Refused: re-run SP3 with
-  one group (``group_size: null``) for an exportable model. LayerNorms converted to RMSNorm and
+  one group (``group_size: all``) for an exportable model. LayerNorms converted to RMSNorm and
   per-layer hidden sizes are refused likewise.
 
 Nothing here modifies the model: unmerged tensors are the model's own (no copy), merged ones are new.
@@ -73,7 +73,7 @@ def _refuse_structures(model: nn.Module, view: ModelView, allowed_hosts: set[str
             f"{len(residual)} residual / basis-change matrices inside the decoder "
             f"({residual[0]}{', ...' if len(residual) > 1 else ''}) "
             "have no exact merge into a dense Llama decoder (its residual stream has one basis); "
-            "run SP3 with one layer group (group_size: null) for an exportable model, or serve it with slimkit.load"
+            "run SP3 with one layer group (group_size: all) for an exportable model, or serve it with slimkit.load"
         )
     sizes = {layer_hidden_size(layer) for layer in view.layers}
     if sizes != {view.hidden_size}:

@@ -59,7 +59,15 @@ def plain_config(model: nn.Module, dense: Any) -> transformers.PretrainedConfig:
     values.update(widths)
     values["hidden_size"] = dense.hidden_size
     values["tie_word_embeddings"] = dense.tied
-    return type(model.config)(**values)
+    try:
+        config = type(model.config)(**values)
+        config.validate()
+    except Exception as error:  # transformers validates widths in the constructor or in validate()
+        reason = " ".join(str(error).split()).split("ValueError: ")[-1].rstrip(".")
+        raise SlimkitError(
+            f"{type(model.config).__name__} refuses these widths ({reason}); use --format gguf or slimkit.load"
+        ) from None
+    return config
 
 
 def _check_ids(model: nn.Module) -> torch.Tensor:

@@ -85,6 +85,15 @@ def export_verdicts(
         verdicts.append(
             ExportVerdict("hf", False, f"per-layer {', '.join(varying)}: no Hugging Face config expresses them")
         )
+    elif per_layer:
+        verdicts.append(
+            ExportVerdict(
+                "hf",
+                False,
+                "uniform widths the Hugging Face config class refuses (e.g. a hidden size not a multiple "
+                "of the head count)",
+            )
+        )
     else:
         verdicts.append(ExportVerdict("hf", True, f"uniform widths{suffix}"))
     return verdicts
