@@ -38,11 +38,10 @@ here too (6; smollm2 9) and cuts MLP channels 64 -> 55 and features 48 -> 41 uni
 1536 -> 1333, 576 -> 500): gguf llama; llm-pruner and llm-pruner+wanda vary intermediate_size and
 num_attention_heads per layer: gguf deci; lorap's and lorap+cce's low-rank pairs are q and k in
 every layer (8 = 2 x 4 here, 60 = 2 x 30 on smollm2; v and o stay dense); sp3+lorap merges them and
-the final norm's map; sp3-oneshot's residual matrix is refused. One difference from what
-``slimkit inspect`` / the run report predict: a hidden size that is not a multiple of the head count
-(cce's 41 over 6 heads here, smollm2's 500 over 9 as well; llm-pruner-channel) makes the hf export
-crash in transformers' config validation instead of writing or refusing in one line; the table shows
-it as "hf export crashed" (a bug in the exporter, reported by ``tests/test_exportable.py``).
+the final norm's map; sp3-oneshot's residual matrix is refused. A hidden size that is not a
+multiple of the head count (cce's 41 and llm-pruner-channel's 38 over 6 heads here) is refused by
+``--format hf`` (transformers' config class rejects it), so those are ``gguf llama`` without hf;
+smollm2's cce (500 over 9 heads) fails the same check (inferred, not run here).
 
 Writes JSON with ``--json`` (every row, the export results and the one-line refusals).
 """
@@ -350,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, skipped))
     print(f"\n{len(rows)} recipes in {time.perf_counter() - start:.0f} s on a tiny random Llama ({LAYERS} layers)")
     if args.json:
-        payload = {"tolerance": TOLERANCE, "rows": [asdict(row) for row in rows], "not_checked": skipped}
+        dumped = [{**asdict(row), "gguf_ok": row.gguf_ok, "hf_ok": row.hf_ok} for row in rows]
+        payload = {"tolerance": TOLERANCE, "rows": dumped, "not_checked": skipped}
         args.json.write_text(json.dumps(payload, indent=2, default=str))
     return 0 if all(row.ok for row in rows) else 1
 

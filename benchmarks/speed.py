@@ -117,6 +117,23 @@ def _llamacpp_models(
     return handles, exports
 
 
+def _window_perplexities(loaded: list[tuple[str, Any, Any]], exports: dict[str, dict[str, Any]], tokens: int) -> None:
+    """Perplexity of one WikiText-2 window in PyTorch and in llama.cpp, into each export record."""
+    from slimkit.primitives import textdata
+    from slimkit.primitives.evaluate.llamacpp import gguf_logits, nll_perplexity
+    from slimkit.primitives.evaluate.perplexity import corpus_ids
+
+    for name, model, tokenizer in loaded:
+        record = exports.get(name, {})
+        if "path" not in record:
+            continue
+        ids = corpus_ids(tokenizer, textdata.text("wikitext2"), tokens)[:tokens]
+        with torch.no_grad():
+            record["ppl_torch"] = nll_perplexity(model(ids[None]).logits[0], ids)
+        record["ppl_llamacpp"] = nll_perplexity(gguf_logits(record["path"], ids.tolist()), ids)
+        record["ppl_tokens"] = tokens
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="model sources or folders; the first is the baseline")
@@ -128,6 +145,13 @@ def main() -> None:
     parser.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch")
     parser.add_argument("--type", default="f16", help="GGUF type for --backend llama.cpp (f32, f16, bf16, q8_0)")
     parser.add_argument("--gguf-dir", type=Path, default=None, help="keep the exported GGUF files here")
+    parser.add_argument(
+        "--ppl-tokens",
+        type=int,
+        default=0,
+        help="llama.cpp: also the perplexity of each GGUF and of the PyTorch model on one window of this many "
+        "WikiText-2 tokens (same token ids)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -149,6 +173,8 @@ def main() -> None:
             measured = measure(handles, args.rounds, args.prompt_len, args.new_tokens, 1, sample)
             for _name, llama, _vocab in handles:
                 llama.close()
+            if args.ppl_tokens:
+                _window_perplexities(loaded, exports, args.ppl_tokens)
         kept = {row["model"] for row in measured}
         loaded = [item for item in loaded if item[0] in kept]
     else:
@@ -170,6 +196,12 @@ def main() -> None:
             f"| {row['model']} | {row['params']:,} | {row['macs']:,} | {row['prefill_tokens_per_s']:.1f} | "
             f"{row['decode_tokens_per_s']:.1f} | {row['prefill_ratio']:.2f} | {row['decode_ratio']:.2f} |"
         )
+    for name, record in exports.items():
+        if "ppl_llamacpp" in record:
+            print(
+                f"{name}: perplexity on {record['ppl_tokens']} WikiText-2 tokens: PyTorch {record['ppl_torch']:.3f}, "
+                f"llama.cpp {record['ppl_llamacpp']:.3f} ({record['type']}, {record['bytes'] / 2**20:.1f} MiB)"
+            )
     if args.json is not None:
         keys = ("prompt_len", "new_tokens", "batch", "rounds", "threads", "backend")
         settings = {k: getattr(args, k) for k in keys}

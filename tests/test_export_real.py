@@ -82,6 +82,6 @@ def test_bundled_sp3_oneshot_result_is_refused_in_one_line(real_cache, monkeypat
     monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
     recipe, raw = load_recipe("sp3-oneshot", SMALL)
     run_recipe(recipe, raw, tmp_path / "run")
-    with pytest.raises(SlimkitError, match=r"residual / basis-change matrices .* group_size: all") as error:
+    with pytest.raises(SlimkitError, match=r"7 residual / basis-change matrices .*have no exact merge.*group_size: all") as error:
         export(tmp_path / "run" / "model", tmp_path / "m.gguf", "gguf")
     assert "\n" not in str(error.value) and not (tmp_path / "m.gguf").exists()

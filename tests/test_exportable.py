@@ -90,15 +90,13 @@ def test_the_run_reports_prediction_agrees_with_the_gguf_export(checked):
             )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hf_folder.plain_config builds a LlamaConfig whose hidden_size is not a multiple of "
-    "num_attention_heads after hidden-feature pruning (cce*, llm-pruner-channel; smollm2's cce: 500 and 9 "
-    "heads); transformers' validator raises a multi-line StrictDataclassClassValidationError instead of a "
-    "one-line refusal, and plan.export_verdicts predicts hf: yes. Reported, not fixed here.",
-)
-def test_every_hf_export_is_written_or_refused_in_one_line(checked):
+def test_every_hf_export_is_written_or_refused_in_one_line_as_predicted(checked):
+    """A hidden size that is not a multiple of the head count (cce*, llm-pruner-channel: 41 or 38 over 6 heads;
+    smollm2's cce: 500 over 9) is refused by transformers' config class: one line, and predicted so."""
     rows, _ = checked
-    crashed = {name: row.hf_error for name, row in rows.items() if row.hf_crash}
-    assert not crashed
-    assert all(row.hf_ok for row in rows.values())
+    for name, row in rows.items():
+        assert not row.hf_crash and row.hf_ok, f"{name}: {row.hf_error}"
+        if row.predicted_hf is not None:  # listed for folders stock transformers cannot read
+            assert row.predicted_hf.startswith("yes: " if row.hf is not None else "no: "), f"{name}: {row.predicted_hf}"
+    for name in ("cce", "llm-pruner-channel"):
+        assert rows[name].exportable == "gguf llama" and "not a multiple" in rows[name].hf_error

@@ -69,11 +69,13 @@ def _refuse_structures(model: nn.Module, view: ModelView, allowed_hosts: set[str
     residual = [name for name, module in model.named_modules() if isinstance(module, BasisChange)]
     residual = [name for name in residual if name.rpartition(".")[0] not in allowed_hosts]
     if residual:
+        what = "matrix" if len(residual) == 1 else "matrices"
+        has = "has" if len(residual) == 1 else "have"
         raise SlimkitError(
-            f"{len(residual)} residual / basis-change matrices inside the decoder "
-            f"({residual[0]}{', ...' if len(residual) > 1 else ''}) "
-            "have no exact merge into a dense Llama decoder (its residual stream has one basis); "
-            "run SP3 with one layer group (group_size: all) for an exportable model, or serve it with slimkit.load"
+            f"{len(residual)} residual / basis-change {what} inside the decoder "
+            f"({residual[0]}{', ...' if len(residual) > 1 else ''}) {has} no exact merge into a dense Llama decoder "
+            "(its residual stream has one basis); run SP3 with one layer group (group_size: all) for an exportable "
+            "model, or serve it with slimkit.load"
         )
     sizes = {layer_hidden_size(layer) for layer in view.layers}
     if sizes != {view.hidden_size}:

@@ -39,12 +39,14 @@ def _blocking(modules: Iterable[dict[str, Any]]) -> str | None:
 
 def _merges(modules: list[dict[str, Any]]) -> str:
     lowrank = sum(1 for entry in modules if entry.get("kind") == "low_rank")
-    maps = sum(1 for entry in modules if entry.get("kind") == "basis_change" and entry.get("hook") == "output")
+    maps = [entry for entry in modules if entry.get("kind") == "basis_change" and entry.get("hook") == "output"]
     parts = []
     if lowrank:
         parts.append(f"{lowrank} low-rank pairs merged into dense weights (a larger file)")
-    if maps:
-        parts.append(f"{maps} output map{'s' if maps > 1 else ''} folded into the embedding / head (untied)")
+    for entry in maps:
+        host = str(entry.get("path", "")).rpartition(".basis_change")[0]
+        into = "the embedding table" if host.endswith("embed_tokens") else "the head"
+        parts.append(f"the output map of {host} folded into {into} (untied)")
     return "; ".join(parts)
 
 
