@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 __version__ = "0.1.0"
 
-__all__ = ["Recipe", "Result", "__version__", "evaluate", "load", "load_source", "run", "save"]
+__all__ = ["Recipe", "Result", "__version__", "evaluate", "export", "load", "load_source", "run", "save"]
 
 
 def run(recipe, out=None, *, model=None, tokenizer=None, force: bool = False, evaluate: bool = True, overrides=None):
@@ -97,4 +97,8 @@ def __getattr__(name: str):
         from slimkit.primitives.sources import load_source
 
         return load_source
+    if name == "export":
+        from slimkit.primitives.export import export
+
+        return export
     raise AttributeError(f"module 'slimkit' has no attribute {name!r}")

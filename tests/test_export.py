@@ -28,7 +28,7 @@ from slimkit.recipes.runner import run_recipe
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.test_io import _prune_non_uniform
 from tests.test_recipes import tiny_recipe
-from tests.tiny import bpe_tokenizer, model_output, tiny_bert, tiny_llama
+from tests.tiny import bpe_tokenizer, model_output, spm_tokenizer, tiny_bert, tiny_llama
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
 
@@ -396,3 +396,29 @@ def test_a_hidden_size_llama_config_refuses_is_gguf_only(tmp_path, bpe):
     verdicts = {v.loader: v for v in folder_loaders(slimkit.save(model, bpe, tmp_path / "saved"))}
     assert verdicts["llama.cpp via slimkit export --format gguf"].answer == "yes"
     assert "refuses" in verdicts["transformers via slimkit export --format hf"].detail
+
+
+def _llamacpp_tokens(path, text: str) -> list[int]:
+    from slimkit.primitives.evaluate.llamacpp import load_gguf
+
+    model = load_gguf(path, n_ctx=64, threads=1)
+    try:
+        return list(model.tokenize(text.encode(), add_bos=False, special=False))
+    finally:
+        model.close()
+
+
+def test_sentencepiece_style_tokenizer_is_llamas_with_scores_and_byte_tokens(tmp_path):
+    tokenizer = spm_tokenizer()
+    model = tiny_llama()
+    result = export(model, tmp_path / "spm.gguf", "gguf", "f32", tokenizer=tokenizer)
+    assert _field(tmp_path / "spm.gguf", "tokenizer.ggml.model") == "llama" and not result.warnings
+    assert_llamacpp_matches(model, tmp_path / "spm.gguf")
+    text = "the hat the\u00e9"  # merges, plain pieces and a byte-fallback character
+    assert _llamacpp_tokens(tmp_path / "spm.gguf", text) == tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_byte_level_tokenizer_tokenizes_text_like_hugging_face_in_llamacpp(tmp_path, bpe):
+    export(tiny_llama(), tmp_path / "bpe.gguf", "gguf", "f32", tokenizer=bpe)
+    text = "the the theme"
+    assert _llamacpp_tokens(tmp_path / "bpe.gguf", text) == bpe(text, add_special_tokens=False).input_ids

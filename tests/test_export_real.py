@@ -14,7 +14,7 @@ import transformers
 import slimkit
 from slimkit.primitives import textdata
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.evaluate.llamacpp import gguf_logits, nll_perplexity
+from slimkit.primitives.evaluate.llamacpp import gguf_logits, load_gguf, nll_perplexity
 from slimkit.primitives.evaluate.perplexity import corpus_ids
 from slimkit.primitives.export import export
 from slimkit.recipes.loading import load_recipe
@@ -68,6 +68,16 @@ def test_recipe_result_runs_in_llamacpp_with_slimkits_perplexity(name, real_cach
         assert actual == pytest.approx(expected, rel=TOLERANCE[type])
     if name == "lorap":
         assert result.merged and result.added_params > 0
+    if name == "wanda-channels":  # llama.cpp splits text as the Hugging Face tokenizer does ("smollm" pre-tokenizer)
+        text = textdata.text("wikitext2")[:3000]
+        llama = load_gguf(result.path, n_ctx=64, threads=2)
+        try:
+            assert (
+                list(llama.tokenize(text.encode(), add_bos=False, special=False))
+                == tokenizer(text, add_special_tokens=False).input_ids
+            )
+        finally:
+            llama.close()
     if name == "sp3-oneshot":  # 516 hidden features over 9 heads: LlamaConfig refuses it
         with pytest.raises(SlimkitError, match=r"LlamaConfig refuses these widths .*multiple.*--format gguf"):
             export(model, tmp_path / "hf", "hf", tokenizer=tokenizer)
@@ -82,6 +92,8 @@ def test_bundled_sp3_oneshot_result_is_refused_in_one_line(real_cache, monkeypat
     monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
     recipe, raw = load_recipe("sp3-oneshot", SMALL)
     run_recipe(recipe, raw, tmp_path / "run")
-    with pytest.raises(SlimkitError, match=r"7 residual / basis-change matrices .*have no exact merge.*group_size: all") as error:
+    with pytest.raises(
+        SlimkitError, match=r"7 residual / basis-change matrices .*have no exact merge.*group_size: all"
+    ) as error:
         export(tmp_path / "run" / "model", tmp_path / "m.gguf", "gguf")
     assert "\n" not in str(error.value) and not (tmp_path / "m.gguf").exists()

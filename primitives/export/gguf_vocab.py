@@ -14,7 +14,10 @@ holds the hashes of the families slimkit supports (values from llama.cpp's
 (:attr:`Vocabulary.warning`): llama.cpp then splits text with its default rules, so text it
 tokenizes may differ from the Hugging Face tokenizer; token ids fed directly are unaffected.
 
-SentencePiece (``tokenizer.ggml.model = "llama"``) and other tokenizer models are refused.
+SentencePiece-style BPE tokenizers (Llama 2, Mistral 7B: ``byte_fallback`` and ``▁`` for spaces in
+``tokenizer.json``) are written as llama.cpp's ``llama`` tokenizer model with per-token scores and
+BYTE token types, through gguf's own :class:`gguf.LlamaHfVocab`, as llama.cpp's converter does.
+Other tokenizer models (WordPiece, Unigram) are refused in one line.
 """
 
 from __future__ import annotations
@@ -50,30 +53,60 @@ KNOWN_PRE_TOKENIZERS = {
 
 @dataclass
 class Vocabulary:
-    tokens: list[str]
+    tokens: list[str] | list[bytes]
     token_types: list[int]
     pre: str
     check_hash: str
     special: gguf.SpecialVocab
     add_bos: bool
     warning: str | None = None
+    model: str = "gpt2"
+    """llama.cpp's tokenizer model: ``gpt2`` (byte-level BPE) or ``llama`` (SentencePiece-style, with scores)."""
+    scores: list[float] | None = None
 
     def add_to(self, writer: gguf.GGUFWriter) -> None:
-        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_model(self.model)
         writer.add_tokenizer_pre(self.pre)
         writer.add_token_list(self.tokens)
+        if self.scores is not None:
+            writer.add_token_scores(self.scores)
         writer.add_token_types(self.token_types)
         writer.add_add_bos_token(self.add_bos)
         self.special.add_to_gguf(writer, quiet=True)
 
 
-def _tokenizer_model(tokenizer: Any) -> str:
+def _tokenizer_json(tokenizer: Any) -> dict[str, Any]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise SlimkitError(
-            f"tokenizer {type(tokenizer).__name__} is not a fast (tokenizers) tokenizer; GGUF export needs one"
-        )
-    return str(json.loads(backend.to_str())["model"]["type"])
+        raise SlimkitError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; GGUF export needs one")
+    return json.loads(backend.to_str())
+
+
+def _sentencepiece_vocabulary(tokenizer: Any, vocab_size: int) -> Vocabulary:
+    """A SentencePiece-style BPE tokenizer as llama.cpp's ``llama`` tokenizer (gguf's LlamaHfVocab)."""
+    with tempfile.TemporaryDirectory(prefix="slimkit-vocab-") as folder:
+        tokenizer.save_pretrained(folder)
+        try:
+            source = gguf.LlamaHfVocab(Path(folder))
+        except (FileNotFoundError, TypeError) as error:
+            raise SlimkitError(f"SentencePiece-style tokenizer not readable by gguf's LlamaHfVocab: {error}") from None
+        tokens: list[bytes] = []
+        scores: list[float] = []
+        types: list[int] = []
+        for text, score, kind in source.all_tokens():
+            tokens.append(text)
+            scores.append(float(score))
+            types.append(int(kind))
+        if len(tokens) > vocab_size:
+            raise SlimkitError(
+                f"the tokenizer has {len(tokens)} tokens but the model's embedding has {vocab_size} rows"
+            )
+        for index in range(len(tokens), vocab_size):
+            tokens.append(f"[PAD{index}]".encode())
+            scores.append(-1000.0)
+            types.append(int(gguf.TokenType.UNUSED))
+        special = gguf.SpecialVocab(Path(folder), n_vocab=vocab_size)
+    return Vocabulary(tokens, types, "default", "", special, _adds_bos(tokenizer), model="llama", scores=scores)
 
 
 def pre_tokenizer_name(tokenizer: Any) -> tuple[str | None, str]:
@@ -92,10 +125,15 @@ def _adds_bos(tokenizer: Any) -> bool:
 
 
 def vocabulary(tokenizer: Any, vocab_size: int) -> Vocabulary:
-    """GGUF tokenizer metadata for a byte-level BPE ``tokenizer`` and a model of ``vocab_size`` rows."""
-    kind = _tokenizer_model(tokenizer)
+    """GGUF tokenizer metadata for a BPE ``tokenizer`` and a model of ``vocab_size`` rows."""
+    data = _tokenizer_json(tokenizer)
+    kind = str(data["model"]["type"])
     if kind != "BPE":
-        raise SlimkitError(f"tokenizer model '{kind}': GGUF export writes byte-level BPE (GPT-2 style) tokenizers only")
+        raise SlimkitError(
+            f"tokenizer model '{kind}': GGUF export writes BPE tokenizers (byte-level or SentencePiece-style)"
+        )
+    if data["model"].get("byte_fallback"):
+        return _sentencepiece_vocabulary(tokenizer, vocab_size)
     vocab = tokenizer.get_vocab()
     if vocab and max(vocab.values()) >= vocab_size:
         raise SlimkitError(
