@@ -28,7 +28,7 @@ from slimkit.recipes.runner import run_recipe
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.test_io import _prune_non_uniform
 from tests.test_recipes import tiny_recipe
-from tests.tiny import bpe_tokenizer, model_output, spm_tokenizer, tiny_bert, tiny_llama
+from tests.tiny import FAMILIES, bpe_tokenizer, model_output, spm_tokenizer, tiny_bert, tiny_llama
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
 
@@ -282,7 +282,7 @@ def test_bad_arguments_and_outputs_are_one_line_before_any_work(tmp_path, bpe):
     for kwargs, message in cases:
         with pytest.raises(SlimkitError, match=message.replace("(", r"\(")):
             export(model, tmp_path / "x", tokenizer=bpe, **kwargs)
-    with pytest.raises(SlimkitError, match="model types llama, mistral; this model is 'bert'"):
+    with pytest.raises(SlimkitError, match="model types llama, mistral, qwen2, qwen3; this model is 'bert'"):
         export(tiny_bert(), tmp_path / "b.gguf", "gguf", tokenizer=bpe)
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(SlimkitError, match="exists; pass --force"):
@@ -422,3 +422,27 @@ def test_byte_level_tokenizer_tokenizes_text_like_hugging_face_in_llamacpp(tmp_p
     export(tiny_llama(), tmp_path / "bpe.gguf", "gguf", "f32", tokenizer=bpe)
     text = "the the theme"
     assert _llamacpp_tokens(tmp_path / "bpe.gguf", text) == bpe(text, add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
+def test_other_llama_family_models_run_in_llamacpp(tmp_path, bpe, family):
+    model = FAMILIES[family]()
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert result.architecture == ("llama" if family == "mistral" else family)
+    if family == "mistral":  # the 4096 window is longer than the tiny model's 256 context: nothing lost
+        assert not [text for text in result.warnings if "sliding_window" in text]
+        short = export(FAMILIES[family](sliding_window=16), tmp_path / "w.gguf", "gguf", "f32", tokenizer=bpe)
+        assert any("sliding_window 16 is not written" in text for text in short.warnings)
+    if family == "qwen3":
+        assert "blk.0.attn_q_norm.weight" in _tensor_types(tmp_path / "m.gguf")
+    assert_llamacpp_matches(model, tmp_path / "m.gguf")
+    verdicts = {v.loader: v for v in folder_loaders(slimkit.save(model, bpe, tmp_path / "saved"))}
+    assert verdicts["llama.cpp via slimkit export --format gguf"].answer == "yes"
+
+
+def test_per_layer_qwen_widths_are_refused_for_gguf(tmp_path, bpe):
+    model = FAMILIES["qwen2"]()
+    _prune_non_uniform(model)
+    with pytest.raises(SlimkitError, match=r"per-layer widths of a qwen2 model: llama\.cpp's deci"):
+        export(model, tmp_path / "m.gguf", "gguf", tokenizer=bpe)
+    assert not (tmp_path / "m.gguf").exists() and _no_partials(tmp_path)

@@ -22,8 +22,12 @@ pruned MLP width feeding ``ffn_down``, for instance — falls back to ``f16`` fo
 :attr:`GgufResult.fallbacks` lists each.
 
 RoPE: the base frequency and, for Llama 3.x, the ``llama3`` frequency factors (``rope_freqs``) and
-``linear`` scaling are written; other scaling types are refused. Models: ``llama`` and ``mistral``
-(without a sliding window shorter than the context); others are refused in one line.
+``linear`` scaling are written; other scaling types are refused.
+
+Models: ``llama`` and ``mistral`` as above (a Mistral sliding window is not written, as llama.cpp's
+converter does not: the result says so); ``qwen2`` (q/k/v biases) and ``qwen3`` (q/k norms) with
+uniform widths as llama.cpp's ``qwen2`` / ``qwen3`` architectures (NEOX RoPE, so no permutation).
+Per-layer widths of Qwen models are refused: ``deci`` has neither biases nor q/k norms.
 
 The file is written to a temporary sibling and renamed into place.
 """
@@ -59,13 +63,18 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = ("llama", "mistral")
+EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -125,19 +134,36 @@ def rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def check_exportable(model: nn.Module) -> None:
-    """One line when llama.cpp cannot run this model type / attention / RoPE configuration."""
+def gguf_architecture(model_type: str, uniform: bool) -> str:
+    """llama.cpp's architecture for a model type and width pattern (one line when there is none)."""
+    if model_type in ("llama", "mistral"):
+        return "llama" if uniform else "deci"
+    if model_type in ("qwen2", "qwen3"):
+        if not uniform:
+            raise SlimkitError(
+                f"per-layer widths of a {model_type} model: llama.cpp's deci architecture (the one with per-layer "
+                f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
+            )
+        return model_type
+    raise SlimkitError(
+        f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
+        + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
+    )
+
+
+def check_exportable(model: nn.Module) -> list[str]:
+    """One line when llama.cpp cannot run this model type / attention / RoPE configuration; else the
+    warnings to report (what the file does not carry)."""
     config = model.config
     model_type = getattr(config, "model_type", None)
-    if model_type not in EXPORTABLE_MODEL_TYPES:
-        raise SlimkitError(
-            f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
-            + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
-        )
+    gguf_architecture(model_type, uniform=True)
+    warnings = []
     window = getattr(config, "sliding_window", None)
-    if window is not None and window < config.max_position_embeddings:
-        raise SlimkitError(
-            f"sliding_window {window} < context {config.max_position_embeddings}: llama.cpp's llama has none"
+    use_window = getattr(config, "use_sliding_window", True)
+    if window is not None and use_window and window < config.max_position_embeddings:
+        warnings.append(
+            f"sliding_window {window} is not written (llama.cpp's {model_type} attends to the whole context): "
+            f"outputs differ from the Hugging Face model beyond {window} tokens"
         )
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         raise SlimkitError(
@@ -146,6 +172,7 @@ def check_exportable(model: nn.Module) -> None:
     scaling = _rope_scaling(config)
     if scaling.get("rope_type", "default") not in ("default", "llama3", "linear"):
         raise SlimkitError(f"rope scaling '{scaling.get('rope_type')}' is not written by slimkit's GGUF export")
+    return warnings
 
 
 def _rope_scaling(config: Any) -> dict[str, Any]:
@@ -238,11 +265,14 @@ def write_gguf(
     """
     if type not in GGUF_TYPES:
         raise SlimkitError(f"GGUF type '{type}' is not one of {', '.join(GGUF_TYPES)}")
-    check_exportable(model)
+    warnings = check_exportable(model)
     dense = dense_tensors(model)
     widths = dense.layer_widths
+    architecture = gguf_architecture(model.config.model_type, dense.uniform)
+    permute = architecture in ("llama", "deci")  # qwen2/qwen3 use llama.cpp's NEOX RoPE: Hugging Face's layout
     vocab = vocabulary(tokenizer, int(dense.tensors["model.embed_tokens.weight"].shape[0]))
-    architecture = "llama" if dense.uniform else "deci"
+    if vocab.warning:
+        warnings.append(vocab.warning)
     target = Path(path)
     staging = staging_file(target)
     fallbacks: list[str] = []
@@ -262,9 +292,9 @@ def write_gguf(
                 raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's Llama mapping")
             weight = tensor.detach().to("cpu", torch.float32)
             layer = int(hf_name.split(".")[2]) if hf_name.startswith("model.layers.") else None
-            if gguf_name.endswith("attn_q.weight"):
+            if permute and gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
                 weight = rope_permute(weight, widths[layer]["num_attention_heads"])
-            elif gguf_name.endswith("attn_k.weight"):
+            elif permute and gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
                 weight = rope_permute(weight, widths[layer]["num_key_value_heads"])
             data, qtype = _encode(weight.numpy(), gguf_name, type, fallbacks)
             writer.add_tensor(gguf_name, data, raw_dtype=qtype)
@@ -287,7 +317,7 @@ def write_gguf(
         added_params=dense.added_params,
         fallbacks=fallbacks,
         tokenizer_pre=vocab.pre,
-        warnings=[vocab.warning] if vocab.warning else [],
+        warnings=warnings,
     )
 
 
@@ -296,6 +326,7 @@ __all__ = [
     "GGUF_TYPES",
     "GgufResult",
     "check_exportable",
+    "gguf_architecture",
     "llama3_rope_factors",
     "rope_permute",
     "write_gguf",

@@ -75,10 +75,15 @@ def export_verdicts(
         verdicts.append(ExportVerdict("gguf", False, f"GGUF export writes {', '.join(EXPORTABLE_MODEL_TYPES)} models"))
     elif blocking:
         verdicts.append(ExportVerdict("gguf", False, blocking))
+    elif varying and model_type in ("qwen2", "qwen3"):
+        verdicts.append(
+            ExportVerdict("gguf", False, f"per-layer widths of a {model_type} model: deci has no Qwen parts")
+        )
     elif varying:
         verdicts.append(ExportVerdict("gguf deci", True, f"per-layer {', '.join(varying)}{suffix}"))
     else:
-        verdicts.append(ExportVerdict("gguf llama", True, f"uniform widths{suffix}"))
+        architecture = model_type if model_type in ("qwen2", "qwen3") else "llama"
+        verdicts.append(ExportVerdict(f"gguf {architecture}", True, f"uniform widths{suffix}"))
     if model_type not in HF_MODEL_TYPES:
         verdicts.append(ExportVerdict("hf", False, f"--format hf writes {', '.join(HF_MODEL_TYPES)} models"))
     elif blocking:
