@@ -17,6 +17,7 @@ model folder (one with a ``config.json``), never anything else.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -86,6 +87,18 @@ def check_export_target(format: str, out: str | os.PathLike, force: bool) -> Pat
     return target
 
 
+def saved_dtype(source: str | os.PathLike) -> str:
+    """The dtype a folder's weights were saved in (its config's ``dtype``), so an export loads a bf16 model
+    as bf16 instead of doubling it to float32; ``auto`` when unknown (a named source)."""
+    config = Path(source) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return "auto"
+    name = str(data.get("dtype") or data.get("torch_dtype") or "auto")
+    return name if name in ("float32", "bfloat16", "float16") else "auto"
+
+
 def _replace_folder(write, target: Path) -> Any:
     """Run ``write(path)`` into a fresh path, then swap it with an existing ``target`` (old moved aside first)."""
     if not (target.is_dir() and any(target.iterdir())):
@@ -121,7 +134,7 @@ def export(
     if not isinstance(model, nn.Module):
         from slimkit.primitives.sources import load_source
 
-        model, tokenizer, _ = load_source(str(model), device="cpu")
+        model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
     if tokenizer is None and format == "gguf":
         raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
     if format == "gguf":
