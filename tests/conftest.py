@@ -41,11 +41,14 @@ def tokenizer():
     return byte_tokenizer()
 
 
+def saved_tiny_llama(folder, tokenizer):
+    """A tiny llama sized for ``tokenizer``, saved with it as a plain HF folder at ``folder``."""
+    tiny_llama(vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture
 def tiny_llama_dir(tmp_path, tokenizer):
     """A tiny llama with a byte tokenizer saved as a plain HF folder (a local model source)."""
-    model = tiny_llama(vocab_size=len(tokenizer))
-    path = tmp_path / "tiny-llama"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return saved_tiny_llama(tmp_path / "tiny-llama", tokenizer)

@@ -25,6 +25,7 @@ from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
+from tests.conftest import saved_tiny_llama
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.test_io import _prune_non_uniform
 from tests.test_recipes import tiny_recipe
@@ -329,11 +330,7 @@ def test_cli_export_and_its_errors(monkeypatch, capsys, tmp_path, bpe):
 
 @pytest.fixture
 def tiny_bpe_llama_dir(tmp_path, bpe):
-    model = tiny_llama(vocab_size=len(bpe))
-    path = tmp_path / "tiny-bpe-llama"
-    model.save_pretrained(path)
-    bpe.save_pretrained(path)
-    return path
+    return saved_tiny_llama(tmp_path / "tiny-bpe-llama", bpe)  # GGUF needs a tokenizer with merges
 
 
 def test_recipe_export_section_writes_gguf_and_hf_and_reports_loaders(tmp_path, tiny_bpe_llama_dir):
