@@ -377,16 +377,28 @@ def eval_command(
     from rich.table import Table
 
     from slimkit.primitives.evaluate.counting import count_params
-    from slimkit.primitives.sources import load_source
+    from slimkit.primitives.sources import check_source, load_source
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.runner import Timings, evaluate, preflight_data
     from slimkit.recipes.schema import eval_options
 
+    if json_out is not None:
+        _check_json_target(json_out)
     if ppl is None:
         ppl = "" if glue else "wikitext2"
     eval_config = eval_options(
         "slimkit eval", _split_csv(ppl), _split_csv(zeroshot), limit, glue, speed, seq_len, max_tokens or None
     )
+    # The folder is checked (config, custom code, weight headers) and its task known before any data is read.
+    _folder, source = check_source(model)
+    if source.task == "encoder":
+        wanted = [("perplexity", eval_config.perplexity), ("zero-shot accuracy", eval_config.zeroshot)]
+        needs_lm = [name for name, config in wanted if config is not None]
+        if needs_lm:
+            raise SlimkitError(
+                f"{' and '.join(needs_lm)} {'needs' if len(needs_lm) == 1 else 'need'} a causal language model, "
+                f"and {model} is an encoder: evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
+            )
     preflight_data(eval_config, None)
     loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
     metrics, details = evaluate(loaded, tokenizer, eval_config, RichTracker(), Timings())
@@ -406,6 +418,23 @@ def eval_command(
     _console().print(table)
     if json_out is not None:
         json_out.write_text(json.dumps({"model": info.name, "metrics": metrics, "details": details}, indent=2) + "\n")
+
+
+def _check_json_target(path: Path) -> None:
+    """Refuse an ``--json`` path that cannot be written, before any evaluation runs (nothing is created)."""
+    import os
+
+    if path.is_dir():
+        raise SlimkitError(f"--json {path}: is a folder; give a file path such as {path / 'results.json'}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise SlimkitError(f"--json {path}: folder {parent} does not exist")
+    if not parent.is_dir():
+        raise SlimkitError(f"--json {path}: {parent} is not a folder")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise SlimkitError(f"--json {path}: the file is not writable")
+    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise SlimkitError(f"--json {path}: folder {parent} is not writable")
 
 
 @app.command("export")

@@ -82,8 +82,10 @@ def _convert_gguf(source: NamedSource, package_dir: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=source.gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=source.gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=source.gguf_file, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        package_dir, gguf_file=source.gguf_file, dtype=torch.float32, trust_remote_code=False
+    )
     # A GGUF-loaded model carries a quantizer marker that makes save_pretrained refuse.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -119,7 +121,24 @@ def resolve_source(source: str) -> tuple[Path, SourceInfo]:
         if not (path / "config.json").is_file():
             raise SlimkitError(f"model folder {path} has no config.json")
         return path.resolve(), SourceInfo(name=str(path), path=str(path.resolve()), task=None)
+    if path.exists():
+        raise SlimkitError(f"model source {path} is a file; give the model folder (the one holding config.json)")
+    if os.sep in source or source.startswith((".", "~")):
+        raise SlimkitError(f"model folder {path} does not exist")
     raise SlimkitError(unknown("model source", source, SOURCES, label="known", tail=", or a local model folder"))
+
+
+def check_source(source: str) -> tuple[Path, SourceInfo]:
+    """``resolve_source`` with ``info.task`` filled in from a folder's checked ``config.json`` (no weights read).
+
+    The folder is validated as :func:`slimkit.load` does (:func:`~slimkit.primitives.io.load.check_model_folder`),
+    so a damaged or custom-code folder is refused here, before anything else runs.
+    """
+    from slimkit.primitives.io.load import check_model_folder
+
+    folder, info = resolve_source(source)
+    info.task = check_model_folder(folder, info.task).task
+    return folder, info
 
 
 def load_source(

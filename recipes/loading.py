@@ -37,6 +37,19 @@ def recipe_path(name_or_file: str) -> Path:
     )
 
 
+def read_recipe_text(path: Path) -> str:
+    """A recipe file's text (UTF-8); an unreadable or non-UTF-8 file is one :class:`SlimkitError` line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise SlimkitError(
+            f"recipe {path}: not UTF-8 text ({error.reason}, byte 0x{error.object[error.start]:02x} at offset "
+            f"{error.start}); save it as UTF-8"
+        ) from None
+    except OSError as error:
+        raise SlimkitError(f"cannot read recipe {path}: {error.strerror or error}") from None
+
+
 def parse_yaml(text: str, origin: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
@@ -92,10 +105,7 @@ def validate(data: dict[str, Any], origin: str) -> Recipe:
 def load_recipe(name_or_file: str, overrides: list[str] | None = None) -> tuple[Recipe, dict[str, Any]]:
     """The validated recipe and the raw (overridden) mapping it came from."""
     path = recipe_path(name_or_file)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise SlimkitError(f"cannot read recipe {path}: {error.strerror}") from None
+    text = read_recipe_text(path)
     data = parse_yaml(text, str(path))
     for assignment in overrides or []:
         apply_override(data, assignment)

@@ -1,8 +1,8 @@
 """Which architectures slimkit supports, and the one-line refusal for the others.
 
-:func:`check_supported` is called when a model is loaded (``primitives/sources.py``), before any
-weights are read, so an unsupported folder fails with one line instead of a traceback from deep
-inside a stage. The supported sets are per task:
+:func:`check_supported` is called when a model is loaded (``check_model_folder`` in
+``primitives/io/load.py``), before any weights are read, so an unsupported folder fails with one
+line instead of a traceback from deep inside a stage. The supported sets are per task:
 
 * ``causal-lm`` (decoder recipes): llama, mistral, opt, qwen2, qwen3 (the :data:`ARCH_SPECS`
   decoders; Mistral and Qwen2 share Llama's module names, Qwen3 adds per-head q/k norms);
@@ -12,7 +12,13 @@ Folders that need custom model code (``auto_map`` in ``config.json`` naming a co
 class, loaded by transformers only with ``trust_remote_code``) are refused in the same style, even
 when their ``model_type`` is a supported one: slimkit never runs a repository's code, and its
 adapters only know the built-in transformers classes. Entries for a tokenizer or processor class
-alone do not count (they do not change the model).
+alone do not count here (they do not change the model).
+
+A model *folder* is held to a stricter rule by :func:`check_no_custom_code`, which the loaders run
+before transformers reads any file of it: any ``auto_map`` (model, config, tokenizer or processor
+class) in ``config.json`` or ``tokenizer_config.json``, or any Python file in the folder
+(``modeling_*.py``, ``tokenization_*.py``, ...), is refused in one line. slimkit also passes
+``trust_remote_code=False`` to every transformers loader, so transformers never asks ``[y/N]``.
 
 A config may be a ``PretrainedConfig`` or the ``config.json`` mapping; a folder written by
 :func:`slimkit.save` with a marked config (``model_type`` ``slimkit_compressed``) is judged by the
@@ -21,7 +27,9 @@ model type it records.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from slimkit.primitives.arch.spec import ARCH_SPECS
@@ -97,4 +105,57 @@ def check_supported(config: Any, task: str = "causal-lm") -> None:
         raise SlimkitError(unsupported_message(model_type, task))
 
 
-__all__ = ["SUPPORTED", "check_supported", "task_of", "unsupported_message"]
+CODE_CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+"""The JSON files of a model folder whose ``auto_map`` makes transformers import the folder's own code."""
+
+
+def _auto_map_entries(auto_map: Any) -> list[str]:
+    """``["AutoTokenizer -> tokenization_x.XTokenizer", ...]`` for an ``auto_map`` value."""
+    if isinstance(auto_map, Mapping):
+        entries = []
+        for key, value in auto_map.items():
+            targets = [str(v) for v in value if v] if isinstance(value, list | tuple) else [str(value)]
+            entries.append(f"{key} -> {', '.join(targets)}" if targets else str(key))
+        return entries
+    return [str(auto_map)] if auto_map else []
+
+
+def check_no_custom_code(directory: str | Path, config: Mapping[str, Any] | None = None) -> None:
+    """Refuse (one line) a model folder that would need its own code: an ``auto_map`` in
+    ``config.json`` / ``tokenizer_config.json`` (any class, tokenizers included) or a ``*.py`` file.
+
+    ``config``: ``config.json`` already read (it is read here otherwise). Call it before any
+    transformers loader sees the folder; slimkit never passes ``trust_remote_code=True``.
+    """
+    directory = Path(directory)
+    never = "which slimkit never runs (it loads built-in transformers classes only, trust_remote_code=False)"
+    for name in CODE_CONFIG_FILES:
+        path = directory / name
+        if name == "config.json" and config is not None:
+            data: Any = config
+        elif path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as error:
+                raise SlimkitError(f"{path}: not valid JSON ({error})") from None
+        else:
+            continue
+        entries = _auto_map_entries(data.get("auto_map")) if isinstance(data, Mapping) else []
+        if entries:
+            raise SlimkitError(f"{path}: auto_map names the folder's own code ({'; '.join(entries)}), {never}")
+    code = sorted(p.name for p in directory.glob("*.py"))
+    if code:
+        raise SlimkitError(
+            f"model folder {directory} holds Python code ({', '.join(code[:5])}), {never}; "
+            "remove the .py files if the folder is a built-in architecture"
+        )
+
+
+__all__ = [
+    "CODE_CONFIG_FILES",
+    "SUPPORTED",
+    "check_no_custom_code",
+    "check_supported",
+    "task_of",
+    "unsupported_message",
+]

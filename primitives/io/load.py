@@ -11,32 +11,164 @@ gains a saved bias, e.g. a head that took a LayerNorm's β) is given a module of
 residual / basis-change matrices are attached with their hooks, each layer's attention head
 attributes are re-synced from its projection shapes, and the weights are loaded strictly. The
 materialised widths (per-layer hidden sizes included) are then checked against ``per_layer_config``.
+
+Before transformers sees the folder, :func:`check_model_folder` validates it: ``config.json`` is a JSON
+object with a supported ``model_type``; no custom code (``auto_map`` or ``*.py``, see
+:func:`~slimkit.primitives.arch.support.check_no_custom_code`); safetensors weights only (a folder with
+only pickle weights is refused) whose headers read. The saved tensor shapes (headers, no weights read)
+are then compared with what the config builds (for a plain folder on the meta device), with the
+manifest's ``modules`` entries and with its ``layer_widths``. Every disagreement is one
+:class:`SlimkitError` line naming the file and the entry; transformers is always called with
+``trust_remote_code=False`` (and ``use_safetensors=True``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from slimkit.primitives.arch import ModelView, check_supported
-from slimkit.primitives.arch.support import task_of
+from slimkit.primitives.arch.support import check_no_custom_code, task_of
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
+from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
 from slimkit.primitives.lowrank.module import materialise_lowrank
-from slimkit.primitives.projection.manifest import materialise_basis_changes, materialise_rms_norms
+from slimkit.primitives.projection.adapters import KIND as BASIS_CHANGE_KIND
+from slimkit.primitives.projection.adapters import NAME as BASIS_CHANGE_NAME
+from slimkit.primitives.projection.manifest import RMS_NORM_KIND, materialise_basis_changes, materialise_rms_norms
+
+PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+"""Weight files slimkit never reads: unpickling them can run code."""
+
+_MODULE_FIELDS = {
+    LOW_RANK_KIND: ("rank", "in_features", "out_features"),
+    RMS_NORM_KIND: ("width",),
+    BASIS_CHANGE_KIND: ("in_features", "out_features"),
+}
+"""The integer fields each kind of manifest ``modules`` entry must have."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, or one :class:`SlimkitError` line naming the file and what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise SlimkitError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise SlimkitError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise SlimkitError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise SlimkitError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The folder's ``slimkit_manifest.json`` (None without one); a damaged one raises one line."""
     path = Path(directory) / MANIFEST_NAME
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    manifest = _read_json(path)
+    modules = manifest.get("modules")
+    if modules is not None and not (isinstance(modules, list) and all(isinstance(e, dict) for e in modules)):
+        raise SlimkitError(f"{path}: 'modules' must be a list of objects, got {json.dumps(modules)[:80]}")
+    widths = manifest.get("layer_widths")
+    if widths is not None and not (isinstance(widths, list) and all(isinstance(w, dict) for w in widths)):
+        raise SlimkitError(f"{path}: 'layer_widths' must be a list of objects, got {json.dumps(widths)[:80]}")
+    return manifest
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """A model folder whose files passed :func:`check_model_folder`."""
+
+    path: Path
+    config: dict[str, Any]
+    """``config.json`` as saved (still marked for a slimkit-only folder)."""
+    task: str
+    shapes: dict[str, tuple[int, ...]]
+    """Every saved tensor's shape, from the safetensors headers (no weights are read)."""
+    files: dict[str, str]
+    """The weight file that holds each tensor."""
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        for index in sorted(directory.glob("*.safetensors.index.json")):
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise SlimkitError(f"{index}: no 'weight_map' object")
+            missing = sorted({str(v) for v in weight_map.values()} - {f.name for f in files})
+            if missing:
+                raise SlimkitError(f"{index}: names weight file(s) the folder lacks: {', '.join(missing[:3])}")
+        return files
+    pickles = sorted({p.name for pattern in PICKLE_PATTERNS for p in directory.glob(pattern)})
+    if pickles:
+        raise SlimkitError(
+            f"{directory} holds only pickle weights ({', '.join(pickles[:3])}); slimkit reads safetensors only "
+            "(unpickling can run code): convert them to model.safetensors with a tool you trust"
+        )
+    raise SlimkitError(f"{directory} holds no weights (no *.safetensors file)")
+
+
+def _read_headers(files: list[Path]) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    where: dict[str, str] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    shapes[key] = tuple(handle.get_slice(key).get_shape())
+                    where[key] = file.name
+        except (SafetensorError, OSError) as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise SlimkitError(
+                f"{file}: not a readable safetensors file ({reason}); it is truncated or damaged: save or copy it again"
+            ) from None
+    return shapes, where
+
+
+def check_model_folder(directory: str | os.PathLike, task: str | None = None) -> ModelFolder:
+    """Validate a model folder before transformers reads any of it; one :class:`SlimkitError` line otherwise.
+
+    Checks, in order: ``config.json`` is a JSON object; the folder needs no code of its own
+    (:func:`~slimkit.primitives.arch.support.check_no_custom_code`); the config names a supported
+    ``model_type`` for ``task`` (default: from the config); the weights are safetensors (pickle-only
+    folders are refused), every shard an index names is there, and every file's header reads.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise SlimkitError(f"model folder {directory} does not exist")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise SlimkitError(f"{directory} is not a model folder (no config.json)")
+    config = _read_json(config_path)
+    check_no_custom_code(directory, config)
+    if not config.get("model_type"):
+        raise SlimkitError(f'{config_path}: no model_type (a Hugging Face config names its architecture, e.g. "llama")')
+    task = task or task_of(config)
+    try:
+        check_supported(config, task)
+    except SlimkitError as error:
+        raise SlimkitError(f"{config_path}: {error}") from None
+    shapes, files = _read_headers(_weight_files(directory))
+    return ModelFolder(directory, config, task, shapes, files)
 
 
 def _model_class(config: transformers.PretrainedConfig, task: str) -> type:
@@ -47,18 +179,6 @@ def _model_class(config: transformers.PretrainedConfig, task: str) -> type:
     return transformers.AutoModel if task == "encoder" else transformers.AutoModelForCausalLM
 
 
-def _saved_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise SlimkitError(f"{directory} holds no .safetensors weights")
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():
-                shapes[key] = tuple(handle.get_slice(key).get_shape())
-    return shapes
-
-
 def _load_state(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -66,6 +186,128 @@ def _load_state(directory: Path) -> dict[str, torch.Tensor]:
     for file in sorted(directory.glob("*.safetensors")):
         state.update(load_file(str(file)))
     return state
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
+
+
+def _from_config_file(folder: ModelFolder, build: Any) -> Any:
+    """``build()`` (a transformers config or model from config.json), its errors as one line naming the file."""
+    try:
+        return build()
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise SlimkitError(
+            f"{folder.config_path}: transformers cannot build a model from it ({_first_line(error)})"
+        ) from None
+
+
+def _mismatch_fields(config: dict[str, Any], built: tuple[int, ...], saved: tuple[int, ...]) -> list[str]:
+    """The config's integer fields whose value is a dimension only the config-built shape has."""
+    only_built = set(built) - set(saved)
+    return [k for k, v in config.items() if type(v) is int and v in only_built]
+
+
+def _check_shapes(
+    folder: ModelFolder, model: nn.Module, config: dict[str, Any], prefix: str | None = None, hint: str = ""
+) -> None:
+    """Every parameter the config-built ``model`` shares (by name) with the saved weights has their shape.
+
+    ``prefix``: the base model prefix a plain Hugging Face checkpoint may add or drop.
+    """
+    for name, param in model.named_parameters(remove_duplicate=False):
+        candidates = [name]
+        if prefix:
+            candidates += [f"{prefix}.{name}", name.removeprefix(f"{prefix}.")]
+        key = next((k for k in candidates if k in folder.shapes), None)
+        if key is None:
+            continue
+        built, saved = tuple(param.shape), folder.shapes[key]
+        if built != saved:
+            fields = _mismatch_fields(config, built, saved)
+            what = ", ".join(f"{k} ({config[k]})" for k in fields) if fields else "its widths"
+            verb = "disagrees" if len(fields) == 1 else "disagree"
+            raise SlimkitError(
+                f"{folder.config_path}: {what} {verb} with the weights: {folder.files[key]} holds {key} of "
+                f"shape {list(saved)}, the config builds {list(built)}{hint}"
+            )
+
+
+def _check_layer_widths(folder: ModelFolder, model: nn.Module, manifest: dict[str, Any]) -> None:
+    """The manifest's ``layer_widths`` (what save recorded) agree with the widths the weights give."""
+    recorded = manifest.get("layer_widths")
+    if recorded is None:
+        return
+    path = folder.path / MANIFEST_NAME
+    actual = ModelView(model).layer_widths()
+    if len(recorded) != len(actual):
+        raise SlimkitError(f"{path}: layer_widths lists {len(recorded)} layers, the weights hold {len(actual)}")
+    for index, (want, have) in enumerate(zip(recorded, actual, strict=True)):
+        wrong = [
+            f"{k} {v} (the weights give {have[k]})" if k in have else f"{k} {v} (not a width slimkit records)"
+            for k, v in want.items()
+            if have.get(k) != v
+        ]
+        if wrong:
+            raise SlimkitError(f"{path}: layer_widths[{index}] disagrees with the weights: {', '.join(wrong)}")
+
+
+def _check_module_entries(folder: ModelFolder, model: nn.Module, modules: list[dict[str, Any]]) -> None:
+    """Every manifest ``modules`` entry has a known kind, its fields, and a path the model has."""
+    path = folder.path / MANIFEST_NAME
+    for index, entry in enumerate(modules):
+        where = f"{path}: modules[{index}]"
+        kind, target = entry.get("kind"), entry.get("path")
+        if kind not in _MODULE_FIELDS:
+            raise SlimkitError(f"{where} has unknown kind {kind!r}; known: {', '.join(_MODULE_FIELDS)}")
+        if not isinstance(target, str) or not target:
+            raise SlimkitError(f"{where} ({kind}) has no path")
+        bad = [f for f in _MODULE_FIELDS[kind] if type(entry.get(f)) is not int or entry[f] < 1]
+        if bad:
+            raise SlimkitError(f"{where} ({kind} at {target}) needs positive integer {', '.join(bad)}")
+        if kind == BASIS_CHANGE_KIND:
+            if not target.endswith("." + BASIS_CHANGE_NAME):
+                raise SlimkitError(f"{where} ({kind}) path {target} does not end in .{BASIS_CHANGE_NAME}")
+            target = target.rpartition(".")[0]
+        try:
+            model.get_submodule(target)
+        except AttributeError:
+            raise SlimkitError(f"{where} ({kind}): the model has no module {target}") from None
+
+
+def _check_module_shapes(
+    folder: ModelFolder, model: nn.Module, modules: list[dict[str, Any]], kinds: tuple[str, ...]
+) -> None:
+    """Each materialised ``kinds`` entry's parameters have the saved shapes (else the entry was edited)."""
+    path = folder.path / MANIFEST_NAME
+    for index, entry in enumerate(modules):
+        kind = entry["kind"]
+        if kind not in kinds:
+            continue
+        fields = ", ".join(f"{f} {entry[f]}" for f in _MODULE_FIELDS[kind])
+        where = f"{path}: modules[{index}] ({kind} at {entry['path']}: {fields})"
+        for name, param in model.get_submodule(entry["path"]).named_parameters():
+            key = f"{entry['path']}.{name}"
+            if key not in folder.shapes:
+                raise SlimkitError(f"{where}: the weights hold no {key}")
+            if folder.shapes[key] != tuple(param.shape):
+                raise SlimkitError(
+                    f"{where} disagrees with the weights: {folder.files[key]} holds {key} of shape "
+                    f"{list(folder.shapes[key])}, the entry implies {list(param.shape)}"
+                )
+
+
+def _check_per_layer(folder: ModelFolder, per_layer: Any, num_layers: int) -> dict[str, dict[str, int]]:
+    if not isinstance(per_layer, dict) or not all(isinstance(v, dict) for v in per_layer.values()):
+        raise SlimkitError(f"{folder.config_path}: per_layer_config must map layer indices to objects of widths")
+    bad = [k for k in per_layer if not (str(k).isdigit() and int(k) < num_layers)]
+    if bad:
+        raise SlimkitError(
+            f"{folder.config_path}: per_layer_config names layer(s) {', '.join(map(str, bad))} "
+            f"of a model with {num_layers} layers"
+        )
+    return per_layer
 
 
 def _same_class(module: nn.Module, **params: tuple[int, ...]) -> nn.Module:
@@ -125,14 +367,26 @@ def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> N
         setattr(parent, child, _resized(module, shapes))
 
 
-def _check_widths(model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
+def _check_widths(folder: ModelFolder, model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
     view = ModelView(model)
     for index, expected in per_layer.items():
         layer = view.layer(int(index))
         actual = {**layer.widths(), "hidden_size": layer_hidden_size(layer)}
-        wrong = {k: (v, actual.get(k)) for k, v in expected.items() if actual.get(k) != v}
+        wrong = [f"{k} {v} (the weights give {actual.get(k)})" for k, v in expected.items() if actual.get(k) != v]
         if wrong:
-            raise SlimkitError(f"layer {index}: saved weights disagree with per_layer_config {wrong}")
+            raise SlimkitError(
+                f"{folder.config_path}: per_layer_config layer {index} disagrees with the weights: {', '.join(wrong)}"
+            )
+
+
+def _instantiate(cls: type, config: Any, **kwargs: Any) -> nn.Module:
+    """``cls`` built from ``config``: a model class's ``_from_config``, an Auto class's ``from_config``."""
+    if hasattr(cls, "_from_config"):
+        return cls._from_config(config, **kwargs)
+    return cls.from_config(config, **kwargs)
+
+
+_SHAPE_HINT = "; was a width in config.json edited, or its per_layer_config removed?"
 
 
 def load(
@@ -153,33 +407,47 @@ def load(
     accelerate offloads what does not fit (to CPU memory with CUDA, else to disk in ``offload_folder``, by
     default a temporary folder under the cache removed with the model). Offloading loads plain Hugging Face
     folders (the input of a compression), not folders with per-layer widths.
+
+    The folder is checked first (:func:`check_model_folder`: readable config, no custom code, safetensors
+    weights with readable headers), then the config's widths, ``per_layer_config`` and the manifest's
+    ``modules`` and ``layer_widths`` are compared with the saved tensor shapes; any disagreement is one
+    :class:`SlimkitError` line naming the file and the entry. transformers never runs the folder's code.
     """
     from slimkit.primitives.placement import Placement
 
     placement = Placement.resolve(device, dtype, max_memory)
     directory = Path(directory)
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise SlimkitError(f"{directory} is not a model folder (no config.json)")
-    try:
-        config_dict = json.loads(config_path.read_text())
-    except (OSError, ValueError) as error:
-        raise SlimkitError(f"{directory}: cannot read config.json ({error})") from None
-    task = task or task_of(config_dict)
-    check_supported(config_dict, task)
-    marked = is_marked(config_dict)
-    config_dict = unmark_config(config_dict)
+    folder = check_model_folder(directory, task)
+    task = folder.task
+    marked = is_marked(folder.config)
+    config_dict = unmark_config(folder.config)
     per_layer = config_dict.pop("per_layer_config", None)
     manifest = read_manifest(directory) or {}
+    modules = manifest.get("modules") or []
 
-    if not marked and per_layer is None and not manifest.get("modules"):
-        config = transformers.AutoConfig.from_pretrained(directory)
+    if not marked and per_layer is None and not modules:
+        standard = ("model.safetensors", "model.safetensors.index.json")
+        if not any((directory / name).is_file() for name in standard):
+            raise SlimkitError(
+                f"{directory}: a plain Hugging Face folder keeps its weights in model.safetensors (or shards named by "
+                f"model.safetensors.index.json); this one has {', '.join(sorted(set(folder.files.values())))}"
+            )
+        config = _from_config_file(
+            folder, lambda: transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False)
+        )
         cls = _model_class(config, task)
+        with torch.device("meta"):
+            skeleton = _from_config_file(folder, lambda: _instantiate(cls, config))
+        _check_shapes(folder, skeleton, config_dict, getattr(cls, "base_model_prefix", None), _SHAPE_HINT)
+        _check_layer_widths(folder, skeleton, manifest)
+        del skeleton
         if placement.max_memory is not None:
             model = _load_offloaded(cls, directory, config, placement, offload_folder)
         else:
             on_gpu = {"device_map": {"": placement.device}} if placement.device.type != "cpu" else {}
-            model = cls.from_pretrained(directory, dtype=placement.dtype, **on_gpu)
+            model = cls.from_pretrained(
+                directory, dtype=placement.dtype, trust_remote_code=False, use_safetensors=True, **on_gpu
+            )
         return model.eval(), _load_tokenizer(directory, config)
     if placement.max_memory is not None:
         raise SlimkitError(
@@ -190,18 +458,27 @@ def load(
     model_type = config_dict.pop("model_type")
     config_dict.pop("transformers_version", None)
     # Built from the global (HF-valid) widths; the saved per-layer widths are materialised below.
-    config = transformers.AutoConfig.for_model(model_type, **config_dict)
-    tokenizer = _load_tokenizer(directory, config)
-    model = _model_class(config, task)._from_config(config, dtype=placement.dtype)
-    saved = _saved_shapes(directory)
-    modules = manifest.get("modules", [])
+    config = _from_config_file(folder, lambda: transformers.AutoConfig.for_model(model_type, **config_dict))
+    model = _from_config_file(folder, lambda: _instantiate(_model_class(config, task), config, dtype=placement.dtype))
+    saved = folder.shapes
+    _check_module_entries(folder, model, modules)
     materialise_lowrank(model, modules)
     materialise_rms_norms(model, modules)
+    _check_module_shapes(folder, model, modules, (LOW_RANK_KIND, RMS_NORM_KIND))
+    if per_layer is None:
+        # save() writes no per_layer_config only when the config's global widths build every saved shape.
+        _check_shapes(folder, model, config_dict, hint=_SHAPE_HINT)
+    else:
+        per_layer = _check_per_layer(folder, per_layer, ModelView(model).num_layers)
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
+    _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))
     view = ModelView(model)
     for layer in view.layers:
         layer.sync_head_counts()
+    if per_layer:
+        _check_widths(folder, model, per_layer)
+    _check_layer_widths(folder, model, manifest)
     # Materialised modules are built in float32; the whole model takes the requested dtype at once.
     model.to(dtype=placement.dtype)
     if getattr(config, "tie_word_embeddings", False):
@@ -215,8 +492,7 @@ def load(
             f"{directory}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]})"
         )
-    if per_layer:
-        _check_widths(model, per_layer)
+    tokenizer = _load_tokenizer(directory, config)
     return model.to(placement.device).eval(), tokenizer
 
 
@@ -242,4 +518,9 @@ def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> A
         return None
     # The config is passed so the tokenizer never parses config.json (whose per_layer_config
     # transformers would turn into a heterogeneous config, and whose marked model_type it does not know).
-    return transformers.AutoTokenizer.from_pretrained(directory, config=config)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(directory, config=config, trust_remote_code=False)
+    except Exception as error:  # a damaged tokenizer file: tokenizers raises plain Exceptions
+        raise SlimkitError(
+            f"{directory}: cannot load the tokenizer ({type(error).__name__}: {_first_line(error)})"
+        ) from None
