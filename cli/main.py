@@ -79,9 +79,9 @@ def recipe_list() -> None:
 @recipe_app.command("show")
 def recipe_show(name: str) -> None:
     """Print a recipe's YAML."""
-    from slimkit.recipes.loading import recipe_path
+    from slimkit.recipes.loading import read_recipe_text, recipe_path
 
-    typer.echo(recipe_path(name).read_text(), nl=False)
+    typer.echo(read_recipe_text(recipe_path(name)), nl=False)
 
 
 @recipe_app.command("validate")

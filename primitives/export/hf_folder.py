@@ -124,7 +124,9 @@ def write_hf(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, ver
 def _verify(model: nn.Module, folder: Path) -> float:
     """Load ``folder`` with stock transformers and compare its logits with ``model``'s (one line if not close)."""
     dtype = next(model.parameters()).dtype
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, trust_remote_code=False, use_safetensors=True
+    )
     ids = _check_ids(model)
     with torch.no_grad():
         expected = model(ids.to(input_device(model))).logits.float().cpu()
