@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -60,9 +61,10 @@ TargetOf = Literal["model", "layers", "mlp", "attention"]
 
 
 class Strict(BaseModel):
-    """Base of every recipe model: unknown fields fail with the list of allowed ones."""
+    """Base of every recipe model: unknown fields fail with the list of allowed ones, and no float field
+    (a recipe's or a stage argument's) accepts inf or NaN (``allow_inf_nan=False``)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -354,6 +356,13 @@ class ModelConfig(Strict):
             raise ValueError("use a dtype (float32, bfloat16, float16) or leave save_dtype unset")
         return _as_value_error(check_dtype_name, name)
 
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _finite_size(cls, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):  # one message, not one per union member
+            raise ValueError(f"must be a finite number, got {value!r}")
+        return value
+
     @field_validator("max_memory")
     @classmethod
     def _size(cls, value: str | int | None) -> str | int | None:
@@ -540,5 +549,7 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> str:
         loc = _loc(tuple(item["loc"]))
         path = ".".join(p for p in (prefix, loc) if p)
         message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "finite_number":  # inf or NaN: say so, not "should be less than 1"
+            message = f"must be a finite number, got {item['input']!r}"
         problems.append(f"{path}: {message}" if path else message)
     return "; ".join(problems)

@@ -26,9 +26,11 @@ by ``(seed, epoch)``, in batches padded to their longest example; the run stops 
 3 epochs at batch 32 with lr 1e-5 on GLUE; the CPU default here caps the run at 250 steps, and the
 default lr is 2e-5 (the paper's SQuAD rate), which suits the shorter run. Dropout and data order are
 seeded; the global RNG state is left as it was. The model is trained in place and returned in eval
-mode; a non-finite loss stops the run with an error. The model trains where it is and in its dtype:
-batches go to its input device, the loss is float32, and bfloat16/float16 weights are stepped through
-float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`), so AdamW's state is float32.
+mode; a non-finite loss stops the run with an error (checked at every step before the update, and after
+the last update: every trained weight, and the loss on the last batch in eval mode). The model trains
+where it is and in its dtype: batches go to its input device, the loss is float32, and bfloat16/float16
+weights are stepped through float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`), so
+AdamW's state is float32.
 A new classifier head is created in the encoder's dtype and on its device.
 
 Reported: ``task``, ``steps``, ``epochs`` (examples seen / train examples), ``train_examples``,
@@ -54,6 +56,7 @@ from slimkit.primitives import gluedata
 from slimkit.primitives.devices import FloatMaster, model_dtype, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.glue import check_task_model
+from slimkit.primitives.finetune.lora import diverged, non_finite
 
 
 def is_task_model(model: nn.Module) -> bool:
@@ -126,6 +129,10 @@ class GlueFinetuneConfig:
     def __post_init__(self) -> None:
         gluedata.glue_task(self.task)
         problems = []
+        for name in ("learning_rate", "epochs", "weight_decay", "warmup_ratio", "max_grad_norm"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                problems.append(f"{name} must be a finite number (got {value})")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate must be > 0 (got {self.learning_rate})")
         if not self.epochs > 0:
@@ -170,6 +177,24 @@ def _schedule(optimizer: torch.optim.Optimizer, total: int, warmup: int) -> torc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def _check_last_update(
+    model: nn.Module, batch: dict, master: FloatMaster, config: GlueFinetuneConfig, step: int
+) -> None:
+    """The per-step check reads the loss before each update; this checks what the last update made."""
+    trained = {id(p) for p, _master in master.pairs}
+    bad = non_finite((name, p) for name, p in model.named_parameters() if id(p) in trained)
+    if bad:
+        shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise diverged(
+            "glue_finetune", step, f"{len(bad)} weights hold NaN/inf after the update ({shown})", config.learning_rate
+        )
+    model.eval()
+    with torch.no_grad():
+        after = float(model(**to_input_device(model, batch)).loss.float())
+    if not math.isfinite(after):
+        raise diverged("glue_finetune", step, f"loss {after} after the update", config.learning_rate)
+
+
 def finetune_glue(
     model: nn.Module, tokenizer, config: GlueFinetuneConfig, progress: Callable[[int], None] | None = None
 ) -> dict[str, Any]:
@@ -204,10 +229,7 @@ def finetune_glue(
                     loss = model(**to_input_device(model, batch)).loss.float()
                     value = float(loss.detach())
                     if not math.isfinite(value):
-                        raise SlimkitError(
-                            f"glue_finetune diverged: loss {value} at step {len(losses) + 1}; "
-                            f"try a lower learning_rate (got {config.learning_rate})"
-                        )
+                        raise diverged("glue_finetune", len(losses) + 1, f"loss {value}", config.learning_rate)
                     optimizer.zero_grad(set_to_none=True)
                     model.zero_grad(set_to_none=True)
                     loss.backward()
@@ -228,6 +250,7 @@ def finetune_glue(
             if total > 0:
                 optimizer.zero_grad(set_to_none=True)
                 model.zero_grad(set_to_none=True)
+                _check_last_update(model, batch, master, config, len(losses))
         finally:
             model.eval()
     seconds = time.perf_counter() - started

@@ -13,8 +13,13 @@ dropout and data are all seeded, so a run is reproducible; the global RNG state 
 
 After training the adapters are merged into the base weights (peft ``merge_and_unload``), so the
 model holds plain ``nn.Linear`` layers again, is modified in place and can be saved with
-:func:`slimkit.save`. If training fails or the loss becomes non-finite, the adapters are removed
-without merging and the model is left as it was.
+:func:`slimkit.save`. If training fails, the adapters are removed without merging and the model is
+left as it was. Divergence is checked at every step (the loss, before the update) and after the
+last update: the adapters, the loss on the last batch after its update (one forward pass, eval
+mode), and each wrapped layer's merged weight (base weight plus the adapters'
+update in the base dtype, computed one layer at a time before anything is merged) must be finite; a
+non-finite value raises :class:`SlimkitError` ("lora training diverged at step N: ...; lower
+learning_rate") and nothing is merged, so no report of a diverged run is returned.
 
 Reported: ``steps``, ``tokens`` (trained tokens), ``loss_first``, ``loss_last``, ``losses`` (one
 per step), ``trainable_params`` (adapter parameters), ``seconds`` (training and merge) and
@@ -31,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,6 +76,9 @@ class LoraConfig:
             problems.append(f"dropout must be in [0, 1) (got {self.dropout})")
         if not targets:
             problems.append("target_modules must name at least one module")
+        for name in ("alpha", "learning_rate", "dropout", "weight_decay"):
+            if not math.isfinite(getattr(self, name)):
+                problems.append(f"{name} must be a finite number (got {getattr(self, name)})")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate must be > 0 (got {self.learning_rate})")
         if self.steps < 0:
@@ -110,6 +118,23 @@ def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
             raise SlimkitError(
                 f"lora target module '{target}' is a {kind}, not a Linear layer; Linear layers: {', '.join(linears)}"
             )
+
+
+def non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the tensors holding NaN or inf (one ``torch.isfinite`` pass per tensor)."""
+    with torch.no_grad():
+        return [name for name, tensor in named if not bool(torch.isfinite(tensor).all())]
+
+
+def diverged(
+    what: str, step: int, problem: str, learning_rate: float, hint: str = "lower learning_rate"
+) -> SlimkitError:
+    """The one-line error of a training run that diverged at (1-based) ``step``."""
+    return SlimkitError(f"{what} diverged at step {step}: {problem}; {hint} (got {learning_rate:g})")
+
+
+def _tensor_list(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _rng_devices(model: nn.Module) -> list[int]:
@@ -169,10 +194,7 @@ def train_lora(
                     loss = peft_model(input_ids=batch, labels=batch, use_cache=False).loss.float()
                     value = float(loss.detach())
                     if not math.isfinite(value):
-                        raise SlimkitError(
-                            f"lora training diverged: loss {value} at step {step + 1}; "
-                            f"try a lower learning_rate (got {config.learning_rate})"
-                        )
+                        raise diverged("lora training", step + 1, f"loss {value}", config.learning_rate)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
@@ -180,6 +202,17 @@ def train_lora(
                     if progress is not None:
                         progress(step + 1)
                 optimizer.zero_grad(set_to_none=True)
+                # the loss is checked before each update: the last update is checked here, on what it changed
+                bad = non_finite((name, p) for name, p in peft_model.named_parameters() if p.requires_grad)
+                if bad:
+                    problem = f"{len(bad)} adapter tensors hold NaN/inf after the update ({_tensor_list(bad)})"
+                    raise diverged("lora training", config.steps, problem, config.learning_rate)
+                peft_model.eval()
+                with torch.no_grad():  # finite but huge adapters: the loss on the last batch after its update
+                    after = float(peft_model(input_ids=batch, labels=batch, use_cache=False).loss.float())
+                if not math.isfinite(after):
+                    problem = f"loss {after} after the update"
+                    raise diverged("lora training", config.steps, problem, config.learning_rate)
             peft_model.eval()
         except BaseException:
             _unwrap(peft_model, base_requires_grad, merge=False)
@@ -197,8 +230,38 @@ def train_lora(
     return LoraTraining(peft_model, report, base_requires_grad, started)
 
 
+def _merged_weights_finite(training: LoraTraining) -> list[str]:
+    """The wrapped layers whose weight would hold NaN/inf once the adapters are merged (nothing is changed)."""
+    from peft.tuners.lora import LoraLayer
+
+    bad = []
+    with torch.no_grad():
+        for name, module in training.peft_model.named_modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            weight = module.get_base_layer().weight
+            merged = weight.detach().clone()
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    merged += module.get_delta_weight(adapter).to(merged.dtype)
+            if not bool(torch.isfinite(merged).all()):
+                bad.append(name.removeprefix("base_model.model."))
+            del merged
+    return bad
+
+
 def merge_lora(training: LoraTraining) -> nn.Module:
-    """Merge the trained adapters into the base weights; the plain model again, in eval mode."""
+    """Merge the trained adapters into the base weights; the plain model again, in eval mode.
+
+    Refuses (:class:`SlimkitError`, the adapters removed unmerged, the model left as it was) when a
+    merged weight would hold NaN/inf (an update too large for the base dtype).
+    """
+    bad = _merged_weights_finite(training) if training.report["steps"] > 0 else []
+    if bad:
+        _unwrap(training.peft_model, training.base_requires_grad, merge=False)
+        config = training.report["config"]
+        problem = f"merging the adapters makes {len(bad)} weights NaN/inf ({_tensor_list(bad)})"
+        raise diverged("lora training", config["steps"], problem, config["learning_rate"])
     model = _unwrap(training.peft_model, training.base_requires_grad, merge=True)
     training.report["seconds"] = time.perf_counter() - training.started
     return model

@@ -29,6 +29,14 @@ The manifest records what the HF config cannot express (low-rank pairs, residual
 matrices, LayerNorms converted to RMSNorm), the per-layer widths, and whatever the caller passes
 (recipe, seed, data slices); library versions are added here. The folder is written to a
 temporary sibling and renamed into place, so an interrupted save never leaves a folder that loads.
+
+Finite weights only: before anything is written every floating-point tensor of the state dict
+``save_pretrained`` receives is checked with ``torch.isfinite`` (in row chunks, so the check holds at
+most a small boolean tensor besides the weights, on whatever device and in whatever dtype they are).
+A tensor an accelerate-offloaded model keeps on the meta device is read from its weights map, one at a
+time, as ``save_pretrained`` itself reads it. A model holding NaN or inf (a diverged training run, an
+overflowing ``save_dtype``) is refused with :class:`~slimkit.primitives.errors.SlimkitError` and nothing
+is written.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.paths import staging_dir
@@ -158,16 +167,70 @@ def _name_tokenizer_class(directory: Path, tokenizer: Any) -> None:
         _write_json(path, data)
 
 
+_CHECK_CHUNK = 1 << 24
+"""Elements per ``torch.isfinite`` call: bounds the temporary boolean tensor (16 MiB) for big weights."""
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element of a floating-point ``tensor`` is finite, without copying it."""
+    if tensor.dim() == 0 or tensor.numel() <= _CHECK_CHUNK:
+        return bool(torch.isfinite(tensor).all())
+    rows = max(1, _CHECK_CHUNK // max(1, tensor[0].numel()))
+    return all(bool(torch.isfinite(tensor[start : start + rows]).all()) for start in range(0, len(tensor), rows))
+
+
+def _offloaded_value(model: nn.Module, name: str) -> torch.Tensor:
+    """A meta tensor's value from accelerate's weights map, as ``save_pretrained`` reads it."""
+    from transformers.integrations.accelerate import load_offloaded_parameter
+
+    try:
+        return load_offloaded_parameter(model, name)
+    except (ValueError, KeyError, AttributeError):
+        raise SlimkitError(
+            f"{name} is on the meta device and no offloaded weights hold it; nothing was written"
+        ) from None
+
+
+def non_finite_tensors(model: nn.Module) -> tuple[list[str], int]:
+    """The names of the state-dict tensors of ``model`` holding NaN or inf, and how many tensors were checked.
+
+    Tied tensors are checked once; integer and boolean tensors cannot hold NaN/inf and are not counted.
+    """
+    bad: list[str] = []
+    seen: set[int] = set()
+    checked = 0
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen or not (tensor.is_floating_point() or tensor.is_complex()):
+            continue
+        seen.add(id(tensor))
+        checked += 1
+        value = _offloaded_value(model, name) if tensor.device.type == "meta" else tensor.detach()
+        if not _all_finite(value):
+            bad.append(name)
+        del value
+    return bad, checked
+
+
+def check_finite(model: nn.Module) -> None:
+    """Raise :class:`SlimkitError` (one line) when a tensor ``save`` would write holds NaN or inf."""
+    bad, checked = non_finite_tensors(model)
+    if bad:
+        shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise SlimkitError(f"{len(bad)} of {checked} tensors hold NaN/inf ({shown}); nothing was written")
+
+
 def save(
     model: nn.Module, tokenizer: Any, directory: str | os.PathLike, manifest: dict[str, Any] | None = None
 ) -> Path:
     """Write ``model`` (and ``tokenizer`` if given) to ``directory`` atomically; returns the path.
 
-    ``directory`` must not exist or must be empty; it is replaced in one rename.
+    ``directory`` must not exist or must be empty; it is replaced in one rename. A model with a NaN or
+    inf weight raises :class:`SlimkitError` before anything is written.
     """
     target = Path(directory)
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
+    check_finite(model)
     global_widths, per_layer = width_config(model)
     view = ModelView(model)
 

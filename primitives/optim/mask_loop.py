@@ -14,10 +14,16 @@ Devices and dtypes: the gates' ``log α`` and the multipliers are float32 on the
 caller moves the mask set to the model's device), the loss is float32, and bfloat16/float16 weights
 are trained through float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`: AdamW's
 moments and the clipped gradients are float32; the updated weights are written back in their dtype).
+
+Divergence: the loss is checked before every update, and after the last one every tensor the loop
+trains (the model's weights, the gates' ``log α``, the multipliers) must be finite and so must the task
+loss on the last batch (one more forward pass, eval mode); any of them failing raises
+:class:`~slimkit.primitives.errors.SlimkitError` ("mask training diverged at step N: ...").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,15 +75,23 @@ def common_problems(config: Any) -> list[str]:
     """What is wrong with the settings both mask-training configs share (empty when nothing is):
     ``target``, the three learning rates, ``init_drop`` and ``distill``."""
     problems = []
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{item.name} must be a finite number, got {value}")
     if not 0.0 < config.target < 1.0:
         problems.append(f"target must be in (0, 1), got {config.target}")
-    if config.learning_rate < 0 or config.mask_learning_rate <= 0 or config.lagrangian_learning_rate <= 0:
+    if not (config.learning_rate >= 0 and config.mask_learning_rate > 0 and config.lagrangian_learning_rate > 0):
         problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
     if not 0.0 < config.init_drop < 1.0:
         problems.append(f"init_drop must be in (0, 1), got {config.init_drop}")
-    if config.distill < 0:
+    if not config.distill >= 0:
         problems.append(f"distill must be >= 0, got {config.distill}")
     return problems
+
+
+def _diverged(step: int, problem: str) -> SlimkitError:
+    return SlimkitError(f"mask training diverged at step {step}: {problem}; lower the learning rates")
 
 
 def train_masks(
@@ -133,7 +147,7 @@ def train_masks(
                     history["expected_sparsity"].append(float(s_hat.detach()))
                 value = float(loss.detach())
                 if not math.isfinite(value):
-                    raise SlimkitError(f"mask training diverged: loss {value} at step {step + 1}; lower learning rates")
+                    raise _diverged(step + 1, f"loss {value}")
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
                 for weight in weights:  # with float32 masters the optimiser does not see the model's grads
@@ -152,6 +166,23 @@ def train_masks(
                 history["task_loss"].append(float(task.detach()))
                 if progress is not None:
                     progress(step + 1)
+            # the loss is checked before each update; what the last update changed is checked here
+            weight_ids = {id(w) for w in weights}
+            trained = [
+                *(("weight", name, p) for name, p in model.named_parameters() if id(p) in weight_ids),
+                *(("gate", name, p) for name, p in masks.named_parameters() if p.requires_grad),
+                *(("multiplier", name, p) for name, p in lagrangian.named_parameters()),
+            ]
+            bad = [(kind, name) for kind, name, p in trained if not bool(torch.isfinite(p.detach()).all())]
+            if bad:
+                shown = ", ".join(f"{kind} {name}" for kind, name in bad[:3]) + (", ..." if len(bad) > 3 else "")
+                raise _diverged(schedule.total_steps, f"{len(bad)} tensors hold NaN/inf after the update ({shown})")
+            model.eval()
+            masks.eval()
+            with torch.no_grad():  # finite but huge weights: the task loss on the last batch after its update
+                after = float(step_loss(model, batches[(schedule.total_steps - 1) % len(batches)])[0].float())
+            if not math.isfinite(after):
+                raise _diverged(schedule.total_steps, f"task loss {after} after the update")
         finally:
             model.eval()
             masks.eval()

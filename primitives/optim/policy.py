@@ -396,9 +396,20 @@ def train_policy(
         advantage = returns_now - (past_returns / episode if baseline and episode else 0.0)
         past_returns += returns_now
         loss = (torch.stack(log_probs) * advantage.to(log_probs[0].device, log_probs[0].dtype)).sum()
+        if not math.isfinite(float(loss.detach())):
+            raise SlimkitError(
+                f"prunenet policy training diverged at episode {episode + 1}: loss {float(loss.detach())}; "
+                f"lower learning_rate (got {lr:g})"
+            )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        bad = [name for name, p in policy.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+        if bad:  # checked after every update: the next episode's sampling cannot use a NaN policy
+            raise SlimkitError(
+                f"prunenet policy training diverged at episode {episode + 1}: {len(bad)} policy tensors hold "
+                f"NaN/inf after the update ({', '.join(bad[:3])}); lower learning_rate (got {lr:g})"
+            )
         report.episode_penalty.append(sum(penalties) / len(penalties))
         report.layer_penalty.append(penalties)
         report.loss.append(float(loss.detach()))

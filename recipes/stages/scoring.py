@@ -9,6 +9,7 @@ gradients (``gradients``), once over all batches, or once per batch when the spe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -39,6 +40,18 @@ def roles_of(kinds: Sequence[str]) -> frozenset[str]:
     return frozenset().union(*(KIND_ROLES[k] for k in kinds))
 
 
+def _non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
+    """The dotted path and value of the first inf/NaN number inside a scorer spec, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        found = _non_finite(inner, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 class ScoringArgs(Strict):
     scorer: str | dict[str, Any] = "activation"
     """Importance scorer: a registered name (activation, magnitude, taylor, random, coupled), or
@@ -53,6 +66,9 @@ class ScoringArgs(Strict):
     @field_validator("scorer")
     @classmethod
     def _known_scorer(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        where = _non_finite(value)
+        if where is not None:  # a blend weight or a PLATON x1/x2 of inf/NaN
+            raise ValueError(f"{where[0]}: must be a finite number, got {where[1]!r}")
         parse_scorer(value)
         return value
 
