@@ -101,7 +101,9 @@ def recipe_run(
     model: Annotated[str | None, typer.Option("--model", help="Model source or local folder.")] = None,
     overrides: SetOption = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the recipe's evaluations.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty output directory.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier slimkit output (or an empty folder) at --out.")
+    ] = False,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     max_memory: MaxMemoryOption = None,

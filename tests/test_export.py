@@ -443,3 +443,13 @@ def test_per_layer_qwen_widths_are_refused_for_gguf(tmp_path, bpe):
     with pytest.raises(SlimkitError, match=r"per-layer widths of a qwen2 model: llama\.cpp's deci"):
         export(model, tmp_path / "m.gguf", "gguf", tokenizer=bpe)
     assert not (tmp_path / "m.gguf").exists() and _no_partials(tmp_path)
+
+
+def test_force_swaps_a_plain_folder_in_and_leaves_nothing_beside_it(tmp_path, bpe):
+    export(tiny_llama(), tmp_path / "hf", "hf", tokenizer=bpe)
+    first = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    with pytest.raises(SlimkitError, match="exists and is not empty; pass --force"):
+        export(tiny_llama(), tmp_path / "hf", "hf", tokenizer=bpe)
+    result = export(tiny_llama(), tmp_path / "hf", "hf", tokenizer=bpe, force=True)
+    assert result.path == tmp_path / "hf" and (tmp_path / "hf" / "model.safetensors").read_bytes() != first
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]

@@ -29,6 +29,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, write_hf
+from slimkit.primitives.paths import remove_leftovers, staging_dir, swap_in
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"
@@ -100,15 +101,19 @@ def saved_dtype(source: str | os.PathLike) -> str:
 
 
 def _replace_folder(write, target: Path) -> Any:
-    """Run ``write(path)`` into a fresh path, then swap it with an existing ``target`` (old moved aside first)."""
+    """Run ``write(path)`` into a fresh hidden sibling, then swap it in for an existing ``target`` in one step
+    (:func:`~slimkit.primitives.paths.swap_in`); the old folder is deleted once the new one is in place."""
     if not (target.is_dir() and any(target.iterdir())):
         return write(target)
-    aside = target.with_name(f".{target.name}.replaced-{os.getpid()}")
-    fresh = target.with_name(f".{target.name}.new-{os.getpid()}")
-    result = write(fresh)
-    os.replace(target, aside)
-    os.replace(fresh, target)
-    shutil.rmtree(aside, ignore_errors=True)
+    fresh = staging_dir(target)
+    fresh.rmdir()  # write() builds it (and renames into it) itself
+    try:
+        result = write(fresh)
+        aside = swap_in(fresh, target)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
     result.path = target
     return result
 
@@ -131,6 +136,7 @@ def export(
     """
     type = check_export_args(format, type)
     target = check_export_target(format, out, force)
+    remove_leftovers(target)  # what a killed export left beside it
     if not isinstance(model, nn.Module):
         from slimkit.primitives.sources import load_source
 
