@@ -39,7 +39,7 @@ from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.io import versions
-from slimkit.primitives.io.save import MANIFEST_NAME
+from slimkit.primitives.io.save import MANIFEST_NAME, non_finite_tensors
 from slimkit.primitives.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.paths import LockHeld, acquire_lock, remove_leftovers, staging_dir, swap_in
 from slimkit.primitives.placement import (
@@ -464,6 +464,8 @@ def _execute(
         model, tokenizer, source = _load(recipe, placement, model, tokenizer)
     check_export_model(recipe, model)
     check_calibration_length(recipe, model)
+    if run_eval:
+        check_eval_model(recipe, model)
     ctx = Context(
         recipe=recipe,
         model=model,
@@ -474,6 +476,22 @@ def _execute(
         notes=list(notes),
     )
     return _compress(ctx, placement, out_path, force, timings, run_eval)
+
+
+def check_eval_model(recipe: Recipe, model: Any) -> None:
+    """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head)."""
+    from slimkit.primitives.arch.support import task_of
+
+    if recipe.task is not None or task_of(model.config) != "encoder":
+        return
+    wanted = [
+        name for name, config in (("perplexity", recipe.eval.perplexity), ("zeroshot", recipe.eval.zeroshot)) if config
+    ]
+    if wanted:
+        raise SlimkitError(
+            f"eval.{wanted[0]}: needs a causal language model, and this run's model is an encoder; set "
+            f"eval.{wanted[0]}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
+        )
 
 
 def check_calibration_length(recipe: Recipe, model: Any) -> None:
@@ -601,6 +619,13 @@ def _compress(
         ctx.model.to(dtype=save_dtype)
         ctx.notes.append(
             f"weights computed in {dtype_name(placement.dtype)}, saved and evaluated in {dtype_name(save_dtype)}"
+        )
+    bad, checked = non_finite_tensors(ctx.model)
+    if bad:
+        cast = f" after the cast to save_dtype {dtype_name(save_dtype)}" if save_dtype is not None else ""
+        raise SlimkitError(
+            f"{len(bad)} of {checked} tensors hold NaN/inf after the stages{cast} ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); nothing was written"
         )
     raw = recipe.source()
     staging = staging_dir(out_path) if out_path is not None else None

@@ -18,7 +18,7 @@ from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.test_recipes import tiny_recipe
-from tests.tiny import tiny_llama
+from tests.tiny import byte_tokenizer, tiny_llama
 
 FAST_LORA = {"steps": 1, "batch_size": 2, "seq_len": 16}
 SMALL = [
@@ -260,3 +260,33 @@ def test_save_reads_offloaded_weights_to_check_them(tmp_path):
         slimkit.save(model, tokenizer, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good", "tiny4"]
+
+
+def test_a_run_without_an_output_folder_refuses_nan_weights_after_the_stages(tiny_llama_dir, monkeypatch):
+    """The Python API without ``out`` never saves, so the runner checks the weights itself after the stages."""
+    from slimkit.recipes import runner
+
+    original = runner._run_stages
+
+    def poisoned(ctx, *args, **kwargs):
+        shares = original(ctx, *args, **kwargs)
+        with torch.no_grad():
+            ctx.model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+        return shares
+
+    monkeypatch.setattr(runner, "_run_stages", poisoned)
+    raw = tiny_recipe(tiny_llama_dir)
+    with pytest.raises(SlimkitError, match=r"1 of \d+ tensors hold NaN/inf after the stages \(model\.layers\.0\.mlp"):
+        slimkit.run(validate(raw, "t"), evaluate=False)
+
+
+def test_perplexity_of_an_encoder_is_refused_before_compression(tmp_path):
+    from tests.tiny import tiny_bert
+
+    folder = tmp_path / "bert"
+    tiny_bert().save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    raw = tiny_recipe(folder, stages=[{"stage": "prune", "args": {"scorer": "magnitude"}}])
+    with pytest.raises(SlimkitError, match=r"eval\.perplexity: needs a causal language model"):
+        run_recipe(validate(raw, "t"), raw, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
