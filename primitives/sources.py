@@ -23,7 +23,7 @@ from typing import Any
 
 from slimkit.primitives.arch.support import task_of
 from slimkit.primitives.errors import SlimkitError, unknown
-from slimkit.primitives.paths import cache_root, staging_dir
+from slimkit.primitives.paths import cache_root, remove_leftovers, staging_dir
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ def _convert_gguf(source: NamedSource, package_dir: Path, target: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    remove_leftovers(target)  # what a killed earlier write left beside it
     tmp = staging_dir(target)
     try:
         model.save_pretrained(tmp)

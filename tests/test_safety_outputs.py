@@ -330,3 +330,18 @@ def test_two_runs_to_the_same_out_one_succeeds(tmp_path, model_dir):
     assert_one_line_error(2, err, f"--out {out} is being written by another slimkit run (pid {both[winner].pid})")
     assert_complete(out, "new-run")
     assert siblings(out) == []
+
+
+def test_save_and_export_clean_what_a_killed_write_left_beside_them(tmp_path):
+    from slimkit.primitives.export import export
+    from tests.tiny import bpe_tokenizer, tiny_llama
+
+    tokenizer = bpe_tokenizer()
+    model = tiny_llama(vocab_size=len(tokenizer))
+    stale = tmp_path / f".m.partial-{dead_pid()}-abcd1234"
+    stale.mkdir()
+    slimkit.save(model, tokenizer, tmp_path / "m")
+    stale_file = tmp_path / f".x.gguf.partial-{dead_pid()}-efgh5678"
+    stale_file.write_text("half a file")
+    export(model, tmp_path / "x.gguf", "gguf", "f32", tokenizer=tokenizer)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "x.gguf"]

@@ -55,7 +55,7 @@ from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.lowrank.module import lowrank_entries
-from slimkit.primitives.paths import staging_dir
+from slimkit.primitives.paths import remove_leftovers, staging_dir
 from slimkit.primitives.projection.manifest import projection_entries
 
 MANIFEST_NAME = "slimkit_manifest.json"
@@ -234,6 +234,7 @@ def save(
     global_widths, per_layer = width_config(model)
     view = ModelView(model)
 
+    remove_leftovers(target)  # what a killed earlier write left beside it
     tmp = staging_dir(target)
     try:
         # save_pretrained validates the in-memory config, which still holds HF-valid global widths.
