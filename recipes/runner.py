@@ -235,8 +235,9 @@ PAUSE_AT = "SLIMKIT_TEST_PAUSE_AT"
 def _pause_for_test(point: str) -> None:
     """Test hook: with ``SLIMKIT_TEST_PAUSE_AT=point`` print ``slimkit: paused at POINT`` on stderr and sleep
     ``SLIMKIT_TEST_PAUSE_S`` seconds (default 60), so a test can signal the run at that moment. Points:
-    ``compute`` (calibrated, before the stages run) and ``replace`` (the new output is complete in its
-    partial folder, before it replaces ``out``)."""
+    ``compute`` (calibrated, before the stages run), ``save`` (the weights are written into the partial folder,
+    the recipe and report not yet) and ``replace`` (the new output is complete in its partial folder, before it
+    replaces ``out``)."""
     if os.environ.get(PAUSE_AT) != point:
         return
     print(f"slimkit: paused at {point}", file=sys.stderr, flush=True)
@@ -642,6 +643,7 @@ def _compress(
             }
             with timings.stage("save"):
                 slimkit.save(ctx.model, tokenizer, staging / "model", manifest=manifest)
+                _pause_for_test("save")  # weights written, recipe and report not yet
                 (staging / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
             exports = run_exports(recipe, ctx.model, tokenizer, staging, timings)
         else:
