@@ -1,0 +1,66 @@
+"""Refit the left factor of a low-rank pair against the dense output.
+
+A Linear ``y = W x`` factorised as ``y ≈ L R x`` (``L: d_out x r``, ``R: r x d_in``; see
+:mod:`slimkit.primitives.lowrank.svd`) keeps ``R`` as the subspace it projects inputs onto. For that
+fixed ``R`` the best ``L`` on calibration data is a least-squares problem in the projected inputs
+``Z = R X``:
+
+    L' = argmin_L ||W X − L R X||_F² + λ||L||_F²  =  W G Rᵀ (R G Rᵀ + λI)⁻¹,     G = X Xᵀ.
+
+Plain SVD (``L = U_r Σ_r``) minimises the weight error ``||W − L R||`` instead, so on the calibration
+Gram ``L'`` is never worse than it (at ``λ = 0``), and when the rows of ``R`` span the row space
+of ``W`` the refit is exact (``W = L' R``).
+
+:func:`refit_left` also takes ``cross = Σ_t x_d,t x_c,tᵀ`` for a target computed from other (dense)
+inputs than the ones the factor will see (``sequential`` runs):
+``L' = W C Rᵀ (R G_c Rᵀ + λI)⁻¹`` with ``gram`` then ``G_c``.
+
+Choices: ``λ = damping · mean(diag(R G Rᵀ))``, default :data:`~.solve.DEFAULT_DAMPING` (tiny: the
+ridge pulls ``L`` towards zero); Cholesky with escalating damping, then ``lstsq``
+(:func:`~.solve.damped_solve`); float64 on the Gram's device; ``L'`` in ``W``'s dtype and device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slimkit.primitives.reconstruct.least_squares import Refit
+from slimkit.primitives.reconstruct.solve import DEFAULT_DAMPING, damped_solve, symmetric
+
+
+def refit_left(
+    weight: torch.Tensor,
+    right: torch.Tensor,
+    gram: torch.Tensor,
+    *,
+    cross: torch.Tensor | None = None,
+    damping: float = DEFAULT_DAMPING,
+    retries: int = 3,
+) -> Refit:
+    """``L' = W G Rᵀ (R G Rᵀ + λI)⁻¹`` (``d_out x r``); with ``cross``, ``W C Rᵀ (R G Rᵀ + λI)⁻¹``.
+
+    ``weight`` is the dense ``W`` (``d_out x d_in``), ``right`` the fixed ``R`` (``r x d_in_c``),
+    ``gram`` the Gram of the inputs ``R`` sees (``d_in_c x d_in_c``), ``cross`` (optional,
+    ``d_in x d_in_c``) the dense-by-those-inputs cross term."""
+    g = symmetric(gram)
+    if right.dim() != 2 or right.shape[1] != g.shape[0]:
+        raise ValueError(f"right must be r x {g.shape[0]} for a {tuple(g.shape)} Gram, got {tuple(right.shape)}")
+    r = right.detach().to(device=g.device, dtype=torch.float64)
+    if cross is None:
+        if weight.dim() != 2 or weight.shape[1] != g.shape[0]:
+            raise ValueError(f"weight must be d_out x {g.shape[0]}, got {tuple(weight.shape)}")
+        target = g
+    else:
+        if cross.dim() != 2 or cross.shape[1] != g.shape[0] or weight.dim() != 2 or weight.shape[1] != cross.shape[0]:
+            raise ValueError(
+                f"expected W (d_out x d_in) and cross (d_in x {g.shape[0]}), "
+                f"got {tuple(weight.shape)} and {tuple(cross.shape)}"
+            )
+        target = cross.detach().to(device=g.device, dtype=torch.float64)
+    w = weight.detach().to(device=g.device, dtype=torch.float64)
+    rhs = w @ target @ r.T
+    solution, info = damped_solve(rhs, r @ g @ r.T, damping, retries)
+    return Refit(solution.to(device=weight.device, dtype=weight.dtype), info)
+
+
+__all__ = ["refit_left"]
