@@ -6,21 +6,35 @@ norms, apply the stages with those statistics, then produce the next layer's inp
 layer, so later layers see the errors of earlier ones, as SparseGPT/Wanda/LoRAP do; with
 ``"dense"`` (a layer stage at the top level) they come from the layer before compression, which
 equals calibrating the whole dense model once. Only one layer's activations are alive at a time,
-so peak memory is the model plus one layer's calibration activations. On a model offloaded by
-``model.max_memory`` each layer is brought onto the compute device for its turn and written back
+so peak memory is the model plus one layer's calibration activations. A stage that declares
+``layer_grams`` (``reconstruct``) also gets, for those projection roles, the dense weight and the Gram
+matrix of its inputs from this pass (``stats["dense_consumers"]``), taken before any stage changes the layer.
+On a model offloaded by ``model.max_memory`` each layer is brought onto the compute device for its turn and written back
 afterwards (:func:`slimkit.primitives.offload.resident`), so the device holds one layer at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
+
+import torch
 
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, input_norm_hooks, run_layer
 from slimkit.primitives.offload import resident
+from slimkit.primitives.reconstruct.gram import gram_hooks
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import StageSpec
+
+
+@dataclass(frozen=True)
+class DenseConsumer:
+    """A projection as the block's statistics pass saw it: its dense weight and the Gram of its inputs."""
+
+    weight: torch.Tensor
+    gram: torch.Tensor
 
 
 def run_layerwise(
@@ -54,9 +68,16 @@ def _compress_layer(
     outputs = None
     if inputs is not None:
         modules = ctx.view.linears([layer])
-        with input_norm_hooks(modules) as accumulators:
+        roles = sorted(frozenset().union(*(d.layer_grams(a) for d, a in definitions)))
+        consumers = {role: layer.linear(role) for role in roles}
+        with input_norm_hooks(modules) as accumulators, gram_hooks(consumers) as grams:
             outputs = run_layer(layer.module, inputs)
         stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}
+        if roles:  # the dense layer's consumers, before any stage of the block changes them
+            stats["dense_consumers"] = {
+                role: DenseConsumer(module.weight.detach().clone(), grams[role].gram)
+                for role, module in consumers.items()
+            }
         stats["tokens"] = inputs.tokens
         stats["layer_inputs"] = inputs
     for definition, args in definitions:

@@ -62,6 +62,10 @@ class StageDef:
     trains: bool = False
     """The stage takes gradient steps through the model (refused with float16 weights: without loss scaling
     float16 activations and gradients overflow or underflow; bfloat16 and float32 train)."""
+    layer_grams: Callable[[BaseModel], frozenset[str]] = _no_roles
+    """Projection roles (``down``, ``o``) whose dense input Gram matrix and dense weight a layer stage reads from
+    ``stats["dense_consumers"]``: captured by the block's statistics pass, before any stage of the block changes
+    the layer (see :mod:`slimkit.recipes.layerwise`)."""
 
     @property
     def doc(self) -> str:
@@ -88,6 +92,7 @@ def register_stage(
     makes_lowrank: Callable[[BaseModel], frozenset[str]] = _no_roles,
     once: str | None = None,
     trains: bool = False,
+    layer_grams: Callable[[BaseModel], frozenset[str]] = _no_roles,
 ):
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in STAGES:
@@ -108,6 +113,7 @@ def register_stage(
             makes_lowrank=makes_lowrank,
             once=once,
             trains=trains,
+            layer_grams=layer_grams,
         )
         return fn
 
