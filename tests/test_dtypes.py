@@ -72,6 +72,19 @@ CASES: dict[str, tuple[str, dict]] = {
         "llama",
         {"stages": [{"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}]}]},
     ),
+    "prune_layer+reconstruct": (
+        "llama",
+        {
+            "stages": [
+                {
+                    "sequential": [
+                        {"stage": "prune_layer", "args": {"scorer": "activation"}},
+                        {"stage": "reconstruct"},
+                    ]
+                }
+            ]
+        },
+    ),
     "lowrank+prune_layer": (
         "llama",
         {

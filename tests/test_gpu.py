@@ -26,6 +26,9 @@ GPU = {"device": "cuda", "dtype": "bfloat16"}
 STAGES = {
     "lorap": [LORAP],
     "wanda-channels": [{"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}]}],
+    "wanda-channels+reconstruct": [
+        {"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}, {"stage": "reconstruct"}]}
+    ],
     "llm-pruner": [{"stage": "prune", "args": {"groups": ["attention_head", "mlp_channel"], "scorer": "taylor"}}],
     "cce": [{"stage": "cce", "args": {"kinds": ["mlp_channel"], "scorer": "magnitude", "iterations": 2}}],
     "sp3-oneshot": [{"stage": "pca_project", "args": {"group_size": "all"}}],
