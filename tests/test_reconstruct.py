@@ -359,3 +359,23 @@ def test_output_error_and_column_helpers() -> None:
         kept_columns(3, [3])
     with pytest.raises(ValueError):
         embed_columns(torch.ones(2, 2), [0, 0], 4)
+
+
+def test_a_ridge_toward_the_kept_columns_interpolates_between_refit_and_pruned_weight():
+    from slimkit.primitives.reconstruct import refit_least_squares
+
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 200, generator=generator, dtype=torch.float64)
+    w = torch.randn(3, 6, generator=generator, dtype=torch.float64)
+    gram = x @ x.T
+    kept = torch.tensor([0, 2, 3, 5])
+    plain = refit_least_squares(w, gram, kept, damping=0.0).weight
+    assert torch.allclose(refit_least_squares(w, gram, kept, damping=0.0, toward_kept=True).weight, plain)
+    heavy = refit_least_squares(w, gram, kept, damping=1e6, toward_kept=True).weight
+    assert torch.allclose(heavy, w[:, kept], atol=1e-4)  # a huge λ keeps the pruned weight
+    lam_half = refit_least_squares(w, gram, kept, damping=1.0, toward_kept=True)
+    k = kept
+    expected = (w @ gram[:, k] + lam_half.info.lam * w[:, k]) @ torch.linalg.inv(
+        gram[k][:, k] + lam_half.info.lam * torch.eye(4, dtype=torch.float64)
+    )
+    assert torch.allclose(lam_half.weight, expected, atol=1e-8)

@@ -61,11 +61,20 @@ def _check_weight(weight: torch.Tensor, width: int, what: str) -> None:
 
 
 def refit_least_squares(
-    weight: torch.Tensor, gram: torch.Tensor, kept: Indices, *, damping: float = DEFAULT_DAMPING, retries: int = 3
+    weight: torch.Tensor,
+    gram: torch.Tensor,
+    kept: Indices,
+    *,
+    damping: float = DEFAULT_DAMPING,
+    retries: int = 3,
+    toward_kept: bool = False,
 ) -> Refit:
     """``W' = W G[:, K] (G[K, K] + λI)⁻¹`` (``d_out x |K|``): the refit of ``W`` on kept inputs ``K``.
 
-    ``gram`` is ``Σ_t x_t x_tᵀ`` of the consumer's dense inputs (``d_in x d_in``)."""
+    ``gram`` is ``Σ_t x_t x_tᵀ`` of the consumer's dense inputs (``d_in x d_in``). With ``toward_kept`` the
+    ridge pulls towards the unrefitted kept columns instead of zero,
+    ``argmin ||W X − W' X_K||² + λ||W' − W[:, K]||²``, i.e. ``W' = (W G[:, K] + λ W[:, K]) (G[K, K] + λI)⁻¹``:
+    a large λ leaves the pruned weight as it was, λ → 0 is the plain refit."""
     g = symmetric(gram)
     _check_weight(weight, g.shape[0], "Gram")
     index = as_indices(kept, g.shape[0], "kept")
@@ -75,6 +84,9 @@ def refit_least_squares(
     w = weight.detach().to(device=g.device, dtype=torch.float64)
     rhs = w @ g[:, k]
     solution, info = damped_solve(rhs, g[k][:, k], damping, retries)
+    if toward_kept and info.lam > 0:
+        # The prior term uses the λ the solve settled on (it may have escalated the damping).
+        solution, info = damped_solve(rhs + info.lam * w[:, k], g[k][:, k], info.damping, retries)
     return Refit(solution.to(device=weight.device, dtype=weight.dtype), info)
 
 

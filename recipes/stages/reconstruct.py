@@ -44,6 +44,9 @@ class ReconstructArgs(Strict):
     """Projections to refit: down (reads the MLP channels) and o (reads the attention heads)."""
     damping: float = Field(default=1e-6, ge=0)
     """Ridge damping as a fraction of the mean diagonal of the kept inputs' Gram matrix."""
+    toward: Literal["zero", "kept"] = "zero"
+    """What the ridge pulls towards: zero (plain ridge) or the pruned weight's own kept columns (a large damping
+    then leaves the pruned weight as it was)."""
 
 
 def matched_columns(dense: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor | None:
@@ -63,7 +66,7 @@ def matched_columns(dense: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor |
     return torch.tensor(kept, dtype=torch.long)
 
 
-def _refit_role(layer: LayerView, role: Consumer, stats: dict, damping: float) -> dict | None:
+def _refit_role(layer: LayerView, role: Consumer, stats: dict, damping: float, toward: str = "zero") -> dict | None:
     module = layer.linear(role)
     if isinstance(module, LowRankLinear):
         raise SlimkitError(f"reconstruct: layer {layer.index} {role} is a low-rank pair; refit its factors instead")
@@ -79,7 +82,7 @@ def _refit_role(layer: LayerView, role: Consumer, stats: dict, damping: float) -
         )
     width = snapshot.weight.shape[1]
     before = output_error(snapshot.weight, embed_columns(weight, kept, width), snapshot.gram, relative=True)
-    refit = refit_least_squares(snapshot.weight, snapshot.gram, kept, damping=damping)
+    refit = refit_least_squares(snapshot.weight, snapshot.gram, kept, damping=damping, toward_kept=toward == "kept")
     with torch.no_grad():
         module.weight.copy_(refit.weight.to(device=weight.device, dtype=weight.dtype))
     after = output_error(snapshot.weight, embed_columns(module.weight, kept, width), snapshot.gram, relative=True)
@@ -110,7 +113,7 @@ def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: di
         ctx.block_cache["reconstruct:report"] = ctx.report_stage("reconstruct", {"roles": {}, "layers": {}})
     entry = ctx.stage_report[ctx.block_cache["reconstruct:report"]]
     for role in args.roles:
-        result = _refit_role(layer, role, stats, args.damping)
+        result = _refit_role(layer, role, stats, args.damping, args.toward)
         if result is not None:
             entry["layers"].setdefault(role, {})[str(layer.index)] = result
     for role, per_layer in entry["layers"].items():
