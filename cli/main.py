@@ -458,10 +458,8 @@ def export_command(
 ) -> None:
     """Export a model for inference engines: GGUF for llama.cpp (per-layer widths via its deci architecture)
     or a plain Hugging Face folder; low-rank pairs are merged into dense weights."""
-    from slimkit.primitives.export import check_export_args, check_export_target, export, result_lines
+    from slimkit.primitives.export import export, result_lines
 
-    type = check_export_args(format, type)
-    check_export_target(format, out, force)
     result = export(model, out, format, type, force=force, verify=verify)
     for line in result_lines(result.as_dict()):
         typer.echo(line)

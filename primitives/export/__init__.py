@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, write_hf
-from slimkit.primitives.paths import remove_leftovers, staging_dir, swap_in
+from slimkit.primitives.paths import remove_leftovers
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"
@@ -100,24 +99,6 @@ def saved_dtype(source: str | os.PathLike) -> str:
     return name if name in ("float32", "bfloat16", "float16") else "auto"
 
 
-def _replace_folder(write, target: Path) -> Any:
-    """Run ``write(path)`` into a fresh hidden sibling, then swap it in for an existing ``target`` in one step
-    (:func:`~slimkit.primitives.paths.swap_in`); the old folder is deleted once the new one is in place."""
-    if not (target.is_dir() and any(target.iterdir())):
-        return write(target)
-    fresh = staging_dir(target)
-    fresh.rmdir()  # write() builds it (and renames into it) itself
-    try:
-        result = write(fresh)
-        aside = swap_in(fresh, target)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
-    finally:
-        shutil.rmtree(fresh, ignore_errors=True)
-    result.path = target
-    return result
-
-
 def export(
     model: nn.Module | str | os.PathLike,
     out: str | os.PathLike,
@@ -145,7 +126,7 @@ def export(
         raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
     if format == "gguf":
         return write_gguf(model, tokenizer, target, type=type or "f16")
-    return _replace_folder(lambda path: write_hf(model, tokenizer, path, verify=verify), target)
+    return write_hf(model, tokenizer, target, verify=verify, replace=force)
 
 
 def result_lines(result: dict[str, Any]) -> list[str]:

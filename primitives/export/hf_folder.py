@@ -28,7 +28,7 @@ from torch import nn
 from slimkit.primitives.devices import input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import dense_tensors
-from slimkit.primitives.paths import staging_dir
+from slimkit.primitives.paths import staging_dir, swap_in
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -76,8 +76,12 @@ def _check_ids(model: nn.Module) -> torch.Tensor:
     return torch.randint(0, vocab, (2, 16), generator=generator)
 
 
-def write_hf(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, verify: bool = True) -> HfResult:
-    """Write ``model`` as a plain Hugging Face folder at ``directory`` (must not exist or be empty)."""
+def write_hf(
+    model: nn.Module, tokenizer: Any, directory: str | os.PathLike, verify: bool = True, replace: bool = False
+) -> HfResult:
+    """Write ``model`` as a plain Hugging Face folder at ``directory``: one that does not exist or is empty, or
+    with ``replace`` any folder, swapped out in one step (:func:`~slimkit.primitives.paths.swap_in`) once the new
+    one is complete; the old one is deleted afterwards."""
     model_type = getattr(model.config, "model_type", None)
     if model_type not in HF_MODEL_TYPES:
         raise SlimkitError(
@@ -105,7 +109,7 @@ def write_hf(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, ver
     if dense.tied:
         plain.tie_weights()
     target = Path(directory)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not replace)):
         raise SlimkitError(f"{target} exists and is not an empty folder")
     staging = staging_dir(target)
     try:
@@ -113,9 +117,9 @@ def write_hf(model: nn.Module, tokenizer: Any, directory: str | os.PathLike, ver
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         difference = _verify(model, staging) if verify else None
-        if target.exists():
-            target.rmdir()
-        os.replace(staging, target)
+        aside = swap_in(staging, target)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return HfResult(target, dense.merged, dense.added_params, difference)
