@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.export.gguf_file import gguf_architecture
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES
 
 
@@ -71,19 +72,17 @@ def export_verdicts(
     )
     suffix = f"; {merges}" if merges else ""
     verdicts = []
-    if model_type not in EXPORTABLE_MODEL_TYPES:
-        verdicts.append(ExportVerdict("gguf", False, f"GGUF export writes {', '.join(EXPORTABLE_MODEL_TYPES)} models"))
-    elif blocking:
-        verdicts.append(ExportVerdict("gguf", False, blocking))
-    elif varying and model_type in ("qwen2", "qwen3"):
-        verdicts.append(
-            ExportVerdict("gguf", False, f"per-layer widths of a {model_type} model: deci has no Qwen parts")
-        )
-    elif varying:
-        verdicts.append(ExportVerdict("gguf deci", True, f"per-layer {', '.join(varying)}{suffix}"))
+    try:  # the exporter's own rule for the model type and width pattern
+        architecture = gguf_architecture(model_type, uniform=not varying)
+    except SlimkitError as error:
+        verdicts.append(ExportVerdict("gguf", False, str(error)))
     else:
-        architecture = model_type if model_type in ("qwen2", "qwen3") else "llama"
-        verdicts.append(ExportVerdict(f"gguf {architecture}", True, f"uniform widths{suffix}"))
+        if blocking:
+            verdicts.append(ExportVerdict("gguf", False, blocking))
+        elif varying:
+            verdicts.append(ExportVerdict(f"gguf {architecture}", True, f"per-layer {', '.join(varying)}{suffix}"))
+        else:
+            verdicts.append(ExportVerdict(f"gguf {architecture}", True, f"uniform widths{suffix}"))
     if model_type not in HF_MODEL_TYPES:
         verdicts.append(ExportVerdict("hf", False, f"--format hf writes {', '.join(HF_MODEL_TYPES)} models"))
     elif blocking:
