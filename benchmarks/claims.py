@@ -1,25 +1,36 @@
-"""Paper claims decided from the benchmark's numbers: "holds", "does not hold" or "not run".
+"""Paper claims decided from the benchmark's numbers, with the seeds' spread: "holds", "does not hold",
+"within noise" or "not run".
 
 A claim (declared in ``benchmarks/grid.yaml``) has checks like ``"cce@{r} < 0.75 * cce-random@{r}"``:
-row ``A``, an operator (``<``, ``<=``, ``>``, ``>=``), an optional factor ``F`` and row ``B``; it
-holds for a metric when ``value(A) OP F x value(B)``. ``{r}`` is replaced by each percentage in the
-claim's ``at`` list, and every check is evaluated for every metric in ``metrics``.
+row ``A``, an operator (``<``, ``<=``, ``>``, ``>=``), an optional factor ``F`` and row ``B``.
+``{r}`` is replaced by each percentage in the claim's ``at`` list, and every check is evaluated for
+every metric in ``metrics``.
 
-Verdict: a ratio counts as run when every row the checks name at that ratio finished and has a
-finite value of every metric. "not run" when no ratio was run (the evidence says which rows are
-missing and why); "holds" when every comparison at every run ratio holds; otherwise "does not hold".
-Ratios that were not run are named in the evidence, never guessed.
+One comparison (a check, a metric, a ratio) pairs every draw of ``A`` with every draw of ``B`` (a
+seeded row's draws are its seeds' values, :mod:`benchmarks.seeds`; a row without seeds is one draw):
+"holds" when ``a OP F x b`` for every pairing (for ``<``: A's worst seed beats B's best), "does not
+hold" when it fails for every pairing (the reverse separation), "within noise" otherwise. Between
+two single draws there is one pairing, so such a comparison is never "within noise": its evidence
+says "1 draw" on each side, and a grid gives rows seeds where the gap may be noise.
+
+Verdict of a claim: a ratio counts as run when every row the checks name at that ratio finished and
+has a finite value of every metric. "not run" when no ratio was run (the evidence says which rows are
+missing and why); otherwise "does not hold" if any comparison does not hold, else "within noise" if
+any is within noise, else "holds". Ratios that were not run are named in the evidence, never guessed.
+A claim's ``also`` checks are evaluated the same way and reported in the evidence (marked "not
+deciding"), without entering the verdict; its ``cause`` and ``note`` are passed through.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 import re
 from dataclasses import dataclass
 from typing import Any
 
-HOLDS, FAILS, NOT_RUN = "holds", "does not hold", "not run"
+from benchmarks.seeds import decision_rows, values_of
+
+HOLDS, FAILS, NOISE, NOT_RUN = "holds", "does not hold", "within noise", "not run"
 
 _CHECK = re.compile(
     r"^\s*(?P<a>[^\s<>=*]+)\s*(?P<op><=|>=|<|>)\s*(?:(?P<factor>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*\*\s*)?"
@@ -56,62 +67,101 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _value(rows: dict[str, dict[str, Any]], row: str, metric: str) -> tuple[float | None, str | None]:
-    """``(value, None)`` or ``(None, why it is missing)``."""
+def _values(rows: dict[str, dict[str, Any]], row: str, metric: str) -> tuple[list[float] | None, str | None]:
+    """``(draws, None)`` or ``(None, why they are missing)``."""
     found = rows.get(row)
     if found is None:
         return None, f"{row}{_ABSENT}"
     if found.get("status") != "ok":
         reason = found.get("reason") or found.get("status")
         return None, f"{row} {found.get('status')}: {reason}"
-    value = (found.get("metrics") or {}).get(metric)
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    values = values_of(found, metric)
+    if values is None:
         return None, f"{row} has no finite {metric}"
-    return float(value), None
+    return values, None
+
+
+def compare(op: str, a: list[float], factor: float, b: list[float]) -> tuple[str, int]:
+    """The verdict of ``a OP factor x b`` over every pairing of draws, and how many pairings hold."""
+    held = sum(_OPS[op](x, factor * y) for x in a for y in b)
+    total = len(a) * len(b)
+    return (HOLDS if held == total else FAILS if held == 0 else NOISE), held
+
+
+def describe(row: str, values: list[float]) -> str:
+    """``lorap@20 81.1 (1 draw)`` or ``lorap@20 81.1 [80.9-81.4; 3 seeds]`` (the mean, then min-max)."""
+    if len(values) == 1:
+        return f"{row} {_fmt(values[0])} (1 draw)"
+    mean = sum(values) / len(values)
+    return f"{row} {_fmt(mean)} [{_fmt(min(values))}-{_fmt(max(values))}; {len(values)} seeds]"
+
+
+def _comparison_text(check: Check, metric: str, a: list[float], b: list[float]) -> tuple[str, str]:
+    verdict, held = compare(check.op, a, check.factor, b)
+    factor = "" if check.factor == 1.0 else f"{check.factor:g} x "
+    pairings = len(a) * len(b)
+    outcome = {HOLDS: "yes", FAILS: "no"}.get(verdict, f"within noise ({held} of {pairings} pairings hold)")
+    if verdict != NOISE and pairings > 1:
+        outcome += f" (all {pairings} pairings)"
+    return verdict, f"{metric}: {describe(check.a, a)} {check.op} {factor}{describe(check.b, b)}: {outcome}"
+
+
+def _at_ratio(
+    checks: list[Check], metrics: list[str], rows: dict[str, dict[str, Any]], percent: str
+) -> tuple[list[tuple[Check, str, list[float], list[float]]], list[str]]:
+    comparisons, why_not = [], []
+    for check in (c.at(percent) for c in checks):
+        for metric in metrics:
+            a, why_a = _values(rows, check.a, metric)
+            b, why_b = _values(rows, check.b, metric)
+            why_not += [w for w in (why_a, why_b) if w]
+            if a is not None and b is not None:
+                comparisons.append((check, metric, a, b))
+    return comparisons, why_not
+
+
+def _missing_text(percent: str, why_not: list[str]) -> str:
+    absent = [w.removesuffix(_ABSENT) for w in dict.fromkeys(why_not) if w.endswith(_ABSENT)]
+    present = [w for w in dict.fromkeys(why_not) if not w.endswith(_ABSENT)]
+    parts = present + ([f"not in this run: {', '.join(absent)}"] if absent else [])
+    return f"{percent}%: " + "; ".join(parts)
 
 
 def evaluate_claim(claim: Any, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``claim`` has ``id, claim, source, metrics, at, checks`` (a :class:`benchmarks.grid.Claim`)."""
+    """``claim`` has ``id, claim, source, metrics, at, checks`` and optionally ``also, cause, note`` (a
+    :class:`benchmarks.grid.Claim`); ``rows`` by id, seeded rows as their aggregates."""
     checks = [parse_check(c) for c in claim.checks]
+    also = [parse_check(c) for c in getattr(claim, "also", None) or []]
     evidence: list[str] = []
     missing: list[str] = []
     run_ratios: list[str] = []
-    failed = False
+    verdicts: list[str] = []
     for percent in (f"{p:g}" for p in claim.at):
-        comparisons = []
-        why_not: list[str] = []
-        for check in (c.at(percent) for c in checks):
-            for metric in claim.metrics:
-                a, why_a = _value(rows, check.a, metric)
-                b, why_b = _value(rows, check.b, metric)
-                why_not += [w for w in (why_a, why_b) if w]
-                if a is not None and b is not None:
-                    comparisons.append((check, metric, a, b))
+        comparisons, why_not = _at_ratio(checks, claim.metrics, rows, percent)
         if why_not:
-            absent = [w.removesuffix(_ABSENT) for w in dict.fromkeys(why_not) if w.endswith(_ABSENT)]
-            present = [w for w in dict.fromkeys(why_not) if not w.endswith(_ABSENT)]
-            parts = present + ([f"not in this run: {', '.join(absent)}"] if absent else [])
-            missing.append(f"{percent}%: " + "; ".join(parts))
+            missing.append(_missing_text(percent, why_not))
             continue
         run_ratios.append(percent)
         for check, metric, a, b in comparisons:
-            ok = _OPS[check.op](a, check.factor * b)
-            failed |= not ok
-            factor = "" if check.factor == 1.0 else f"{check.factor:g} x "
-            evidence.append(
-                f"{metric}: {check.a} {_fmt(a)} {check.op} {factor}{check.b} {_fmt(b)}: {'yes' if ok else 'no'}"
-            )
+            verdict, text = _comparison_text(check, metric, a, b)
+            verdicts.append(verdict)
+            evidence.append(text)
+        extra, _why = _at_ratio(also, claim.metrics, rows, percent)
+        evidence += [f"(not deciding) {_comparison_text(*c)[1]}" for c in extra]
     if not run_ratios:
         verdict = NOT_RUN
     else:
-        verdict = FAILS if failed else HOLDS
+        verdict = FAILS if FAILS in verdicts else NOISE if NOISE in verdicts else HOLDS
     return {
         "id": claim.id,
         "claim": claim.claim,
         "source": claim.source,
         "checks": list(claim.checks),
+        "also": [c.text() for c in also],
         "metrics": list(claim.metrics),
         "verdict": verdict,
+        "cause": getattr(claim, "cause", None),
+        "note": getattr(claim, "note", None),
         "ratios_run": run_ratios,
         "evidence": evidence,
         "not_run": missing,
@@ -119,5 +169,6 @@ def evaluate_claim(claim: Any, rows: dict[str, dict[str, Any]]) -> dict[str, Any
 
 
 def evaluate_claims(claims: list[Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_id = {row["id"]: row for row in rows}
+    """Every claim decided on ``rows`` (measured rows; seeded draws are aggregated here)."""
+    by_id = {row["id"]: row for row in decision_rows(rows)}
     return [evaluate_claim(claim, by_id) for claim in claims]

@@ -7,6 +7,15 @@ entries into :class:`Job` s, one per recipe x ratio x recovery setting, in the f
 Row ids: ``dense``, ``RECIPE@PCT`` (recovery off) and ``RECIPE@PCT+ft`` (recovery on), where
 ``PCT`` is the target ratio in percent (``lorap@20``, ``llm-pruner@30+ft``). Claims refer to rows
 by these ids.
+
+Seeds: an entry with ``seeds: [0, 1, 2]`` runs every one of its rows once per seed, as separate
+compressions (``--set seed=N``: the recipe's ``seed`` drives calibration sampling, random scorers,
+policy sampling and LoRA), with ids ``ROW:seedN`` (``cce-random@20:seed1``); the row ``ROW`` itself is
+then the seeds' aggregate (mean, min-max and the values; :mod:`benchmarks.seeds`), and claims name it.
+A row without ``seeds`` is one draw of the recipe's own seed.
+
+``claims_from: FILE`` (a path relative to the grid file) takes another grid file's claims, so a
+focused grid (``grid-claims.yaml``) decides the same claims as ``grid.yaml`` without a copy.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slimkit.recipes.schema import check_zeroshot_task
 
@@ -53,8 +62,9 @@ class Settings(_Strict):
     ppl_window: int = Field(512, ge=2)
     ppl_tokens: int = Field(16384, ge=2)
     zeroshot_tasks: list[str] = Field(default_factory=list)
-    zeroshot_limit: int | None = Field(100, ge=0)
-    """Examples per zero-shot task; 0 skips zero-shot evaluation, None evaluates every example."""
+    zeroshot_limit: int | None = Field(200, ge=0)
+    """Examples per zero-shot task (the first N of each); 0 skips zero-shot evaluation, None evaluates
+    every example. 200 is issue 18's floor for a claims run."""
     speed: Speed = Field(default_factory=Speed)
 
     @field_validator("ratios")
@@ -77,6 +87,10 @@ class Settings(_Strict):
     def zeroshot_on(self) -> bool:
         return bool(self.zeroshot_tasks) and self.zeroshot_limit != 0
 
+    def for_job(self, job: Job) -> Settings:
+        """The settings a job is evaluated under: these, without zero-shot for a ``zeroshot: false`` row."""
+        return self if job.zeroshot else self.model_copy(update={"zeroshot_tasks": [], "zeroshot_limit": 0})
+
 
 class Entry(_Strict):
     recipe: str = Field(min_length=1)
@@ -85,11 +99,30 @@ class Entry(_Strict):
     ratios: list[float] | None = None
     recovery: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     overrides: list[str] = Field(default_factory=list)
+    seeds: list[int] | None = Field(None, min_length=1)
+    """One compression per seed (``--set seed=N``), aggregated into the row; None: one draw."""
+    zeroshot: bool = True
+    """False: the entry's rows skip zero-shot evaluation (no claim reads it; it is the costly part)."""
 
     @field_validator("ratios")
     @classmethod
     def _ratios(cls, values: list[float] | None) -> list[float] | None:
         return None if values is None else [_check_ratio(v) for v in values]
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, values: list[int] | None) -> list[int] | None:
+        if values is None:
+            return None
+        if any(v < 0 for v in values) or len(set(values)) != len(values):
+            raise ValueError(f"seeds {values} must be distinct non-negative integers")
+        return values
+
+    @model_validator(mode="after")
+    def _seed_not_overridden(self) -> Entry:
+        if self.seeds is not None and any(o.replace(" ", "").startswith("seed=") for o in self.overrides):
+            raise ValueError("give the seed either in seeds or as a 'seed=' override, not both")
+        return self
 
 
 class Claim(_Strict):
@@ -99,8 +132,14 @@ class Claim(_Strict):
     metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_CLAIM_METRICS), min_length=1)
     at: list[float] = Field(default_factory=lambda: [20.0], min_length=1)
     checks: list[str] = Field(min_length=1)
+    also: list[str] = Field(default_factory=list)
+    """Comparisons reported beside the verdict without deciding it (a gap the paper ranks otherwise)."""
+    cause: str | None = Field(None, min_length=1)
+    """Why the claim does not hold here, as measured (shown when the verdict is not "holds")."""
+    note: str | None = Field(None, min_length=1)
+    """Anything a reader of the verdict needs (how the check maps to the paper's table)."""
 
-    @field_validator("checks")
+    @field_validator("checks", "also")
     @classmethod
     def _checks(cls, checks: list[str]) -> list[str]:
         from benchmarks.claims import parse_check
@@ -119,6 +158,8 @@ class GridFile(_Strict):
     settings: Settings = Field(default_factory=Settings)
     grid: list[Entry] = Field(min_length=1)
     quick: Quick
+    claims_from: str | None = Field(None, min_length=1)
+    """Another grid file (relative to this one) whose claims come first; resolved by :func:`load_grid`."""
     claims: list[Claim] = Field(default_factory=list)
 
 
@@ -131,10 +172,19 @@ class Job:
     overrides: tuple[str, ...] = ()
     label: str | None = None
     """The row's name when it is not the recipe's (see :class:`Entry`)."""
+    seed: int | None = None
+    """The seed of one draw of a seeded row (its overrides end with ``seed=N``); None: not seeded."""
+    zeroshot: bool = True
+    """False: evaluated without zero-shot (:attr:`Entry.zeroshot`)."""
 
     @property
     def name(self) -> str:
         return self.label or self.recipe
+
+    @property
+    def group(self) -> str:
+        """The row the claims name: the id without ``:seedN``."""
+        return self.id if self.seed is None else self.id.removesuffix(seed_suffix(self.seed))
 
 
 def pct(ratio: float) -> str:
@@ -144,6 +194,10 @@ def pct(ratio: float) -> str:
 
 def row_id(recipe: str, ratio: float, recovery: bool) -> str:
     return f"{recipe}@{pct(ratio)}{'+ft' if recovery else ''}"
+
+
+def seed_suffix(seed: int) -> str:
+    return f":seed{seed}"
 
 
 def _format_error(error: ValidationError) -> str:
@@ -164,9 +218,20 @@ def load_grid(path: Path = GRID_FILE) -> GridFile:
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise BenchError(f"{path}:{where} YAML error: {problem}") from None
     try:
-        return GridFile.model_validate(data)
+        grid = GridFile.model_validate(data)
     except ValidationError as error:
         raise BenchError(f"{path}: {_format_error(error)}") from None
+    if grid.claims_from is not None:
+        source = Path(path).parent / grid.claims_from
+        if source.resolve() == Path(path).resolve():
+            raise BenchError(f"{path}: claims_from names the file itself")
+        inherited = load_grid(source).claims
+        ids = [c.id for c in inherited + grid.claims]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise BenchError(f"{path}: claim id {', '.join(twice)} both here and in claims_from {grid.claims_from}")
+        grid = grid.model_copy(update={"claims": inherited + grid.claims})
+    return grid
 
 
 def resolve_settings(grid: GridFile, quick: bool, cli: dict[str, Any]) -> Settings:
@@ -232,8 +297,9 @@ def select_entries(entries: list[Entry], only: list[str] | None) -> list[Entry]:
 
 
 def expand(entries: list[Entry], settings: Settings, ratios: list[float] | None = None) -> list[Job]:
-    """One job per entry x ratio x recovery setting. ``ratios`` (from ``--ratios``) replaces the
-    settings' ratios and narrows an entry's own list to the ratios in both."""
+    """One job per entry x ratio x recovery setting (x seed, for an entry with ``seeds``). ``ratios``
+    (from ``--ratios``) replaces the settings' ratios and narrows an entry's own list to the ratios in
+    both."""
     jobs: list[Job] = []
     for entry in entries:
         if entry.ratios is None:
@@ -244,10 +310,22 @@ def expand(entries: list[Entry], settings: Settings, ratios: list[float] | None 
             for recovery in entry.recovery:
                 name = entry.label or entry.recipe
                 overrides = tuple(entry.overrides)
-                jobs.append(Job(row_id(name, ratio, recovery), entry.recipe, ratio, recovery, overrides, entry.label))
+                row = row_id(name, ratio, recovery)
+                if entry.seeds is None:
+                    jobs.append(
+                        Job(row, entry.recipe, ratio, recovery, overrides, entry.label, zeroshot=entry.zeroshot)
+                    )
+                    continue
+                for seed in entry.seeds:
+                    job_id = row + seed_suffix(seed)
+                    seeded = (*overrides, f"seed={seed}")
+                    jobs.append(Job(job_id, entry.recipe, ratio, recovery, seeded, entry.label, seed, entry.zeroshot))
     seen: set[str] = set()
     for job in jobs:
         if job.id in seen:
             raise BenchError(f"row {job.id} appears twice in the grid")
         seen.add(job.id)
+    clash = sorted({j.group for j in jobs if j.seed is not None} & {j.id for j in jobs if j.seed is None})
+    if clash:
+        raise BenchError(f"row {clash[0]} appears twice in the grid (once with seeds, once without)")
     return jobs

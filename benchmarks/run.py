@@ -3,6 +3,7 @@
     python -m benchmarks.run                       # the full grid of benchmarks/grid.yaml (hours)
     python -m benchmarks.run --quick               # the smoke-sized grid (minutes)
     python -m benchmarks.run --only lorap,llm-pruner --ratios 20 --name lorap-vs-llmpruner
+    python -m benchmarks.run --grid benchmarks/grid-claims.yaml --plan   # rows and a rough time, no run
 
 For each row of the grid (benchmarks/grid.yaml, see :mod:`benchmarks.grid`):
 
@@ -18,6 +19,11 @@ For each row of the grid (benchmarks/grid.yaml, see :mod:`benchmarks.grid`):
 3. speed: the compressed model and the dense one, loaded once at the start, measured interleaved in
    this process (:func:`benchmarks.speed.measure`); the ratios are per pair, so a machine that gets
    busier during a long run shifts both sides of each ratio.
+
+Seeded rows (``seeds:`` in the grid, :mod:`benchmarks.grid`) are one compression per seed, each kept and
+resumed like any other row (``ROW:seedN``); the JSON's ``seed_groups`` and the quality tables hold their
+mean and spread (:mod:`benchmarks.seeds`), and the claims are decided on them (:mod:`benchmarks.claims`).
+Zero-shot rows get ``zeroshot_mean_acc_norm`` (acc_norm where lm-eval defines it, else acc).
 
 A recipe that does not exist (yet) gives a "not run" row with the reason; a run that fails gives a
 "failed" row with the last line of its log; neither stops the benchmark. The dense row comes first.
@@ -64,6 +70,7 @@ from benchmarks.grid import (
     resolve_settings,
     select_entries,
 )
+from benchmarks.seeds import add_norm_mean, seed_groups
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROW_FILE = "bench-row.json"
@@ -115,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         "measured by several processes or sessions",
     )
     parser.add_argument("--list", action="store_true", help="print the rows that would run, and exit")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the rows that would run with a rough cost each (compress + evaluate + speed), and exit; "
+        "with --keep/--resume, rows already done there cost nothing",
+    )
     return parser
 
 
@@ -326,12 +339,16 @@ class Bench:
         self.dense_layer_params = layer_params(self.dense)
         self.dense_speed: list[tuple[float, float]] = []
 
-    def evaluate(self, model) -> tuple[dict[str, float], dict[str, Any], float]:
+    def evaluate(self, model, config=None) -> tuple[dict[str, float], dict[str, Any], float]:
+        """Perplexity and zero-shot of ``model`` under ``config`` (default: the settings')."""
         from slimkit.recipes.progress import Tracker
         from slimkit.recipes.runner import Timings, evaluate
 
         start = time.perf_counter()
-        metrics, details = evaluate(model, self.tokenizer, self.config, Tracker(), Timings())
+        timings = Timings()
+        metrics, details = evaluate(model, self.tokenizer, config or self.config, Tracker(), timings)
+        add_norm_mean(metrics)
+        details["seconds"] = dict(timings.stages)  # per evaluation (eval:wikitext2, eval:zeroshot, ...)
         return metrics, details, time.perf_counter() - start
 
     def speed(self, row_id: str, model) -> dict[str, Any]:
@@ -377,19 +394,20 @@ class Bench:
             },
         }
 
-    def read_row(self, path: Path) -> dict[str, Any] | None:
-        """The row stored at ``path`` if it was measured under these settings (marked as reused), else None."""
+    def read_row(self, path: Path, settings: Settings | None = None) -> dict[str, Any] | None:
+        """The row stored at ``path`` if it was measured under ``settings`` (default these; marked as
+        reused), else None."""
         if not path.is_file():
             return None
         stored = json.loads(path.read_text())
-        if stored.get("settings") != json.loads(json.dumps(self.settings.model_dump())):
+        if stored.get("settings") != json.loads(json.dumps((settings or self.settings).model_dump())):
             return None
         return {**stored["row"], "evaluation_reused": True}
 
-    def write_row(self, path: Path, row: dict[str, Any]) -> None:
-        """Store ``row`` with these settings, for a later ``--resume``."""
+    def write_row(self, path: Path, row: dict[str, Any], settings: Settings | None = None) -> None:
+        """Store ``row`` with ``settings`` (default these), for a later ``--resume``."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"settings": self.settings.model_dump(), "row": row}
+        record = {"settings": (settings or self.settings).model_dump(), "row": row}
         path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 
     def kept_dense_row(self) -> dict[str, Any]:
@@ -437,6 +455,7 @@ class Bench:
             **({"recipe_source": job.recipe} if job.label else {}),
             "ratio": job.ratio,
             "recovery": job.recovery,
+            **({"seed": job.seed, "seed_of": job.group} if job.seed is not None else {}),
             "status": "ok",
         }
         if job.recipe not in bundled_recipes() and not Path(job.recipe).is_file():
@@ -466,9 +485,9 @@ class Bench:
             return False
         return yaml.safe_load((folder / "model" / "recipe.yaml").read_text()) == raw
 
-    def stored_row(self, folder: Path, raw: dict[str, Any]) -> dict[str, Any] | None:
+    def stored_row(self, folder: Path, raw: dict[str, Any], settings: Settings | None = None) -> dict[str, Any] | None:
         """With ``--resume``: the row measured earlier on this run folder under the same settings, if any."""
-        return self.read_row(folder / ROW_FILE) if self.reusable(folder, raw) else None
+        return self.read_row(folder / ROW_FILE, settings) if self.reusable(folder, raw) else None
 
     def compress(self, job: Job, overrides: list[str], raw: dict[str, Any]) -> tuple[Path, float | None, str | None]:
         """Run the recipe in its own process; ``(run folder, wall seconds or None if reused, error)``."""
@@ -502,7 +521,10 @@ class Bench:
         row, overrides, raw = self.prepare(job)
         if overrides is None:
             return row
-        stored = self.stored_row(self.runs / _slug(job.id), raw)
+        settings = self.settings.for_job(job)  # without zero-shot for a `zeroshot: false` entry
+        if not job.zeroshot:
+            row["zeroshot"] = "skipped (zeroshot: false in the grid)"
+        stored = self.stored_row(self.runs / _slug(job.id), raw, settings)
         if stored is not None:
             log(f"  reusing the row measured on {self.runs / _slug(job.id)}")
             speed = stored.get("speed") or {}
@@ -547,7 +569,7 @@ class Bench:
         model = None
         try:
             model, _tokenizer, _info = slimkit.load_source(str(folder / "model"))
-            metrics, details, seconds = self.evaluate(model)
+            metrics, details, seconds = self.evaluate(model, eval_config(settings))
             # counted here, on the saved model, so a reused run folder is counted by this code too
             row["macs"] = {**(row["macs"] or {}), "after": count_macs(model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN}
             reported = residual_params_reported(stages)
@@ -572,7 +594,7 @@ class Bench:
         if not self.keep:
             shutil.rmtree(folder / "model", ignore_errors=True)
         elif row["status"] == "ok":  # --resume continues an interrupted grid without measuring this row again
-            self.write_row(folder / ROW_FILE, row)
+            self.write_row(folder / ROW_FILE, row, settings)
         return row
 
 
@@ -636,6 +658,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "versions": versions(),
         "settings": settings.model_dump(),
         "rows": [],
+        "seed_groups": [],
         "claims": [],
     }
     with tempfile.TemporaryDirectory(prefix="slimkit-bench-") as scratch:
@@ -645,6 +668,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         bench = Bench(settings, runs, args.keep is not None, args.resume, args.threads, args.reuse_only)
         result["machine"]["torch_threads"] = torch_threads()
         dense = bench.kept_dense_row()
+        add_norm_mean(dense.get("metrics") or {})  # a dense row stored before the mean existed
         result["rows"].append(dense)
         log(f"[dense] {_summary(dense)}")
         for index, job in enumerate(jobs, 1):
@@ -652,15 +676,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             job_start = time.perf_counter()
             row = bench.run_job(job)
             row["bench_s"] = time.perf_counter() - job_start
+            add_norm_mean(row.get("metrics") or {})  # rows reused from before the mean existed
             result["rows"].append(row)
             log(f"[{index}/{len(jobs)}] {job.id}: {_summary(row)} ({row['bench_s']:.0f} s)")
             result["wall_s"] = time.perf_counter() - start
+            result["seed_groups"] = seed_groups(result["rows"])
             result["claims"] = evaluate_claims(grid.claims, result["rows"])
             write_result(result, base, plots=False)
         bench.finish_dense(dense)
     result["wall_s"] = time.perf_counter() - start
     result["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     result["bench_peak_rss_mb"] = peak_rss_mb()  # this process: the dense model, one row's model, evaluation
+    result["seed_groups"] = seed_groups(result["rows"])
     result["claims"] = evaluate_claims(grid.claims, result["rows"])
     plots = write_result(result, base, plots=True)
     log(f"wrote {base}.json, {base}.md" + "".join(f", {p.name}" for p in plots) + f" in {result['wall_s']:.0f} s")
@@ -670,7 +697,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def _summary(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"{row['status']}: {row.get('reason')}"
-    metrics = ", ".join(f"{k} {v:.4g}" for k, v in row.get("metrics", {}).items() if k.endswith(("_ppl", "mean_acc")))
+    metrics = ", ".join(
+        f"{k} {v:.4g}" for k, v in row.get("metrics", {}).items() if k.endswith(("_ppl", "mean_acc", "mean_acc_norm"))
+    )
     removed = row.get("params", {}).get("removed_ratio")
     return f"params removed {removed:.2%}, {metrics}" if removed is not None else metrics
 
@@ -696,6 +725,12 @@ def bench_main(argv: list[str] | None, body: Callable[[list[str]], int | None]) 
 
 def _main(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
+    if args.plan:
+        from benchmarks.plan import print_plan
+
+        _grid, settings, jobs = plan(args)
+        print_plan(settings, jobs, args.keep if args.resume else None)
+        return
     if args.list:
         _grid, settings, jobs = plan(args)
         print(f"dense + {len(jobs)} rows on {settings.model}:")

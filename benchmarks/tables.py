@@ -4,6 +4,12 @@
 ``versions``, ``settings``, ``wall_s``, ``rows`` (dense first; every row has ``id``, ``recipe``,
 ``status`` and, when ``status == "ok"``, the numbers) and ``claims``. Everything tolerates missing
 fields, so a table can be written from a partial run.
+
+Seeded rows (:mod:`benchmarks.seeds`): the summary, quality and pivot tables and the plots show one
+line per row as the claims see it, a seeded row as ``mean [min-max]`` with its number of draws; the
+"Seeds" section lists every seed's value; the size, cost and speed tables list every compression
+(each seed its own line). Zero-shot cells are ``acc_norm`` where lm-eval defines it (else ``acc``),
+and the mean column is ``zeroshot_mean_acc_norm`` (``zeroshot_mean_acc`` for rows without it).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any
+
+from benchmarks.seeds import NORM_MEAN, decision_rows, draws_of
 
 _MISSING = "-"
 _PARAMS_KEY = "layer params (% of dense)"
@@ -49,7 +57,8 @@ def settings_text(result: dict[str, Any]) -> list[str]:
     windows = s.get("ppl_tokens", 0) // max(s.get("ppl_window", 1), 1)
     datasets = ", ".join(s.get("ppl_datasets", []))
     lines = [
-        f"Model `{s.get('model')}`, float32, CPU, seed as in each recipe. Command: `{result.get('command', '')}`.",
+        f"Model `{s.get('model')}`, float32, CPU, seed as in each recipe (seeded rows: each seed listed). "
+        f"Command: `{result.get('command', '')}`.",
         "",
         f"- Perplexity ({datasets}): the first {windows} non-overlapping windows of {s.get('ppl_window')} tokens "
         f"({s.get('ppl_tokens', 0):,} tokens) of each test text.",
@@ -59,7 +68,9 @@ def settings_text(result: dict[str, Any]) -> list[str]:
         first = "every example" if limit is None else f"the first {limit} examples"
         lines.append(
             f"- Zero-shot (lm-eval, local task files): {first} of each of {', '.join(s['zeroshot_tasks'])} "
-            f"(`--limit {limit}`); acc per task, and their mean."
+            f"(`--limit {limit}`); acc_norm per task where lm-eval defines it (piqa, hellaswag, arc_easy, "
+            f"arc_challenge, openbookqa), acc where it does not (boolq, winogrande), and their mean "
+            f"(`{NORM_MEAN}`; the claims use it)."
         )
     else:
         lines.append("- Zero-shot: skipped in this run.")
@@ -79,6 +90,22 @@ def settings_text(result: dict[str, Any]) -> list[str]:
         f"benchmark process (evaluation and speed) {_num(result.get('bench_peak_rss_mb'), '.0f')} MB.",
     ]
     rows = result.get("rows", [])
+    seeded = [r for r in decision_rows(rows) if "draws" in r]
+    lines.append(
+        '- Draws: a row without seeds is one compression with its recipe\'s seed ("1 draw")'
+        + (
+            f"; seeded rows ({len(seeded)}) ran once per seed (`--set seed=N`) and show the mean [min-max] "
+            "over the seeds that finished (every value in the Seeds section)."
+            if seeded
+            else "."
+        )
+    )
+    lines.append(
+        "- Claims: a comparison `A < F * B` holds when it holds for every pairing of A's and B's draws (A's "
+        "worst seed against B's best), does not hold when it fails for every pairing, and is within noise "
+        "otherwise; between two single draws it is decided by their one pairing. A claim does not hold if "
+        "any of its comparisons does not, is within noise if any is, and holds otherwise."
+    )
     reused = [r for r in rows if r.get("evaluation_reused")]
     if reused:
         lines.append(
@@ -98,21 +125,75 @@ def _load_text(machine: dict[str, Any]) -> str:
     return text + (f" on {cores} cores (a load above the benchmark's own means shared cores)" if cores else "")
 
 
+NORM_TASKS = ("piqa", "hellaswag", "arc_easy", "arc_challenge", "openbookqa")
+"""Tasks for which lm-eval defines ``acc_norm``."""
+
+
+def _task_metric(row: dict[str, Any], task: str) -> str:
+    return f"{task}_acc_norm" if f"{task}_acc_norm" in row.get("metrics", {}) else f"{task}_acc"
+
+
+def _mean_metric(row: dict[str, Any]) -> str:
+    return NORM_MEAN if NORM_MEAN in row.get("metrics", {}) else "zeroshot_mean_acc"
+
+
+def _cell(row: dict[str, Any], metric: str, spec: str = ".4g") -> str:
+    """The metric, as ``mean [min-max]`` for a seeded row."""
+    value = _num(row.get("metrics", {}).get(metric), spec)
+    spread = (row.get("spread") or {}).get(metric)
+    if spread is None or len(spread.get("values", [])) < 2:
+        return value
+    return f"{value} [{_num(spread['min'], spec)}-{_num(spread['max'], spec)}]"
+
+
+def _draws(row: dict[str, Any]) -> str:
+    if "draws" not in row:
+        return "1"
+    asked = f" of {len(row.get('seeds', []))}" if row.get("seeds_missing") else ""
+    return f"{row['draws']}{asked} seeds"
+
+
+def _task_head(task: str) -> str:
+    return f"{task} (norm)" if task in NORM_TASKS else task
+
+
 def quality_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
     datasets = settings.get("ppl_datasets", [])
     tasks = settings.get("zeroshot_tasks", []) if settings.get("zeroshot_limit") != 0 else []
-    head = ["row", "target", "params removed", *(f"{d} ppl" for d in datasets), *tasks]
+    head = ["row", "target", "draws", "params removed", *(f"{d} ppl" for d in datasets), *map(_task_head, tasks)]
     if tasks:
         head.append("mean acc")
-    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
-    for row in _ok(rows):
-        m = row.get("metrics", {})
-        cells = [_label(row), _target(row), _pct(row.get("params", {}).get("removed_ratio"))]
-        cells += [_num(m.get(f"{d}_ppl")) for d in datasets]
-        cells += [_num(m.get(f"{t}_acc"), ".3f") for t in tasks]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- | --- |" + " ---: |" * (len(head) - 3)]
+    for row in _ok(decision_rows(rows)):
+        cells = [_label(row), _target(row), _draws(row), _pct(row.get("params", {}).get("removed_ratio"))]
+        cells += [_cell(row, f"{d}_ppl") for d in datasets]
+        cells += [_cell(row, _task_metric(row, t), ".3f") for t in tasks]
         if tasks:
-            cells.append(_num(m.get("zeroshot_mean_acc"), ".3f"))
+            cells.append(_cell(row, _mean_metric(row), ".3f"))
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def seeds_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
+    """Every seeded row's metrics: mean, min-max and each seed's value."""
+    groups = [r for r in decision_rows(rows) if "draws" in r]
+    if not groups:
+        return []
+    datasets = settings.get("ppl_datasets", [])
+    lines = ["| row | seeds | metric | mean | min-max | values (by seed) |", "| --- | --- | --- | ---: | --- | --- |"]
+    for row in groups:
+        seeds = ", ".join(str(s) for s in row.get("seeds_ok", []))
+        if row.get("status") != "ok":
+            lines.append(f"| {_label(row)} | {seeds or '-'} | - | - | - | {row.get('reason', '')} |")
+            continue
+        metrics = [f"{d}_ppl" for d in datasets] + [_mean_metric(row)]
+        for metric in (m for m in metrics if m in row.get("spread", {})):
+            spread, spec = row["spread"][metric], ".3f" if "_acc" in metric else ".4g"
+            values = ", ".join(_num(v, spec) for v in spread["values"])
+            lines.append(
+                f"| {_label(row)} | {seeds} | {metric} | {_num(row['metrics'][metric], spec)} | "
+                f"{_num(spread['min'], spec)}-{_num(spread['max'], spec)} | {values} |"
+            )
     return lines
 
 
@@ -123,12 +204,13 @@ def summary_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[
     head = ["row", "params removed", *(f"{d} ppl" for d in datasets), *(["mean acc"] if zeroshot else [])]
     head += ["MACs kept", "prefill vs dense", "decode vs dense", "compress s", "peak MB"]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-    for row in _ok(rows):
-        m, macs, speed, cost = row.get("metrics", {}), row.get("macs", {}), row.get("speed", {}), row.get("cost", {})
+    for row in _ok(decision_rows(rows)):
+        macs, speed, cost = row.get("macs", {}), row.get("speed", {}), row.get("cost", {})
         kept = macs["after"] / macs["before"] if macs.get("before") and macs.get("after") is not None else None
-        cells = [_label(row), _pct(row.get("params", {}).get("removed_ratio"))]
-        cells += [_num(m.get(f"{d}_ppl")) for d in datasets]
-        cells += [_num(m.get("zeroshot_mean_acc"), ".3f")] if zeroshot else []
+        label = _label(row) + (f" ({draws_of(row)} seeds)" if "draws" in row else "")
+        cells = [label, _pct(row.get("params", {}).get("removed_ratio"))]
+        cells += [_cell(row, f"{d}_ppl") for d in datasets]
+        cells += [_cell(row, _mean_metric(row), ".3f")] if zeroshot else []
         cells += [_pct(kept, 1), _num(speed.get("prefill_ratio"), ".2f"), _num(speed.get("decode_ratio"), ".2f")]
         cells += [_num(cost.get("compress_s"), ".0f"), _num(cost.get("peak_rss_mb"), ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -136,19 +218,20 @@ def summary_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[
 
 
 def pivot_table(rows: list[dict[str, Any]], metric: str, spec: str = ".4g") -> list[str]:
-    """``metric`` with one line per recipe and recovery setting and one column per target ratio."""
-    ok = [r for r in _ok(rows) if r.get("ratio") is not None]
+    """``metric`` with one line per recipe and recovery setting and one column per target ratio (a seeded
+    row as ``mean [min-max]``)."""
+    ok = [r for r in _ok(decision_rows(rows)) if r.get("ratio") is not None]
     ratios = sorted({r["ratio"] for r in ok})
     table: dict[str, dict[float, Any]] = {}
     for row in ok:
-        table.setdefault(_series_name(row), {})[row["ratio"]] = row.get("metrics", {}).get(metric)
+        table.setdefault(_series_name(row), {})[row["ratio"]] = _cell(row, metric, spec)
     dense = next((r for r in _ok(rows) if r["id"] == "dense"), None)
     lines = [f"| recipe | {' | '.join(f'{x:.0%}' for x in ratios)} |", "| --- |" + " ---: |" * len(ratios)]
     if dense:
         value = _num(dense.get("metrics", {}).get(metric), spec)
         lines.append("| dense | " + " | ".join(value if i == 0 else "" for i in range(len(ratios))) + " |")
     for name, values in table.items():
-        lines.append(f"| `{name}` | " + " | ".join(_num(values.get(x), spec) for x in ratios) + " |")
+        lines.append(f"| `{name}` | " + " | ".join(values.get(x, _MISSING) for x in ratios) + " |")
     return lines
 
 
@@ -218,14 +301,29 @@ def speed_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def cause_text(claim: dict[str, Any]) -> str:
+    """The claim's cause when its verdict is not "holds", then its note."""
+    parts = []
+    if claim.get("cause") and claim.get("verdict") != "holds":
+        parts.append(claim["cause"])
+    if claim.get("note"):
+        parts.append(f"Note: {claim['note']}")
+    return " ".join(parts).replace("|", "/") or _MISSING
+
+
 def claims_table(claims: list[dict[str, Any]]) -> list[str]:
-    lines = ["| claim | source | checks | verdict | evidence |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| claim | source | checks | verdict | cause / note | evidence |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for c in claims:
         evidence = "<br>".join(c.get("evidence", []) + [f"not run at {m}" for m in c.get("not_run", [])])
         metrics = ", ".join(c.get("metrics", []))
         checks = "; ".join(f"`{x}`" for x in c.get("checks", [])) + f" ({metrics})"
         verdict = f"**{c['verdict']}**" if c["verdict"] != "not run" else c["verdict"]
-        lines.append(f"| {c['claim']} | {c['source']} | {checks} | {verdict} | {evidence or _MISSING} |")
+        lines.append(
+            f"| {c['claim']} | {c['source']} | {checks} | {verdict} | {cause_text(c)} | {evidence or _MISSING} |"
+        )
     return lines
 
 
@@ -248,6 +346,7 @@ def markdown(result: dict[str, Any], plots: list[str]) -> str:
         ("Cost of compression", cost_table(rows)),
         ("Speed of the result", speed_table(rows)),
         ("Paper claims", claims_table(result.get("claims", []))),
+        ("Seeds", seeds_table(rows, settings)),
         ("Not run or failed", skipped_table(rows)),
     ]
     for title, lines in sections:
@@ -282,10 +381,9 @@ def _series_name(row: dict[str, Any]) -> str:
 def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
     """Perplexity (and mean zero-shot accuracy) against the fraction of parameters removed, one line per
     recipe and recovery setting; dense is the star at 0."""
-    ok = _ok(rows)
-    metrics = [
-        m for m in ("wikitext2_ppl", "ptb_ppl", "zeroshot_mean_acc") if any(m in r.get("metrics", {}) for r in ok)
-    ]
+    ok = _ok(decision_rows(rows))
+    mean = NORM_MEAN if any(NORM_MEAN in r.get("metrics", {}) for r in ok) else "zeroshot_mean_acc"
+    metrics = [m for m in ("wikitext2_ppl", "ptb_ppl", mean) if any(m in r.get("metrics", {}) for r in ok)]
     compressed = [r for r in ok if r["id"] != "dense" and r.get("params", {}).get("removed_ratio") is not None]
     if not metrics or not compressed:
         return None
@@ -335,8 +433,8 @@ def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
     """Per-layer widths of every compressed model, one figure per target ratio (``BASE-widths-rPCT.png``):
     a panel per width (heads, KV heads, MLP width, ...) and per-layer
     parameters as a percentage of the dense layer's, one line per row, dense dashed. Widths no model
-    changes are left out."""
-    ok = _ok(rows)
+    changes are left out. A seeded row is drawn once (its first seed's widths)."""
+    ok = _ok(decision_rows(rows))
     dense = next((r for r in ok if r["id"] == "dense"), None)
     by_ratio: dict[float, list[dict[str, Any]]] = {}
     for row in ok:
@@ -395,11 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     rows, settings = result.get("rows", []), result.get("settings", {})
     out = [*summary_table(rows, settings), ""]
     _add_mean_without(rows, settings.get("zeroshot_tasks", []), "boolq")
-    for metric in ("wikitext2_ppl", "zeroshot_mean_acc", "zeroshot_mean_acc_without_boolq"):
-        if any(metric in r.get("metrics", {}) for r in _ok(rows)):
+    for metric in ("wikitext2_ppl", NORM_MEAN, "zeroshot_mean_acc", "zeroshot_mean_acc_without_boolq"):
+        if any(metric in r.get("metrics", {}) for r in _ok(decision_rows(rows))):
             out += [f"{metric}:", "", *pivot_table(rows, metric, ".3f" if "_acc" in metric else ".4g"), ""]
-    out += ["| claim | source | verdict |", "| --- | --- | --- |"]
-    out += [f"| {c['claim']} | {c['source']} | {c['verdict']} |" for c in result.get("claims", [])]
+    out += ["| claim | source | verdict | cause when it does not hold |", "| --- | --- | --- | --- |"]
+    out += [f"| {c['claim']} | {c['source']} | {c['verdict']} | {cause_text(c)} |" for c in result.get("claims", [])]
     print("\n".join(out))
     return 0
 

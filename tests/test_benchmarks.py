@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from benchmarks.claims import FAILS, HOLDS, NOT_RUN, evaluate_claims, parse_check
+from benchmarks.claims import FAILS, HOLDS, NOISE, NOT_RUN, compare, evaluate_claims, parse_check
 from benchmarks.grid import (
     BenchError,
     Claim,
@@ -62,8 +62,20 @@ def _row(row_id, recipe, ratio=0.2, recovery=False, status="ok", **metrics):
     }
 
 
-def _claim(checks, metrics=("wikitext2_ppl",), at=(20,)):
-    return Claim(id="c", claim="a beats b", source="paper", checks=list(checks), metrics=list(metrics), at=list(at))
+def _claim(checks, metrics=("wikitext2_ppl",), at=(20,), **extra):
+    return Claim(
+        id="c", claim="a beats b", source="paper", checks=list(checks), metrics=list(metrics), at=list(at), **extra
+    )
+
+
+def _seeded(group, recipe, values, metric="wikitext2_ppl", ratio=0.2, seeds=None):
+    """One measured row per seed of ``group`` (what run_job writes for a seeded entry)."""
+    rows = []
+    for seed, value in zip(seeds or range(len(values)), values, strict=True):
+        row = _row(f"{group}:seed{seed}", recipe, ratio, **{metric: value})
+        row.update(seed=seed, seed_of=group)
+        rows.append(row)
+    return rows
 
 
 # ------------------------------------------------------------------------------------------- claims
@@ -99,7 +111,9 @@ def test_claims_hold_fail_and_not_run_from_the_numbers():
         ],
         rows,
     )
-    assert holds["verdict"] == HOLDS and holds["evidence"] == ["wikitext2_ppl: a@20 10 < b@20 14: yes"]
+    assert holds["verdict"] == HOLDS and holds["evidence"] == [
+        "wikitext2_ppl: a@20 10 (1 draw) < b@20 14 (1 draw): yes"
+    ]
     assert wide["verdict"] == HOLDS and "0.75 x b@20" in wide["evidence"][0]
     assert both["verdict"] == FAILS and both["evidence"][1].endswith(": no")
     assert acc["verdict"] == HOLDS
@@ -122,6 +136,84 @@ def test_claims_recovery_rows_by_id():
     rows = [_row("x@20+ft", "x", recovery=True, wikitext2_ppl=3.0), _row("x@20", "x", wikitext2_ppl=4.0)]
     [result] = evaluate_claims([_claim(["x@{r}+ft < x@{r}"])], rows)
     assert result["verdict"] == HOLDS
+
+
+def test_compare_pairs_every_draw():
+    """holds: A's worst draw beats B's best; does not hold: the reverse separation; else within noise."""
+    assert compare("<", [10, 11, 12], 1.0, [13, 14, 15]) == (HOLDS, 9)
+    assert compare("<", [13, 14, 15], 1.0, [10, 11, 12]) == (FAILS, 0)
+    assert compare("<", [10, 11, 12], 1.0, [11.5, 14, 15]) == (NOISE, 8)  # 12 < 11.5 fails
+    assert compare("<", [10, 11, 12], 0.75, [14, 20, 21]) == (NOISE, 7)  # 11, 12 < 0.75 x 14 fail
+    assert compare(">", [0.41], 1.0, [0.40, 0.42]) == (NOISE, 1)  # a single draw against a spread
+    assert compare("<=", [5.0], 1.0, [5.0]) == (HOLDS, 1)  # two single draws: one pairing, never noise
+    assert compare("<", [5.0], 1.0, [5.0]) == (FAILS, 0)
+
+
+def test_seeded_rows_aggregate_to_mean_and_spread():
+    from benchmarks.seeds import aggregate, decision_rows, seed_groups
+
+    rows = _seeded("x@20", "x", [10.0, 12.0, 14.0])
+    rows[0]["metrics"]["piqa_acc"] = 0.5  # a metric only one seed has is left out of the mean
+    rows[1]["cost"] = rows[2]["cost"] = {"compress_s": 10.0, "peak_rss_mb": 900.0}
+    rows[0]["cost"] = {"compress_s": 40.0, "peak_rss_mb": 1200.0}
+    [group] = seed_groups(rows)
+    assert group["id"] == "x@20" and group["status"] == "ok" and group["draws"] == 3 and group["seeds"] == [0, 1, 2]
+    assert group["metrics"] == {"wikitext2_ppl": 12.0}
+    assert group["spread"]["wikitext2_ppl"] == {"min": 10.0, "max": 14.0, "values": [10.0, 12.0, 14.0]}
+    assert group["cost"] == {"compress_s": 20.0, "peak_rss_mb": 1200.0}
+    assert group["params"]["removed_ratio"] == pytest.approx(0.2) and group["of"] == "model"
+    # a failed seed: the mean is over the seeds that finished, the missing one is named
+    failed = {**rows[2], "status": "failed", "reason": "boom"}
+    partial = aggregate("x@20", [rows[0], rows[1], failed])
+    assert partial["draws"] == 2 and partial["metrics"]["wikitext2_ppl"] == 11.0
+    assert partial["seeds_missing"] == {"2": "failed: boom"}
+    none = aggregate("x@20", [{**r, "status": "failed", "reason": "oom"} for r in rows])
+    assert none["status"] == "failed" and none["reason"].startswith("seed 0: failed: oom")
+    # decision rows: the aggregate in place of the first seed, single-draw rows unchanged
+    single = _row("y@20", "y", wikitext2_ppl=5.0)
+    assert [r["id"] for r in decision_rows([single, *rows, _row("z@20", "z")])] == ["y@20", "x@20", "z@20"]
+
+
+def test_claims_decided_with_the_spread():
+    rows = _seeded("a@20", "a", [10.0, 11.0, 12.0]) + _seeded("b@20", "b", [13.0, 14.0, 15.0])
+    rows += [*_seeded("c@20", "c", [9.0, 12.5, 16.0]), _row("d@20", "d", wikitext2_ppl=11.5)]
+    rows += [_row("e@20", "e", wikitext2_ppl=30.0)]
+    claims = [
+        _claim(["a@{r} < b@{r}"]),
+        _claim(["b@{r} < a@{r}"], cause="b drops the wrong heads", note="paper: Table 1"),
+        _claim(["a@{r} < c@{r}"], cause="measured cause"),
+        _claim(["a@{r} < d@{r}"]),  # a single draw inside a's spread
+        _claim(["a@{r} < b@{r}", "a@{r} < c@{r}"]),  # holds + within noise
+        _claim(["a@{r} < c@{r}", "b@{r} < a@{r}"]),  # within noise + does not hold
+        _claim(["a@{r} < e@{r}"], also=["e@{r} < a@{r}"]),
+    ]
+    holds, fails, noise, single, mixed, worst, also = evaluate_claims(claims, rows)
+    assert holds["verdict"] == HOLDS
+    assert holds["evidence"] == [
+        "wikitext2_ppl: a@20 11 [10-12; 3 seeds] < b@20 14 [13-15; 3 seeds]: yes (all 9 pairings)"
+    ]
+    assert (
+        fails["verdict"] == FAILS and fails["cause"] == "b drops the wrong heads" and fails["note"] == "paper: Table 1"
+    )
+    assert noise["verdict"] == NOISE and "within noise (6 of 9 pairings hold)" in noise["evidence"][0]
+    assert single["verdict"] == NOISE and "d@20 11.5 (1 draw)" in single["evidence"][0]
+    assert mixed["verdict"] == NOISE and worst["verdict"] == FAILS
+    assert also["verdict"] == HOLDS and also["also"] == ["e@{r} < a@{r}"]
+    assert (
+        also["evidence"][1].startswith("(not deciding) wikitext2_ppl: e@20 30 (1 draw) < a@20")
+        and "no" in also["evidence"][1]
+    )
+
+
+def test_zeroshot_mean_uses_acc_norm_where_defined():
+    from benchmarks.seeds import NORM_MEAN, add_norm_mean
+
+    metrics = {"piqa_acc": 0.60, "piqa_acc_norm": 0.70, "boolq_acc": 0.50, "zeroshot_mean_acc": 0.55}
+    add_norm_mean(metrics)
+    assert metrics[NORM_MEAN] == pytest.approx(0.60)  # (0.70 + 0.50) / 2
+    empty = {"wikitext2_ppl": 30.0}
+    add_norm_mean(empty)
+    assert NORM_MEAN not in empty
 
 
 # --------------------------------------------------------------------------------------------- grid
@@ -175,6 +267,81 @@ def test_only_ratios_and_bad_input():
     with pytest.raises(BenchError, match="twice"):
         expand([Entry(recipe="a"), Entry(recipe="a")], settings)
     assert row_id("llm-pruner+sp3", 0.125, True) == "llm-pruner+sp3@12.5+ft"
+
+
+def test_seeded_entries_one_job_per_seed_and_bad_seeds(tmp_path):
+    settings = Settings(ratios=[0.2])
+    jobs = expand([Entry(recipe="prunenet", seeds=[0, 1], zeroshot=False), Entry(recipe="lorap")], settings)
+    assert [(j.id, j.group, j.seed, j.zeroshot) for j in jobs] == [
+        ("prunenet@20:seed0", "prunenet@20", 0, False),
+        ("prunenet@20:seed1", "prunenet@20", 1, False),
+        ("lorap@20", "lorap@20", None, True),
+    ]
+    assert jobs[1].overrides == ("seed=1",)
+    assert settings.for_job(jobs[0]).zeroshot_on is False and settings.for_job(jobs[2]) is settings
+    with pytest.raises(BenchError, match="once with seeds, once without"):
+        expand([Entry(recipe="a", seeds=[0]), Entry(recipe="a")], settings)
+    for bad in ("seeds: [1, 1]", "seeds: [-1]", "seeds: [0], overrides: [seed=3]"):
+        path = tmp_path / "grid.yaml"
+        path.write_text(f"grid: [{{recipe: a, {bad}}}]\nquick: {{grid: [{{recipe: a}}]}}\n")
+        with pytest.raises(BenchError, match=r"grid\.0"):
+            load_grid(path)
+
+
+def test_claims_grid_reuses_grid_claims_and_covers_their_rows(tmp_path):
+    main, claims = load_grid(), load_grid(ROOT / "benchmarks" / "grid-claims.yaml")
+    assert [c.id for c in claims.claims] == [c.id for c in main.claims]  # claims_from: one source
+    settings = resolve_settings(claims, quick=False, cli={})
+    assert settings.zeroshot_limit == 200 and settings.ppl_tokens == 16384
+    jobs = expand(claims.grid, settings)
+    rows = {j.group for j in jobs}
+    zeroshot_rows = {j.group for j in jobs if j.zeroshot}
+    for claim in claims.claims:
+        named = {
+            part.replace("{r}", f"{p:g}")
+            for c in claim.checks
+            for part in (parse_check(c).a, parse_check(c).b)
+            for p in claim.at
+        }
+        assert named <= rows, (claim.id, named - rows)
+        if any("zeroshot" in m for m in claim.metrics):
+            assert named <= zeroshot_rows, (claim.id, named - zeroshot_rows)
+    seeded = {j.group for j in jobs if j.seed is not None}
+    assert {"cce-random@20", "lorap@20", "lorap-no-retain@20", "prunenet@30", "prunenet-deterministic@20"} <= seeded
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        "grid: [{recipe: a}]\nquick: {grid: [{recipe: a}]}\nclaims_from: "
+        f"{ROOT / 'benchmarks' / 'grid.yaml'}\nclaims: [{{id: lorap-retain, claim: y, source: z, checks: ['a < b']}}]\n"
+    )
+    with pytest.raises(BenchError, match="claim id lorap-retain both here and in claims_from"):
+        load_grid(path)
+
+
+def test_plan_costs_rows_from_history_settings_and_kept_runs(tmp_path):
+    from benchmarks.plan import DEFAULT_COMPRESS_S, eval_estimate, plan_rows, plan_text
+
+    results = tmp_path / "results"
+    results.mkdir()
+    history_rows = [
+        {"id": "x@20", "recipe": "x", "ratio": 0.2, "recovery": False, "cost": {"process_wall_s": 40.0}},
+        {"id": "x@20", "recipe": "x", "ratio": 0.2, "recovery": False, "cost": {"process_wall_s": 60.0}},
+        {"id": "x@10", "recipe": "x", "ratio": 0.1, "recovery": False, "cost": {"process_wall_s": 5.0, "reused": True}},
+    ]
+    (results / "old.json").write_text(json.dumps({"rows": history_rows}))
+    settings = Settings(ratios=[0.1, 0.2], zeroshot_tasks=["piqa"], zeroshot_limit=200)
+    jobs = expand([Entry(recipe="x", seeds=[0, 1]), Entry(recipe="y", ratios=[0.2], zeroshot=False)], settings)
+    runs = tmp_path / "runs"
+    (runs / "x-r20_seed1").mkdir(parents=True)
+    (runs / "x-r20_seed1" / "report.json").write_text("{}")  # compressed, not measured: costs its evaluation
+    rows = {r["id"]: r for r in plan_rows(settings, jobs, runs, results)}
+    assert rows["x@20:seed0"]["compress_s"] == 50.0 and rows["x@20:seed0"]["source"] == "2 runs"
+    assert rows["x@10:seed0"]["compress_s"] == 50.0 and rows["x@10:seed0"]["source"] == "other ratios"
+    assert rows["x@20:seed1"]["compress_s"] == 0.0 and rows["x@20:seed1"]["source"] == "compressed in --keep"
+    assert rows["y@20"]["compress_s"] == DEFAULT_COMPRESS_S and rows["y@20"]["source"] == "?"
+    assert rows["y@20"]["eval_s"] == eval_estimate(settings.for_job(jobs[-1])) < rows["x@20:seed0"]["eval_s"]
+    text = plan_text(settings, list(rows.values()))
+    assert text[-1].startswith("total about") and "1 rows with no compression time" in text[-1]
+    assert "(no zero-shot)" in next(line for line in text if "y@20" in line)
 
 
 def test_labelled_entries_sweep_one_recipe():
@@ -382,7 +549,7 @@ def test_markdown_tables_dense_first_claims_and_skipped_rows():
     quality = text.split("## Quality")[1].split("##")[0]
     lines = [ln for ln in quality.splitlines() if ln.startswith("| `")]
     assert lines[0].startswith("| `dense` |") and len(lines) == 5
-    assert "| `a@10` | 10% of model | 10.00% | 30 | 60 | 0.500 | 0.500 |" in quality
+    assert "| `a@10` | 10% of model | 1 | 10.00% | 30 | 60 | 0.500 | 0.500 |" in quality
     assert "32 non-overlapping windows of 512 tokens (16,384 tokens)" in text
     assert "the first 10 examples of each of piqa (`--limit 10`)" in text
     assert "| 1,234 |" in text.split("## Size")[1]
@@ -391,6 +558,22 @@ def test_markdown_tables_dense_first_claims_and_skipped_rows():
     assert "| **holds** |" in claims and "| not run |" in claims
     assert "| `c@20` | not run | recipe 'c' does not exist |" in text
     assert "![t-quality](t-quality.png)" in text
+
+
+def test_markdown_shows_seeded_rows_as_mean_and_spread_and_causes():
+    result = _result()
+    result["rows"] += _seeded("s@20", "s", [50.0, 60.0, 70.0])  # a@20 is 60
+    claim = _claim(["a@{r} < s@{r}"], cause="the scorer ranks channels worse", note="paper has no such row")
+    result["claims"] = evaluate_claims([claim], result["rows"])
+    text = markdown(result, [])
+    quality = text.split("## Quality")[1].split("##")[0]
+    assert "| `s@20` | 20% of model | 3 seeds | 20.00% | 60 [50-70] |" in quality
+    assert "s@20:seed1" not in quality  # the draws are in the Seeds section and the size/cost tables
+    assert "| `s@20` | 0, 1, 2 | wikitext2_ppl | 60 | 50-70 | 50, 60, 70 |" in text.split("## Seeds")[1]
+    assert "`s@20:seed1`" in text.split("## Size")[1]
+    claims = text.split("## Paper claims")[1].split("##")[0]
+    assert "**within noise**" in claims and "the scorer ranks channels worse Note: paper has no such row" in claims
+    assert "worst seed against B's best" in text
 
 
 def test_summary_and_pivot_tables_for_the_readme(capsys, tmp_path):
@@ -453,7 +636,7 @@ def test_quick_benchmark_smoke(tmp_path):
             assert 0.15 < row["achieved"] < 0.25, name  # of each recipe's target.of (PruneNet's: the MLP)
     assert rows["lorap@20"]["structure"]["lowrank_params"] > 0
     assert rows["sp3-oneshot@20"]["structure"]["residual_params"] > 0
-    assert {c["verdict"] for c in result["claims"]} <= {HOLDS, FAILS, NOT_RUN}
+    assert {c["verdict"] for c in result["claims"]} <= {HOLDS, FAILS, NOISE, NOT_RUN}
     assert path.with_suffix(".md").is_file()
     assert (tmp_path / path.name.replace(".json", "-quality.png")).is_file()
     assert (tmp_path / path.name.replace(".json", "-widths-r20.png")).is_file()
