@@ -139,11 +139,12 @@ def test_post_norm_models_are_refused():
 # -- full-rank projection and fusing are lossless ------------------------------------------------------
 @pytest.mark.parametrize("family", sorted(MODELS))
 @pytest.mark.parametrize("group_size", [1, 2, None])
-def test_full_rank_projection_leaves_outputs_unchanged(family, group_size):
+@pytest.mark.parametrize("residual", ["eq34", "input"])
+def test_full_rank_projection_leaves_outputs_unchanged(family, group_size, residual):
     model = MODELS[family]()
     ids = torch.randint(3, 200, (2, 11))
     before = model_output(model, ids)
-    settings = ProjectionSettings(group_size=group_size, ratio=0.0)
+    settings = ProjectionSettings(group_size=group_size, ratio=0.0, residual=residual)
     report = project_hidden_dimension(model, _batches(), settings)
     assert_scaled_close(model_output(model, ids), before)
     groups = layer_groups(ModelView(model).num_layers, group_size)
@@ -157,14 +158,66 @@ def test_full_rank_projection_leaves_outputs_unchanged(family, group_size):
 
 
 @pytest.mark.parametrize("basis", ["pca", "identity"])
-def test_projected_statistics_and_identity_basis_are_lossless_at_full_rank(basis):
+@pytest.mark.parametrize("residual", ["eq34", "input"])
+def test_projected_statistics_and_identity_basis_are_lossless_at_full_rank(basis, residual):
     model = tiny_llama(layers=4)
     ids = torch.randint(3, 200, (2, 11))
     before = model_output(model, ids)
-    project_hidden_dimension(
-        model, _batches(), ProjectionSettings(group_size=2, ratio=0.0, statistics="projected", basis=basis)
-    )
+    settings = ProjectionSettings(group_size=2, ratio=0.0, statistics="projected", basis=basis, residual=residual)
+    project_hidden_dimension(model, _batches(), settings)
     assert_scaled_close(model_output(model, ids), before)
+
+
+@pytest.mark.parametrize("statistics", ["dense", "projected"])
+@pytest.mark.parametrize("residual", ["eq34", "input"])
+def test_the_basis_a_block_writes_has_seen_its_output(statistics, residual):
+    """Algorithm 1 / Eq. 34 (issue 18, D1): the stream a group's last block writes is in the statistics of
+    the basis it is written in. Hidden coordinate 5 is zero everywhere except in layer 1's MLP output
+    (the last block of group 0), so a basis fitted on the norms' inputs alone drops it entirely."""
+    model = tiny_llama(layers=4, tie=False)
+    view = ModelView(model)
+    j = 5
+    with torch.no_grad():
+        view.embed_tokens.weight[:, j] = 0
+        for i in range(4):
+            view.layer(i).linear("o").weight[j] = 0
+            view.layer(i).linear("down").weight[j] = 0
+        down = view.layer(1).linear("down").weight
+        down.zero_()
+        down[j] = 3 * torch.randn(down.shape[1], generator=torch.Generator().manual_seed(0))
+    row = down[j].clone()
+    settings = ProjectionSettings(group_size=2, ratio=0.25, statistics=statistics, residual=residual)
+    project_hidden_dimension(model, _batches(), settings)
+    fused = ModelView(model).layer(1).linear("down").weight  # Q_gᵀ e_j w_jᵀ: norm ||Q_gᵀ e_j|| ||w_j||
+    assert fused.double().norm() / row.double().norm() > 0.99
+
+
+@pytest.mark.parametrize("residual", ["eq34", "input"])
+def test_eq34_boundary_block_output_is_truncated_once(residual):
+    """Eq. 34: the boundary block reads in U, writes in U' and only its residual branch gets U'ᵀ U.
+
+    Layer 0 (group 0, basis U of width 40) ends at a boundary to U' (full width). Its attention is
+    made to write inside span(U), so with Eq. 34 the layer's output is the original layer's output
+    on ``U x̂``, exactly; the ``input`` form truncates the MLP's output by U first."""
+    model = tiny_llama(layers=2, tie=False)
+    fold_rms_norms(model)
+    u, u_next = _random_basis(48, 40, seed=1), _random_basis(48, 48, seed=2)
+    o_proj = model.model.layers[0].self_attn.o_proj
+    with torch.no_grad():
+        o_proj.weight.copy_((u @ u.T).float() @ o_proj.weight)
+        model.model.layers[0].mlp.down_proj.weight.mul_(50)  # an MLP output as large as the stream
+    reference = copy.deepcopy(model.model.layers[0])
+    fuse_projection(model, layer_groups(2, 1), [u, u_next], residual=residual)
+    x = 0.1 * torch.randn(1, 5, 40)  # small residual: the blocks' outputs dominate (RMSNorm is scale-free)
+    position = model.model.rotary_emb(x, torch.arange(5)[None])
+    with torch.no_grad():
+        out = model.model.layers[0](x, position_embeddings=position)
+        expected = reference((x.double() @ u.T).float(), position_embeddings=position)
+    out = out[0] if isinstance(out, tuple) else out
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    outer = u_next if residual == "eq34" else u  # the basis the layer's output is written in
+    error = ((out.double() @ outer.T) - expected.double()).norm() / expected.double().norm()
+    assert (error < 1e-4) if residual == "eq34" else (error > 0.1)
 
 
 def test_identity_basis_slices_raw_dimensions():
@@ -177,14 +230,18 @@ def test_identity_basis_slices_raw_dimensions():
             assert torch.all(adapter.weight.sum(dim=1) <= 1)
 
 
-def test_residual_matrix_is_the_product_of_neighbouring_projections():
+@pytest.mark.parametrize("residual", ["eq34", "input"])
+def test_residual_matrix_is_the_product_of_neighbouring_projections(residual):
     model = tiny_llama(layers=4, tie=False)
     fold_rms_norms(model)
     groups = layer_groups(4, 2)
     bases = [_random_basis(48, 40, seed=1), _random_basis(48, 33, seed=2)]
-    residuals = fuse_projection(model, groups, bases)
+    residuals = fuse_projection(model, groups, bases, residual=residual)
     ((path, adapter),) = basis_changes(model)
-    assert path == "model.layers.2.basis_change" and adapter.hook == "input"
+    host, hook = ("model.layers.1", "branch") if residual == "eq34" else ("model.layers.2", "input")
+    assert path == f"{host}.basis_change" and adapter.hook == hook
+    down_rows = 33 if residual == "eq34" else 40  # Eq. 34: the boundary block writes the next basis
+    assert ModelView(model).layer(1).linear("down").out_features == down_rows
     p_in_next, p_out_prev = bases[1].T, bases[0]  # RMSNorm form: P_in = Qᵀ, P_out = Q (γ folded)
     expected = residual_matrix(p_in_next, p_out_prev)
     assert adapter.weight.shape == (33, 40)
@@ -197,11 +254,12 @@ def test_residual_matrix_is_the_product_of_neighbouring_projections():
     torch.testing.assert_close(norm.weight, torch.full((33,), (48 / 33) ** 0.5))
 
 
-def test_residual_matrix_feeds_the_layer_whether_hidden_states_is_positional_or_keyword():
+@pytest.mark.parametrize("residual", ["eq34", "input"])
+def test_residual_matrix_feeds_the_layer_whether_hidden_states_is_positional_or_keyword(residual):
     model = tiny_llama(layers=2, tie=False)
     fold_rms_norms(model)
-    fuse_projection(model, layer_groups(2, 1), [_random_basis(48, 40, 1), _random_basis(48, 36, 2)])
-    layer = model.model.layers[1]
+    fuse_projection(model, layer_groups(2, 1), [_random_basis(48, 40, 1), _random_basis(48, 36, 2)], residual=residual)
+    layer = model.model.layers[0 if residual == "eq34" else 1]  # the layer carrying the matrix
     x = torch.randn(1, 5, 40)
     position = model.model.rotary_emb(x, torch.arange(5)[None])
     with torch.no_grad():
@@ -218,7 +276,7 @@ def test_layer_by_layer_replay_of_a_projected_model_matches_its_forward():
     model = tiny_llama(layers=4)
     report = project_hidden_dimension(model, _batches(), ProjectionSettings(group_size=2, ratio=0.25))
     paths = [path for path, _m in basis_changes(model)]
-    assert paths == ["model.embed_tokens.basis_change", "model.layers.2.basis_change", "model.norm.basis_change"]
+    assert paths == ["model.embed_tokens.basis_change", "model.layers.1.basis_change", "model.norm.basis_change"]
     assert report["residual_matrices"] == 3
     ids = torch.randint(3, 200, (2, 9))
     with torch.no_grad():
@@ -254,17 +312,20 @@ def test_allocation_rules():
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))
-def test_projected_param_count_and_budget(family):
+@pytest.mark.parametrize("residual", ["eq34", "input"])
+def test_projected_param_count_and_budget(family, residual):
     model = MODELS[family]()
     groups = layer_groups(ModelView(model).num_layers, 2)
     if family == "opt":
         layernorm_to_rmsnorm(model)
     fold_rms_norms(model)
     widths = [30, 21][: len(groups)]
-    expected = projected_param_count(model, groups, widths)
-    budget_widths = widths_for_params(model, groups, expected["total"])
-    assert projected_param_count(model, groups, budget_widths)["total"] == pytest.approx(expected["total"], rel=0.02)
-    fuse_projection(model, groups, [_random_basis(ModelView(model).hidden_size, k, i) for i, k in enumerate(widths)])
+    expected = projected_param_count(model, groups, widths, residual_form=residual)
+    budget_widths = widths_for_params(model, groups, expected["total"], residual_form=residual)
+    budget = projected_param_count(model, groups, budget_widths, residual_form=residual)["total"]
+    assert budget == pytest.approx(expected["total"], rel=0.02)
+    bases = [_random_basis(ModelView(model).hidden_size, k, i) for i, k in enumerate(widths)]
+    fuse_projection(model, groups, bases, residual=residual)
     assert ModelView(model).num_params() == expected["total"]
     assert basis_change_params(model) == expected["residual"]
 

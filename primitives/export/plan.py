@@ -28,7 +28,7 @@ class ExportVerdict:
 def _blocking(modules: Iterable[dict[str, Any]]) -> str | None:
     for entry in modules:
         kind = entry.get("kind")
-        if kind == "basis_change" and entry.get("hook") in ("input", "residual"):
+        if kind == "basis_change" and entry.get("hook") in ("input", "residual", "branch"):
             return (
                 f"a residual / basis-change matrix at {entry.get('path')} has no exact merge into a dense decoder "
                 "(SP3 with several layer groups)"

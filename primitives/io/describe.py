@@ -34,7 +34,12 @@ from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.projection.adapters import KIND as BASIS_CHANGE_KIND
 from slimkit.primitives.projection.manifest import RMS_NORM_KIND, projection_entries
 
-_HOOK_WORDS = {"input": "input of", "output": "output of", "residual": "residual input of"}
+_HOOK_WORDS = {
+    "input": "input of",
+    "output": "output of",
+    "residual": "residual input of",
+    "branch": "residual branch of",
+}
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,11 @@ def stream_count_args(model: nn.Module) -> dict:
         "head_rows": 0 if view.tied or view.head is None else view.head.weight.shape[0],
         "head_map": final is not None and BASIS_CHANGE in final._modules,
         "include_bias": True,
+        "boundaries": [  # Eq. 34 group boundaries: the down projection writes the next group's stream
+            i
+            for i in range(view.num_layers)
+            if getattr(view.layer(i).module._modules.get(BASIS_CHANGE), "hook", None) == "branch"
+        ],
     }
     unmasked = stream_model_size(MaskValues(), MaskShape.from_view(view), **args)
     args["fixed"] = view.num_params() - round(float(unmasked))

@@ -86,7 +86,9 @@ hooks and pre-hooks multiply module inputs and outputs. Two placements of the hi
 * ``"stream"`` (pre-norm models with ``hidden="per_group"`` or ``"shared"``; SP3's LLM setting):
   the group's gate multiplies the residual stream where the group starts (a pre-hook on its first
   layer, after any residual matrix there) and the outputs of every o and down/fc2 in the group, so
-  the stream stays zero outside the kept coordinates throughout the group. Slicing those
+  the stream stays zero outside the kept coordinates throughout the group (a group's last down/fc2
+  in Eq. 34's form, :mod:`slimkit.primitives.projection.fuse`, writes the next group's stream: the
+  next group's gate at its start covers it, so it gets no ``ffn_out`` gate). Slicing those
   coordinates away (:func:`slimkit.primitives.projection.slice_stream`) then gives the same outputs
   (up to the norms' ε). A head tied to the embeddings reads the embedding's coordinates, i.e. the
   first group's: its input (the final norm's output) is multiplied by the first group's gate.
@@ -588,6 +590,12 @@ class MaskHooks:
 Getter = Callable[[], torch.Tensor | None]
 
 
+def _eq34_boundary(layer: nn.Module) -> bool:
+    """Whether ``layer`` ends a Group PCA group in Eq. 34's form (its down projection writes the next basis)."""
+    adapter = layer._modules.get("basis_change")
+    return adapter is not None and getattr(adapter, "hook", None) == "branch"
+
+
 def _times(*getters: Getter) -> Getter:
     def get() -> torch.Tensor | None:
         out = None
@@ -732,7 +740,10 @@ def apply_masks(
                 handle = layer.module.register_forward_pre_hook(_layer_input_hook(value("mha_in", i)), with_kwargs=True)
                 hooks.handles.append(handle)
             post(layer.linear("o"), _times(value("mha", i), value("mha_out", i)))
-            post(layer.linear("down"), _times(value("ffn", i), value("ffn_out", i)))
+            if _eq34_boundary(layer.module):  # writes the next group's stream, gated where that group starts
+                post(layer.linear("down"), value("ffn", i))
+            else:
+                post(layer.linear("down"), _times(value("ffn", i), value("ffn_out", i)))
         elif where == "linear":
             for role in ("q", "k", "v"):
                 pre(layer.linear(role), value("mha_in", i))

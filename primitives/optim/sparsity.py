@@ -209,8 +209,12 @@ def stream_model_size(
     head_map: bool = False,
     include_bias: bool = False,
     fixed: int = 0,
+    boundaries: Sequence[int] = (),
 ) -> torch.Tensor:
     """Every parameter of a pre-norm model whose residual stream is masked per layer group (``stream`` placement).
+
+    ``boundaries``: layers whose down / fc2 writes the next group's stream (SP3 Eq. 34's group
+    boundary, :mod:`slimkit.primitives.projection.fuse`); their rows are counted at that group's width.
 
     The count SP3's LLM setting needs (Appendix F: hidden dimensions and FFN filters, Group PCA),
     exact for 0/1 masks and the expectation for keep probabilities; with ``n_g = Σ z_g`` (the
@@ -237,6 +241,12 @@ def stream_model_size(
         if g > 0:
             total = total + widths[g] * widths[g - 1]
     total = total + widths[-1] + embedding_rows * widths[0] + head_rows * widths[-1]
+    group_of = {i: g for g, group in enumerate(groups) for i in group}
+    for i in boundaries:
+        n_f = _total(_layer(values.f, i), shape.ffn[i]) + (include_bias and "down" in shape.bias)
+        z_ffn = _layer(values.ffn, i)
+        extra = n_f * (widths[group_of[i] + 1] - _total(_layer(values.ffn_out, i), d))
+        total = total + (extra if z_ffn is None else z_ffn * extra)
     if head_map:
         total = total + widths[0] * widths[-1]
     return torch.as_tensor(total, dtype=torch.float64)

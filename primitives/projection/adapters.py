@@ -13,6 +13,18 @@ the host's *second* argument ``input_tensor`` (positional or keyword): a post-no
 its residual inside ``BertSelfOutput`` / ``BertOutput`` (``LN(dense(h) + input_tensor)``), so the
 matrix sits exactly where Eq. 17 puts it, on the residual term only (see :mod:`.postnorm`).
 
+With ``hook="branch"`` (SP3 Eq. 34 at a group boundary of a pre-norm decoder) the host is the last
+decoder layer of a group and ``writer`` names the module whose output the layer adds to its
+residual (``mlp`` in llama-style layers, ``fc2`` in OPT), whose weights already write the *next*
+basis ``U'``. Eq. 34 wants ``U'ᵀ Block(·) + U'ᵀ U x̂``: the block's output in ``U'`` once, and
+``W = U'ᵀ U`` on the residual branch only. The layer adds its residual inside its own forward, so
+a forward hook on the writer holds its output aside (on the writer, as ``_basis_change_held``) and
+returns a 0-d zero, so the layer's sum is its residual alone (exactly), and a forward hook on the
+layer returns ``W · residual + held``. The writer's output width may differ from the layer's (k'
+vs k). A missing held output (the layer's sum computed without its writer) raises. Hooks on the
+``mlp`` module's ``down_proj`` (masks) act before its output is held; OPT's dropout after ``fc2``
+acts on the zero, so there the held output skips it (training mode only).
+
 State-dict keys: ``<host>.basis_change.weight`` (``out x in``) and ``<host>.basis_change.bias``
 when it has one. The hooks are module-level functions that look the adapter up on their host,
 so models with adapters deep-copy and pickle. :func:`basis_change_entries` gives the manifest
@@ -34,7 +46,8 @@ from torch.nn import functional as F
 
 KIND = "basis_change"
 NAME = "basis_change"
-Hook = Literal["input", "output", "residual"]
+Hook = Literal["input", "output", "residual", "branch"]
+HELD = "_basis_change_held"
 
 
 class BasisChange(nn.Module):
@@ -48,8 +61,12 @@ class BasisChange(nn.Module):
         hook: Hook = "input",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        writer: str | None = None,
     ) -> None:
         super().__init__()
+        if (hook == "branch") != (writer is not None):
+            raise ValueError("a 'branch' basis change needs its writer's path (and only it has one)")
+        self.writer = writer
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
         self.hook = hook
@@ -66,7 +83,8 @@ class BasisChange(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, hook={self.hook}"
+        writer = f", writer={self.writer}" if self.writer else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, hook={self.hook}{writer}"
 
     def manifest_entry(self, path: str) -> dict[str, Any]:
         return {
@@ -76,7 +94,7 @@ class BasisChange(nn.Module):
             "out_features": self.out_features,
             "bias": self.bias is not None,
             "hook": self.hook,
-        }
+        } | ({"writer": self.writer} if self.writer else {})
 
 
 def _map_input(host: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -104,16 +122,39 @@ def _map_output(host: nn.Module, _args: tuple, output: Any) -> Any:
     return adapter(output)
 
 
+def _hold_branch(writer: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+    writer.__dict__[HELD] = output
+    return output.new_zeros(())
+
+
+def _map_branch(host: nn.Module, _args: tuple, output: Any) -> Any:
+    adapter = host._modules[NAME]
+    held = host.get_submodule(adapter.writer).__dict__.pop(HELD, None)
+    if held is None:
+        raise RuntimeError(f"{type(host).__name__}: the branch basis change found no output of {adapter.writer}")
+    stream = output[0] if isinstance(output, tuple) else output
+    mapped = adapter(stream) + held.reshape(*stream.shape[:-1], held.shape[-1])  # OPT's fc2 sees (tokens, d)
+    return (mapped, *output[1:]) if isinstance(output, tuple) else mapped
+
+
+_HOOKS = (_map_input, _map_output, _map_residual, _map_branch)
+
+
 def _has_hook(host: nn.Module) -> bool:
     hooks = [*host._forward_pre_hooks.values(), *host._forward_hooks.values()]
-    return any(h is _map_input or h is _map_output or h is _map_residual for h in hooks)
+    return any(h in _HOOKS for h in hooks)
 
 
 def attach_basis_change(
-    host: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None = None, hook: Hook = "input"
+    host: nn.Module,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    hook: Hook = "input",
+    writer: str | None = None,
 ) -> BasisChange:
-    """Attach ``W`` (``out x in``) to ``host``: on its input ``hidden_states``, its output, or (``"residual"``)
-    its second argument ``input_tensor``.
+    """Attach ``W`` (``out x in``) to ``host``: on its input ``hidden_states``, its output, (``"residual"``)
+    its second argument ``input_tensor``, or (``"branch"``, with ``writer`` the path of the host's last
+    writer) the residual branch of its sum (see the module docstring).
 
     The tensors are copied (dtype and device follow the host's parameters). A host holds at most
     one adapter; attaching to a host that has one raises ``ValueError``.
@@ -122,7 +163,13 @@ def attach_basis_change(
         raise ValueError(f"{type(host).__name__} already carries a basis change")
     reference = next(iter(host.parameters()), weight)
     adapter = BasisChange(
-        weight.shape[1], weight.shape[0], bias is not None, hook, device=reference.device, dtype=reference.dtype
+        weight.shape[1],
+        weight.shape[0],
+        bias is not None,
+        hook,
+        device=reference.device,
+        dtype=reference.dtype,
+        writer=writer,
     )
     with torch.no_grad():
         adapter.weight.copy_(weight)
@@ -138,6 +185,9 @@ def _install(host: nn.Module, adapter: BasisChange) -> None:
         host.register_forward_pre_hook(_map_input, with_kwargs=True)
     elif adapter.hook == "residual":
         host.register_forward_pre_hook(_map_residual, with_kwargs=True)
+    elif adapter.hook == "branch":
+        host.get_submodule(adapter.writer).register_forward_hook(_hold_branch)
+        host.register_forward_hook(_map_branch)
     else:
         host.register_forward_hook(_map_output)
 
@@ -174,6 +224,7 @@ def materialise_basis_changes(model: nn.Module, entries: Iterable[dict[str, Any]
             entry.get("hook", "input"),
             device=None if reference is None else reference.device,
             dtype=None if reference is None else reference.dtype,
+            writer=entry.get("writer"),
         )
         _install(host, adapter)
         count += 1
@@ -181,6 +232,7 @@ def materialise_basis_changes(model: nn.Module, entries: Iterable[dict[str, Any]
 
 
 __all__ = [
+    "HELD",
     "KIND",
     "BasisChange",
     "attach_basis_change",

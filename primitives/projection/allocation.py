@@ -79,9 +79,16 @@ def _per_feature(module: torch.nn.Module, width: int) -> int:
 
 
 def projected_param_count(
-    model: torch.nn.Module, groups: Sequence[range], widths: Sequence[int], tied_head: str = "shared"
+    model: torch.nn.Module,
+    groups: Sequence[range],
+    widths: Sequence[int],
+    tied_head: str = "shared",
+    residual_form: str = "eq34",
 ) -> dict[str, int]:
     """Parameters after fusing ``widths`` (one per group) into the current model.
+
+    ``residual_form="eq34"``: a non-final group's last down projection writes the next group's width
+    (Eq. 34, see :mod:`.fuse`); ``"input"``: its own group's.
 
     ``total`` counts everything (tied weights once), ``residual`` the residual / basis-change matrices
     (``k_g k_{g-1}`` per group boundary, plus ``k_1 k_G`` after the final norm of a tied model, plus
@@ -99,12 +106,17 @@ def projected_param_count(
         for index in layers:
             layer = view.layer(index)
             count = 0
+            boundary = residual_form == "eq34" and index == layers[-1] and g + 1 < len(groups)
             for role in layer.roles:
                 if role in ("o", "down"):
                     owner, name = linear_param(layer.linear(role), "weight", 0)
-                    count += getattr(owner, name).shape[1]
                     bias_owner, bias_name = linear_param(layer.linear(role), "bias", 0)
-                    count += int(getattr(bias_owner, bias_name) is not None)
+                    rows = getattr(owner, name).shape[1] + int(getattr(bias_owner, bias_name) is not None)
+                    if role == "down" and boundary:  # written in the next group's basis
+                        per_feature_dense += rows
+                        projected += rows * widths[g + 1]
+                    else:
+                        count += rows
                 else:
                     owner, name = linear_param(layer.linear(role), "weight", 1)
                     count += getattr(owner, name).shape[0]
@@ -131,13 +143,14 @@ def widths_for_params(
     keep_params: int,
     components: Sequence[PrincipalComponents] | None = None,
     tied_head: str = "shared",
+    residual_form: str = "eq34",
 ) -> list[int]:
     """Widths whose projected total comes closest to ``keep_params``: uniform, or by explained variance
     when ``components`` are given."""
     d = ModelView(model).hidden_size
 
     def total(widths: list[int]) -> float:
-        return float(projected_param_count(model, groups, widths, tied_head)["total"])
+        return float(projected_param_count(model, groups, widths, tied_head, residual_form)["total"])
 
     if components is None:
         candidates = torch.arange(1, d + 1, dtype=torch.float64)

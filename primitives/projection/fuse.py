@@ -9,9 +9,18 @@ readers; any γ left in a norm is folded here):
 * embeddings (token and position): ``E ← E Q_E``;
 * every layer of group g: readers (q, k, v, gate/up or fc1) ``W ← W diag(γ) Q_g``; writers (o,
   down or fc2) ``W ← Q_gᵀ W``, ``b ← Q_gᵀ b``; the two norms become k_g wide;
-* the first layer of group g > 1 gets the residual matrix ``W_R = P_in⁽ᵍ⁾ P_out⁽ᵍ⁻¹⁾ = Q_gᵀ Q_{g-1}``
-  (Eq. 18, k_g x k_{g-1}) as a :class:`~.adapters.BasisChange` on its input; inside a group the
-  bases agree, so no matrix is needed (Eq. 34 with ``U' = U``);
+* where group g−1 ends and group g starts, the residual matrix ``W_R = Q_gᵀ Q_{g-1}`` (Eq. 18,
+  k_g x k_{g-1}); inside a group the bases agree, so no matrix is needed (Eq. 34 with ``U' = U``).
+  Where it sits (``residual``):
+
+  - ``"eq34"`` (default, Appendix F.1 Eq. 34 ``x̂⁽ⁱ⁾ = U'ᵀ Block(U · RMSNorm(x̂⁽ⁱ⁻¹⁾)) + U'ᵀ U x̂⁽ⁱ⁻¹⁾``):
+    the boundary block is the last MLP of group g−1; it reads in ``U = Q_{g-1}`` and its writer
+    (down / fc2) writes ``W ← Q_gᵀ W`` straight into ``U' = Q_g``, and ``W_R`` multiplies only the
+    residual branch of that sum (a ``"branch"`` :class:`~.adapters.BasisChange` on the layer). The
+    block's output is truncated once, by the basis of the stream it writes.
+  - ``"input"`` (SliceGPT-like, the form before issue 18): every writer of group g−1 writes
+    ``Q_{g-1}`` and ``W_R`` maps the whole stream at the input of group g's first layer, so the
+    boundary block's output is truncated by ``Q_{g-1}`` and again by ``Q_g``;
 * final norm k_G wide; an untied head ``W ← W diag(γ_F) Q_G``. A head tied to the embeddings
   already reads ``E Q_E``, so the final norm's output is mapped by ``M = Q_Eᵀ diag(γ_F) Q_G``
   (k_E x k_G, an output :class:`~.adapters.BasisChange` on the final norm; omitted when it is the
@@ -38,12 +47,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.projection.adapters import NAME as BASIS_CHANGE
 from slimkit.primitives.projection.adapters import attach_basis_change, basis_changes
 from slimkit.primitives.projection.norms import (
     is_rms_norm,
@@ -53,6 +64,9 @@ from slimkit.primitives.projection.norms import (
     residual_matrix,
     set_param,
 )
+
+Residual = Literal["eq34", "input"]
+"""Where a group boundary's residual matrix sits (see the module docstring)."""
 
 
 def layer_groups(num_layers: int, group_size: int | None) -> list[range]:
@@ -120,8 +134,12 @@ def fuse_embeddings(model: nn.Module, basis: torch.Tensor) -> None:
         view.head.in_features = view.embed_tokens.weight.shape[1]
 
 
-def fuse_layer(model: nn.Module, index: int, basis: torch.Tensor) -> None:
-    """Project one decoder layer onto ``basis`` (d x k): readers, writers and its two norms."""
+def fuse_layer(model: nn.Module, index: int, basis: torch.Tensor, output_basis: torch.Tensor | None = None) -> None:
+    """Project one decoder layer onto ``basis`` (d x k): readers, writers and its two norms.
+
+    ``output_basis`` (d x k'): the basis its last writer (down / fc2) writes instead, for the
+    boundary block of Eq. 34 (see :func:`fuse_boundary`).
+    """
     view = ModelView(model)
     layer = view.layer(index)
     basis = basis.double()
@@ -136,14 +154,63 @@ def fuse_layer(model: nn.Module, index: int, basis: torch.Tensor) -> None:
             for module in readers(layer, which):
                 _read_through(module, basis, gamma)
             model.set_submodule(f"{layer_path}.{path}", resized_rms_norm(norm, k, math.sqrt(d / k)))
-        for role in ("o", "down"):
-            _write_through(layer.linear(role), basis)
+        _write_through(layer.linear("o"), basis)
+        _write_through(layer.linear("down"), basis if output_basis is None else output_basis.double())
 
 
-def fuse_boundary(model: nn.Module, index: int, previous: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """Attach ``W_R = Qᵀ Q_prev`` (Eq. 18) to the input of layer ``index``; returns ``W_R``."""
+def branch_writer(model: nn.Module, index: int) -> str:
+    """Path (inside layer ``index``) of the module whose output the layer adds to its residual last.
+
+    The parent of the down projection when it is a sub-module (llama's ``mlp``, so hooks on
+    ``down_proj`` such as masks act first), else the down projection itself (OPT's ``fc2``).
+    """
+    view = ModelView(model)
+    layer = view.layer(index)
+    path = view.path_of(layer.linear("down"))[len(view.path_of(layer.module)) + 1 :]
+    parent = path.rpartition(".")[0]
+    return parent or path
+
+
+def fuse_boundary(
+    model: nn.Module, index: int, previous: torch.Tensor, basis: torch.Tensor, residual: Residual = "eq34"
+) -> torch.Tensor:
+    """Attach ``W_R = Qᵀ Q_prev`` (Eq. 18) where the group starting at layer ``index`` begins; returns ``W_R``.
+
+    ``"input"``: on the input of layer ``index``. ``"eq34"``: on the residual branch of layer
+    ``index − 1``, whose writer must already write ``basis`` (``fuse_layer(..., output_basis=basis)``).
+    """
     weight = residual_matrix(basis.T, previous)
-    attach_basis_change(ModelView(model).layer(index).module, weight, hook="input")
+    if residual == "input":
+        attach_basis_change(ModelView(model).layer(index).module, weight, hook="input")
+    elif residual == "eq34":
+        if index < 1:
+            raise SlimkitError("an Eq. 34 boundary needs a layer before the group")
+        host = ModelView(model).layer(index - 1).module
+        attach_basis_change(host, weight, hook="branch", writer=branch_writer(model, index - 1))
+    else:
+        raise SlimkitError(f"residual must be 'eq34' or 'input', got {residual!r}")
+    return weight
+
+
+def retarget_boundary(model: nn.Module, index: int, previous: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Point an Eq. 34 boundary fused towards the identity at the basis ``basis`` of the group at ``index``.
+
+    For statistics taken on the projected model (:mod:`.hidden`): the boundary layer ``index − 1``
+    first writes the original coordinates (``output_basis = I``, ``W_R = Q_prev``) so that the next
+    group's statistics see its output; once ``basis`` is known its writer becomes ``Qᵀ W`` and
+    ``W_R = Qᵀ Q_prev``. Returns the new ``W_R``.
+    """
+    layer = ModelView(model).layer(index - 1)
+    adapter = layer.module._modules.get(BASIS_CHANGE)
+    if adapter is None or adapter.hook != "branch" or adapter.out_features != basis.shape[0]:
+        raise SlimkitError(f"layer {index - 1} carries no Eq. 34 boundary towards the original coordinates")
+    weight = residual_matrix(basis.T, previous)
+    with torch.no_grad():
+        _write_through(layer.linear("down"), basis.double())
+        adapter.weight = nn.Parameter(
+            weight.to(adapter.weight.device, adapter.weight.dtype).contiguous(),
+            requires_grad=adapter.weight.requires_grad,
+        )
     return weight
 
 
@@ -198,11 +265,13 @@ def fuse_projection(
     groups: Sequence[range],
     bases: Sequence[torch.Tensor],
     embedding: torch.Tensor | None = None,
+    residual: Residual = "eq34",
 ) -> list[torch.Tensor]:
     """Fuse group bases ``bases[g]`` (d x k_g) into every weight; returns the residual matrices attached.
 
     ``embedding`` is the embeddings' basis (default: the first group's); when one is given, the
-    embedding's output gets the residual matrix from it to the first group's basis.
+    embedding's output gets the residual matrix from it to the first group's basis. ``residual``:
+    where the group boundaries' matrices sit (see the module docstring).
     """
     view = ModelView(model)
     if len(groups) != len(bases) or not bases:
@@ -211,14 +280,17 @@ def fuse_projection(
     residuals = []
     for g, layers in enumerate(groups):
         for index in layers:
-            fuse_layer(model, index, bases[g])
+            boundary = residual == "eq34" and index == layers[-1] and g + 1 < len(groups)
+            fuse_layer(model, index, bases[g], bases[g + 1] if boundary else None)
         if g > 0:
-            residuals.append(fuse_boundary(model, layers[0], bases[g - 1], bases[g]))
+            residuals.append(fuse_boundary(model, layers[0], bases[g - 1], bases[g], residual))
     first = fuse_ends(model, bases[0], bases[-1], embedding)
     return residuals if first is None else [first, *residuals]
 
 
 __all__ = [
+    "Residual",
+    "branch_writer",
     "fuse_boundary",
     "fuse_embeddings",
     "fuse_ends",
@@ -227,4 +299,5 @@ __all__ = [
     "fuse_projection",
     "layer_groups",
     "resized_rms_norm",
+    "retarget_boundary",
 ]

@@ -5,11 +5,19 @@
 1. LayerNorm models: :func:`~.norms.layernorm_to_rmsnorm`; then :func:`~.norms.fold_rms_norms`.
 2. Statistics, running the model one decoder layer at a time on captured calibration inputs (only
    one layer's activations alive): for every group of ``group_size`` consecutive layers, the Gram
-   matrix of the residual stream where the group's norms read it (the input of every attention
-   and MLP norm; the last group also takes the final norm's input). These are the paper's block
-   inputs X_M, X_F "along with their residuals", one PCA per group instead of per block.
+   matrix of every residual stream that is represented in the group's basis, each distinct stream
+   once: the group's input, every layer's mid-layer stream (after its attention block) and every
+   layer's output (after its MLP block; the last group's last output is the final norm's input).
+   Algorithm 1 collects the stream after each block (X_M, X_F: a block's output with its
+   residual) and Eq. 34 writes a block's output in the basis of that output. With the Eq. 34
+   boundary (``residual="eq34"``, default) a non-final group's last output is written in the next
+   group's basis, whose statistics hold it as their input, so it is left out of this group's;
+   with ``residual="input"`` every output of the group is written in its basis and all are
+   counted. (Before issue 18 only the norms' inputs were collected, so with ``"input"`` the last
+   down projection of every group wrote into a basis that never saw its output.)
 3. Widths per group (:mod:`.allocation`), bases ``Q_g`` = the first k_g components, fusing
-   (:mod:`.fuse`) with residual matrices at group boundaries.
+   (:mod:`.fuse`) with residual matrices at group boundaries (``residual``: Eq. 34's form on the
+   boundary block's residual branch, or the whole stream at the next group's input).
 
 A tied embedding matrix (``tied_head``) is both the first layer's input and the head. ``"shared"``
 slices it with the first group's basis, so the logits lose whatever part of the final stream lies
@@ -54,7 +62,15 @@ from slimkit.primitives.projection.allocation import (
     variance_widths,
     widths_for_params,
 )
-from slimkit.primitives.projection.fuse import fuse_boundary, fuse_ends, fuse_layer, fuse_projection, layer_groups
+from slimkit.primitives.projection.fuse import (
+    Residual,
+    fuse_boundary,
+    fuse_ends,
+    fuse_layer,
+    fuse_projection,
+    layer_groups,
+    retarget_boundary,
+)
 from slimkit.primitives.projection.norms import (
     TiedHead,
     check_pre_norm,
@@ -85,6 +101,9 @@ class ProjectionSettings:
     """Accumulate ``x / rms(x)`` instead of the raw stream (see :mod:`.pca`)."""
     tied_head: TiedHead = "joint"
     """A tied embedding: ``shared`` (group 1's basis), ``joint`` (its own, from both uses) or ``untie``."""
+    residual: Residual = "eq34"
+    """Group boundaries: ``eq34`` (Eq. 34: the boundary block writes the next basis, ``W_R`` on its residual
+    branch) or ``input`` (``W_R`` on the whole stream at the next group's input; see :mod:`.fuse`)."""
 
     def check(self) -> None:
         if self.group_size is not None and self.group_size < 1:
@@ -95,19 +114,43 @@ class ProjectionSettings:
             raise SlimkitError(f"ratio (fraction of hidden dimensions removed) must be in [0, 1), got {self.ratio}")
         if self.statistics == "projected" and self.allocation == "variance":
             raise SlimkitError("allocation: variance compares all groups' spectra; it needs statistics: dense")
+        if self.residual not in ("eq34", "input"):
+            raise SlimkitError(f"residual must be 'eq34' (Eq. 34) or 'input' (the whole stream), got {self.residual!r}")
 
 
-def _accumulate_layer(layer, inputs: LayerInputs, accumulator: GramAccumulator) -> list[torch.Tensor]:
-    """Run one layer on ``inputs`` while its two norms' inputs feed ``accumulator``; returns outputs."""
-    hooks = [
-        norm.module.register_forward_pre_hook(lambda _m, args: accumulator.update(args[0]))
-        for norm in (layer.attn_norm, layer.mlp_norm)
-    ]
+def _accumulate_layer(
+    layer, inputs: LayerInputs, accumulator: GramAccumulator, first: bool, output: bool
+) -> list[torch.Tensor]:
+    """Run one layer on ``inputs``; returns its outputs. ``accumulator`` takes the mid-layer stream (the
+    MLP norm's input), the layer's input when ``first`` (the group's input) and its output when ``output``."""
+    norms = (layer.attn_norm, layer.mlp_norm) if first else (layer.mlp_norm,)
+    hooks = [norm.module.register_forward_pre_hook(lambda _m, args: accumulator.update(args[0])) for norm in norms]
     try:
-        return run_layer(layer.module, inputs)
+        outputs = run_layer(layer.module, inputs)
     finally:
         for hook in hooks:
             hook.remove()
+    if output:
+        for hidden in outputs:
+            accumulator.update(hidden)
+    return outputs
+
+
+def _group_statistics(
+    view: ModelView, layers: range, inputs: LayerInputs, accumulator: GramAccumulator, keep_last: bool
+) -> list[torch.Tensor]:
+    """Run a group's layers on ``inputs`` accumulating the streams its basis represents (module docstring);
+    ``keep_last``: whether the group's output is one of them. Returns the group's outputs."""
+    for index in layers:
+        last = index == layers[-1]
+        inputs.hidden = _accumulate_layer(
+            view.layer(index), inputs, accumulator, index == layers[0], keep_last or not last
+        )
+    return inputs.hidden
+
+
+def _keeps_output(settings: ProjectionSettings, g: int, groups: Sequence[range]) -> bool:
+    return settings.residual == "input" or g == len(groups) - 1
 
 
 class _TiedStatistics:
@@ -152,11 +195,9 @@ def _dense_statistics(
         for hidden in inputs.hidden:
             tied.inputs.update(hidden)
     for g, layers in enumerate(groups):
-        for index in layers:
-            inputs.hidden = _accumulate_layer(view.layer(index), inputs, accumulators[g])
-    for hidden in inputs.hidden:
-        accumulators[-1].update(hidden)
-        if tied is not None:
+        inputs.hidden = _group_statistics(view, layers, inputs, accumulators[g], _keeps_output(settings, g, groups))
+    if tied is not None:
+        for hidden in inputs.hidden:
             tied.update_head(hidden)
     return [acc.components(settings.basis) for acc in accumulators], tied
 
@@ -169,7 +210,11 @@ def _projected_pass(
     settings: ProjectionSettings,
 ) -> tuple[list[PrincipalComponents], list[torch.Tensor], _TiedStatistics | None]:
     """Statistics and fusing of the layers group by group, each group calibrated on the projected
-    groups' outputs; the embeddings and the head are left to the caller (:func:`~.fuse.fuse_ends`)."""
+    groups' outputs; the embeddings and the head are left to the caller (:func:`~.fuse.fuse_ends`).
+
+    With ``residual="eq34"`` a group's boundary layer first writes the original coordinates (its
+    output is the next group's calibration stream, before the next basis exists); once that basis is
+    known, :func:`~.fuse.retarget_boundary` points it there."""
     view = ModelView(model)
     d = view.hidden_size
     tied = _tied_statistics(model, settings)
@@ -182,32 +227,39 @@ def _projected_pass(
     compressed: list[torch.Tensor] = []  # the same stream in the previous group's basis
     components: list[PrincipalComponents] = []
     bases: list[torch.Tensor] = []
+    eq34 = settings.residual == "eq34"
+    identity = torch.eye(d, dtype=torch.float64)
     for g, layers in enumerate(groups):
         accumulator = GramAccumulator(d, normalise=settings.normalise)
         inputs = LayerInputs(list(dense_in), kwargs)
-        for index in layers:
-            inputs.hidden = _accumulate_layer(view.layer(index), inputs, accumulator)
-        if g == len(groups) - 1:  # the last group also reads the final norm's input
-            for hidden in inputs.hidden:
-                accumulator.update(hidden)
-                if tied is not None:
-                    tied.update_head(hidden)
+        final = _group_statistics(view, layers, inputs, accumulator, _keeps_output(settings, g, groups))
+        if g == len(groups) - 1 and tied is not None:
+            for hidden in final:
+                tied.update_head(hidden)
         components.append(accumulator.components(settings.basis))
         basis = components[-1].basis(widths[g])
         bases.append(basis)
-        if g == 0:
+        if g == 0 or eq34:  # the group's input, in the original coordinates, in its own basis
             compressed = [(h.double() @ basis).to(h.dtype) for h in dense_in]
+        last = g == len(groups) - 1
         for index in layers:
-            fuse_layer(model, index, basis)
-        if g > 0:
-            fuse_boundary(model, layers[0], bases[g - 1], basis)
-        if g == len(groups) - 1:
+            fuse_layer(model, index, basis, identity if eq34 and not last and index == layers[-1] else None)
+        if g > 0 and eq34:
+            retarget_boundary(model, layers[0], bases[g - 1], basis)
+        elif g > 0:
+            fuse_boundary(model, layers[0], bases[g - 1], basis, "input")
+        if last:
             break
+        if eq34:
+            fuse_boundary(model, layers[-1] + 1, basis, identity, "eq34")
         outputs = LayerInputs(compressed, kwargs)
         for index in layers:
             outputs.hidden = run_layer(ModelView(model).layer(index).module, outputs)
-        compressed = outputs.hidden
-        dense_in = [(h.double() @ basis.T).to(h.dtype) for h in compressed]
+        if eq34:
+            dense_in = outputs.hidden
+        else:
+            compressed = outputs.hidden
+            dense_in = [(h.double() @ basis.T).to(h.dtype) for h in compressed]
     return components, bases, tied
 
 
@@ -249,20 +301,24 @@ def project_hidden_dimension(model: nn.Module, batches: Sequence[torch.Tensor], 
         components, tied = _dense_statistics(model, groups, batches, settings)
         if settings.ratio is None:
             components_rule = components if settings.allocation == "variance" else None
-            widths = widths_for_params(model, groups, settings.keep_params, components_rule, settings.tied_head)
+            widths = widths_for_params(
+                model, groups, settings.keep_params, components_rule, settings.tied_head, settings.residual
+            )
         elif settings.allocation == "variance":
             widths = variance_widths(components, sizes, settings.ratio)
         else:
             widths = uniform_widths(d, len(groups), settings.ratio)
-        expected = projected_param_count(model, groups, widths, settings.tied_head)
+        expected = projected_param_count(model, groups, widths, settings.tied_head, settings.residual)
         bases = [c.basis(k) for c, k in zip(components, widths, strict=True)]
-        fuse_projection(model, groups, bases, _embedding_basis(tied, bases[0]))
+        fuse_projection(model, groups, bases, _embedding_basis(tied, bases[0]), settings.residual)
     else:
         if settings.ratio is None:
-            widths = widths_for_params(model, groups, settings.keep_params, tied_head=settings.tied_head)
+            widths = widths_for_params(
+                model, groups, settings.keep_params, tied_head=settings.tied_head, residual_form=settings.residual
+            )
         else:
             widths = uniform_widths(d, len(groups), settings.ratio)
-        expected = projected_param_count(model, groups, widths, settings.tied_head)
+        expected = projected_param_count(model, groups, widths, settings.tied_head, settings.residual)
         components, bases, tied = _projected_pass(model, groups, widths, batches, settings)
         fuse_ends(model, bases[0], bases[-1], _embedding_basis(tied, bases[0]))
 
@@ -286,6 +342,7 @@ def project_hidden_dimension(model: nn.Module, batches: Sequence[torch.Tensor], 
             "allocation": settings.allocation,
             "basis": settings.basis,
             "statistics": settings.statistics,
+            "residual": settings.residual,
             "normalised_features": settings.normalise,
             "tokens": sum(int(b.numel()) for b in batches),
             "residual_matrices": len(basis_changes(model)),

@@ -1,8 +1,9 @@
 """Slicing kept coordinates of a grouped residual stream: SP3's fusing of trained hidden masks (§3.3, F.1).
 
 After Group PCA (:mod:`.hidden`, :mod:`.fuse`) a pre-norm decoder carries its residual stream in one
-basis per group of consecutive layers, with a residual matrix (:class:`~.adapters.BasisChange`) on
-the input of each group's first layer. A hidden mask per group (the ``stream`` placement of
+basis per group of consecutive layers, with a residual matrix (:class:`~.adapters.BasisChange`) where
+each group starts (on the residual branch of the previous group's last layer, Eq. 34, or on the input
+of the group's first layer). A hidden mask per group (the ``stream`` placement of
 :func:`slimkit.primitives.optim.apply_masks`) zeroes the stream outside the kept coordinates of
 the group; :func:`slice_stream` removes them, which is Eqs. 15–18 restricted to the hidden
 dimension (``Pr`` drops the zero rows and columns). With ``scale`` (a mask's deterministic values),
@@ -15,7 +16,8 @@ Per group ``g`` with kept coordinates ``S_g``:
 * embeddings (token, and position tables): columns ``S_1`` (a tied head follows the embedding);
 * every layer of the group: q/k/v and gate/up (fc1) columns ``S_g``; o and down (fc2) rows ``S_g``
   (and their biases); both norms keep ``S_g``;
-* the residual matrix at the group's start: rows ``S_g``, columns ``S_{g−1}``;
+* the residual matrix at the group's start: rows ``S_g``, columns ``S_{g−1}`` (in Eq. 34's form it
+  sits on the previous layer's residual branch, and that layer's down / fc2 rows keep ``S_g``);
 * the final norm keeps ``S_G``; an untied head keeps columns ``S_G``; the map after the final norm
   of a tied model (its rows are the embedding's coordinates): rows ``S_1``, columns ``S_G``.
 
@@ -39,10 +41,21 @@ from slimkit.primitives.projection.adapters import NAME as BASIS_CHANGE
 from slimkit.primitives.projection.norms import is_rms_norm, linear_param, readers, set_param
 
 
+def _boundary(layer: nn.Module) -> str | None:
+    """The hook of the group boundary matrix ``layer`` carries (``input``, ``branch``) or None."""
+    adapter = layer._modules.get(BASIS_CHANGE)
+    return None if adapter is None else adapter.hook
+
+
 def stream_groups(model: nn.Module) -> list[range]:
-    """The model's layer groups: a new group starts at every layer whose input carries a residual matrix."""
+    """The model's layer groups: a new group starts at every layer whose input carries a residual matrix
+    (``input`` form) or after every layer whose residual branch does (Eq. 34's ``branch`` form)."""
     view = ModelView(model)
-    starts = [0] + [i for i in range(1, view.num_layers) if BASIS_CHANGE in view.layer(i).module._modules]
+    starts = [0] + [
+        i
+        for i in range(1, view.num_layers)
+        if _boundary(view.layer(i).module) == "input" or _boundary(view.layer(i - 1).module) == "branch"
+    ]
     ends = [*starts[1:], view.num_layers]
     return [range(start, end) for start, end in zip(starts, ends, strict=True)]
 
@@ -123,12 +136,14 @@ def slice_stream(model: nn.Module, keep: Sequence[torch.Tensor], scale: Sequence
                 for which in ("attn", "mlp"):
                     for module in readers(layer, which):
                         _columns(module, kept[g])
-                for role in ("o", "down"):
-                    _rows(layer.linear(role), kept[g], scales[g])
+                _rows(layer.linear("o"), kept[g], scales[g])
+                writes = g + 1 if _boundary(layer.module) == "branch" else g  # Eq. 34: the next group's
+                _rows(layer.linear("down"), kept[writes], scales[writes])
                 for norm in (layer.attn_norm, layer.mlp_norm):
                     _norm(norm.module, kept[g])
             if g > 0:
-                adapter = view.layer(group[0]).module._modules[BASIS_CHANGE]
+                host = group[0] if _boundary(view.layer(group[0]).module) == "input" else group[0] - 1
+                adapter = view.layer(host).module._modules[BASIS_CHANGE]
                 weight = adapter.weight.detach()[kept[g]][:, kept[g - 1]]
                 if scales[g] is not None:
                     weight = (weight.double() * scales[g].to(weight.device)[:, None]).to(adapter.weight.dtype)

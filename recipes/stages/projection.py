@@ -24,6 +24,7 @@ Arguments recorded as choices (see the primitives' docstrings for the reasons):
 * ``features``: ``input`` (the raw stream the norms read, as the paper) or ``normalized`` (each
   token divided by its RMS first).
 * ``tokens``: calibration tokens used for the statistics (the paper's T); None: all of them.
+* ``residual``: where a group boundary's matrix sits: ``eq34`` (Eq. 34, default) or ``input``.
 * ``tied_head``: a tied embedding stays tied; ``joint`` gives it its own basis from the PCA of its
   two uses (the first layer's input and the head's input), with a k x k map after the embedding and after
   the final norm; ``shared`` uses the first group's basis (one map, after the final norm);
@@ -63,6 +64,10 @@ class PCAProjectArgs(Strict):
     tied_head: Literal["shared", "joint", "untie"] = "joint"
     """A tied embedding: ``joint`` (own basis from both its uses), ``shared`` (the first group's basis) or
     ``untie`` (copied into the head)."""
+    residual: Literal["eq34", "input"] = "eq34"
+    """Group boundaries: ``eq34`` (Appendix F.1 Eq. 34: the boundary block writes the next group's basis and
+    ``U'ᵀ U`` multiplies its residual branch only) or ``input`` (``W_R`` maps the whole stream at the next
+    group's input, so the boundary block's output is truncated twice; the form before issue 18)."""
 
     @field_validator("group_size")
     @classmethod
@@ -108,6 +113,7 @@ def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
         statistics=args.statistics,
         normalise=args.features == "normalized",
         tied_head=args.tied_head,
+        residual=args.residual,
     )
     with ctx.tracker.task("pca_project", None):
         report = project_hidden_dimension(ctx.model, batches, settings)
