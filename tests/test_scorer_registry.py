@@ -22,7 +22,21 @@ def scored():
     model = tiny_llama()
     batches = [torch.randint(3, 250, (2, 12)) for _ in range(2)]
     stats = {"input_norms": input_norms(model, batches), "gradients": accumulate_gradients(model, batches)}
+    stats["dense_consumers"] = _layer_grams(model, 1, batches)  # the obs scorer reads layer 1's consumer Grams
     return model, stats
+
+
+def _layer_grams(model, index: int, batches) -> dict:
+    from slimkit.primitives.arch import ModelView
+    from slimkit.primitives.reconstruct import gram_hooks
+    from slimkit.recipes.layerwise import DenseConsumer
+
+    layer = ModelView(model).layer(index)
+    consumers = {role: layer.linear(role) for role in ("down", "o")}
+    with gram_hooks(consumers) as grams, torch.no_grad():
+        for batch in batches:
+            model(batch)
+    return {role: DenseConsumer(m.weight.detach().clone(), grams[role].gram) for role, m in consumers.items()}
 
 
 @pytest.mark.parametrize("kind", KINDS)

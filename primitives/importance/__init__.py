@@ -20,6 +20,9 @@ parameter; unit ``u`` of a member gathers the elements at ``member.indices[u]`` 
 * ``coupled`` (CCE Eqs. 2-6, 8): coupled components q_i k_i, v_i o_i and MLP kernels scored through the
   gradient on their product (:mod:`.coupled`); PLATON smoothing for any scorer is in :mod:`.platon`, the
   LoRA-gradient proxy in :mod:`.lora_proxy`.
+* ``obs`` (ZipLM / SlimGPT, one shot): the OBS cost of removing a channel / head alone with the optimal
+  update of its consumer, from the consumer's input Gram (stats ``dense_consumers``; layer-scope stages
+  only; :mod:`.obs`).
 """
 
 from __future__ import annotations
@@ -183,6 +186,10 @@ def score_group(name: str, group: Group, model: nn.Module, stats: Mapping, **arg
 from slimkit.primitives.importance.coupled import COUPLED_KINDS, coupled_scores  # noqa: E402
 
 register_scorer("coupled", needs=("gradients",), kinds=COUPLED_KINDS)(coupled_scores)
+
+from slimkit.primitives.importance.obs import OBS_KINDS, obs_scores  # noqa: E402
+
+register_scorer("obs", needs=("dense_consumers",), kinds=OBS_KINDS)(obs_scores)
 
 from slimkit.primitives.importance.compose import (  # noqa: E402
     Blend,

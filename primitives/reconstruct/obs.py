@@ -174,19 +174,31 @@ def obs_costs(weight: torch.Tensor, hinv: torch.Tensor, groups: Groups) -> torch
 
 
 def _greedy(
-    w: torch.Tensor, hinv: torch.Tensor, groups: list[torch.Tensor], n_remove: int
+    w: torch.Tensor, hinv: torch.Tensor, groups: list[torch.Tensor], n_remove: int, blocks: int = 1
 ) -> tuple[list[int], list[float], torch.Tensor, torch.Tensor]:
-    """The greedy loop; updates float64 ``w`` and ``hinv`` in place (callers pass copies)."""
+    """The greedy loop; updates float64 ``w`` and ``hinv`` in place (callers pass copies).
+
+    With ``blocks > 1`` the groups form ``blocks`` equal consecutive blocks (GQA query heads per KV
+    head) and each block loses ``n_remove / blocks`` of them: every step takes the cheapest group
+    among the blocks that still have removals left."""
     if not 0 <= n_remove <= len(groups):
         raise ValueError(f"n_remove must be in [0, {len(groups)}], got {n_remove}")
+    if blocks < 1 or len(groups) % blocks or n_remove % blocks:
+        raise ValueError(f"{len(groups)} groups / remove {n_remove} do not split evenly over {blocks} blocks")
     buckets = _Buckets(groups, hinv.device)
     active = torch.ones(len(groups), dtype=torch.bool)
+    per_block, size = n_remove // blocks, len(groups) // blocks
+    removed_in = [0] * blocks
     order: list[int] = []
     costs: list[float] = []
     for _ in range(n_remove):
         gid = int(torch.argmin(buckets.costs(w, hinv, active)))
         cost = _remove_(w, hinv, groups[gid].to(hinv.device))
         active[gid] = False
+        block = gid // size
+        removed_in[block] += 1
+        if removed_in[block] == per_block:  # this block's quota is met: its other groups stay
+            active[block * size : (block + 1) * size] = False
         order.append(gid)
         costs.append(cost)
     return order, costs, w, hinv
@@ -238,12 +250,15 @@ def obs_prune(
     *,
     damping: float = DEFAULT_OBS_DAMPING,
     retries: int = 3,
+    blocks: int = 1,
 ) -> ObsPrune:
     """Greedy structured OBS: remove ``n_remove`` of ``groups`` from ``W`` given ``H = Σ_t x_t x_tᵀ``.
 
     Inverts ``H + λI`` (:func:`inverse_hessian`), runs :func:`obs_order`'s greedy loop while updating
     ``W``, then drops the removed columns (embed with
-    :func:`~slimkit.primitives.reconstruct.error.embed_columns` for the zero-filled form)."""
+    :func:`~slimkit.primitives.reconstruct.error.embed_columns` for the zero-filled form). ``blocks > 1``
+    removes ``n_remove / blocks`` groups from each of that many equal consecutive blocks of ``groups``
+    (GQA: the same number of query heads from every KV group)."""
     if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(
             f"expected W (d_out x d_in) and H (d_in x d_in), got {tuple(weight.shape)} and {tuple(hessian.shape)}"
@@ -251,7 +266,7 @@ def obs_prune(
     checked = _check_groups(groups, weight.shape[1])
     hinv, info = inverse_hessian(hessian, damping, retries)
     w = weight.detach().to(device=hinv.device, dtype=torch.float64, copy=True)
-    order, costs, w, _ = _greedy(w, hinv, checked, n_remove)
+    order, costs, w, _ = _greedy(w, hinv, checked, n_remove, blocks)
     keep = torch.ones(weight.shape[1], dtype=torch.bool)
     for gid in order:
         keep[checked[gid]] = False

@@ -32,6 +32,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance.compose import score_groups, spec_smooths
+from slimkit.primitives.importance.obs import OBS_CONSUMERS
 from slimkit.primitives.projection.adapters import basis_change_params
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import (
@@ -139,6 +140,13 @@ def _touches(args: PruneArgs) -> frozenset[str]:
     return roles_of(args.groups)
 
 
+def _layer_grams(args: PruneArgs) -> frozenset[str]:
+    """Consumer Grams (down for channels, o for heads) for a scorer that reads them (``obs``)."""
+    if "dense_consumers" not in args.needs():
+        return frozenset()
+    return frozenset(OBS_CONSUMERS[k] for k in args.groups if k in OBS_CONSUMERS)
+
+
 @register_stage(
     "prune",
     args=PruneArgs,
@@ -150,6 +158,8 @@ def _touches(args: PruneArgs) -> frozenset[str]:
 )
 def prune(ctx: Context, args: PruneArgs) -> None:
     """Score coupling groups on the model and remove the least important units to meet the target."""
+    if "dense_consumers" in args.needs():
+        raise SlimkitError(f"prune: scorer {args.scorer_name()} needs per-layer Grams; use prune_layer (in sequential)")
     view = ctx.view
     if "hidden_feature" in args.groups and basis_change_params(ctx.model):
         raise SlimkitError(
@@ -214,6 +224,7 @@ def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
     budget=_budget,
     plan=planned_layer_removal,
     touches=_touches,
+    layer_grams=_layer_grams,
 )
 def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dict) -> None:
     """Score and remove units of one layer (inside `sequential`, with that layer's statistics)."""

@@ -1,0 +1,52 @@
+"""OBS saliency of MLP channels and attention heads (ZipLM / SlimGPT's structured OBS, one shot).
+
+The score of a unit is the increase of its consumer's layer-wise loss ``||W X − W' X||²`` when that unit
+alone is removed and the other columns receive the optimal OBS update:
+``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` with ``H = G + λI`` (:func:`slimkit.primitives.reconstruct.obs_costs`).
+The consumer is ``down_proj`` for ``mlp_channel`` (one column per channel) and ``o_proj`` for
+``attention_head`` (``head_dim`` columns per head); ``G`` is the Gram of its dense inputs.
+
+Statistics: ``stats["dense_consumers"][role]`` (``.gram``, by role ``down`` / ``o``), which the layer-wise
+pass captures for layer-scope stages that declare the role's Gram (``prune_layer`` does when its scorer
+reads ``dense_consumers``). A model-scope stage has no per-layer Grams, so ``prune`` refuses this scorer.
+Choices: damping fixed at OBS's 0.01 (:data:`~slimkit.primitives.reconstruct.DEFAULT_OBS_DAMPING`);
+the weight scored is the consumer as it is now (its shape must match the Gram). This is the one-shot
+score: choosing by it and then refitting is not the greedy OBS of ``obs_prune_layer``, which rescores
+after every removal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import Group
+
+OBS_CONSUMERS: dict[str, str] = {"mlp_channel": "down", "attention_head": "o"}
+"""The role whose input columns a kind's units are (its Gram is the OBS Hessian)."""
+OBS_KINDS: tuple[str, ...] = tuple(OBS_CONSUMERS)
+
+
+def obs_scores(group: Group, model: nn.Module, stats: Mapping, **_) -> torch.Tensor:
+    """One-shot OBS cost of removing each unit alone, with the optimal update of its consumer."""
+    from slimkit.primitives.reconstruct import DEFAULT_OBS_DAMPING, inverse_hessian, obs_costs
+
+    role = OBS_CONSUMERS[group.kind]
+    consumers = stats["dense_consumers"]
+    if role not in consumers:
+        raise SlimkitError(f"scorer obs: layer {group.layer} has no {role} Gram (have: {', '.join(sorted(consumers))})")
+    member = next((m for m in group.members if m.param == "weight" and m.dim == 1), None)
+    if member is None:
+        raise SlimkitError(f"scorer obs: layer {group.layer} {group.kind} has no consumer columns")
+    weight = member.tensor(model).detach()
+    gram = consumers[role].gram
+    if gram.shape != (weight.shape[1], weight.shape[1]):
+        raise SlimkitError(
+            f"scorer obs: layer {group.layer} {role} has {weight.shape[1]} inputs, its Gram {gram.shape[0]} "
+            "(a stage changed it after the statistics pass)"
+        )
+    hinv, _info = inverse_hessian(gram, DEFAULT_OBS_DAMPING)
+    return obs_costs(weight, hinv, list(member.indices)).float()

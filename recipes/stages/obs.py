@@ -1,0 +1,216 @@
+"""OBS structured pruning stage: choose and remove units by greedy optimal brain surgeon (issue #17).
+
+``obs_prune_layer`` (layer scope, inside ``sequential``) removes MLP channels and attention heads of one
+layer the way ZipLM / SlimGPT do: the units are the input column groups of their *consumer*
+(``down_proj``: one column per channel; ``o_proj``: ``head_dim`` columns per head), and with
+``H = G + λI`` (``G`` the Gram of the consumer's dense inputs on the calibration tokens, captured by the
+block's statistics pass; ``λ = damping · mean(diag G)``) the stage repeatedly removes the group whose
+removal, with the optimal update of the remaining columns, raises ``||W X − W' X||²`` least, updates
+``W`` and ``H⁻¹``, and repeats (:func:`slimkit.primitives.reconstruct.obs_prune`). Selection and the
+refit of the consumer are one computation; the producers (gate/up rows, q rows, and k/v rows when a head
+owns them) are then sliced by the same surgery ``prune_layer`` uses
+(:func:`slimkit.primitives.surgery.remove_units`), and the consumer gets the OBS-updated kept columns.
+
+Choices recorded here:
+
+* Budget: the same as ``prune_layer`` (its :func:`~slimkit.recipes.stages.prune.layer_fraction`, called
+  with this stage's arguments): an explicit ``ratio``, ``ratio_rule: solve`` (the fraction whose plan
+  removes what is left of the target, solved once per block on the shapes when the block started) or
+  ``ratio_rule: layer`` (LoRAP's layer ratio). Kept counts and their rounding (``round_to``, ``min_keep``,
+  GQA multiples) come from :func:`~slimkit.primitives.select.plan.kept_counts` and are validated before
+  any weight changes. Every eligible layer loses the same fraction (uniform), as in ``prune_layer``.
+* GQA: query heads must stay even per KV group (as ``prune_layer``'s selection keeps them), so each KV
+  group loses the same number of heads: the greedy step takes the cheapest head among the KV groups
+  whose quota is not yet met (``obs_prune``'s ``blocks``). Without GQA a head owns its k/v rows.
+* The greedy OBS runs on the consumer as the statistics pass saw it; a consumer another stage of the
+  block already changed (narrower, different values, a low-rank pair) is refused in one line: put
+  ``obs_prune_layer`` first in the block.
+* ``damping`` defaults to OBS's 0.01 and must be positive: OBS needs ``H⁻¹``. It pulls the update
+  towards the dense weight (``+ λ||W' − W||²``), not towards zero. At ``damping → 0`` the update equals
+  the plain least-squares refit on the kept columns (``reconstruct`` with ``toward: zero``).
+* The report gives, per role and layer, the removed units in removal order, the relative output error
+  ``tr(ΔW G ΔWᵀ) / tr(W G Wᵀ)`` with the OBS update (``error``) and of the same removal without it
+  (``error_unrefit``), and how ``H⁻¹`` was computed.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from slimkit.primitives.arch import LayerView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.reconstruct import DEFAULT_OBS_DAMPING, embed_columns, obs_prune, output_error
+from slimkit.primitives.select import eligible_layers
+from slimkit.primitives.select.plan import SelectionRules, check_shapes, kept_counts, validate_counts
+from slimkit.primitives.surgery import remove_units
+from slimkit.recipes.context import Context
+from slimkit.recipes.registry import BudgetMode, register_stage
+from slimkit.recipes.schema import Strict
+from slimkit.recipes.stages.prune import layer_fraction, planned_layer_removal
+from slimkit.recipes.stages.scoring import roles_of
+
+ObsKind = Literal["mlp_channel", "attention_head"]
+CONSUMER: dict[str, str] = {"mlp_channel": "down", "attention_head": "o"}
+"""The projection that reads each kind's units (its input columns are the OBS groups)."""
+
+
+class ObsPruneLayerArgs(Strict):
+    groups: list[ObsKind] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
+    """Units to prune: mlp_channel (consumer down_proj) and/or attention_head (consumer o_proj; GQA: the
+    same number of query heads from every KV group)."""
+    damping: float = Field(DEFAULT_OBS_DAMPING, gt=0.0, allow_inf_nan=False)
+    """OBS Hessian damping as a fraction of mean(diag(G)) (ZipLM / SparseGPT percdamp 0.01); > 0."""
+    ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
+    """Fraction of units removed from every group; None: set by ratio_rule from the recipe target."""
+    ratio_rule: Literal["solve", "layer"] = "solve"
+    """With ratio None: solve (remove what is left of the target) or layer (LoRAP's Ratio_l), as prune_layer."""
+    skip_first: int = Field(0, ge=0)
+    """Leave the first this many decoder layers dense."""
+    skip_last: int = Field(0, ge=0)
+    """Leave the last this many decoder layers dense."""
+    round_to: dict[ObsKind, int] = Field(default_factory=dict)
+    """Kept units of a kind rounded to a multiple (e.g. {mlp_channel: 8})."""
+    min_keep: int = Field(1, ge=1)
+    """Fewest units any group keeps."""
+
+    @model_validator(mode="after")
+    def _compatible(self) -> ObsPruneLayerArgs:
+        if len(set(self.groups)) != len(self.groups):
+            raise ValueError(f"groups: each kind once (got {', '.join(self.groups)})")
+        if any(v < 1 for v in self.round_to.values()):
+            raise ValueError("round_to: multiples must be >= 1")
+        return self
+
+    def rules(self) -> SelectionRules:
+        """prune_layer's selection rules (uniform, no protected units)."""
+        return SelectionRules("uniform", dict(self.round_to), self.min_keep, 0.0)
+
+    def budget_mode(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else self.ratio_rule
+
+
+def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch.Tensor:
+    """``[units, per_unit]`` input columns of ``module`` (the consumer) that the group's units occupy."""
+    for member in group.members:
+        if member.param == "weight" and member.dim == 1 and model.get_submodule(member.module) is module:
+            return member.indices
+    raise SlimkitError(f"obs_prune_layer: layer {group.layer} {group.kind} has no input columns of its consumer")
+
+
+def _consumer(layer: LayerView, kind: str, stats: dict) -> nn.Linear:
+    """The consumer of ``kind`` in ``layer``, checked to be the plain dense projection the statistics saw."""
+    role = CONSUMER[kind]
+    module = layer.linear(role)
+    snapshot = stats["dense_consumers"][role]
+    weight = getattr(module, "weight", None)
+    if (
+        not isinstance(module, nn.Linear)
+        or weight is None
+        or weight.shape != snapshot.weight.shape
+        or not torch.equal(weight.detach(), snapshot.weight.to(weight.device))
+    ):
+        raise SlimkitError(
+            f"obs_prune_layer: layer {layer.index} {role} was changed by an earlier stage of the block; "
+            "OBS needs the dense consumer, so put obs_prune_layer first in its sequential block"
+        )
+    return module
+
+
+def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats: dict, damping: float) -> dict:
+    """Greedy OBS on the group's consumer, then remove the chosen units and write the updated consumer."""
+    role = CONSUMER[group.kind]
+    module = _consumer(layer, group.kind, stats)
+    snapshot = stats["dense_consumers"][role]
+    columns = consumer_columns(group, module, ctx.model)
+    width = snapshot.weight.shape[1]
+    result = obs_prune(
+        snapshot.weight,
+        snapshot.gram,
+        list(columns),
+        group.size - kept,
+        damping=damping,
+        blocks=group.extra.get("kv_groups", 1),
+    )
+    unrefit = embed_columns(
+        snapshot.weight[:, result.kept_columns.to(snapshot.weight.device)], result.kept_columns, width
+    )
+    error_unrefit = output_error(snapshot.weight, unrefit, snapshot.gram, relative=True)
+    error = output_error(snapshot.weight, embed_columns(result.weight, result.kept_columns, width), snapshot.gram, True)
+    remove_units(ctx.model, group, torch.tensor(result.kept_groups, dtype=torch.long))
+    target = layer.linear(role)
+    if target.weight.shape != result.weight.shape:  # surgery and OBS must agree on the kept columns
+        raise SlimkitError(
+            f"obs_prune_layer: layer {layer.index} {role} has shape {tuple(target.weight.shape)} after surgery, "
+            f"OBS kept {tuple(result.weight.shape)}"
+        )
+    with torch.no_grad():
+        target.weight.copy_(result.weight.to(device=target.weight.device, dtype=target.weight.dtype))
+    return {
+        "kept": kept,
+        "of": group.size,
+        "removed": result.removed_groups,
+        "error": error,
+        "error_unrefit": error_unrefit,
+        "damping": result.info.damping,
+        "method": result.info.method,
+    }
+
+
+def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: float) -> dict:
+    """The block's report entry (one per block, updated layer by layer)."""
+    key = f"obs_prune_layer:{'+'.join(args.groups)}:report"
+    if key not in ctx.block_cache:
+        entry = {"unit_fraction": fraction, "groups": list(args.groups), "damping": args.damping, "roles": {}}
+        ctx.block_cache[key] = ctx.report_stage("obs_prune_layer", {**entry, "layers": {}})
+    return ctx.stage_report[ctx.block_cache[key]]
+
+
+def _layer_grams(args: ObsPruneLayerArgs) -> frozenset[str]:
+    return frozenset(CONSUMER[kind] for kind in args.groups)
+
+
+@register_stage(
+    "obs_prune_layer",
+    args=ObsPruneLayerArgs,
+    scope="layer",
+    needs_calibration=lambda _args: True,
+    paper="ZipLM (Kurtic et al. 2023) Eqs. 2-3 / SlimGPT (Ling et al. 2024): greedy structured OBS, layer by layer",
+    budget=lambda args: args.budget_mode(),
+    plan=planned_layer_removal,
+    touches=lambda args: roles_of(args.groups),
+    layer_grams=_layer_grams,
+)
+def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, stats: dict) -> None:
+    """Choose and remove one layer's MLP channels / heads by greedy OBS, updating down_proj / o_proj."""
+    if "dense_consumers" not in stats:
+        raise SlimkitError("obs_prune_layer needs the layer's calibration statistics (run it inside sequential)")
+    if layer.index not in eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last):
+        return
+    key = f"obs_prune_layer:{'+'.join(args.groups)}"
+    if key not in ctx.block_cache:  # solved once per block, on the shapes the block started with
+        ctx.block_cache[key] = layer_fraction(ctx, args)  # prune_layer's budget, with these args' rules
+    fraction = ctx.block_cache[key]
+    groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
+    rules = args.rules()
+    check_shapes(groups, rules)
+    counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, rules)
+    validate_counts(groups, counts, fraction, rules)
+    for group in groups:  # every consumer is checked before any weight changes
+        _consumer(layer, group.kind, stats)
+    entry = _report(ctx, args, fraction)
+    for group, kept in zip(groups, counts, strict=True):
+        role = CONSUMER[group.kind]
+        entry["layers"].setdefault(role, {})[str(layer.index)] = _prune_group(
+            ctx, layer, group, kept, stats, args.damping
+        )
+    for role, per_layer in entry["layers"].items():
+        entry["roles"][role] = {
+            "layers": len(per_layer),
+            "mean_error": sum(r["error"] for r in per_layer.values()) / len(per_layer),
+            "mean_error_unrefit": sum(r["error_unrefit"] for r in per_layer.values()) / len(per_layer),
+        }
