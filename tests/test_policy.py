@@ -25,6 +25,8 @@ from slimkit.primitives.optim import (
     sequential_log_prob,
     train_policy,
 )
+from slimkit.primitives.optim.policy import RETURNS, UPDATES
+from slimkit.primitives.spectrum import ks_distance
 from slimkit.primitives.surgery.units import remove_units
 
 
@@ -103,11 +105,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_reinforce_learns_to_keep_the_row_that_lowers_the_penalty(one_thread):
+@pytest.mark.parametrize(("returns", "update"), [("to_go", "episode"), ("own", "episode"), ("own", "layer")])
+def test_reinforce_learns_to_keep_the_row_that_lowers_the_penalty(one_thread, returns, update):
     weights = _toy_weights()
     start = PruneNetPolicy(8, 1, generator=torch.Generator().manual_seed(0))
     before_importance, before_rate = float(start(weights[0])[0].detach()), _keep_rate(start, weights[0])
-    policy, report = train_policy(weights, 0.5, episodes=200, lr=0.05, seed=0, returns="to_go")
+    policy, report = train_policy(weights, 0.5, episodes=200, lr=0.05, seed=0, returns=returns, update=update)
     after_importance, after_rate = float(policy(weights[0])[0].detach()), _keep_rate(policy, weights[0])
     assert after_importance > before_importance + 0.3
     # The other rows' W̃ stays ~ε (their W_imp is pinned at 0.5 here), so even W_imp -> 1 keeps
@@ -116,12 +119,81 @@ def test_reinforce_learns_to_keep_the_row_that_lowers_the_penalty(one_thread):
     assert len(report.episode_penalty) == 200 and set(report.layer_penalty[0]) <= {0.0, 1.0}
 
 
+def test_returns_of_three_layers_by_hand():
+    # Three layers whose kept spectra have KS distances 1/4, 1/2 and 1 to the full ones (Eq. 6).
+    full = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    penalties = [
+        ks_distance(full, torch.tensor([1.0, 2.0, 3.0, 5.0])),  # F differs only on [4, 5): 1/4
+        ks_distance(full, torch.tensor([1.0, 2.0, 5.0, 6.0])),  # on [4, 5): 1 - 2/4
+        ks_distance(full, torch.tensor([5.0, 6.0, 7.0, 8.0])),  # disjoint: 1
+    ]
+    assert penalties == [0.25, 0.5, 1.0]
+    gamma = 0.5
+    # Eq. 7 / Algorithm 1 line 19 as printed: G_l = Σ_k γ^k D_{l+k+1}; nothing of the layer's own D.
+    assert discounted_penalties(penalties, gamma, "future") == [0.5 + 0.5 * 1.0, 1.0, 0.0]
+    # The released code's _discount_rewards: G_l = γ^l D_l, l from 0.
+    assert discounted_penalties(penalties, gamma, "own") == [0.25, 0.5 * 0.5, 0.25 * 1.0]
+    # Reward-to-go: G_l = Σ_k γ^k D_{l+k}.
+    assert discounted_penalties(penalties, gamma, "to_go") == [0.25 + 0.5 * 0.5 + 0.25 * 1.0, 0.5 + 0.5, 1.0]
+    assert discounted_penalties(penalties, 1.0, "own") == penalties
+    with pytest.raises(SlimkitError, match="returns 'eq7'"):
+        discounted_penalties(penalties, gamma, "eq7")
+
+
 def test_paper_returns_exclude_the_own_penalty(one_thread):
     # Eq. 7: G_l = Σ_k γ^k D_{l+k+1}; the last layer's G is 0, so one layer gives no signal at all.
     assert discounted_penalties([1.0, 2.0, 3.0], 0.5) == [2.0 + 0.5 * 3.0, 3.0, 0.0]
     assert discounted_penalties([1.0, 2.0, 3.0], 0.5, "to_go") == [1.0 + 0.5 * 2.0 + 0.25 * 3.0, 2.0 + 1.5, 3.0]
-    _, report = train_policy(_toy_weights(layers=1), 0.5, episodes=3, returns="future")
-    assert report.loss == [0.0, 0.0, 0.0]
+    for update in UPDATES:
+        _, report = train_policy(_toy_weights(layers=1), 0.5, episodes=3, returns="future", update=update)
+        assert report.loss == [0.0, 0.0, 0.0]
+
+
+class _CountSteps:
+    """Counts ``AdamW.step`` calls (and still takes them)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        step = torch.optim.AdamW.step
+
+        def counted(optimizer, *args, **kwargs):
+            self.calls += 1
+            return step(optimizer, *args, **kwargs)
+
+        monkeypatch.setattr(torch.optim.AdamW, "step", counted)
+
+
+@pytest.mark.parametrize(("update", "steps"), [("episode", 2), ("layer", 2 * 3)])
+def test_update_granularity_counts_optimizer_steps(monkeypatch, update, steps):
+    counter = _CountSteps(monkeypatch)
+    weights = [torch.randn(12, 5, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    _, report = train_policy(weights, 0.25, episodes=2, seed=0, returns="own", update=update)
+    assert counter.calls == steps and report.optimizer_steps == steps
+    assert report.options["update"] == update and report.options["returns"] == "own"
+
+
+def test_layer_update_scores_each_layer_after_the_previous_step():
+    # One layer: the per-layer step is the episode step, so both updates give the same policy.
+    weights = [torch.randn(12, 5, generator=torch.Generator().manual_seed(0))]
+    a, ra = train_policy(weights, 0.25, episodes=3, seed=4, returns="own", update="episode")
+    b, rb = train_policy(weights, 0.25, episodes=3, seed=4, returns="own", update="layer")
+    assert ra.layer_penalty == rb.layer_penalty
+    torch.testing.assert_close(a.w_inter, b.w_inter)
+    torch.testing.assert_close(ra.loss, rb.loss)
+    # Two layers: two AdamW steps (one per layer's term) are not one step on their sum.
+    two = [*weights, torch.randn(12, 5, generator=torch.Generator().manual_seed(1))]
+    c, _ = train_policy(two, 0.25, episodes=1, seed=4, returns="own", update="episode")
+    d, _ = train_policy(two, 0.25, episodes=1, seed=4, returns="own", update="layer")
+    assert not torch.allclose(c.w_inter, d.w_inter)
+
+
+def test_log_prob_scores_a_draw_again():
+    policy = PruneNetPolicy(20, 6, generator=torch.Generator().manual_seed(0))
+    weight = torch.randn(20, 6)
+    order, log_prob, eps = policy.sample_with_noise(weight, 7, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(policy.log_prob(weight, order, eps), log_prob)
+    again, again_log_prob = policy.sample(weight, 7, torch.Generator().manual_seed(1))
+    assert torch.equal(again, order) and torch.equal(again_log_prob, log_prob)
 
 
 def test_training_is_deterministic_for_a_seed(llama):
@@ -154,6 +226,10 @@ def test_input_errors():
         train_policy([torch.randn(8, 4)], 1.0, episodes=1)
     with pytest.raises(SlimkitError, match="distance"):
         train_policy([torch.randn(8, 4)], 0.2, episodes=1, distance="wasserstein")
+    with pytest.raises(SlimkitError, match=f"returns 'reward'; allowed: {', '.join(RETURNS)}"):
+        train_policy([torch.randn(8, 4)], 0.2, episodes=1, returns="reward")
+    with pytest.raises(SlimkitError, match=f"update 'step'; allowed: {', '.join(UPDATES)}"):
+        train_policy([torch.randn(8, 4)], 0.2, episodes=1, update="step")
     policy = PruneNetPolicy(8, 4)
     with pytest.raises(SlimkitError, match="8x4"):
         policy_keep_indices(policy, torch.randn(9, 4), 0.2)

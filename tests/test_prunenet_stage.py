@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import slimkit
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
 from tests.test_recipes import tiny_recipe
@@ -43,3 +45,39 @@ def test_prunenet_ablations_run(tmp_path, tiny_llama_dir, selection):
     report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
     ratios = report["stages"]["prunenet"]["layer_ratios"]
     assert sum(ratios) / len(ratios) == pytest.approx(0.25) and ratios[0] > ratios[-1]
+
+
+def _run(tmp_path, tiny_llama_dir, name: str, seed: int, **args) -> tuple[dict, dict]:
+    raw = prunenet_recipe(tiny_llama_dir, 0.25, **args)
+    raw["seed"] = seed
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / name, run_eval=False)
+    model, _ = slimkit.load(tmp_path / name / "model")
+    return report, {name: p.detach().clone() for name, p in model.named_parameters() if "up_proj" in name}
+
+
+@pytest.mark.parametrize("selection", ["policy", "random"])
+def test_seed_drives_training_and_selection(tmp_path, tiny_llama_dir, selection):
+    first, kept_first = _run(tmp_path, tiny_llama_dir, "a", 0, selection=selection)
+    again, kept_again = _run(tmp_path, tiny_llama_dir, "b", 0, selection=selection)
+    other, kept_other = _run(tmp_path, tiny_llama_dir, "c", 1, selection=selection)
+    assert all(torch.equal(kept_first[k], kept_again[k]) for k in kept_first)
+    assert not all(torch.equal(kept_first[k], kept_other[k]) for k in kept_first)
+    if selection == "policy":
+        penalties = [r["stages"]["prunenet"]["policy"]["episode_penalty"] for r in (first, again, other)]
+        assert penalties[0] == penalties[1] != penalties[2]
+        assert first["stages"]["prunenet"]["policy"]["seed"] == 0 and other["stages"]["prunenet"]["policy"]["seed"] == 1
+
+
+@pytest.mark.parametrize(("returns", "update", "steps"), [("own", "layer", 2 * 3), ("future", "episode", 2)])
+def test_return_and_update_options_reach_the_policy(tmp_path, tiny_llama_dir, returns, update, steps):
+    raw = prunenet_recipe(tiny_llama_dir, 0.25, returns=returns, update=update)
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    policy = report["stages"]["prunenet"]["policy"]
+    assert (policy["returns"], policy["update"], policy["optimizer_steps"]) == (returns, update, steps)
+
+
+def test_bad_return_or_update_is_refused(tiny_llama_dir):
+    for field, value in (("returns", "eq7"), ("update", "batch")):
+        raw = prunenet_recipe(tiny_llama_dir, 0.25, **{field: value})
+        with pytest.raises(SlimkitError, match=field):
+            validate(raw, "tiny")

@@ -39,17 +39,30 @@ Readings of the paper (where it is ambiguous, what is done here and why)
   function gives an unbiased REINFORCE gradient. The gradient flows through ``W̃`` into
   ``W_imp`` with ``ε`` held fixed (it does not depend on the parameters). The released code uses
   ``Σ_{i∈S} log W̃_i`` (unnormalised, no without-replacement terms) instead.
-* **Discounted future penalty, Eq. 7 / Algorithm 1 line 19.** ``G_l = Σ_{k≥0} γ^k D_{l+k+1}``, with
-  ``D_j = 0`` past the last layer, so ``G_l = D_{l+1} + γ G_{l+1}`` and ``G_L = 0``. This is the
-  default (``returns="future"``) because the paper writes it twice. Note what it implies: the
-  layers' actions are sampled independently and layer ``l``'s action changes no other layer's
-  state or penalty, so ``G_l`` is independent of ``S_l`` and ``E[∇ log P(S_l|W_l) · G_l] = 0``: the
-  expected update is zero and training is a random walk. ``returns="to_go"`` uses the usual
-  reward-to-go ``G_l = Σ_k γ^k D_{l+k}`` (own penalty included), which does carry the signal.
-* **Update.** ``loss = Σ_l log P(S_l|W_l) · G_l`` (Algorithm 1 line 22; descending it lowers the
-  expected penalty), one AdamW step per episode after all layers are sampled. The optional
-  baseline subtracts from ``G_l`` the mean of ``G_l`` over the previous episodes (per layer, so it
-  does not depend on the current action; nothing is subtracted in the first episode).
+* **Return G_l (``returns``).** Three readings, because the paper and the released code disagree:
+
+  - ``future``: Eq. 7 and Algorithm 1 line 19 as printed, the discounted *future* penalty
+    ``G_l = Σ_{k≥0} γ^k D_{l+k+1}``, with ``D_j = 0`` past the last layer, so ``G_l = D_{l+1} + γ G_{l+1}``
+    and ``G_L = 0``. The layers' actions are sampled independently and layer ``l``'s action changes
+    no other layer's state or penalty, so ``G_l`` is independent of ``S_l`` and
+    ``E[∇ log P(S_l|W_l) · G_l] = 0``: the expected update is zero and training is a random walk.
+  - ``own``: Algorithm 1 lines 17–18 define ``D_l`` as layer ``l``'s own KS distance, and the
+    authors' released code (LCS2-IIITD/PruneNet, ``experiments/prunenet_utils.py``,
+    ``_discount_rewards``) weights each layer by its own reward only: ``γ^i · reward_i`` with ``i``
+    the 0-based layer index. Here ``G_l = γ^l D_l`` (``l`` 0-based). The code's reward is ``1/KS``,
+    maximised; the paper's penalty ``D = KS`` (Eq. 6: "the distance measure as the penalty to
+    minimize") is kept, which orders actions the same way (a smaller ``D`` is a larger ``1/D``) but
+    scales the signal differently (``1/KS`` weights layers with small ``D`` more).
+  - ``to_go``: the usual reward-to-go ``G_l = Σ_{k≥0} γ^k D_{l+k}`` (own penalty plus Eq. 7's future
+    ones); the future terms add variance but, as above, no expected signal.
+* **Update (``update``).** ``episode``: ``loss = Σ_l log P(S_l|W_l) · G_l`` (Algorithm 1 line 22;
+  descending it lowers the expected penalty), one AdamW step per episode after all layers are
+  sampled. ``layer``: what the released code does (``_training``): all layers are sampled first,
+  then one AdamW step per layer on ``log P(S_l|W_l) · G_l``, in layer order; each layer's
+  ``log P`` is recomputed with the parameters as the previous layers' steps left them, with the
+  episode's sampling noise ``ε`` and drawn order held fixed (the released code redraws ``ε`` there).
+  The optional baseline subtracts from ``G_l`` the mean of ``G_l`` over the previous episodes (per
+  layer, so it does not depend on the current action; nothing is subtracted in the first episode).
 * **Spectrum.** ``torch.linalg.svdvals`` gives ``min(n, d)`` singular values for both ``W`` and
   ``W[S]`` (the released code does the same); the spectrum of the full ``W`` is computed once.
 * **FFN2 (Table 19).** The policy takes whatever ``n×d`` matrix it is given with rows = channels;
@@ -81,8 +94,10 @@ from slimkit.primitives.spectrum import DISTANCES, singular_values
 
 Selection = Literal["policy", "random", "deterministic"]
 SELECTIONS: tuple[str, ...] = ("policy", "random", "deterministic")
-Returns = Literal["future", "to_go"]
-RETURNS: tuple[str, ...] = ("future", "to_go")
+Returns = Literal["future", "own", "to_go"]
+RETURNS: tuple[str, ...] = ("future", "own", "to_go")
+Update = Literal["episode", "layer"]
+UPDATES: tuple[str, ...] = ("episode", "layer")
 SCHEDULES: tuple[str, ...] = ("uniform", "linear")
 MAX_RATIO = 0.95
 _EPS_CLAMP = 1e-6
@@ -122,6 +137,12 @@ def sequential_log_prob(log_p: torch.Tensor, order: torch.Tensor) -> torch.Tenso
         rest = log_p.new_tensor(float("-inf"))
     remaining = torch.logaddexp(torch.logcumsumexp(chosen.flip(0), dim=0).flip(0), rest)
     return (chosen - remaining).sum()
+
+
+def _event_log_probs(logits: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """``log p`` with ``p = W̃ / Σ W̃`` and ``W̃`` from Eq. 4 (in log space, footnote 5's normalisation)."""
+    log_w_tilde = F.logsigmoid(torch.logit(eps.clamp(_EPS_CLAMP, 1.0 - _EPS_CLAMP)) + logits)
+    return log_w_tilde - torch.logsumexp(log_w_tilde, dim=0)
 
 
 class PruneNetPolicy(nn.Module):
@@ -179,17 +200,32 @@ class PruneNetPolicy(nn.Module):
 
         ``order`` is in draw order (unsorted); the log-probability carries gradients to the parameters.
         """
+        order, log_prob, _eps = self.sample_with_noise(weight, count, generator, logits)
+        return order, log_prob
+
+    def sample_with_noise(
+        self,
+        weight: torch.Tensor,
+        count: int,
+        generator: torch.Generator | None = None,
+        logits: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`sample`, also returning Eq. 4's noise ``ε`` so :meth:`log_prob` can score the draw again."""
         logits = self.logits(weight) if logits is None else logits
         n = logits.numel()
         if not 0 < count <= n:
             raise SlimkitError(f"cannot keep {count} of {n} rows")
         eps = torch.rand(n, generator=generator, dtype=torch.float64).to(logits.device, logits.dtype)
-        log_w_tilde = F.logsigmoid(torch.logit(eps.clamp(_EPS_CLAMP, 1.0 - _EPS_CLAMP)) + logits)  # log W̃, Eq. 4
-        log_p = log_w_tilde - torch.logsumexp(log_w_tilde, dim=0)  # normalised event probabilities
+        log_p = _event_log_probs(logits, eps)
         uniform = torch.rand(n, generator=generator, dtype=torch.float64).clamp(1e-12, 1.0 - 1e-12)
         gumbel = (-torch.log(-torch.log(uniform))).to(logits.device)
         order = torch.topk(log_p.detach().to(torch.float64) + gumbel, count, sorted=True).indices
-        return order, sequential_log_prob(log_p, order)
+        return order, sequential_log_prob(log_p, order), eps
+
+    def log_prob(self, weight: torch.Tensor, order: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """``log P(order)`` under the current parameters for Eq. 4's noise ``eps`` (from :meth:`sample_with_noise`)."""
+        logits = self.logits(weight)
+        return sequential_log_prob(_event_log_probs(logits, eps.to(logits.device, logits.dtype)), order)
 
     def select(
         self,
@@ -229,12 +265,16 @@ def policy_keep_indices(
 
 
 def discounted_penalties(penalties: Sequence[float], gamma: float, returns: Returns = "future") -> list[float]:
-    """``G_l`` from per-layer penalties ``D_1..D_L``.
+    """``G_l`` from per-layer penalties ``D_1..D_L`` (the readings are in the module docstring).
 
-    ``future`` (Eq. 7, Algorithm 1 line 19): ``G_l = Σ_{k≥0} γ^k D_{l+k+1}``, ``D`` past the last
-    layer being 0, so the last layer's ``G`` is 0. ``to_go``: ``G_l = Σ_{k≥0} γ^k D_{l+k}``.
+    ``future`` (Eq. 7, Algorithm 1 line 19 as printed): ``G_l = Σ_{k≥0} γ^k D_{l+k+1}``, ``D`` past
+    the last layer being 0, so the last layer's ``G`` is 0. ``own`` (the released code's
+    ``_discount_rewards``): ``G_l = γ^l D_l`` with ``l`` counted from 0. ``to_go``:
+    ``G_l = Σ_{k≥0} γ^k D_{l+k}``.
     """
     _check_choice(returns, RETURNS, "returns")
+    if returns == "own":
+        return [gamma**layer * float(d) for layer, d in enumerate(penalties)]
     out = [0.0] * len(penalties)
     running = 0.0
     for layer in range(len(penalties) - 1, -1, -1):
@@ -305,6 +345,8 @@ class PolicyReport:
     """Rows kept per layer."""
     episode_seconds: list[float] = field(default_factory=list)
     """Wall time of each episode (sampling, spectra, update)."""
+    optimizer_steps: int = 0
+    """AdamW steps taken: one per episode (``update="episode"``) or one per layer per episode (``"layer"``)."""
     seconds: float = 0.0
     """Wall time of the whole run, including the reference spectra."""
     options: dict = field(default_factory=dict)
@@ -319,6 +361,26 @@ def _layer_ratio_list(ratio: float | Sequence[float], layers: int) -> list[float
     return ratios
 
 
+def _step(
+    policy: PruneNetPolicy, optimizer: torch.optim.Optimizer, loss: torch.Tensor, episode: int, lr: float
+) -> None:
+    """One AdamW step on ``loss``; a non-finite loss or parameter fails loudly (lower the learning rate)."""
+    if not math.isfinite(float(loss.detach())):
+        raise SlimkitError(
+            f"prunenet policy training diverged at episode {episode + 1}: loss {float(loss.detach())}; "
+            f"lower learning_rate (got {lr:g})"
+        )
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    bad = [name for name, p in policy.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    if bad:  # checked after every update: the next sampling cannot use a NaN policy
+        raise SlimkitError(
+            f"prunenet policy training diverged at episode {episode + 1}: {len(bad)} policy tensors hold "
+            f"NaN/inf after the update ({', '.join(bad[:3])}); lower learning_rate (got {lr:g})"
+        )
+
+
 def train_policy(
     weights: Sequence[torch.Tensor],
     ratio: float | Sequence[float],
@@ -331,6 +393,7 @@ def train_policy(
     distance: str = "ks",
     returns: Returns = "future",
     weight_decay: float = 0.01,
+    update: Update = "episode",
     policy: PruneNetPolicy | None = None,
 ) -> tuple[PruneNetPolicy, PolicyReport]:
     """Train one policy over all layers' FFN1 weights with REINFORCE (§4.2–4.3, Algorithm 1).
@@ -339,7 +402,9 @@ def train_policy(
     ``D_l = distance(σ(W_l), σ(W_l[S_l]))``, ``σ`` the singular values (``ks``: Eq. 6; ``ad``: the
     Anderson–Darling statistic of Table 18). Then ``G_l`` per ``returns`` (default Eq. 7, see
     :func:`discounted_penalties` and the module docstring: with it the expected update is zero),
-    ``loss = Σ_l log P(S_l|W_l) · (G_l − b_l)`` and one AdamW step (``lr``, ``weight_decay``).
+    ``loss = Σ_l log P(S_l|W_l) · (G_l − b_l)`` and one AdamW step (``lr``, ``weight_decay``) per
+    episode (``update="episode"``) or one per layer on that layer's term (``update="layer"``, the
+    released code's loop; see the module docstring).
     ``ratio`` is one removal ratio or one per layer (:func:`layer_ratios`). Hyper-parameter
     defaults are the paper's (§5.1: γ = 0.99, AdamW lr 5e-4, 20 episodes). Deterministic for a
     given ``seed`` (initialisation and sampling use one ``torch.Generator``). An existing
@@ -349,6 +414,7 @@ def train_policy(
         raise SlimkitError("train_policy needs at least one weight matrix")
     _check_choice(distance, tuple(DISTANCES), "distance")
     _check_choice(returns, RETURNS, "returns")
+    _check_choice(update, UPDATES, "update")
     if episodes < 1:
         raise SlimkitError(f"episodes must be at least 1, got {episodes}")
     shape = tuple(weights[0].shape)
@@ -377,6 +443,7 @@ def train_policy(
             "seed": seed,
             "distance": distance,
             "returns": returns,
+            "update": update,
             "spectrum_dtype": str(spectrum_dtype).removeprefix("torch."),
         },
     )
@@ -384,32 +451,30 @@ def train_policy(
     policy.train()
     for episode in range(episodes):
         episode_start = time.perf_counter()
-        direction = policy.direction()
-        log_probs, penalties = [], []
-        for w, count, ref in zip(weights, counts, reference, strict=True):
-            logits = policy.logits(w, direction)
-            order, log_prob = policy.sample(w, count, generator, logits=logits)
-            kept = order.sort().values.to(w.device)
-            penalties.append(measure(ref, singular_values(w.detach()[kept], spectrum_dtype)))
-            log_probs.append(log_prob)
+        log_probs, penalties, draws = [], [], []
+        with torch.set_grad_enabled(update == "episode"):  # per-layer updates score each draw again below
+            direction = policy.direction()
+            for w, count, ref in zip(weights, counts, reference, strict=True):
+                logits = policy.logits(w, direction)
+                order, log_prob, eps = policy.sample_with_noise(w, count, generator, logits=logits)
+                kept = order.sort().values.to(w.device)
+                penalties.append(measure(ref, singular_values(w.detach()[kept], spectrum_dtype)))
+                log_probs.append(log_prob)
+                draws.append((order, eps))
         returns_now = torch.tensor(discounted_penalties(penalties, gamma, returns), dtype=torch.float64)
         advantage = returns_now - (past_returns / episode if baseline and episode else 0.0)
         past_returns += returns_now
-        loss = (torch.stack(log_probs) * advantage.to(log_probs[0].device, log_probs[0].dtype)).sum()
-        if not math.isfinite(float(loss.detach())):
-            raise SlimkitError(
-                f"prunenet policy training diverged at episode {episode + 1}: loss {float(loss.detach())}; "
-                f"lower learning_rate (got {lr:g})"
-            )
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        bad = [name for name, p in policy.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
-        if bad:  # checked after every update: the next episode's sampling cannot use a NaN policy
-            raise SlimkitError(
-                f"prunenet policy training diverged at episode {episode + 1}: {len(bad)} policy tensors hold "
-                f"NaN/inf after the update ({', '.join(bad[:3])}); lower learning_rate (got {lr:g})"
-            )
+        if update == "episode":
+            loss = (torch.stack(log_probs) * advantage.to(log_probs[0].device, log_probs[0].dtype)).sum()
+            _step(policy, optimizer, loss, episode, lr)
+            report.optimizer_steps += 1
+        else:
+            loss = torch.zeros(())  # the sum of the layers' terms, each after the previous layer's step
+            for w, (order, eps), adv in zip(weights, draws, advantage.tolist(), strict=True):
+                layer_loss = policy.log_prob(w, order, eps) * adv
+                _step(policy, optimizer, layer_loss, episode, lr)
+                report.optimizer_steps += 1
+                loss = loss + layer_loss.detach().cpu()
         report.episode_penalty.append(sum(penalties) / len(penalties))
         report.layer_penalty.append(penalties)
         report.loss.append(float(loss.detach()))
@@ -493,6 +558,7 @@ __all__ = [
     "MAX_RATIO",
     "RETURNS",
     "SELECTIONS",
+    "UPDATES",
     "PolicyReport",
     "PruneNetPolicy",
     "discounted_penalties",

@@ -11,6 +11,12 @@ model`` or ``layers`` solved on exact parameter counts), or ``ratio``; ``schedul
 it over the layers with the same mean (Table 7). ``policy: DIR`` loads a saved policy and skips
 training (Table 6: one policy reused across ratios); the trained policy is saved with the run as
 ``OUT/policy/`` unless ``save_policy: false``.
+
+Training reads the recipe ``seed``: it seeds the policy's initialisation and every sampling draw
+of training; the final selection (``policy`` sampling, ``random`` rows) uses the run's generator,
+seeded by the same ``seed``. So runs with different seeds differ, and one seed repeats exactly.
+``returns`` and ``update`` choose between the paper's printed Eq. 7 and the authors' released
+code (see the argument docs, and the recipe's comment for the measurement behind the defaults).
 """
 
 from __future__ import annotations
@@ -49,7 +55,16 @@ class PruneNetArgs(Strict):
     learning_rate: float = Field(5e-4, gt=0)
     """AdamW learning rate of the policy (the paper: 5e-4)."""
     gamma: float = Field(0.99, ge=0.0, le=1.0)
-    """Discount γ of the future spectral penalty (Eq. 7), in [0, 1] (the paper: 0.99)."""
+    """Discount γ of the return (Eq. 7 / the released code's ``γ^l``), in [0, 1] (the paper: 0.99)."""
+    returns: Literal["own", "future", "to_go"] = "own"
+    """The return G_l each layer's action is scored with (``slimkit.primitives.optim.policy``'s docstring):
+    ``own`` = γ^l · D_l, the layer's own KS penalty (Algorithm 1 lines 17-18 define D_l per layer; the
+    authors' released code, ``_discount_rewards``, weights each layer by γ^i · reward_i); ``future`` =
+    Σ_k γ^k D_{l+k+1}, Eq. 7 / Algorithm 1 line 19 as printed, which leaves the layer's own penalty out,
+    so its expected update is zero; ``to_go`` = Σ_k γ^k D_{l+k} (own plus future penalties)."""
+    update: Literal["layer", "episode"] = "layer"
+    """``layer``: one AdamW step per layer after each episode's sampling, as the released code's
+    ``_training`` does; ``episode``: one step per episode on the sum over layers (Algorithm 1 line 22)."""
     baseline: bool = False
     """Subtract the mean return of the previous episodes (per layer) to reduce the gradient's variance."""
     distance: Literal["ks", "ad"] = "ks"
@@ -110,9 +125,15 @@ def prunenet(ctx: Context, args: PruneNetArgs) -> None:
                 seed=ctx.recipe.seed,
                 spectrum_dtype=dtype,
                 distance=args.distance,
+                returns=args.returns,
+                update=args.update,
             )
         report["policy"] = {
             "episodes": len(training.episode_penalty),
+            "returns": args.returns,
+            "update": args.update,
+            "optimizer_steps": training.optimizer_steps,
+            "seed": ctx.recipe.seed,
             "episode_penalty": training.episode_penalty,
             "seconds": training.seconds,
         }
