@@ -66,6 +66,10 @@ class StageDef:
     """Projection roles (``down``, ``o``) whose dense input Gram matrix and dense weight a layer stage reads from
     ``stats["dense_consumers"]``: captured by the block's statistics pass, before any stage of the block changes
     the layer (see :mod:`slimkit.recipes.layerwise`)."""
+    dense_targets: Callable[[BaseModel], frozenset[str]] = _no_roles
+    """Projection roles whose inputs in the *dense* model a layer stage also needs (``reconstruct``'s ``target:
+    dense``): a ``sequential`` block then carries a second activation stream through the dense layers and adds,
+    per role, the cross term of dense and compressed inputs to ``stats["dense_consumers"]``."""
 
     @property
     def doc(self) -> str:
@@ -93,6 +97,7 @@ def register_stage(
     once: str | None = None,
     trains: bool = False,
     layer_grams: Callable[[BaseModel], frozenset[str]] = _no_roles,
+    dense_targets: Callable[[BaseModel], frozenset[str]] = _no_roles,
 ):
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in STAGES:
@@ -114,6 +119,7 @@ def register_stage(
             once=once,
             trains=trains,
             layer_grams=layer_grams,
+            dense_targets=dense_targets,
         )
         return fn
 

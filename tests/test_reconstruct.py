@@ -10,12 +10,16 @@ import pytest
 import torch
 from torch import nn
 
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.svd import activation_weighted_svd, truncated_svd
 from slimkit.primitives.reconstruct import (
     CrossGramAccumulator,
     GramStatistics,
     MeanAccumulator,
     bias_compensation,
+    bias_refusal,
+    centred,
+    consumer_bias,
     contiguous_groups,
     damped_inverse,
     damped_solve,
@@ -28,6 +32,7 @@ from slimkit.primitives.reconstruct import (
     obs_prune,
     obs_remove,
     output_error,
+    refit_affine,
     refit_least_squares,
     refit_left,
     refit_to_dense,
@@ -379,3 +384,106 @@ def test_a_ridge_toward_the_kept_columns_interpolates_between_refit_and_pruned_w
         gram[k][:, k] + lam_half.info.lam * torch.eye(4, dtype=torch.float64)
     )
     assert torch.allclose(lam_half.weight, expected, atol=1e-8)
+
+
+# --- joint weight + bias refit, dense targets, consumer biases ----------------------------------------
+
+
+def test_centred_is_the_covariance_sum() -> None:
+    a, b = _inputs(30, 4, seed=1), _inputs(30, 3, seed=2)
+    expected = (a - a.mean(0)).T @ (b - b.mean(0))
+    torch.testing.assert_close(centred(a.T @ b, a.sum(0), b.sum(0), 30), expected)
+
+
+def test_refit_affine_without_refit_is_flaps_mean_compensation() -> None:
+    x, w = _inputs(50, 6), torch.randn(3, 6, generator=_gen(3), dtype=torch.float64)
+    kept, removed = [0, 2, 3, 5], [1, 4]
+    fit = refit_affine(w, x.T @ x, x.sum(0), 50, kept, refit=False)
+    assert fit.info.method == "unchanged"
+    torch.testing.assert_close(fit.weight, w[:, kept])
+    torch.testing.assert_close(fit.bias_shift, bias_compensation(w, x.mean(0), removed))
+
+
+def test_refit_affine_equals_the_least_squares_fit_with_a_free_bias() -> None:
+    """Hand-built augmented problem: inputs [x_K; 1], ridge λ on the weights, none on the bias column."""
+    x, w = _inputs(60, 6, seed=4), torch.randn(3, 6, generator=_gen(5), dtype=torch.float64)
+    kept = [0, 1, 3, 5]
+    for toward_kept in (False, True):
+        fit = refit_affine(w, x.T @ x, x.sum(0), 60, kept, damping=0.05, toward_kept=toward_kept)
+        lam = fit.info.lam
+        z = torch.cat([x[:, kept], torch.ones(60, 1, dtype=torch.float64)], dim=1)  # T x (|K|+1)
+        penalty = torch.diag(torch.tensor([lam] * len(kept) + [0.0], dtype=torch.float64))
+        prior = torch.cat(
+            [
+                w[:, kept] if toward_kept else torch.zeros(3, len(kept), dtype=torch.float64),
+                torch.zeros(3, 1, dtype=torch.float64),
+            ],
+            dim=1,
+        )
+        solution = ((x @ w.T).T @ z + prior @ penalty) @ torch.linalg.inv(z.T @ z + penalty)
+        torch.testing.assert_close(fit.weight, solution[:, :-1], rtol=1e-8, atol=1e-8)
+        torch.testing.assert_close(fit.bias_shift, solution[:, -1], rtol=1e-8, atol=1e-8)
+
+
+def test_refit_affine_is_lossless_when_the_removed_inputs_are_constant() -> None:
+    x = _inputs(40, 5, seed=6)
+    x[:, [1, 3]] = torch.tensor([0.7, -2.0], dtype=torch.float64)  # constant on the data
+    w = torch.randn(4, 5, generator=_gen(7), dtype=torch.float64)
+    kept = [0, 2, 4]
+    for refit in (False, True):
+        fit = refit_affine(w, x.T @ x, x.sum(0), 40, kept, refit=refit, damping=0.1, toward_kept=True)
+        torch.testing.assert_close(x[:, kept] @ fit.weight.T + fit.bias_shift, x @ w.T, rtol=1e-9, atol=1e-9)
+
+
+def test_refit_affine_dense_target_with_equal_inputs_matches_the_compressed_target() -> None:
+    x, w = _inputs(50, 6, seed=8), torch.randn(3, 6, generator=_gen(9), dtype=torch.float64)
+    g, s = x.T @ x, x.sum(0)
+    same = refit_affine(w, g, s, 50, [0, 2, 5], damping=0.1, toward_kept=True)
+    dense = refit_affine(w, g, s, 50, [0, 2, 5], cross=g, target_sum=s, damping=0.1, toward_kept=True)
+    torch.testing.assert_close(dense.weight, same.weight)
+    torch.testing.assert_close(dense.bias_shift, same.bias_shift)
+    plain = refit_least_squares(w, g, [0, 2, 5], damping=0.1, toward_kept=True)
+    torch.testing.assert_close(refit_to_dense(w, g, g, [0, 2, 5], damping=0.1, toward_kept=True).weight, plain.weight)
+    with pytest.raises(ValueError, match="both cross and target_sum"):
+        refit_affine(w, g, s, 50, [0], cross=g)
+
+
+def test_refit_affine_dense_target_fits_dense_outputs_plus_mean() -> None:
+    """Compressed inputs = dense inputs + a fixed offset: a free bias absorbs the offset exactly."""
+    x_d = _inputs(50, 5, seed=10)
+    x_c = x_d + torch.tensor([0.5, -1.0, 0.2, 0.0, 3.0], dtype=torch.float64)
+    w = torch.randn(2, 5, generator=_gen(11), dtype=torch.float64)
+    fit = refit_affine(
+        w, x_c.T @ x_c, x_c.sum(0), 50, list(range(5)), cross=x_d.T @ x_c, target_sum=x_d.sum(0), damping=1e-12
+    )
+    torch.testing.assert_close(x_c @ fit.weight.T + fit.bias_shift, x_d @ w.T, rtol=1e-6, atol=1e-6)
+
+
+def test_consumer_bias_sets_the_global_flag_and_keeps_the_function() -> None:
+    from slimkit.primitives.arch import ModelView
+    from tests.tiny import model_output, tiny_llama, tiny_mistral, tiny_opt, tiny_qwen2, tiny_qwen3
+
+    model = tiny_llama()
+    ids = torch.randint(3, 200, (2, 7))
+    before = model_output(model, ids)
+    view = ModelView(model)
+    bias = consumer_bias(model, view, view.layer(1), "down")
+    assert model.config.mlp_bias and not model.config.attention_bias
+    assert bias is view.layer(1).linear("down").bias and bias.shape == (48,)
+    for layer in view.layers:
+        for role in ("gate", "up", "down"):
+            assert torch.equal(layer.linear(role).bias, torch.zeros(layer.linear(role).out_features))
+        assert layer.linear("o").bias is None
+    torch.testing.assert_close(model_output(model, ids), before, rtol=0, atol=0)
+    consumer_bias(model, view, view.layer(0), "o")
+    assert model.config.attention_bias and view.layer(2).linear("q").bias is not None
+    for build, role in [(tiny_mistral, "down"), (tiny_mistral, "o"), (tiny_qwen2, "o"), (tiny_qwen3, "down")]:
+        other = build()
+        layer = ModelView(other).layer(0)
+        assert "no config flag" in bias_refusal(other, layer, role)
+        with pytest.raises(SlimkitError, match="no config flag"):
+            consumer_bias(other, ModelView(other), layer, role)
+    qwen3 = tiny_qwen3()
+    assert bias_refusal(qwen3, ModelView(qwen3).layer(0), "o") is None
+    opt = tiny_opt()
+    assert bias_refusal(opt, ModelView(opt).layer(0), "down") is None  # fc2 has its bias already

@@ -28,6 +28,9 @@ Models: ``llama`` and ``mistral`` as above (a Mistral sliding window is not writ
 converter does not: the result says so); ``qwen2`` (q/k/v biases) and ``qwen3`` (q/k norms) with
 uniform widths as llama.cpp's ``qwen2`` / ``qwen3`` architectures (NEOX RoPE, so no permutation).
 Per-layer widths of Qwen models are refused: ``deci`` has neither biases nor q/k norms.
+Llama's optional biases (``attention_bias``: q/k/v/o, ``mlp_bias``: gate/up/down, e.g. from ``reconstruct``'s
+``bias: mean``) are written as ``blk.N.attn_{q,k,v,output}.bias`` / ``blk.N.ffn_{gate,up,down}.bias``, which
+llama.cpp's ``llama`` and ``deci`` loaders read as optional tensors (q/k biases get the RoPE permutation too).
 
 The file is written to a temporary sibling and renamed into place.
 """
@@ -76,6 +79,10 @@ _LAYER_TENSORS = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias",
+    "mlp.down_proj.bias": "ffn_down.bias",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -165,10 +172,9 @@ def check_exportable(model: nn.Module) -> list[str]:
             f"sliding_window {window} is not written (llama.cpp's {model_type} attends to the whole context): "
             f"outputs differ from the Hugging Face model beyond {window} tokens"
         )
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise SlimkitError(
-            "attention_bias / mlp_bias: llama.cpp's llama and deci architectures are written without biases"
-        )
+    biased = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
+    if biased and model_type != "llama":
+        raise SlimkitError(f"attention_bias / mlp_bias: slimkit's GGUF export writes them for llama, not {model_type}")
     scaling = _rope_scaling(config)
     if scaling.get("rope_type", "default") not in ("default", "llama3", "linear"):
         raise SlimkitError(f"rope scaling '{scaling.get('rope_type')}' is not written by slimkit's GGUF export")

@@ -15,12 +15,14 @@ weight's dtype and on its device.
   :func:`damped_inverse`, :class:`SolveInfo`).
 * :mod:`.least_squares`: refit the consumer on its kept input columns,
   ``W' = W G[:, K] (G[K, K] + λI)⁻¹`` (:func:`refit_least_squares`), or against the dense output from
-  other inputs, ``W C[:, K] (G_c[K, K] + λI)⁻¹`` (:func:`refit_to_dense`).
+  other inputs, ``W C[:, K] (G_c[K, K] + λI)⁻¹`` (:func:`refit_to_dense`); weights and bias together, on
+  centred statistics (:func:`refit_affine`).
 * :mod:`.obs`: structured optimal brain surgeon (ZipLM / SlimGPT): per-group costs
   ``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` (:func:`obs_costs`), one update + inverse-Hessian downdate
   (:func:`obs_remove`), the greedy order (:func:`obs_order`, a scorer), and both together
   (:func:`obs_prune`: selection and refit in one).
-* :mod:`.bias`: FLAP's mean compensation ``Δb = W[:, S] x̄_S`` (:func:`bias_compensation`).
+* :mod:`.bias`: FLAP's mean compensation ``Δb = W[:, S] x̄_S`` (:func:`bias_compensation`); giving a
+  consumer a bias through its architecture's global flag (:func:`consumer_bias`, :func:`bias_refusal`).
 * :mod:`.lowrank_refit`: for ``W ≈ L R`` with ``R`` fixed, ``L' = W G Rᵀ (R G Rᵀ + λI)⁻¹``
   (:func:`refit_left`).
 * :mod:`.error`: ``tr((W − Ŵ) G (W − Ŵ)ᵀ)`` (:func:`output_error`) and column index helpers
@@ -30,7 +32,7 @@ Which statistics: a consumer's *input* Gram, i.e. ``down_proj``'s input for MLP 
 ``fc2``'s for OPT/BERT), ``o_proj``'s input for attention heads (``head_dim`` columns per head).
 """
 
-from slimkit.primitives.reconstruct.bias import bias_compensation
+from slimkit.primitives.reconstruct.bias import BIAS_FLAGS, bias_compensation, bias_refusal, consumer_bias
 from slimkit.primitives.reconstruct.error import as_indices, embed_columns, kept_columns, output_error
 from slimkit.primitives.reconstruct.gram import (
     CrossGramAccumulator,
@@ -39,7 +41,14 @@ from slimkit.primitives.reconstruct.gram import (
     gram_hooks,
     with_bias_column,
 )
-from slimkit.primitives.reconstruct.least_squares import Refit, refit_least_squares, refit_to_dense
+from slimkit.primitives.reconstruct.least_squares import (
+    AffineRefit,
+    Refit,
+    centred,
+    refit_affine,
+    refit_least_squares,
+    refit_to_dense,
+)
 from slimkit.primitives.reconstruct.lowrank_refit import refit_left
 from slimkit.primitives.reconstruct.obs import (
     ObsOrder,
@@ -61,8 +70,10 @@ from slimkit.primitives.reconstruct.solve import (
 )
 
 __all__ = [
+    "BIAS_FLAGS",
     "DEFAULT_DAMPING",
     "DEFAULT_OBS_DAMPING",
+    "AffineRefit",
     "CrossGramAccumulator",
     "GramStatistics",
     "MeanAccumulator",
@@ -73,6 +84,9 @@ __all__ = [
     "SolveInfo",
     "as_indices",
     "bias_compensation",
+    "bias_refusal",
+    "centred",
+    "consumer_bias",
     "contiguous_groups",
     "damped_inverse",
     "damped_solve",
@@ -85,6 +99,7 @@ __all__ = [
     "obs_prune",
     "obs_remove",
     "output_error",
+    "refit_affine",
     "refit_least_squares",
     "refit_left",
     "refit_to_dense",
