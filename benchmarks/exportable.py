@@ -112,7 +112,7 @@ def _shrink_stage(stage: dict[str, Any], changes: list[str]) -> None:
     if name == "pca_project" and "group_size" not in args:  # the stage's default is 4 layers
         args["group_size"] = LAYER_SCALED["group_size"]
         changes.append(f"{name} group_size 4->{LAYER_SCALED['group_size']}")
-    if name == "lora":
+    if name in ("lora", "distill"):
         args.update(steps=1, **TRAINING)
     elif name == "mask_train":
         args.update(finetune_steps=0, mask_steps=2, warmup_steps=1, **TRAINING)

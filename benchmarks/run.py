@@ -12,7 +12,7 @@ For each row of the grid (benchmarks/grid.yaml, see :mod:`benchmarks.grid`):
    peak resident memory in its report.json is that run's alone (and a crash cannot take the benchmark down);
    ``--set target.ratio=R``, ``target.strict=false`` (a missed target is measured and flagged, not fatal), the
    entry's overrides, and ``stages.I.args.steps=0`` on every top-level
-   ``lora`` stage for the rows without recovery;
+   ``lora`` or ``distill`` stage for the rows without recovery;
 2. evaluation, in this process, of the saved run folder (``RUN/model``): perplexity and zero-shot
    accuracy with the same budgets for every row (:func:`slimkit.recipes.runner.evaluate`, the code
    behind ``slimkit eval``);
@@ -75,6 +75,7 @@ from benchmarks.seeds import add_norm_mean, seed_groups
 RESULTS = Path(__file__).resolve().parent / "results"
 ROW_FILE = "bench-row.json"
 """Where a kept run folder records its measured row (reused by ``--resume``)."""
+RECOVERY_STAGES = ("lora", "distill")  # top-level stages a row "without recovery" runs with steps=0
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 QUIET_ENV = {"TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"}  # lm-eval's progress bars, per row
 
@@ -465,9 +466,9 @@ class Bench:
         overrides = [f"model={self.settings.model}", f"target.ratio={job.ratio}", "target.strict=false", *job.overrides]
         try:
             recipe, _raw = load_recipe(job.recipe, overrides)
-            lora = [i for i, s in enumerate(recipe.stages) if getattr(s, "stage", None) == "lora"]
+            lora = [i for i, s in enumerate(recipe.stages) if getattr(s, "stage", None) in RECOVERY_STAGES]
             if job.recovery and not lora:
-                reason = "the recipe has no top-level lora stage, so there is no recovery variant"
+                reason = "the recipe has no top-level lora stage (nor distill), so there is no recovery variant"
                 return {**row, "status": "not run", "reason": reason}, None, None
             if not job.recovery:
                 overrides += [f"stages.{i}.args.steps=0" for i in lora]
@@ -558,7 +559,7 @@ class Bench:
                     "peak_rss_mb": report.get("peak_rss_mb"),
                     "calibration": calibration,
                     "extra_calibration_tokens": extra_calibration_tokens(stages, calibration),
-                    "recovery_tokens": stage_tokens(stages, "tokens", ("lora",)),
+                    "recovery_tokens": stage_tokens(stages, "tokens", RECOVERY_STAGES),
                 },
                 "stages": stages,
                 "notes": report.get("notes", []),

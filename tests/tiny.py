@@ -138,7 +138,7 @@ def tiny_bert(vocab_size: int = 300, layers: int = 2) -> BertModel:
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer (256 byte tokens + specials), no training, no files."""
-    byte_vocab = {ch: i + 3 for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    byte_vocab = {ch: i + 3 for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **byte_vocab}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -25,6 +25,12 @@ Reported: ``steps``, ``tokens`` (trained tokens), ``loss_first``, ``loss_last``,
 per step), ``trainable_params`` (adapter parameters), ``seconds`` (training and merge) and
 ``config`` (the :class:`LoraConfig` as a dict).
 
+The loss is a hook: ``train_lora(..., loss_fn=...)`` replaces the causal-LM loss by any scalar
+``loss_fn(peft_model, batch)`` (distillation against a teacher, :mod:`.distill`) with everything else
+(data, steps, seeding, optimizer, divergence checks, merge) unchanged; ``what`` names the run in its
+errors. The loss is called in train mode for each step and once more in eval mode under ``no_grad``
+for the after-update check, so a hook can tell the two apart by ``peft_model.training``.
+
 Devices and dtypes: the model is trained where it is; token batches go to its input device. The
 adapters are float32 (peft's ``autocast_adapter_dtype``) on their base layer's device whatever the
 base weights' dtype, so AdamW's state is float32 and the loss is float32; merging adds the float32
@@ -46,6 +52,9 @@ from torch import nn
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.devices import to_input_device
 from slimkit.primitives.errors import SlimkitError
+
+LossFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+"""``loss_fn(peft_model, batch) -> scalar loss`` of one batch of token ids ``[batch, seq_len]``."""
 
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -101,6 +110,8 @@ class LoraTraining:
     report: dict[str, Any]
     base_requires_grad: dict[str, bool] = field(repr=False)
     started: float = field(repr=False, default=0.0)
+    what: str = field(repr=False, default="lora training")
+    """What the run is called in its divergence errors."""
 
 
 def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
@@ -150,12 +161,23 @@ def _unwrap(peft_model: nn.Module, base_requires_grad: dict[str, bool], merge: b
     return model.eval()
 
 
+def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """The causal-LM loss of ``batch`` (labels are the input ids; the model shifts them)."""
+    return model(input_ids=batch, labels=batch, use_cache=False).loss
+
+
 def train_lora(
-    model: nn.Module, tokenizer, config: LoraConfig, progress: Callable[[int], None] | None = None
+    model: nn.Module,
+    tokenizer,
+    config: LoraConfig,
+    progress: Callable[[int], None] | None = None,
+    loss_fn: LossFn = lm_loss,
+    what: str = "lora training",
 ) -> LoraTraining:
     """Wrap ``model`` with LoRA adapters and train them; :func:`merge_lora` finishes the run.
 
-    ``progress(step)`` is called after each optimizer step (1-based).
+    ``progress(step)`` is called after each optimizer step (1-based). ``loss_fn`` (default: the causal-LM
+    loss) is minimised; ``what`` names the run in divergence errors ("``what`` diverged at step N").
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
@@ -191,10 +213,10 @@ def train_lora(
                 peft_model.train()
                 for step in range(config.steps):
                     batch = to_input_device(model, ids[step * config.batch_size : (step + 1) * config.batch_size])
-                    loss = peft_model(input_ids=batch, labels=batch, use_cache=False).loss.float()
+                    loss = loss_fn(peft_model, batch).float()
                     value = float(loss.detach())
                     if not math.isfinite(value):
-                        raise diverged("lora training", step + 1, f"loss {value}", config.learning_rate)
+                        raise diverged(what, step + 1, f"loss {value}", config.learning_rate)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
@@ -206,13 +228,13 @@ def train_lora(
                 bad = non_finite((name, p) for name, p in peft_model.named_parameters() if p.requires_grad)
                 if bad:
                     problem = f"{len(bad)} adapter tensors hold NaN/inf after the update ({_tensor_list(bad)})"
-                    raise diverged("lora training", config.steps, problem, config.learning_rate)
+                    raise diverged(what, config.steps, problem, config.learning_rate)
                 peft_model.eval()
                 with torch.no_grad():  # finite but huge adapters: the loss on the last batch after its update
-                    after = float(peft_model(input_ids=batch, labels=batch, use_cache=False).loss.float())
+                    after = float(loss_fn(peft_model, batch).float())
                 if not math.isfinite(after):
                     problem = f"loss {after} after the update"
-                    raise diverged("lora training", config.steps, problem, config.learning_rate)
+                    raise diverged(what, config.steps, problem, config.learning_rate)
             peft_model.eval()
         except BaseException:
             _unwrap(peft_model, base_requires_grad, merge=False)
@@ -227,7 +249,7 @@ def train_lora(
         "seconds": time.perf_counter() - started,
         "config": asdict(config),
     }
-    return LoraTraining(peft_model, report, base_requires_grad, started)
+    return LoraTraining(peft_model, report, base_requires_grad, started, what)
 
 
 def _merged_weights_finite(training: LoraTraining) -> list[str]:
@@ -261,7 +283,7 @@ def merge_lora(training: LoraTraining) -> nn.Module:
         _unwrap(training.peft_model, training.base_requires_grad, merge=False)
         config = training.report["config"]
         problem = f"merging the adapters makes {len(bad)} weights NaN/inf ({_tensor_list(bad)})"
-        raise diverged("lora training", config["steps"], problem, config["learning_rate"])
+        raise diverged(training.what, config["steps"], problem, config["learning_rate"])
     model = _unwrap(training.peft_model, training.base_requires_grad, merge=True)
     training.report["seconds"] = time.perf_counter() - training.started
     return model

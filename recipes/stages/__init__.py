@@ -1,9 +1,9 @@
 """Built-in stages; importing this package imports every module in it, which registers its stages.
 
 ``slimkit stage list`` prints them; each module's docstring describes its stages (``prune``,
-``prune_layer``, ``lowrank``, ``cce``, ``prunenet``, ``lora``, ``pca_project``, ``pca_project_post``,
-``mask_train``, ``mask_train_encoder``, ``glue_finetune``, ``reconstruct``). :mod:`.scoring` holds what the pruning
-stages share (the ``scorer`` argument and the statistics a scorer reads).
+``prune_layer``, ``lowrank``, ``cce``, ``prunenet``, ``lora``, ``distill``, ``pca_project``, ``pca_project_post``,
+``mask_train``, ``mask_train_encoder``, ``glue_finetune``, ``reconstruct``, ``obs_prune_layer``).
+:mod:`.scoring` holds what the pruning stages share (the ``scorer`` argument and the statistics a scorer reads).
 """
 
 import importlib
