@@ -125,6 +125,14 @@ CASES: dict[str, tuple[str, dict]] = {
             ]
         },
     ),
+    "obs_prune_layer": (
+        "llama",
+        {
+            "stages": [
+                {"sequential": [{"stage": "obs_prune_layer", "args": {"groups": ["mlp_channel", "attention_head"]}}]}
+            ]
+        },
+    ),
     "prune+lora": (
         "llama",
         {
@@ -151,6 +159,18 @@ CASES: dict[str, tuple[str, dict]] = {
 }
 
 
+# Stages that need the model as a folder (distill reloads its dense teacher from the model source): they run
+# from a saved tiny llama loaded in the dtype, instead of an in-memory model.
+FOLDER_CASES: dict[str, dict] = {
+    "prune_layer+distill": {
+        "stages": [
+            {"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}]},
+            {"stage": "distill", "args": {"steps": 2, "batch_size": 2, "seq_len": 16}},
+        ]
+    },
+}
+
+
 def _covered() -> set[str]:
     names: set[str] = set()
 
@@ -162,6 +182,8 @@ def _covered() -> set[str]:
                 names.add(stage["stage"])
 
     for _model, changes in CASES.values():
+        walk(changes["stages"])
+    for changes in FOLDER_CASES.values():
         walk(changes["stages"])
     return names
 
@@ -208,6 +230,19 @@ def test_stage_runs_in_the_models_dtype(case, dtype, tokenizer):
         logits = out(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     else:
         logits = model_output(out, ids)
+    assert logits.dtype == dtype and torch.isfinite(logits.float()).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", list(FOLDER_CASES))
+def test_stage_from_a_folder_runs_in_the_models_dtype(case, dtype, tiny_llama_dir):
+    recipe = _case_recipe(case, FOLDER_CASES[case])
+    recipe["model"] = {"source": str(tiny_llama_dir), "dtype": str(dtype).removeprefix("torch.")}
+    result = slimkit.run(recipe, evaluate=False)
+    wrong = {name: d for name, d in _floating(result.model).items() if d != dtype}
+    assert not wrong, f"parameters not in {dtype}: {wrong}"
+    assert result.report["target"]["met"], result.report["target"]
+    logits = model_output(result.model, torch.randint(3, 250, (2, 12)))
     assert logits.dtype == dtype and torch.isfinite(logits.float()).all()
 
 
