@@ -19,10 +19,12 @@ from slimkit.primitives.importance.coupled import (
     attention_scores,
     channel_scores,
     component_scores,
+    feature_saliences,
     feature_scores,
     gradient_weights,
     head_product_gradients,
     mlp_scores,
+    pool_features,
     product_gradient,
 )
 from slimkit.primitives.importance.coupled import (
@@ -158,7 +160,9 @@ def test_attention_scores_assemble_component_and_feature_scores():
     q, k = torch.randn(heads * d_k, d_m), torch.randn(kv * d_k, d_m)
     v, o = torch.randn(kv * d_k, d_m), torch.randn(d_m, heads * d_k)
     grads = [torch.randn_like(t) for t in (q, k, v, o)]
-    head_scores, features = attention_scores(q, k, v, o, grads[0], grads[3], heads, kv, grads[1], grads[2])
+    head_scores, features = attention_scores(
+        q, k, v, o, grads[0], grads[3], heads, kv, grads[1], grads[2], feature_scope="query_head"
+    )
     expected_heads, expected_features = torch.zeros(heads), torch.zeros(d_m)
     for left, grad_left, right, grad_right in (
         (q.view(heads, d_k, d_m).transpose(1, 2), grads[0].view(heads, d_k, d_m).transpose(1, 2), k, grads[1]),
@@ -174,6 +178,89 @@ def test_attention_scores_assemble_component_and_feature_scores():
     torch.testing.assert_close(features, expected_features)
 
 
+def test_feature_pooling_by_hand():
+    # Two query heads' signed Eq. 8 sums over row f and column f, for three features.
+    saliences = torch.tensor([[1.0, -2.0, 0.5], [-1.0, 1.0, 0.5]])
+    assert pool_features(saliences, 1, "query_head").tolist() == [2.0, 3.0, 1.0]  # |1| + |-1|, |-2| + |1|, ...
+    assert pool_features(saliences, 1, "kv_group").tolist() == [0.0, 1.0, 1.0]  # |1 - 1|, |-2 + 1|, |0.5 + 0.5|
+    assert pool_features(saliences, 1, "layer").tolist() == [0.0, 1.0, 1.0]
+    # One KV head per query head (no GQA): kv_group is the paper's per-head reading.
+    assert pool_features(saliences, 2, "kv_group").tolist() == [2.0, 3.0, 1.0]
+    four = torch.tensor([[1.0], [-1.0], [2.0], [1.0]])  # 4 heads over 2 KV groups: |1 - 1| + |2 + 1| vs |3|
+    assert pool_features(four, 2, "kv_group").item() == 3.0 and pool_features(four, 2, "layer").item() == 3.0
+    assert pool_features(torch.tensor([[1.0], [-1.0], [2.0], [-4.0]]), 2, "layer").item() == 2.0
+    with pytest.raises(ValueError, match="unknown feature_scope 'head'; allowed: query_head, kv_group, layer"):
+        pool_features(saliences, 1, "head")
+
+
+def _gqa_layer(seed: int, heads: int = 4, kv: int = 2, d_k: int = 2, d_m: int = 6):
+    torch.manual_seed(seed)
+    q, k = torch.randn(heads * d_k, d_m).double(), torch.randn(kv * d_k, d_m).double()
+    v, o = torch.randn(kv * d_k, d_m).double(), torch.randn(d_m, heads * d_k).double()
+    return q, k, v, o
+
+
+def _products(q, k, v, o, heads, kv):
+    """(left [heads, d_m, d_k], right [kv, d_k, d_m]) of the QK and the VO products."""
+    d_k, d_m = q.shape[0] // heads, q.shape[1]
+    return (
+        (q.view(heads, d_k, d_m).transpose(1, 2), k.view(kv, d_k, d_m)),
+        (o.view(d_m, heads, d_k).permute(1, 0, 2), v.view(kv, d_k, d_m)),
+    )
+
+
+def test_feature_scope_kv_group_is_the_abs_of_the_sum_over_each_kv_groups_heads():
+    heads, kv, d_m = 4, 2, 6
+    q, k, v, o = _gqa_layer(5, heads, kv)
+    grads = [torch.randn_like(t) for t in (q, k, v, o)]
+    scored = {
+        scope: attention_scores(q, k, v, o, grads[0], grads[3], heads, kv, grads[1], grads[2], feature_scope=scope)
+        for scope in ("query_head", "kv_group", "layer")
+    }
+    expected = {"kv_group": torch.zeros(d_m).double(), "layer": torch.zeros(d_m).double()}
+    grad_products = _products(*grads, heads, kv)
+    for (left, right), (grad_left, grad_right) in zip(_products(q, k, v, o, heads, kv), grad_products, strict=True):
+        estimate = head_product_gradients(left, grad_left, right, grad_right)
+        shared = right.repeat_interleave(heads // kv, dim=0)
+        per_head = [feature_saliences(left[h] @ shared[h], estimate[h]) for h in range(heads)]
+        expected["kv_group"] += abs(per_head[0] + per_head[1]) + abs(per_head[2] + per_head[3])
+        expected["layer"] += abs(sum(per_head))
+    torch.testing.assert_close(scored["kv_group"][1], expected["kv_group"])
+    torch.testing.assert_close(scored["layer"][1], expected["layer"])
+    assert not torch.allclose(scored["kv_group"][1], scored["query_head"][1])
+    assert (scored["layer"][1] <= scored["kv_group"][1] + 1e-12).all()  # triangle inequality
+    assert (scored["kv_group"][1] <= scored["query_head"][1] + 1e-12).all()
+    for scope in ("kv_group", "layer"):  # head scores do not depend on where features take |.|
+        torch.testing.assert_close(scored[scope][0], scored["query_head"][0])
+
+
+def test_feature_scope_kv_group_cancels_what_cancels_in_the_true_loss_change():
+    """Two query heads of a KV group with opposite Q and O (W_2 = -W_1) and the same true product gradient:
+    removing a feature changes the loss by exactly 0 to first order, since the two heads' terms cancel.
+    The k/v gradients are then 0, the minimum-norm split gives both heads the same gradient, and per
+    query head the two equal |.| add up instead of cancelling (the defect of issue 18)."""
+    heads, kv, d_k, d_m = 2, 1, 2, 6
+    q, k, v, o = _gqa_layer(6, heads, kv, d_k, d_m)
+    q[d_k:], o[:, d_k:] = -q[:d_k], -o[:, :d_k]
+    eps = 1e-8  # small gradients: the second-order term of Eq. 6 / 8 (O(eps^2)) is negligible
+    grads = {}
+    for name, (left, right) in zip(("qk", "vo"), _products(q, k, v, o, heads, kv), strict=True):
+        true = eps * torch.randn(d_m, d_m).double().expand(heads, d_m, d_m)  # the same G for both heads
+        grads[name] = (true @ right[0].T, sum(left[h].T @ true[h] for h in range(heads)))  # chain rule
+        assert grads[name][1].abs().max() < 1e-12  # the heads' k/v gradients cancel
+        first_order = sum(feature_saliences(left[h] @ right[0], true[h]) for h in range(heads))
+        assert first_order.abs().max() < 1e-3 * eps  # true first-order change of removing any feature: 0
+    grad_q = grads["qk"][0].transpose(1, 2).reshape(heads * d_k, d_m)
+    grad_o = grads["vo"][0].permute(1, 0, 2).reshape(d_m, heads * d_k)
+    grad_k, grad_v = grads["qk"][1].reshape(kv * d_k, d_m), grads["vo"][1].reshape(kv * d_k, d_m)
+    scores = {
+        scope: attention_scores(q, k, v, o, grad_q, grad_o, heads, kv, grad_k, grad_v, feature_scope=scope)[1]
+        for scope in ("query_head", "kv_group")
+    }
+    assert scores["query_head"].min() > 1e3 * scores["kv_group"].max()
+    assert scores["kv_group"].max() < 1e-3 * eps  # only the O(eps^2) second-order terms remain
+
+
 def test_registered_scorer_covers_heads_kv_groups_mlp_and_features(llama):
     assert SCORERS["coupled"].fn is coupled
     batch = torch.randint(3, 250, (2, 12))
@@ -185,8 +272,14 @@ def test_registered_scorer_covers_heads_kv_groups_mlp_and_features(llama):
     assert heads.shape == (6,) and kv.shape == (2,)
     torch.testing.assert_close(kv, heads.view(2, 3).sum(1))
     assert coupled(build_groups(llama, "mlp_channel", [1])[0], llama, stats).shape == (64,)
-    features = coupled(build_groups(llama, "hidden_feature")[0], llama, stats)
+    hidden = build_groups(llama, "hidden_feature")[0]
+    features = coupled(hidden, llama, stats)
     assert features.shape == (48,) and (features >= 0).all() and features.sum() > 0
+    torch.testing.assert_close(features, coupled(hidden, llama, stats, feature_scope="kv_group"))  # the default
+    per_head = coupled(hidden, llama, stats, feature_scope="query_head")
+    assert (per_head >= features).all() and not torch.allclose(per_head, features)
+    with pytest.raises(ValueError, match="unknown feature_scope 'heads'"):
+        coupled(hidden, llama, stats, feature_scope="heads")
     with pytest.raises(ValueError, match="cannot score 'qk_dim'"):
         coupled(build_groups(llama, "qk_dim", [0])[0], llama, stats)
 
@@ -264,6 +357,21 @@ def _full(model, batches, weights) -> list[torch.Tensor]:
     return [gradients.of(w)[0].clone() for w in weights]
 
 
+def test_full_gradients_are_the_true_gradients_of_each_batch_loss(llama):
+    batches = [torch.randint(3, 250, (2, 12)), torch.randint(3, 250, (2, 12))]
+    weights = gradient_weights(llama)
+    flags = [p.requires_grad for p in llama.parameters()]
+    for batch, gradients in zip(batches, full_gradients(llama, batches, weights), strict=True):
+        got = [gradients.of(w)[0].clone() for w in weights]
+        loss = llama(batch, labels=batch, use_cache=False).loss
+        true = torch.autograd.grad(loss, weights)
+        assert gradients.loss == pytest.approx(float(loss.detach()))
+        assert gradients.report["state_bytes"] == sum(w.numel() * 4 for w in weights)  # float32: one per weight
+        for estimate, reference in zip(got, true, strict=True):
+            torch.testing.assert_close(estimate, reference)
+    assert [p.requires_grad for p in llama.parameters()] == flags
+
+
 def test_lora_proxy_leaves_the_model_unchanged(llama):
     ids = torch.randint(3, 250, (1, 10))
     flags = [p.requires_grad for p in llama.parameters()]
@@ -327,6 +435,7 @@ def test_end_to_end_tiny_cce_keeps_a_valid_gqa_model_that_reloads(tmp_path, tiny
     assert report["target"]["achieved"] == pytest.approx(0.4, abs=0.02)
     stage = report["stages"]["cce"]
     assert stage["scorer"] == "coupled" and stage["gradients"] == "lora" and len(stage["iterations"]) == 2
+    assert stage["feature_scope"] == "kv_group"
     first, second = stage["iterations"]
     assert first["seed"] == 0 and second["seed"] not in (None, 0)  # fresh samples for the second iteration
     assert first["batches"] == 2 and first["gradient_state_mb"] > 0 and "gradient_peak_mb" in first
@@ -354,6 +463,9 @@ def test_scorers_and_gradient_sources_share_the_schedule(tmp_path, tiny_llama_di
     assert report["target"]["achieved"] == pytest.approx(0.3, abs=0.02)
     assert all(w["num_key_value_heads"] == 2 for w in widths)
     assert (report["calibration"] is None) == (scorer != "coupled")
+    stage = report["stages"]["cce"]
+    assert stage["feature_scope"] == ("kv_group" if scorer == "coupled" else None)  # read by coupled only
+    assert stage["gradients"] == (gradients if scorer == "coupled" else None)
 
 
 def test_unreachable_target_fails_before_pruning_with_the_numbers(tmp_path, tiny_llama_dir):
@@ -375,6 +487,8 @@ def test_unreachable_target_fails_before_pruning_with_the_numbers(tmp_path, tiny
         ({"scorer": "taylor"}, "use gradients: full with scorer: taylor"),
         ({"kinds": ["mlp_channel", "mlp_channel"]}, "each kind once"),
         ({"scorer": "l2"}, "unknown scorer 'l2'; allowed: activation, coupled"),
+        ({"feature_scope": "head"}, "feature_scope.*'query_head', 'kv_group' or 'layer'"),
+        ({"gradients": "lora_proxy"}, "gradients.*'lora' or 'full'"),
     ],
 )
 def test_stage_argument_rules(tmp_path, args, message):

@@ -31,7 +31,8 @@ identifiable from them, so we take the *smallest* G satisfying the chain-rule eq
   is the two-sided :func:`product_gradient`. Using the q/o equations alone (``grad_k``/``grad_v``
   None) gives the same head scores to first order but worse feature scores (the column terms of
   Eq. 8 need the k/v side): on smollm2-135m, removing 76 of 576 features by Eq. 8 gave WikiText-2
-  perplexity 969 with both sides and 1605 with the q/o side only (4k tokens, full gradients).
+  perplexity 969 with both sides and 1605 with the q/o side only (4k tokens, full gradients,
+  ``feature_scope: query_head``).
 * MLP channel: both factors belong to the channel, so both equations are used; their shared core
   l^T G r^T (seen by both) is the mean of the two when they disagree (they agree for d_i u_i, a
   bilinear product once the gate is fixed; the activation makes them differ for d_i g_i and fc1).
@@ -42,14 +43,29 @@ and k would count it twice and square single weights' saliences instead of the p
 so the two differ (see tests). With RoPE, Q_h^T K_g is the bilinear form at relative offset 0; we
 treat it as the effective parameter, as the paper does for LLaMA. Biases are not scored.
 
-Feature importance (Eq. 8): I_f = sum over every head product W (QK and VO, every layer) of
-| sum over c in row f and column f of W of (G_c c - 1/2 (G_c c)^2) |, with G_h as above (the MLP
-is ignored, as in the paper). Measured on smollm2-135m (10 C4 sentences of 64 tokens, full
-gradients, PLATON over 5 batches, 76 of 576 features removed at once, WikiText-2 perplexity on 4k
-tokens): Eq. 8 771, per-weight Taylor over every member of the feature (``taylor``, embeddings and
-MLP included) 163, so on this model the attention-only scope is the weak part of CCE. A head's
-score is the sum of its QK and VO component scores (its Q, K, V, O kernels); a KV group's score
-sums its query heads.
+Feature importance (Eq. 8): I_f = sum over the products W of | sum over c in row f and column f of
+W of (G_c c - 1/2 (G_c c)^2) | (the MLP is ignored, as in the paper). The paper's products are "Q^t K
+and V^t O^t for each attention head in each layer"; under GQA ``feature_scope`` says which product the
+absolute value is taken over (QK and VO are always pooled separately and added):
+
+* ``query_head``: each query head's product Q_h^T K_g, O_h V_g, with G_h the minimum-norm split above.
+* ``kv_group`` (default): the sum over a KV group's query heads. Why: the row terms of head h,
+  sum_j G_h[f, j] W_h[f, j] = L_h[f] . (dL/dL_h)[f], are exact per head, but the column terms,
+  sum_i G_h[i, f] W_h[i, f] = (L_h^T G_h)[:, f] . R[:, f], are known only summed over the group
+  (sum_h L_h^T G_h = dL/dR_g); per query head the split of dL/dR_g is a guess, and taking |.| of
+  each share adds up terms that cancel in the group's sum (a test builds a case where the true
+  first-order change is 0 and per-query-head scores are not). Only the diagonal element G_h[f, f]
+  and the second-order term still rely on the minimum-norm G_h. Without GQA (one query head per KV
+  head) this is exactly the paper's per-head reading.
+* ``layer``: the sum over all heads of the layer (one |.| per layer and product kind).
+
+Measured on smollm2-135m (10 C4 sentences of 64 tokens, full gradients, PLATON over 5 batches, 76 of
+576 features removed at once, WikiText-2 perplexity on 4k tokens): Eq. 8 per query head 771;
+per-weight Taylor over every member of the feature (``taylor``, embeddings and MLP included) 163.
+
+A head's score is the sum of its QK and VO component scores (its Q, K, V, O kernels); a KV group's
+score sums its query heads; neither depends on ``feature_scope``. Measurements on smollm2-135m are
+in recipes/cce.yaml.
 
 The registered scorer ``coupled`` reads ``stats["gradients"].of(weight)[0]`` (a
 :class:`~slimkit.primitives.calibration.gradients.GradientStats` or a per-batch equivalent) and
@@ -70,6 +86,9 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group
 
 COUPLED_KINDS = ("attention_head", "kv_group", "mlp_channel", "hidden_feature")
+FEATURE_SCOPES = ("query_head", "kv_group", "layer")
+"""Where Eq. 8 takes its absolute value under GQA (see the module docstring, "Feature importance")."""
+DEFAULT_FEATURE_SCOPE = "kv_group"
 GRADIENT_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
@@ -107,12 +126,37 @@ def component_scores(left: torch.Tensor, right: torch.Tensor, grad: torch.Tensor
     return (first - 0.5 * second).abs()
 
 
-def feature_scores(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """Eq. 8's term of one square product W (or a batch [..., d, d]): |sum over row f and column f| -> [..., d]."""
+def feature_saliences(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Eq. 8's signed sum of one square product W (or a batch [..., d, d]) over row f and column f -> [..., d].
+
+    The sum of G_c c - 1/2 (G_c c)^2 over the elements c of row f and column f (the diagonal once);
+    :func:`pool_features` takes the absolute value over the chosen products.
+    """
     salience = grad * weight
     salience = torch.addcmul(salience, salience, salience, value=-0.5)
     diagonal = salience.diagonal(dim1=-2, dim2=-1)
-    return (salience.sum(-1) + salience.sum(-2) - diagonal).abs()
+    return salience.sum(-1) + salience.sum(-2) - diagonal
+
+
+def feature_scores(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Eq. 8's term of one square product W (or a batch [..., d, d]): |sum over row f and column f| -> [..., d]."""
+    return feature_saliences(weight, grad).abs()
+
+
+def pool_features(saliences: torch.Tensor, num_kv_heads: int, scope: str) -> torch.Tensor:
+    """Eq. 8 over one layer's products of one kind (QK or VO): ``saliences`` [heads, d_m] -> [d_m].
+
+    ``scope`` is the product whose signed sum is put in |.| (see :data:`FEATURE_SCOPES`):
+    ``query_head`` sum_h |s_h|, ``kv_group`` sum_g |sum_{h in g} s_h|, ``layer`` |sum_h s_h|.
+    """
+    if scope == "query_head":
+        return saliences.abs().sum(0)
+    if scope == "kv_group":
+        heads, d_m = saliences.shape
+        return saliences.view(num_kv_heads, heads // num_kv_heads, d_m).sum(1).abs().sum(0)
+    if scope == "layer":
+        return saliences.sum(0).abs()
+    raise ValueError(f"unknown feature_scope '{scope}'; allowed: {', '.join(FEATURE_SCOPES)}")
 
 
 def channel_scores(
@@ -187,13 +231,18 @@ def attention_scores(
     grad_k: torch.Tensor | None = None,
     grad_v: torch.Tensor | None = None,
     features: bool = True,
+    feature_scope: str = DEFAULT_FEATURE_SCOPE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Head scores [heads] and, if asked, this layer's share of the feature scores [d_m] (Eq. 8).
 
     Weights as stored by ``nn.Linear``: q [heads*d_k, d_m], k and v [kv*d_k, d_m], o [d_m, heads*d_k],
     and their gradients; without ``grad_k``/``grad_v`` only the query-side equations are used. The scores
     are in ``q``'s dtype and on its device (the registered scorer passes float32 copies of the weights).
+    ``feature_scope`` (:data:`FEATURE_SCOPES`): which product's signed sum Eq. 8 puts in |.|; QK and VO
+    products are pooled separately and their scores added.
     """
+    if feature_scope not in FEATURE_SCOPES:
+        raise ValueError(f"unknown feature_scope '{feature_scope}'; allowed: {', '.join(FEATURE_SCOPES)}")
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads cannot be grouped over {num_kv_heads} KV heads")
     d_m = q.shape[1]
@@ -218,7 +267,7 @@ def attention_scores(
         right = right.repeat_interleave(per_group, dim=0)
         heads += component_scores(left, right, grad).sum(-1)
         if feats is not None:
-            feats += feature_scores(left @ right, grad).sum(0)
+            feats += pool_features(feature_saliences(left @ right, grad), num_kv_heads, feature_scope)
     return heads, feats
 
 
@@ -285,19 +334,32 @@ def _grad(gradients, weight: torch.Tensor) -> torch.Tensor:
     return gradients.of(weight)[0].detach().float()
 
 
-def layer_attention(model: nn.Module, layer: int, stats: MutableMapping) -> tuple[torch.Tensor, torch.Tensor]:
-    """(head scores, feature share) of one layer, memoised in ``stats["coupled"]``."""
+def layer_attention(
+    model: nn.Module, layer: int, stats: MutableMapping, feature_scope: str = DEFAULT_FEATURE_SCOPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head scores, feature share) of one layer, memoised in ``stats["coupled"]`` by (layer, scope)."""
     cache = stats.setdefault("coupled", {})
-    if layer not in cache:
+    key = (layer, feature_scope)
+    if key not in cache:
         view = ModelView(model).layer(layer)
         gradients = stats["gradients"]
         w = {role: _weight(view, role) for role in ("q", "k", "v", "o")}
         g = {role: _grad(gradients, weight) for role, weight in w.items()}
         w = {role: weight.detach().float() for role, weight in w.items()}
-        cache[layer] = attention_scores(
-            w["q"], w["k"], w["v"], w["o"], g["q"], g["o"], view.num_heads, view.num_kv_heads, g["k"], g["v"]
+        cache[key] = attention_scores(
+            w["q"],
+            w["k"],
+            w["v"],
+            w["o"],
+            g["q"],
+            g["o"],
+            view.num_heads,
+            view.num_kv_heads,
+            g["k"],
+            g["v"],
+            feature_scope=feature_scope,
         )
-    return cache[layer]
+    return cache[key]
 
 
 def layer_mlp(model: nn.Module, layer: int, stats: Mapping) -> torch.Tensor:
@@ -308,15 +370,22 @@ def layer_mlp(model: nn.Module, layer: int, stats: Mapping) -> torch.Tensor:
     return mlp_scores(down.detach().float(), _grad(gradients, down), inputs)
 
 
-def coupled_scores(group: Group, model: nn.Module, stats: MutableMapping, **_) -> torch.Tensor:
-    """CCE's coupled-component importance (Eqs. 2-6, 8) through the gradient on q_i k_i, v_i o_i, MLP kernels."""
+def coupled_scores(
+    group: Group, model: nn.Module, stats: MutableMapping, feature_scope: str = DEFAULT_FEATURE_SCOPE, **_
+) -> torch.Tensor:
+    """CCE's coupled-component importance (Eqs. 2-6, 8) through the gradient on q_i k_i, v_i o_i, MLP kernels.
+
+    ``feature_scope`` (hidden features only, :data:`FEATURE_SCOPES`): where Eq. 8 takes |.|.
+    """
     if group.kind not in COUPLED_KINDS:
         raise ValueError(f"coupled scorer cannot score '{group.kind}' groups; allowed: {', '.join(COUPLED_KINDS)}")
+    if feature_scope not in FEATURE_SCOPES:
+        raise ValueError(f"unknown feature_scope '{feature_scope}'; allowed: {', '.join(FEATURE_SCOPES)}")
     if group.kind == "hidden_feature":
-        return sum(layer_attention(model, i, stats)[1] for i in range(ModelView(model).num_layers))
+        return sum(layer_attention(model, i, stats, feature_scope)[1] for i in range(ModelView(model).num_layers))
     if group.kind == "mlp_channel":
         return layer_mlp(model, group.layer, stats)
-    heads = layer_attention(model, group.layer, stats)[0]
+    heads = layer_attention(model, group.layer, stats)[0]  # head scores do not depend on the feature scope
     if group.kind == "kv_group":
         return heads.view(group.size, -1).sum(1)
     return heads
@@ -324,14 +393,18 @@ def coupled_scores(group: Group, model: nn.Module, stats: MutableMapping, **_) -
 
 __all__ = [
     "COUPLED_KINDS",
+    "DEFAULT_FEATURE_SCOPE",
+    "FEATURE_SCOPES",
     "attention_scores",
     "channel_scores",
     "component_scores",
     "coupled_gradient_weights",
     "coupled_scores",
+    "feature_saliences",
     "feature_scores",
     "gradient_weights",
     "head_product_gradients",
     "mlp_scores",
+    "pool_features",
     "product_gradient",
 ]

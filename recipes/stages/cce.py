@@ -11,7 +11,13 @@ CCE (../shared/papers/cce-coupled-components-elimination.md). Each iteration:
    are smoothed with PLATON (Eq. 7) over the iteration's batches (``platon: true``; PLATON's state
    starts afresh each iteration, since units and samples change). ``magnitude`` (the paper's L2
    baseline with ``aggregation: l2``) and ``random`` need no data and are evaluated once per
-   iteration; ``taylor`` (per-weight, LLM-Pruner), ``activation`` and blends are also accepted;
+   iteration; ``taylor`` (per-weight, LLM-Pruner), ``activation`` and blends are also accepted.
+   ``feature_scope`` says over which product Eq. 8 takes |.| under GQA (query_head, kv_group,
+   layer; see :mod:`slimkit.primitives.importance.coupled`). Memory: ``full`` holds one gradient
+   per scored projection weight (in the weights' dtype) besides the backward pass, about a second
+   copy of the projection weights (smollm2-135m in float32: 0.42 GB; LLaMA-7B: about 13 GB in
+   bfloat16, 26 GB in float32); ``lora`` holds the adapters, their AdamW state and the per-batch
+   factors (tens of MB at rank 8);
 3. removes, in every layer, the lowest-scoring heads and MLP channels, and the lowest-scoring hidden
    features from every matrix (``remove_units``: heads, MLP channels, hidden features as the pruning
    core's groups).
@@ -79,8 +85,17 @@ class CceArgs(ScoringArgs):
     """Fraction of every dense width removed per iteration; None: 1/heads (the paper's one head per iteration)."""
     iterations: int | None = Field(None, ge=1)
     """Split the target into this many equal steps instead of ``step``."""
+    feature_scope: Literal["query_head", "kv_group", "layer"] = "kv_group"
+    """Where Eq. 8 takes |.| for hidden-feature scores (scorer coupled): per query head's product (the paper's
+    per-head reading applied to GQA query heads, whose k/v gradient share is a minimum-norm guess),
+    per KV group (the smallest product whose gradient the factors determine; equals query_head without
+    GQA), or per layer. Recorded in the report; other scorers ignore it."""
     gradients: Literal["lora", "full"] = "lora"
-    """Gradients the scorer reads: lora (LoRAPrune's Eq. 9 proxy, the paper's choice) or full (true gradients)."""
+    """Gradients the scorer reads: lora (LoRAPrune's Eq. 9 proxy, the paper's choice) or full (the true
+    gradient of each calibration batch's loss w.r.t. the scored weights, back-propagated per batch and
+    smoothed/averaged as scores). Memory of full: one gradient per scored weight in the weights' dtype,
+    i.e. about the projection weights once more (135M float32: ~0.4 GB; a 7B model: ~13 GB in bfloat16,
+    ~26 GB in float32) plus the backward pass's activations; lora holds only adapters and their factors."""
     lora_rank: int = Field(8, ge=1)
     """Rank of the proxy's LoRA adapters (gradients: lora)."""
     lora_alpha: float = Field(16.0, gt=0)
@@ -113,6 +128,13 @@ class CceArgs(ScoringArgs):
                 "use gradients: full with scorer: taylor"
             )
         return self
+
+    def scorer_args(self) -> dict:
+        return {**super().scorer_args(), "feature_scope": self.feature_scope}
+
+    def scores_features_coupled(self) -> bool:
+        """Whether ``feature_scope`` is read: the coupled scorer scores hidden features."""
+        return "hidden_feature" in self.kinds and "coupled" in spec_names(self.scorer_spec())
 
     def needs_gradients(self) -> bool:
         return "gradients" in self.needs()
@@ -217,6 +239,7 @@ def cce(ctx: Context, args: CceArgs) -> None:
     report = {
         "scorer": args.scorer_name(),
         "gradients": args.gradients if args.needs_gradients() else None,
+        "feature_scope": args.feature_scope if args.scores_features_coupled() else None,
         "platon": args.platon,
         "kinds": list(args.kinds),
         "step": schedule.step,
