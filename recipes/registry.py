@@ -8,6 +8,9 @@ argument fails with the allowed names) and a scope:
   the already-compressed previous layers.
 * ``model``: ``fn(ctx, args)`` runs once on the whole model.
 
+A layer stage may also declare ``top_level``: its own whole-model form, which the runner calls when the stage
+stands at the top level of a recipe (``reconstruct``).
+
 What a stage declares besides its arguments, so a recipe is checked before any compute:
 
 * ``budget(args)``: how the stage's share of the recipe's one target is set: ``none`` (it removes no
@@ -70,6 +73,10 @@ class StageDef:
     """Projection roles whose inputs in the *dense* model a layer stage also needs (``reconstruct``'s ``target:
     dense``): a ``sequential`` block then carries a second activation stream through the dense layers and adds,
     per role, the cross term of dense and compressed inputs to ``stats["dense_consumers"]``."""
+    top_level: Callable[[Any, BaseModel, int], None] | None = None
+    """A layer stage's own whole-model form, ``top_level(ctx, args, index)`` with ``index`` its position in the
+    recipe's ``stages``: at the top level of a recipe the runner calls it once instead of running the stage layer by
+    layer on dense statistics (``reconstruct``: a layer-by-layer refit against the reloaded dense model)."""
 
     @property
     def doc(self) -> str:
@@ -98,6 +105,7 @@ def register_stage(
     trains: bool = False,
     layer_grams: Callable[[BaseModel], frozenset[str]] = _no_roles,
     dense_targets: Callable[[BaseModel], frozenset[str]] = _no_roles,
+    top_level: Callable[[Any, BaseModel, int], None] | None = None,
 ):
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in STAGES:
@@ -120,6 +128,7 @@ def register_stage(
             trains=trains,
             layer_grams=layer_grams,
             dense_targets=dense_targets,
+            top_level=top_level,
         )
         return fn
 

@@ -300,6 +300,9 @@ def _run_stages(ctx: Context, recipe: Recipe, timings: Timings, tracker: Tracker
         if not isinstance(item, SequentialSpec) and definition.scope == "model":
             with timings.stage(label):
                 definition.fn(ctx, item.parsed_args())
+        elif not isinstance(item, SequentialSpec) and definition.top_level is not None:
+            with timings.stage(label):  # a layer stage's own top-level form (reconstruct)
+                definition.top_level(ctx, item.parsed_args(), index)
         else:
             with timings.stage(label), tracker.task(label, ctx.view.num_layers) as advance:
                 run_layerwise(ctx, children, propagate, on_layer=lambda _i: advance(1))

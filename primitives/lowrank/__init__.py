@@ -1,7 +1,8 @@
 """Low-rank factorisation of Linear layers (LoRAP, Li et al. 2024, arXiv:2404.09695).
 
-* :mod:`.svd`: :func:`truncated_svd` (Eq. 4) and :func:`activation_weighted_svd` (AWSVD, Eqs. 5–7),
-  pure tensor functions returning ``(L, R)`` with ``W ≈ L @ R``.
+* :mod:`.svd`: :func:`truncated_svd` (Eq. 4), :func:`activation_weighted_svd` (AWSVD, Eqs. 5–7) and
+  :func:`whitened_svd` (SVD-LLM's whitening with the full input Gram), pure tensor functions returning
+  ``(L, R)`` with ``W ≈ L @ R``.
 * :mod:`.module`: :class:`LowRankLinear` (``second(first(x))``, Eq. 3), its manifest records and
   the helpers a loader and surgery need (:func:`lowrank_entries`, :func:`materialise_lowrank`,
   :func:`member_target`).
@@ -30,7 +31,13 @@ from slimkit.primitives.lowrank.allocation import (
     rank_for_budget,
 )
 from slimkit.primitives.lowrank.module import LowRankLinear, lowrank_entries, materialise_lowrank, member_target
-from slimkit.primitives.lowrank.svd import activation_weighted_svd, clamp_norms, truncated_svd, weighted_error
+from slimkit.primitives.lowrank.svd import (
+    activation_weighted_svd,
+    clamp_norms,
+    truncated_svd,
+    weighted_error,
+    whitened_svd,
+)
 
 __all__ = [
     "LowRankLinear",
@@ -48,4 +55,5 @@ __all__ = [
     "rank_for_budget",
     "truncated_svd",
     "weighted_error",
+    "whitened_svd",
 ]

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimkit.primitives.lowrank.svd import DEFAULT_EPS, activation_weighted_svd, truncated_svd
+from slimkit.primitives.lowrank.svd import DEFAULT_EPS, activation_weighted_svd, truncated_svd, whitened_svd
 
 KIND = "low_rank"
 
@@ -125,15 +125,21 @@ class LowRankLinear(nn.Module):
         rank: int,
         input_norms: torch.Tensor | None = None,
         *,
+        gram: torch.Tensor | None = None,
         eps: float = DEFAULT_EPS,
         compute_dtype: torch.dtype | None = torch.float64,
     ) -> LowRankLinear:
-        """Factor ``linear`` at ``rank``: AWSVD (Eqs. 5–7) if ``input_norms`` is given, else SVD (Eq. 4).
+        """Factor ``linear`` at ``rank``: whitened SVD with the input Gram ``gram`` (SVD-LLM), AWSVD (Eqs. 5–7)
+        with ``input_norms``, else SVD (Eq. 4). Give at most one of the two statistics.
 
         The bias is kept as is; ``requires_grad`` of the new factors follows ``linear.weight``.
         """
         weight = linear.weight
-        if input_norms is None:
+        if gram is not None and input_norms is not None:
+            raise ValueError("give input_norms (AWSVD) or gram (whitened SVD), not both")
+        if gram is not None:
+            left, right = whitened_svd(weight, gram, rank)
+        elif input_norms is None:
             left, right = truncated_svd(weight, rank, compute_dtype=compute_dtype)
         else:
             left, right = activation_weighted_svd(weight, input_norms, rank, eps=eps, compute_dtype=compute_dtype)

@@ -19,6 +19,13 @@ norm, i.e. they weight the squared error by ``||X_j||₂²``. We implement Eq. 7
 
 The paper writes ``SVD(W) = U Σ V`` with ``V`` already transposed; here ``Vᵀ`` is explicit.
 
+* :func:`whitened_svd` is SVD-LLM's truncation-aware data whitening (Wang et al. 2024, arXiv:2403.07378,
+  §3.1): with the full Gram ``G = X Xᵀ = S Sᵀ`` (Cholesky), ``SVD(W S) = U Σ Vᵀ``, ``L = U_r Σ_r``,
+  ``R = V_rᵀ S⁻¹``. It minimises the output error ``||(W − L R) X||_F`` itself, with no assumption on
+  how input features correlate (AWSVD is the special case of a diagonal ``G``), and the error it leaves
+  is the discarded singular values of ``W S``: ``Σ_{i>r} σ_i²``. Not in LoRAP: used by the
+  reconstruction recipes (issue #17) as the activation-aware refit of a low-rank pair's factors.
+
 Σ is folded into ``L`` as in the paper (``L = U_r Σ_r``), so ``R`` has orthonormal rows (before
 ``D⁻¹``). Factors are computed in ``compute_dtype`` (float64 by default, for accuracy at a
 negligible cost for attention-sized matrices; never below float32) on ``W``'s device and returned in
@@ -30,6 +37,9 @@ from __future__ import annotations
 import torch
 
 from slimkit.primitives.devices import math_dtype
+
+WHITEN_DAMPING = 1e-6
+"""Relative ridge of :func:`whitened_svd`'s Cholesky factor (the reconstruction family's default)."""
 
 DEFAULT_EPS = 1e-6
 """Relative floor for activation norms in AWSVD: norms are clamped to ``eps * max(norms)``."""
@@ -118,6 +128,36 @@ def activation_weighted_svd(
     return left.to(weight.dtype), right.to(weight.dtype)
 
 
+def whitened_svd(
+    weight: torch.Tensor, gram: torch.Tensor, rank: int, *, damping: float = WHITEN_DAMPING
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SVD-LLM's whitened SVD: the rank-``rank`` ``L @ R`` minimising ``||(W − L R) X||_F`` for ``G = X Xᵀ``.
+
+    ``gram`` is ``Σ_t x_t x_tᵀ`` of the layer's calibration inputs (``d_in x d_in``). ``G + λI = S Sᵀ``
+    (lower Cholesky factor, ``λ = damping · mean(diag G)``, escalated x10 when ``G`` is singular, as
+    every refit does: :func:`~slimkit.primitives.reconstruct.solve.damped_cholesky`), ``SVD(W S) = U Σ Vᵀ``,
+    ``L = U_r Σ_r``, ``R = V_rᵀ S⁻¹`` (a triangular solve, never an explicit inverse). Computed in float64 on
+    ``gram``'s device; ``(L, R)`` come back in ``weight``'s dtype and device. A Gram no damping makes positive
+    definite (non-finite entries) raises ``ValueError``."""
+    # Imported here: the reconstruct family imports projection, which imports lowrank.module (a cycle at import time).
+    from slimkit.primitives.reconstruct.solve import damped_cholesky
+
+    _check_rank(weight, rank)
+    if gram.shape != (weight.shape[1], weight.shape[1]):
+        raise ValueError(
+            f"gram must be d_in x d_in = {weight.shape[1]} x {weight.shape[1]} for a {tuple(weight.shape)} weight, "
+            f"got shape {tuple(gram.shape)}"
+        )
+    factor, _g, info = damped_cholesky(gram, damping)
+    if factor is None:
+        raise ValueError(f"the Gram matrix is not positive definite even with damping {info.damping:g}")
+    w = weight.detach().to(device=factor.device, dtype=torch.float64)
+    left, right_white = _svd_factors(w @ factor, rank)
+    # R = V_rᵀ S⁻¹  <=>  Sᵀ Rᵀ = V_r (Sᵀ is upper triangular).
+    right = torch.linalg.solve_triangular(factor.T, right_white.T, upper=True).T
+    return left.to(device=weight.device, dtype=weight.dtype), right.to(device=weight.device, dtype=weight.dtype)
+
+
 def weighted_error(
     weight: torch.Tensor, left: torch.Tensor, right: torch.Tensor, input_norms: torch.Tensor | None = None
 ) -> float:
@@ -128,4 +168,11 @@ def weighted_error(
     return float(torch.linalg.matrix_norm(residual))
 
 
-__all__ = ["DEFAULT_EPS", "activation_weighted_svd", "clamp_norms", "truncated_svd", "weighted_error"]
+__all__ = [
+    "DEFAULT_EPS",
+    "activation_weighted_svd",
+    "clamp_norms",
+    "truncated_svd",
+    "weighted_error",
+    "whitened_svd",
+]

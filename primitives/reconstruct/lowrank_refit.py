@@ -35,13 +35,16 @@ def refit_left(
     *,
     cross: torch.Tensor | None = None,
     damping: float = DEFAULT_DAMPING,
+    toward: torch.Tensor | None = None,
     retries: int = 3,
 ) -> Refit:
     """``L' = W G Rᵀ (R G Rᵀ + λI)⁻¹`` (``d_out x r``); with ``cross``, ``W C Rᵀ (R G Rᵀ + λI)⁻¹``.
 
     ``weight`` is the dense ``W`` (``d_out x d_in``), ``right`` the fixed ``R`` (``r x d_in_c``),
     ``gram`` the Gram of the inputs ``R`` sees (``d_in_c x d_in_c``), ``cross`` (optional,
-    ``d_in x d_in_c``) the dense-by-those-inputs cross term."""
+    ``d_in x d_in_c``) the dense-by-those-inputs cross term. ``toward`` (optional, the current ``L``) makes the
+    ridge pull towards it instead of zero, ``argmin ||W X − L' R X||² + λ||L' − L||²``, i.e.
+    ``L' = (W G Rᵀ + λ L) (R G Rᵀ + λI)⁻¹``: a large λ leaves the pair as it was."""
     g = symmetric(gram)
     if right.dim() != 2 or right.shape[1] != g.shape[0]:
         raise ValueError(f"right must be r x {g.shape[0]} for a {tuple(g.shape)} Gram, got {tuple(right.shape)}")
@@ -59,7 +62,14 @@ def refit_left(
         target = cross.detach().to(device=g.device, dtype=torch.float64)
     w = weight.detach().to(device=g.device, dtype=torch.float64)
     rhs = w @ target @ r.T
-    solution, info = damped_solve(rhs, r @ g @ r.T, damping, retries)
+    projected = r @ g @ r.T
+    solution, info = damped_solve(rhs, projected, damping, retries)
+    if toward is not None and info.lam > 0:
+        if toward.shape != solution.shape:
+            raise ValueError(f"toward must be the current L, {tuple(solution.shape)}, got {tuple(toward.shape)}")
+        # The prior term uses the λ the solve settled on (it may have escalated the damping).
+        prior = toward.detach().to(device=g.device, dtype=torch.float64)
+        solution, info = damped_solve(rhs + info.lam * prior, projected, info.damping, retries)
     return Refit(solution.to(device=weight.device, dtype=weight.dtype), info)
 
 

@@ -21,21 +21,17 @@ Budget: like ``lora``, it removes no parameters (budget ``none``) and trains (re
 
 from __future__ import annotations
 
-import gc
-import time
 from typing import Literal
 
-import torch
 from pydantic import Field
 from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
-from slimkit.primitives.placement import dtype_name, format_size
-from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
+from slimkit.recipes.stages.dense_source import release_memory, reload_dense
 from slimkit.recipes.stages.lora import LoraArgs, default_lora_targets
 
 PROJECTING_STAGES = ("pca_project", "pca_project_post")
@@ -67,39 +63,22 @@ def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
         raise SlimkitError(
             f"distill: needs a causal language model's logits; this recipe makes a {ctx.recipe.task} task model"
         )
-    path = ctx.source.get("path")
-    if path is None:
-        raise SlimkitError(
-            "distill: teacher: dense reloads the recipe's model source, but this run compresses a model given in "
-            "memory (nothing to reload); run the recipe from its model source, or use the lora stage"
-        )
-    first = next(ctx.model.parameters())
-    device, dtype = str(first.device), dtype_name(first.dtype)
-    dense = ctx.params_before.get("total") or sum(p.numel() for p in ctx.model.parameters())
-    need = format_size(dense * first.element_size())
-    started = time.perf_counter()
-    try:
-        teacher, _tokenizer, _info = load_source(path, device=device, dtype=dtype)
-    except (SlimkitError, RuntimeError, OSError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        problem = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SlimkitError(
-            f"distill: cannot load the dense teacher from {ctx.source.get('name')} on {device} in {dtype} "
-            f"({problem}); the stage holds two models at once: the teacher needs about {need} beside the student"
-        ) from None
+    dense = reload_dense(
+        ctx,
+        "distill",
+        what="dense teacher",
+        device=None,
+        why="teacher: dense",
+        instead="use the lora stage",
+        holds="the stage holds two models at once: the teacher needs about {need} beside the student",
+    )
     info = {
         "teacher": "dense",
-        "teacher_source": ctx.source.get("name"),
-        "teacher_load_seconds": time.perf_counter() - started,
-        "teacher_weights": need,
+        "teacher_source": dense.source,
+        "teacher_load_seconds": dense.load_seconds,
+        "teacher_weights": dense.weights,
     }
-    return teacher, info
-
-
-def _release_memory(cuda: bool) -> None:
-    """Return the freed teacher's memory (collect now; give CUDA's cached blocks back)."""
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+    return dense.model, info
 
 
 @register_stage(
@@ -130,5 +109,5 @@ def distill(ctx: Context, args: DistillArgs) -> None:
             )
     finally:
         del teacher
-        _release_memory(cuda)
+        release_memory(cuda)
     ctx.report_stage("distill", {**report, **info})

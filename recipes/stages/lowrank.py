@@ -1,7 +1,9 @@
 """``lowrank`` (layer scope): replace projections by low-rank pairs (LoRAP, Li et al. 2024, §3.2).
 
 Each chosen projection W becomes ``LowRankLinear`` factors from activation-weighted SVD (AWSVD,
-Eqs. 5-7, with the layer's calibration input norms) or plain truncated SVD (the Table 5 ablation).
+Eqs. 5-7, with the layer's calibration input norms), plain truncated SVD (the Table 5 ablation), or, beyond
+LoRAP, ``whiten``: SVD-LLM's whitened SVD with the full Gram of the layer's calibration inputs, which
+minimises the output error on them where AWSVD assumes uncorrelated input features (issue #17).
 The parameter budget of the chosen projections is ``(1 - fraction)`` of their dense count, with
 ``fraction`` LoRAP's layer ratio (Appendix C.1) unless ``ratio`` is given. ``allocation: lorap``
 splits an attention budget 1:3 between (W_q + W_k) and (W_v + W_o) by parameter counts, keeping a
@@ -38,8 +40,10 @@ Role = Literal["q", "k", "v", "o", "gate", "up", "down"]
 class LowRankArgs(Strict):
     roles: list[Role] = Field(default_factory=lambda: ["q", "k", "v", "o"], min_length=1)
     """Projections replaced by low-rank pairs (q, k, v, o, gate, up, down)."""
-    method: Literal["awsvd", "svd"] = "awsvd"
-    """awsvd: SVD of W diag(||X_j||) (LoRAP Eqs. 5-7, needs calibration); svd: plain truncated SVD."""
+    method: Literal["awsvd", "whiten", "svd"] = "awsvd"
+    """awsvd: SVD of W diag(||X_j||) (LoRAP Eqs. 5-7, needs calibration); whiten: SVD of W S with S S^T the
+    input Gram (SVD-LLM; minimises the output error on the calibration inputs, needs calibration); svd: plain
+    truncated SVD."""
     allocation: Literal["lorap", "uniform"] = "lorap"
     """lorap: the attention budget split qk_share : (1 - qk_share) between (W_q + W_k) and (W_v + W_o);
     uniform: every matrix keeps the same fraction."""
@@ -111,7 +115,8 @@ def planned_removal(ctx: Context, args: LowRankArgs) -> int:
     "lowrank",
     args=LowRankArgs,
     scope="layer",
-    needs_calibration=lambda a: a.method == "awsvd",
+    needs_calibration=lambda a: a.method != "svd",
+    layer_grams=lambda a: frozenset(a.roles) if a.method == "whiten" else frozenset(),
     paper="LoRAP §3.2 (Eqs. 5-7, AWSVD; 1:3 parameter allocation; Appendix C.1 layer ratio)",
     budget=lambda a: "explicit" if a.ratio is not None else "layer",
     plan=planned_removal,
@@ -128,7 +133,13 @@ def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> N
             continue
         linear = layer.linear(role)
         norms = stats["input_norms"][view.path_of(linear)] if args.method == "awsvd" else None
-        layer.set_linear(role, LowRankLinear.from_linear(linear, rank, norms))
+        gram = stats["dense_consumers"][role].gram if args.method == "whiten" else None
+        try:
+            layer.set_linear(role, LowRankLinear.from_linear(linear, rank, norms, gram=gram))
+        except ValueError as error:  # a Gram with NaN/inf entries
+            raise SlimkitError(
+                f"lowrank: layer {layer.index} {role}: method whiten cannot factor it ({error})"
+            ) from None
     if "lowrank:report" not in ctx.block_cache:  # one report per block
         ctx.block_cache["lowrank:report"] = ctx.report_stage("lowrank", {"fraction": fraction, "ranks": {}})
     ctx.stage_report[ctx.block_cache["lowrank:report"]]["ranks"][str(layer.index)] = ranks

@@ -14,6 +14,12 @@ By default the ridge pulls towards the pruned weight's own kept columns (``towar
 ``||W' - W[:, K]||^2``), not towards zero: the plain refit over-fits a few thousand calibration tokens
 (down_proj has 1,100-1,500 inputs on smollm2), and shrinking towards zero hurts more (measured).
 
+A projection that an earlier stage of the block made a low-rank pair (``lowrank``: LoRAP's attention) gets its left
+factor refitted with the right one fixed, ``L' = W G Rᵀ (R G Rᵀ + λI)⁻¹`` against the dense weight on the same
+inputs (:func:`slimkit.primitives.reconstruct.refit_left`, the "refit the second factor" of issue #17); name it in
+``roles`` (q, k, v, gate and up are refitted only that way). After ``lowrank`` with ``method: whiten`` the pair already
+minimises that error, so the refit changes almost nothing there.
+
 Options (issue #17):
 
 * ``bias: mean`` also moves the consumer's bias. Without a refit (``refit: false``) that is FLAP's baseline, the
@@ -40,8 +46,11 @@ column of the pruned projection equals one dense column (matched in order). A pr
 columns were changed by another stage (a low-rank pair, a projection) is refused in one line. With
 nothing removed the weight (and bias) is left as it is, with either target, and the report lists the layer under
 ``unchanged``; a role given explicitly in ``roles`` that no layer had units removed from fails at the last layer
-(the stage before reconstruct did not produce what it was asked to refit). The stage refuses to run outside
-``sequential`` or first in its block (there is then nothing removed to refit).
+(the stage before reconstruct did not produce what it was asked to refit). The stage refuses to run first in its
+``sequential`` block (there is then nothing removed to refit). At the top level of a recipe, after a model-scope stage
+that removed units (``prune``, ``cce``), it runs its own layer-by-layer pass: each layer of the compressed model is
+refitted against the same layer of the dense model, reloaded from the recipe's model source, on the compressed
+model's calibration stream (:mod:`slimkit.recipes.stages.reconstruct_model`: what it costs and what it refuses).
 
 Bad input: ``damping`` must be at least 1e-12 (0, negative or NaN values are refused when the recipe is read: the
 damping is what keeps a rank-deficient ``G[K, K]`` solvable, and below ~1e-12 it vanishes in float64 next to
@@ -73,6 +82,7 @@ from slimkit.primitives.reconstruct import (
     output_error,
     refit_affine,
     refit_least_squares,
+    refit_left,
     refit_to_dense,
     with_bias_column,
 )
@@ -80,14 +90,16 @@ from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.schema import Strict
 
-Consumer = Literal["down", "o"]
+Consumer = Literal["q", "k", "v", "o", "gate", "up", "down"]
 MIN_DAMPING = 1e-12
 
 
 class ReconstructArgs(Strict):
     roles: list[Consumer] | None = Field(default=None, min_length=1)
-    """Projections to refit: down (reads the MLP channels) and o (reads the attention heads). Unset: both, each in
-    the layers that lost units it reads; given: each must have lost units in some layer, else the run fails."""
+    """Projections to refit: down (reads the MLP channels) and o (reads the attention heads) after units were
+    removed, and any role (q, k, v, o, gate, up, down) that an earlier stage made a low-rank pair (its left factor
+    is refitted). Unset: down and o, each in the layers where it lost inputs or is low-rank; given: each must have
+    been refitted in some layer, else the run fails."""
     damping: float = 0.1
     """Ridge damping as a fraction of the mean diagonal of the kept inputs' Gram matrix (at least 1e-12: a zero
     damping leaves a rank-deficient Gram unsolvable)."""
@@ -156,12 +168,12 @@ def _refit_role(
     None when nothing was removed from its inputs."""
     args = args or ReconstructArgs(damping=damping, toward=toward)
     module = layer.linear(role)
-    if isinstance(module, LowRankLinear):
-        raise SlimkitError(f"reconstruct: layer {layer.index} {role} is a low-rank pair; refit its factors instead")
     snapshot = stats["dense_consumers"][role]
+    if isinstance(module, LowRankLinear):
+        return _refit_lowrank(layer, role, module, snapshot, args)
     weight = module.weight.detach()
-    if weight.shape == snapshot.weight.shape:
-        return None  # nothing removed from its inputs
+    if weight.shape == snapshot.weight.shape or role not in _READS:
+        return None  # nothing removed from its inputs (q, k, v, gate and up read the hidden stream, never pruned)
     kept = matched_columns(snapshot.weight.to(weight.device), weight)
     if kept is None:
         raise SlimkitError(
@@ -227,6 +239,49 @@ def _refit_role(
     return result
 
 
+def _refit_lowrank(layer: LayerView, role: str, module: LowRankLinear, snapshot, args: ReconstructArgs) -> dict:
+    """Refit the left factor ``L`` of a low-rank pair with its ``R`` fixed, ``L' = W G Rᵀ (R G Rᵀ + λI)⁻¹``
+    (:func:`~slimkit.primitives.reconstruct.refit_left`; with ``toward: kept`` the ridge pulls towards the current
+    ``L``; with ``target: dense`` ``G`` becomes the cross term ``C``), against the dense weight ``W`` on the layer's
+    calibration inputs. The report entry gives the relative output error ``||(W − L R) X||² / ||W X||²`` before and
+    after."""
+    if args.bias == "mean":
+        raise SlimkitError(
+            f"reconstruct: layer {layer.index} {role} is a low-rank pair and bias: mean compensates removed inputs "
+            "only; leave low-rank roles out of roles or use bias: none"
+        )
+    if args.target == "dense" and snapshot.cross is None:
+        raise SlimkitError(
+            f"reconstruct: layer {layer.index} {role}: target dense, but the block passed no dense stream"
+        )
+    left, right = module.second.weight, module.first.weight
+    before = output_error(snapshot.weight, left.double() @ right.double(), snapshot.gram, relative=True)
+    fitted = refit_left(
+        snapshot.weight,
+        right,
+        snapshot.gram,
+        cross=snapshot.cross if args.target == "dense" else None,
+        damping=args.damping,
+        toward=left if args.toward == "kept" else None,
+    )
+    if not torch.isfinite(fitted.weight).all():
+        raise SlimkitError(
+            f"reconstruct: layer {layer.index} {role}: the refit is not finite with damping {fitted.info.damping:g}; "
+            "check the calibration data for NaN/inf activations or raise damping"
+        )
+    with torch.no_grad():
+        left.copy_(fitted.weight.to(device=left.device, dtype=left.dtype))
+    after = output_error(snapshot.weight, left.double() @ right.double(), snapshot.gram, relative=True)
+    return {
+        "rank": module.rank,
+        "of": int(min(snapshot.weight.shape)),
+        "error_before": before,
+        "error_after": after,
+        "damping": fitted.info.damping,
+        "method": fitted.info.method,
+    }
+
+
 def _weights_only(snapshot, kept: torch.Tensor, args: ReconstructArgs):
     """The weight refit without a bias (``bias: none``), as an :class:`AffineRefit` with a zero shift."""
     toward_kept = args.toward == "kept"
@@ -259,6 +314,11 @@ def _check_placement(ctx: Context, args: ReconstructArgs, layer: LayerView, stat
             "reconstruct is the first stage of its sequential block, so nothing was removed to refit; put it right "
             "after the stage that removes units (prune_layer)"
         )
+    check_bias(ctx, args, layer)
+
+
+def check_bias(ctx: Context, args: ReconstructArgs, layer: LayerView) -> None:
+    """Refuse ``bias: mean`` on a consumer the architecture or an offloaded model cannot give a bias."""
     if args.bias != "mean":
         return
     for role in args.consumers:
@@ -281,6 +341,7 @@ def _check_placement(ctx: Context, args: ReconstructArgs, layer: LayerView, stat
     "compensation (bias: mean)",
     layer_grams=lambda args: frozenset(args.consumers),
     dense_targets=lambda args: frozenset(args.consumers) if args.target == "dense" else frozenset(),
+    top_level=lambda ctx, args, index: _top_level(ctx, args, index),
 )
 def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: dict) -> None:
     """Refit down_proj / o_proj from the kept inputs so the layer's output matches the dense layer's."""
@@ -309,8 +370,17 @@ def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: di
         if missing:
             raise SlimkitError(
                 f"reconstruct: roles asks to refit {', '.join(missing)}, but no stage before it removed the units "
-                f"{' or '.join(_READS[r] for r in missing)} in any layer"
+                f"{' or '.join(_READS.get(r, f'{r} reads') for r in missing)} in any layer"
+                + ("" if set(missing) <= set(_READS) else " or made them low-rank (q, k, v, gate, up: low-rank only)")
             )
 
 
 _READS = {"down": "down reads (MLP channels)", "o": "o reads (attention heads)"}
+"""The roles that read removable units; the others are refitted only as low-rank pairs."""
+
+
+def _top_level(ctx: Context, args: ReconstructArgs, index: int) -> None:
+    """``reconstruct`` at the top level of a recipe (``stages.<index>``): the whole-model form."""
+    from slimkit.recipes.stages.reconstruct_model import reconstruct_top_level  # it imports this module
+
+    reconstruct_top_level(ctx, args, index)

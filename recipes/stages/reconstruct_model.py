@@ -1,0 +1,265 @@
+"""``reconstruct`` at the top level of a recipe: refit down_proj / o_proj after a model-scope stage removed units.
+
+Inside ``sequential`` the block's statistics pass sees each dense layer before a stage changes it. A model-scope
+stage (``prune`` with LLM-Pruner's Taylor scores, ``cce``) removes MLP channels and attention heads from every layer
+at once, so when ``reconstruct`` follows it at the top level no dense layer is left to take statistics from. This form
+brings the dense layers back and runs its own layer-by-layer pass (issue #17, "llm-pruner+reconstruct"):
+
+1. the recipe's model source is loaded again (:func:`~slimkit.recipes.stages.dense_source.reload_dense`, as
+   ``distill`` loads its teacher) into CPU memory, in the compressed model's dtype;
+2. the calibration batches are embedded by the compressed model and go through it layer by layer, as in
+   ``sequential``: layer ``i`` receives the outputs of the already refitted layers before it;
+3. for each layer whose ``down`` / ``o`` lost inputs, dense layer ``i`` is moved to the compute device and run on those
+   (compressed-stream) inputs, with :func:`~slimkit.primitives.reconstruct.gram_hooks` on its consumers: their dense
+   weights and the Gram matrices of their full-width inputs make the same
+   :class:`~slimkit.recipes.layerwise.DenseConsumer` the in-block pass makes;
+4. the compressed layer's consumers are refitted by the in-block code (``_refit_role``: kept columns matched, then
+   ``W' = argmin ||W X - W' X_K||² + ridge`` with the stage's ``damping``, ``toward``, ``bias``, ``refit``), so with
+   the same kept columns and the same inputs the result equals the in-block refit;
+5. the stream advances through the refitted compressed layer, and dense layer ``i`` is freed.
+
+``target: dense`` works as in ``sequential``: a second stream (the dense model's hidden states on the same batches,
+equal to the compressed one at the embeddings) advances through every dense layer, and the refit matches the dense
+model's output (:func:`~slimkit.recipes.layerwise._paired_pass` gives the cross term). Layers that lost nothing are
+left as they are and listed per role under ``unchanged`` in the report (LLM-Pruner's skipped first and last layers).
+
+Cost. Memory: the dense model in CPU memory beside the compressed one for the whole stage (dense parameters x the
+dtype's bytes: 0.54 GB for smollm2-135m in float32, about 16 GB for an 8B model and 140 GB for a 70B one in bfloat16;
+a source stored in another dtype is cast when loaded); on a GPU one dense layer at a time on the device, each freed
+once its layer is refitted; one set of calibration hidden states (tokens x hidden size; ``target: dense``: two) and,
+per refitted role, a ``d_in x d_in`` float64 Gram (as in ``sequential``). Time: loading the source once, then per layer
+one forward of the compressed layer, plus one of the dense layer where a role is refitted (``target: dense``: three
+of every dense layer), plus the solves. Where the memory for a second model is not there, put ``prune_layer`` and
+``reconstruct`` in one ``sequential`` block instead (no second model; the in-block statistics are taken before the
+layer is pruned).
+
+Refused in one line (nothing is written). Before the source is loaded: reconstruct first in the recipe or right
+after layer-scope work (a top-level layer stage or a ``sequential`` block: it belongs inside that block, where it needs
+no second model and refits each layer before the next one is pruned); roles other than down and o (the others are
+refitted only as low-rank pairs, inside ``sequential``); a low-rank pair in a role it would refit; a ``bias: mean``
+the architecture cannot carry; a model given in memory (no source to reload). After it is loaded, before any layer
+runs: a model whose hidden size or layer count differs from its source's (CCE's ``hidden_feature`` removal: the dense
+layers cannot read the narrower residual stream) or whose head size differs (the compressed model's rotary tables do
+not fit the dense attention); a role whose inputs lost no unit in any layer (given in ``roles``; unset: both roles
+with none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, run_layer
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.lowrank.module import LowRankLinear
+from slimkit.primitives.offload import resident
+from slimkit.primitives.reconstruct.gram import gram_hooks
+from slimkit.recipes.context import Context
+from slimkit.recipes.layerwise import DenseConsumer, _paired_pass, _snapshot
+from slimkit.recipes.registry import stage_def
+from slimkit.recipes.schema import SequentialSpec
+from slimkit.recipes.stages.dense_source import DenseModel, release_memory, reload_dense
+from slimkit.recipes.stages.reconstruct import ReconstructArgs, _refit_role, check_bias
+
+TOP_LEVEL_ROLES = ("down", "o")
+UNITS = {"down": "MLP channels", "o": "attention heads"}
+"""What each top-level role reads: the units a model-scope stage removes."""
+
+
+@dataclass
+class RefitPlan:
+    """Which roles of which layers lost inputs (to refit) and which did not (left as they are)."""
+
+    refit: dict[int, list[str]] = field(default_factory=dict)
+    unchanged: dict[str, list[int]] = field(default_factory=dict)
+
+
+def reconstruct_top_level(ctx: Context, args: ReconstructArgs, index: int) -> None:
+    """Refit every layer's down_proj / o_proj against the reloaded dense model, layer by layer on the compressed
+    model's calibration stream (``reconstruct`` at ``stages.<index>``)."""
+    roles = _check_recipe_placement(ctx, args, index)
+    _check_compressed(ctx, args, roles)
+    dense = reload_dense(
+        ctx,
+        "reconstruct",
+        what="dense model",
+        device="cpu",
+        why="the top-level form",
+        instead="put prune_layer and reconstruct in one sequential block",
+        holds="the stage holds it in CPU memory beside the compressed model: about {need}",
+    )
+    cuda = any(p.device.type == "cuda" for p in ctx.model.parameters())
+    try:
+        _refit_against(ctx, args, roles, dense, f"{index}:reconstruct")
+    finally:
+        del dense
+        release_memory(cuda)
+
+
+def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense: DenseModel, label: str) -> None:
+    """Plan against the dense model, open the stage's report, run the pass (the dense model's views end here)."""
+    dense_view = ModelView(dense.model)
+    plan = refit_plan(ctx.view, dense_view, roles, args)
+    key = ctx.report_stage(
+        "reconstruct",
+        {
+            "settings": {"bias": args.bias, "target": args.target, "refit": args.refit},
+            "placement": "top level",
+            "dense_model": {"source": dense.source, "load_seconds": dense.load_seconds, "weights": dense.weights},
+            "roles": {},
+            "layers": {},
+            "unchanged": plan.unchanged,
+        },
+    )
+    _refit_layers(ctx, dense_view, args, plan, ctx.stage_report[key], label)
+
+
+def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> list[str]:
+    """The roles to refit, after the refusals that need no model: first in the recipe, right after layer-scope work
+    (where reconstruct belongs inside the block), roles the top-level form does not refit."""
+    if index == 0:
+        raise SlimkitError(
+            "reconstruct is the first stage of the recipe, so nothing was removed to refit; put it after the stage "
+            "that removes units (prune, cce)"
+        )
+    before = ctx.recipe.stages[index - 1]
+    if isinstance(before, SequentialSpec):
+        raise SlimkitError(
+            f"reconstruct runs inside sequential, after the stage that removes units: move it to the end of the "
+            f"sequential block at stages.{index - 1}; at the top level it follows a model-scope stage (prune, cce)"
+        )
+    definition = stage_def(before.stage)
+    if definition.scope == "layer" and definition.top_level is None:
+        raise SlimkitError(
+            f"reconstruct runs inside sequential, after the stage that removes units: put stages.{index - 1} "
+            f"({before.stage}) and reconstruct in one sequential block; at the top level it follows a model-scope "
+            "stage (prune, cce)"
+        )
+    others = [role for role in args.consumers if role not in TOP_LEVEL_ROLES]
+    if others:
+        raise SlimkitError(
+            f"reconstruct: at the top level it refits down and o (after units were removed), not "
+            f"{', '.join(others)}; a low-rank pair is refitted inside sequential, right after lowrank"
+        )
+    return list(args.consumers)
+
+
+def _check_compressed(ctx: Context, args: ReconstructArgs, roles: list[str]) -> None:
+    """Refusals on the compressed model, before the dense one is loaded: low-rank pairs, a bias it cannot carry."""
+    for layer in ctx.view.layers:
+        for role in roles:
+            if isinstance(layer.linear(role), LowRankLinear):
+                raise SlimkitError(
+                    f"reconstruct: layer {layer.index} {role} is a low-rank pair, which the top-level form does not "
+                    f"refit; put reconstruct inside sequential right after lowrank, or leave {role} out of roles"
+                )
+    check_bias(ctx, args, ctx.view.layer(0))
+
+
+def refit_plan(view: ModelView, dense: ModelView, roles: list[str], args: ReconstructArgs) -> RefitPlan:
+    """Compare the compressed model with its dense source: the layers each role lost inputs in, and the refusals
+    (another layer count, hidden size or head size; a role with nothing removed)."""
+    if dense.num_layers != view.num_layers:
+        raise SlimkitError(
+            f"reconstruct: the model has {view.num_layers} layers and its source {dense.num_layers}; the top-level "
+            "form refits layer i against the source's layer i, so no stage before it may remove layers"
+        )
+    if dense.hidden_size != view.hidden_size:
+        raise SlimkitError(
+            f"reconstruct: the model's hidden size is {view.hidden_size} and its source's {dense.hidden_size} (a stage "
+            "removed hidden features), so the dense layers cannot read the compressed residual stream; drop "
+            "hidden_feature from that stage's kinds (cce) or groups (prune), or recover with lora / distill instead"
+        )
+    plan = RefitPlan(unchanged={role: [] for role in roles})
+    for layer in view.layers:
+        dense_layer = dense.layer(layer.index)
+        if layer.head_dim != dense_layer.head_dim:
+            raise SlimkitError(
+                f"reconstruct: layer {layer.index}'s head size is {layer.head_dim} and its source's "
+                f"{dense_layer.head_dim}; the dense attention cannot run on the compressed model's position tables"
+            )
+        for role in roles:
+            narrower = layer.linear(role).weight.shape[1] != dense_layer.linear(role).weight.shape[1]
+            if narrower:
+                plan.refit.setdefault(layer.index, []).append(role)
+            else:
+                plan.unchanged[role].append(layer.index)
+    refitted = {role for layer_roles in plan.refit.values() for role in layer_roles}
+    missing = [role for role in roles if role not in refitted]
+    if (args.roles is not None and missing) or not refitted:
+        named = missing if args.roles is not None else roles
+        raise SlimkitError(
+            f"reconstruct: {'roles asks to refit ' + ', '.join(named) + ', but ' if args.roles is not None else ''}"
+            f"no stage before it removed the units {' or '.join(f'{r} reads ({UNITS[r]})' for r in named)} in any "
+            "layer, so there is nothing to refit"
+        )
+    return plan
+
+
+def _refit_layers(
+    ctx: Context, dense: ModelView, args: ReconstructArgs, plan: RefitPlan, entry: dict, label: str
+) -> None:
+    """The layer-by-layer pass: dense statistics on the compressed stream, refit, advance, free the dense layer."""
+    view = ctx.view
+    inputs = capture_layer_inputs(ctx.model, view.layer(0).module, ctx.calibration_batches())
+    # The dense stream (target: dense) starts equal to the compressed one; its tensors are replaced, never changed.
+    stream = LayerInputs(list(inputs.hidden), inputs.kwargs) if args.target == "dense" else None
+    device = inputs.hidden[0].device
+    names = {id(module): name for name, module in ctx.model.named_modules()}
+    with ctx.tracker.task(label, view.num_layers) as advance:
+        for index in range(view.num_layers):
+            roles = plan.refit.get(index, [])
+            stats = {"dense_consumers": dense_consumers(dense.layer(index), roles, inputs, stream, device)}
+            dense.layer_list[index] = nn.Identity()  # free the dense layer (its snapshots hold clones)
+            module = view.layer(index).module
+            with resident(ctx.model, names[id(module)], module):
+                layer = ctx.view.layer(index)
+                for role in roles:
+                    _record(entry, role, index, _refit(ctx, layer, role, stats, args))
+                inputs.hidden = run_layer(layer.module, inputs)
+            advance(1)
+    for role, per_layer in entry["layers"].items():
+        entry["roles"][role] = {
+            "layers": len(per_layer),
+            "mean_error_before": sum(r["error_before"] for r in per_layer.values()) / len(per_layer),
+            "mean_error_after": sum(r["error_after"] for r in per_layer.values()) / len(per_layer),
+        }
+
+
+def dense_consumers(
+    layer: LayerView, roles: list[str], inputs: LayerInputs, stream: LayerInputs | None, device
+) -> dict[str, DenseConsumer]:
+    """Run dense ``layer`` (moved to ``device``) on the compressed stream ``inputs`` with Gram hooks on its ``roles``
+    projections: their :class:`DenseConsumer` snapshots. With a dense ``stream`` (``target: dense``) the layer also
+    runs on it (paired, for the cross terms) and advances it. A layer with nothing to refit and no stream is not
+    run (nor moved)."""
+    if not roles and stream is None:
+        return {}
+    layer.module.to(device)
+    consumers = {role: layer.linear(role) for role in roles}
+    paired: dict = {}
+    if stream is not None and roles:
+        paired, stream.hidden = _paired_pass(layer.module, consumers, inputs, stream)
+    elif stream is not None:
+        stream.hidden = run_layer(layer.module, stream)
+    if not roles:
+        return {}
+    with gram_hooks(consumers) as grams:
+        run_layer(layer.module, inputs)
+    dense_target = stream is not None
+    return {role: _snapshot(module, grams[role], paired.get(role), dense_target) for role, module in consumers.items()}
+
+
+def _refit(ctx: Context, layer: LayerView, role: str, stats: dict, args: ReconstructArgs) -> dict | None:
+    """The in-block refit of one role (``_refit_role``) with the stage's settings."""
+    return _refit_role(layer, role, stats, args.damping, args.toward, args=args, model=ctx.model, view=ctx.view)
+
+
+def _record(entry: dict, role: str, index: int, result: dict | None) -> None:
+    """A refit's report entry; a role whose width differs but whose refit found nothing to do is ``unchanged``."""
+    if result is None:
+        entry["unchanged"].setdefault(role, []).append(index)
+    else:
+        entry["layers"].setdefault(role, {})[str(index)] = result
