@@ -124,20 +124,22 @@ def test_reconstruct_refits_the_left_factor_of_every_lowrank_role(tmp_path, tiny
     assert plain_report["params"]["after"] == report["params"]["after"]  # same ranks and widths, refitted values
 
 
-def test_a_lowrank_role_that_was_never_factored_is_refused_in_one_line(tmp_path, tiny_llama_dir):
-    stages = [
-        {
-            "sequential": [
-                {"stage": "prune_layer", "args": {"groups": ["mlp_channel"], "scorer": "activation"}},
-                {"stage": "reconstruct", "args": {"roles": ["down", "q"]}},
-            ]
-        }
-    ]
-    raw = tiny_recipe(tiny_llama_dir, target={"ratio": 0.2, "of": "mlp", "tolerance": 0.1}, stages=stages)
+def test_a_lowrank_role_that_was_never_factored_is_refused_or_flagged(tmp_path, tiny_llama_dir):
+    def stages(roles):
+        prune = {"stage": "prune_layer", "args": {"groups": ["mlp_channel"], "scorer": "activation"}}
+        return [{"sequential": [prune, {"stage": "reconstruct", "args": {"roles": roles}}]}]
+
+    target = {"ratio": 0.2, "of": "mlp", "tolerance": 0.1}
+    raw = tiny_recipe(tiny_llama_dir, target=target, stages=stages(["q"]))
     with pytest.raises(SlimkitError, match=r"refit q, but no stage .* or made them low-rank") as caught:
         run_recipe(validate(raw, "t"), raw, tmp_path / "run")
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "run" / "model").exists()
+    # Some roles refitted, others not: the run goes on and the report says which were not.
+    raw = tiny_recipe(tiny_llama_dir, target=target, stages=stages(["down", "q", "o"]))
+    report = run_recipe(validate(raw, "t"), raw, tmp_path / "flagged")
+    assert report["stages"]["reconstruct"]["not_refitted"] == ["q", "o"]
+    assert any("q, o refitted in no layer" in note for note in report["notes"])
 
 
 def test_bias_mean_on_a_lowrank_role_is_refused_in_one_line(tmp_path, tiny_llama_dir):

@@ -366,13 +366,27 @@ def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: di
             "mean_error_after": sum(r["error_after"] for r in per_layer.values()) / len(per_layer),
         }
     if layer.index == len(ctx.view.layers) - 1 and args.roles is not None:
-        missing = [role for role in args.roles if role not in entry["layers"]]
-        if missing:
-            raise SlimkitError(
-                f"reconstruct: roles asks to refit {', '.join(missing)}, but no stage before it removed the units "
-                f"{' or '.join(_READS.get(r, f'{r} reads') for r in missing)} in any layer"
-                + ("" if set(missing) <= set(_READS) else " or made them low-rank (q, k, v, gate, up: low-rank only)")
-            )
+        _check_roles_acted(ctx, args.roles, entry)
+
+
+def _check_roles_acted(ctx: Context, roles: list[Consumer], entry: dict) -> None:
+    """After the last layer: fail when none of the roles asked for was refitted in any layer (the stage before
+    produced nothing to refit); flag in the report (``not_refitted`` and a note) the ones that were not, when
+    others were (e.g. ``[q, k, v, o, down]`` after LoRAP, whose allocation keeps v and o dense at some ratios)."""
+    missing = [role for role in roles if role not in entry["layers"]]
+    if not missing:
+        return
+    if len(missing) == len(roles):
+        raise SlimkitError(
+            f"reconstruct: roles asks to refit {', '.join(missing)}, but no stage before it removed the units "
+            f"{' or '.join(_READS.get(r, f'{r} reads') for r in missing)} in any layer"
+            + ("" if set(missing) <= set(_READS) else " or made them low-rank (q, k, v, gate, up: low-rank only)")
+        )
+    entry["not_refitted"] = missing
+    ctx.notes.append(
+        f"reconstruct: {', '.join(missing)} refitted in no layer (no units removed from their inputs and not low-rank); "
+        f"refitted: {', '.join(r for r in roles if r in entry['layers'])}"
+    )
 
 
 _READS = {"down": "down reads (MLP channels)", "o": "o reads (attention heads)"}
