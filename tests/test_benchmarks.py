@@ -219,6 +219,17 @@ def test_zeroshot_mean_uses_acc_norm_where_defined():
 # --------------------------------------------------------------------------------------------- grid
 
 
+def claim_rows(grid) -> set[str]:
+    """Every row id a grid's claims read (``recipe@PCT`` and ``recipe@PCT+ft`` at each ratio in ``at``)."""
+    return {
+        part.replace("{r}", f"{p:g}")
+        for claim in grid.claims
+        for check in claim.checks
+        for part in (parse_check(check).a, parse_check(check).b)
+        for p in claim.at
+    }
+
+
 def test_shipped_grid_file_is_valid_and_covers_the_recipes():
     grid = load_grid()
     recipes = {e.recipe for e in grid.grid}
@@ -232,14 +243,7 @@ def test_shipped_grid_file_is_valid_and_covers_the_recipes():
     assert {"llm-pruner@20", "llm-pruner@20+ft", "lorap@30+ft", "lorap-svd@20"} <= ids
     assert "lorap-svd@10" not in ids
     # every row a claim names is a row of the full grid
-    named = {
-        part.replace("{r}", f"{p:g}")
-        for claim in grid.claims
-        for check in claim.checks
-        for part in (parse_check(check).a, parse_check(check).b)
-        for p in claim.at
-    }
-    assert named <= ids
+    assert claim_rows(grid) <= ids
     quick = resolve_settings(grid, quick=True, cli={"ppl_tokens": 1024, "speed": {"rounds": 2}})
     assert quick.ratios == [0.2] and quick.ppl_tokens == 1024 and quick.speed.rounds == 2
     assert all(not j.recovery for j in expand(grid.quick.grid, quick))
@@ -258,14 +262,7 @@ def test_every_grid_file_loads_names_bundled_recipes_and_rows_its_claims_read(pa
         # grid-sp3*.yaml files of 2026-11-22 carry a copy of that day's claims for rows they do not run.
         return
     ids = {j.id for j in expand(grid.grid, resolve_settings(grid, quick=False, cli={}))}
-    named = {
-        part.replace("{r}", f"{p:g}")
-        for claim in grid.claims
-        for check in claim.checks
-        for part in (parse_check(check).a, parse_check(check).b)
-        for p in claim.at
-    }
-    assert named <= ids
+    assert claim_rows(grid) <= ids
 
 
 def test_only_ratios_and_bad_input():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 import slimkit
 from slimkit.primitives.arch import ModelView
@@ -15,6 +14,7 @@ from slimkit.recipes.runner import run, run_recipe
 from slimkit.recipes.stages.reconstruct import ReconstructArgs
 from tests.conftest import saved_tiny_llama
 from tests.test_recipes import tiny_recipe
+from tests.test_reconstruct_stage import assert_refused_in_one_line
 from tests.tiny import model_output
 
 GROUPS = ["mlp_channel", "attention_head"]
@@ -121,15 +121,6 @@ def test_a_model_given_in_memory_is_refused_in_one_line(tiny_llama_dir):
     assert "\n" not in str(e.value) and "given in memory" in str(e.value)
 
 
-def _snapshot(root) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")}
-
-
-def _is_progress(line: str) -> bool:
-    """A progress-bar line ("1:reconstruct ━━━ 3/3 0:00:00")."""
-    return line.split()[0][:1].isdigit() and ":" in line.split()[0] and line.rstrip()[-7:].count(":") == 2
-
-
 BAD = [
     ("first", [{"stage": "reconstruct"}], {"ratio": 0.0}, "reconstruct is the first stage of the recipe"),
     (
@@ -179,22 +170,12 @@ BAD = [
 
 @pytest.mark.parametrize(("case", "stages", "target", "fragment"), BAD, ids=[b[0] for b in BAD])
 def test_refusals_are_one_line_and_write_nothing(case, stages, target, fragment, monkeypatch, capsys, tmp_path):
-    from tests.test_cli import run_cli
     from tests.tiny import byte_tokenizer
 
     if case == "other-roles" and not LOWRANK_ROLES:
         pytest.skip("reconstruct's roles are down and o only")
     folder = saved_tiny_llama(tmp_path / "model", byte_tokenizer())
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(_recipe(folder, stages, target)))
-    before = _snapshot(tmp_path)
-    code, out, err = run_cli(monkeypatch, capsys, "recipe", "run", str(path), "--out", str(tmp_path / "out"))
-    lines = [line for line in err.splitlines() if line.strip()]
-    errors = [line for line in lines if not _is_progress(line)]
-    assert code == 2 and len(errors) == 1 and errors[0].startswith("error: ") and lines[-1] == errors[0], err
-    assert fragment in errors[0], errors[0]
-    assert "Traceback" not in err + out
-    assert _snapshot(tmp_path) == before  # nothing written
+    assert_refused_in_one_line(_recipe(folder, stages, target), fragment, monkeypatch, capsys, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["llm-pruner+reconstruct", "cce+reconstruct"])

@@ -274,9 +274,6 @@ BAD = [
 
 @pytest.mark.parametrize(("case", "args", "fragment"), BAD, ids=[b[0] for b in BAD])
 def test_bad_reconstruct_input_is_one_line(case, args, fragment, monkeypatch, capsys, tmp_path, tokenizer):
-    import yaml
-
-    from tests.test_cli import run_cli
     from tests.tiny import tiny_mistral
 
     folder = tmp_path / "model"
@@ -293,6 +290,16 @@ def test_bad_reconstruct_input_is_one_line(case, args, fragment, monkeypatch, ca
         raw = tiny_recipe(folder, stages=[{"stage": "prune_layer"}, {"stage": "reconstruct"}])
     else:  # magnitude scores: the non-finite activations reach reconstruct, not the activation scorer
         raw = _recipe(folder, args, scorer="magnitude" if case == "non-finite-gram" else "activation")
+    assert_refused_in_one_line(raw, fragment, monkeypatch, capsys, tmp_path)
+
+
+def assert_refused_in_one_line(raw: dict, fragment: str, monkeypatch, capsys, tmp_path) -> None:
+    """``slimkit recipe run`` of the recipe ``raw`` exits 2 with one ``error:`` line holding ``fragment``, no
+    traceback, and nothing written under ``tmp_path``."""
+    import yaml
+
+    from tests.test_cli import run_cli
+
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
     before = _snapshot(tmp_path)
