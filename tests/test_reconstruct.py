@@ -31,6 +31,7 @@ from slimkit.primitives.reconstruct import (
     obs_order,
     obs_prune,
     obs_remove,
+    output_energy,
     output_error,
     refit_affine,
     refit_least_squares,
@@ -487,3 +488,20 @@ def test_consumer_bias_sets_the_global_flag_and_keeps_the_function() -> None:
     assert bias_refusal(qwen3, ModelView(qwen3).layer(0), "o") is None
     opt = tiny_opt()
     assert bias_refusal(opt, ModelView(opt).layer(0), "down") is None  # fc2 has its bias already
+
+
+def test_output_error_on_the_changed_columns_equals_the_full_product():
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(5, 9, generator=g, dtype=torch.float64)
+    x = torch.randn(40, 9, generator=g, dtype=torch.float64)
+    gram = x.T @ x
+    removed = w.clone()
+    removed[:, [1, 4, 7]] = 0.0  # a removal without a refit: only three columns differ
+    for approx in (removed, removed + 0.01 * torch.randn(5, 9, generator=g, dtype=torch.float64), w):
+        expected = float(((w - approx) @ x.T).square().sum())  # ||(W - Ŵ) X||² by hand
+        assert output_error(w, approx, gram) == pytest.approx(expected, rel=1e-10, abs=1e-12)
+        energy = float((w @ x.T).square().sum())
+        assert output_energy(w, gram) == pytest.approx(energy, rel=1e-10)
+        assert output_error(w, approx, gram, relative=True, energy=output_energy(w, gram)) == pytest.approx(
+            expected / energy, rel=1e-10, abs=1e-12
+        )

@@ -33,7 +33,7 @@ Which statistics: a consumer's *input* Gram, i.e. ``down_proj``'s input for MLP 
 """
 
 from slimkit.primitives.reconstruct.bias import BIAS_FLAGS, bias_compensation, bias_refusal, consumer_bias
-from slimkit.primitives.reconstruct.error import as_indices, embed_columns, kept_columns, output_error
+from slimkit.primitives.reconstruct.error import as_indices, embed_columns, kept_columns, output_energy, output_error
 from slimkit.primitives.reconstruct.gram import (
     CrossGramAccumulator,
     GramStatistics,
@@ -98,6 +98,7 @@ __all__ = [
     "obs_order",
     "obs_prune",
     "obs_remove",
+    "output_energy",
     "output_error",
     "refit_affine",
     "refit_least_squares",

@@ -45,8 +45,21 @@ def embed_columns(compact: torch.Tensor, kept: Indices, width: int) -> torch.Ten
     return full
 
 
-def output_error(weight: torch.Tensor, approx: torch.Tensor, gram: torch.Tensor, relative: bool = False) -> float:
-    """``tr((W − Ŵ) G (W − Ŵ)ᵀ)`` (float64), divided by ``tr(W G Wᵀ)`` when ``relative``."""
+def output_energy(weight: torch.Tensor, gram: torch.Tensor) -> float:
+    """``tr(W G Wᵀ) = ||W X||²`` (float64): the denominator of :func:`output_error`'s relative form."""
+    g = gram.detach().double()
+    w = weight.detach().to(device=g.device, dtype=torch.float64)
+    return float(((w @ g) * w).sum())
+
+
+def output_error(
+    weight: torch.Tensor, approx: torch.Tensor, gram: torch.Tensor, relative: bool = False, energy: float | None = None
+) -> float:
+    """``tr((W − Ŵ) G (W − Ŵ)ᵀ)`` (float64), divided by ``tr(W G Wᵀ)`` when ``relative`` (pass that as ``energy``
+    when it is already known: :func:`output_energy`).
+
+    Only the columns where ``W`` and ``Ŵ`` differ enter the product (the others contribute exactly zero), so the error
+    of a removal without a refit costs ``|S|²`` per row for ``|S|`` removed columns instead of ``d_in²``."""
     if weight.shape != approx.shape or gram.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(
             f"expected W and Ŵ of one shape and a d_in x d_in Gram, got "
@@ -55,11 +68,14 @@ def output_error(weight: torch.Tensor, approx: torch.Tensor, gram: torch.Tensor,
     g = gram.detach().double()
     w = weight.detach().to(device=g.device, dtype=torch.float64)
     delta = w - approx.detach().to(device=g.device, dtype=torch.float64)
+    changed = (delta != 0).any(dim=0)
+    if not bool(changed.all()):
+        delta, g = delta[:, changed], g[changed][:, changed]
     error = float(((delta @ g) * delta).sum())
     if not relative:
         return error
-    total = float(((w @ g) * w).sum())
+    total = output_energy(weight, gram) if energy is None else energy
     return error / total if total > 0 else (0.0 if error == 0 else float("inf"))
 
 
-__all__ = ["Indices", "as_indices", "embed_columns", "kept_columns", "output_error"]
+__all__ = ["Indices", "as_indices", "embed_columns", "kept_columns", "output_energy", "output_error"]

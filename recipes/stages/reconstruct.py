@@ -79,6 +79,7 @@ from slimkit.primitives.reconstruct import (
     bias_refusal,
     consumer_bias,
     embed_columns,
+    output_energy,
     output_error,
     refit_affine,
     refit_least_squares,
@@ -188,7 +189,8 @@ def _refit_role(
         )
     tokens = snapshot.tokens
     input_sum = snapshot.input_sum if snapshot.input_sum is not None else torch.zeros(width, dtype=torch.float64)
-    before = output_error(snapshot.weight, embed_columns(weight, kept, width), snapshot.gram, relative=True)
+    energy = output_energy(snapshot.weight, snapshot.gram)
+    before = output_error(snapshot.weight, embed_columns(weight, kept, width), snapshot.gram, True, energy)
     try:
         fitted = (
             refit_affine(
@@ -229,7 +231,7 @@ def _refit_role(
         "error_before": before,
         "error_after": _affine_error(snapshot, after_weight, shift)
         if shift is not None and tokens
-        else output_error(snapshot.weight, after_weight, snapshot.gram, relative=True),
+        else output_error(snapshot.weight, after_weight, snapshot.gram, True, energy),
         "damping": fitted.info.damping,
         "method": fitted.info.method,
     }
@@ -255,7 +257,8 @@ def _refit_lowrank(layer: LayerView, role: str, module: LowRankLinear, snapshot,
             f"reconstruct: layer {layer.index} {role}: target dense, but the block passed no dense stream"
         )
     left, right = module.second.weight, module.first.weight
-    before = output_error(snapshot.weight, left.double() @ right.double(), snapshot.gram, relative=True)
+    energy = output_energy(snapshot.weight, snapshot.gram)
+    before = output_error(snapshot.weight, left.double() @ right.double(), snapshot.gram, True, energy)
     fitted = refit_left(
         snapshot.weight,
         right,
@@ -271,7 +274,7 @@ def _refit_lowrank(layer: LayerView, role: str, module: LowRankLinear, snapshot,
         )
     with torch.no_grad():
         left.copy_(fitted.weight.to(device=left.device, dtype=left.dtype))
-    after = output_error(snapshot.weight, left.double() @ right.double(), snapshot.gram, relative=True)
+    after = output_error(snapshot.weight, left.double() @ right.double(), snapshot.gram, True, energy)
     return {
         "rank": module.rank,
         "of": int(min(snapshot.weight.shape)),
