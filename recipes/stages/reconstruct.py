@@ -45,8 +45,9 @@ Kept columns are found by matching: removal slices whole columns without changin
 column of the pruned projection equals one dense column (matched in order). A projection whose
 columns were changed by another stage (a low-rank pair, a projection) is refused in one line. With
 nothing removed the weight (and bias) is left as it is, with either target, and the report lists the layer under
-``unchanged``; a role given explicitly in ``roles`` that no layer had units removed from fails at the last layer
-(the stage before reconstruct did not produce what it was asked to refit). The stage refuses to run first in its
+``unchanged``. Roles given explicitly in ``roles`` of which none was refitted in any layer fail at the last layer
+(the stage before reconstruct did not produce what it was asked to refit); when only some were not (LoRAP keeps v and
+o dense at 20%), the report lists them under ``not_refitted`` and in its notes. The stage refuses to run first in its
 ``sequential`` block (there is then nothing removed to refit). At the top level of a recipe, after a model-scope stage
 that removed units (``prune``, ``cce``), it runs its own layer-by-layer pass: each layer of the compressed model is
 refitted against the same layer of the dense model, reloaded from the recipe's model source, on the compressed
@@ -99,8 +100,8 @@ class ReconstructArgs(Strict):
     roles: list[Consumer] | None = Field(default=None, min_length=1)
     """Projections to refit: down (reads the MLP channels) and o (reads the attention heads) after units were
     removed, and any role (q, k, v, o, gate, up, down) that an earlier stage made a low-rank pair (its left factor
-    is refitted). Unset: down and o, each in the layers where it lost inputs or is low-rank; given: each must have
-    been refitted in some layer, else the run fails."""
+    is refitted). Unset: down and o, each in the layers where it lost inputs or is low-rank. Given: the run fails
+    when none was refitted in any layer, and the report names the ones that were not."""
     damping: float = 0.1
     """Ridge damping as a fraction of the mean diagonal of the kept inputs' Gram matrix (at least 1e-12: a zero
     damping leaves a rank-deficient Gram unsolvable)."""
