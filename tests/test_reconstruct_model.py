@@ -113,6 +113,17 @@ def test_the_saved_model_loads_with_the_logits_it_had_in_memory(tmp_path, tiny_l
     torch.testing.assert_close(model_output(loaded, ids), model_output(result.model, ids), rtol=0, atol=0)
 
 
+def test_a_role_with_nothing_removed_is_flagged_when_another_was_refitted(tmp_path, tiny_llama_dir):
+    # As LLM-Pruner at 10% (MLP channels, no heads): roles [down, o] refits down and names o in the report.
+    target = {"ratio": 0.25, "of": "mlp", "tolerance": 0.05}
+    raw = _recipe(tiny_llama_dir, [_prune(["mlp_channel"]), {"stage": "reconstruct", "args": {"roles": ["down", "o"]}}])
+    raw["target"] = target
+    report = _run(raw, tmp_path / "run")
+    entry = report["stages"]["reconstruct"]
+    assert set(entry["layers"]) == {"down"} and entry["not_refitted"] == ["o"]
+    assert any(note.startswith("reconstruct: o refitted in no layer") for note in report["notes"])
+
+
 def test_a_model_given_in_memory_is_refused_in_one_line(tiny_llama_dir):
     raw = _recipe(tiny_llama_dir, [_prune(), {"stage": "reconstruct"}])
     model, tokenizer = slimkit.load(tiny_llama_dir)

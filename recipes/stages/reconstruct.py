@@ -388,8 +388,8 @@ def _check_roles_acted(ctx: Context, roles: list[Consumer], entry: dict) -> None
         )
     entry["not_refitted"] = missing
     ctx.notes.append(
-        f"reconstruct: {', '.join(missing)} refitted in no layer (no units removed from their inputs and not low-rank); "
-        f"refitted: {', '.join(r for r in roles if r in entry['layers'])}"
+        f"reconstruct: {', '.join(missing)} refitted in no layer (no units removed from their inputs and not "
+        f"low-rank); refitted: {', '.join(r for r in roles if r in entry['layers'])}"
     )
 
 

@@ -40,8 +40,9 @@ refitted only as low-rank pairs, inside ``sequential``); a low-rank pair in a ro
 the architecture cannot carry; a model given in memory (no source to reload). After it is loaded, before any layer
 runs: a model whose hidden size or layer count differs from its source's (CCE's ``hidden_feature`` removal: the dense
 layers cannot read the narrower residual stream) or whose head size differs (the compressed model's rotary tables do
-not fit the dense attention); a role whose inputs lost no unit in any layer (given in ``roles``; unset: both roles
-with none).
+not fit the dense attention); roles whose inputs lost no unit in any layer, when none of them did (when only some
+did not, as after LLM-Pruner at 10%, which removes no heads, the report lists them under ``not_refitted`` and in its
+notes, as in ``sequential``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from slimkit.recipes.layerwise import DenseConsumer, _paired_pass, _snapshot
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import SequentialSpec
 from slimkit.recipes.stages.dense_source import DenseModel, release_memory, reload_dense
-from slimkit.recipes.stages.reconstruct import ReconstructArgs, _refit_role, check_bias
+from slimkit.recipes.stages.reconstruct import ReconstructArgs, _check_roles_acted, _refit_role, check_bias
 
 TOP_LEVEL_ROLES = ("down", "o")
 UNITS = {"down": "MLP channels", "o": "attention heads"}
@@ -114,6 +115,8 @@ def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense:
         },
     )
     _refit_layers(ctx, dense_view, args, plan, ctx.stage_report[key], label)
+    if args.roles is not None:  # some roles refitted in no layer (llm-pruner at 10% removes no heads): flagged
+        _check_roles_acted(ctx, args.roles, ctx.stage_report[key])
 
 
 def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> list[str]:
@@ -188,7 +191,7 @@ def refit_plan(view: ModelView, dense: ModelView, roles: list[str], args: Recons
                 plan.unchanged[role].append(layer.index)
     refitted = {role for layer_roles in plan.refit.values() for role in layer_roles}
     missing = [role for role in roles if role not in refitted]
-    if (args.roles is not None and missing) or not refitted:
+    if not refitted:
         named = missing if args.roles is not None else roles
         raise SlimkitError(
             f"reconstruct: {'roles asks to refit ' + ', '.join(named) + ', but ' if args.roles is not None else ''}"
