@@ -410,7 +410,12 @@ def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
         axis.set_xlabel("parameters removed (%)")
         axis.set_ylabel(metric.replace("_", " "))
         axis.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # One legend for every series: a series missing from the last panel (no zero-shot there) is still named.
+    handles: dict[str, object] = {}
+    for axis in axes[0]:
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("quality against parameters removed")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
