@@ -23,8 +23,9 @@ The paper writes ``SVD(W) = U Σ V`` with ``V`` already transposed; here ``Vᵀ`
   §3.1): with the full Gram ``G = X Xᵀ = S Sᵀ`` (Cholesky), ``SVD(W S) = U Σ Vᵀ``, ``L = U_r Σ_r``,
   ``R = V_rᵀ S⁻¹``. It minimises the output error ``||(W − L R) X||_F`` itself, with no assumption on
   how input features correlate (AWSVD is the special case of a diagonal ``G``), and the error it leaves
-  is the discarded singular values of ``W S``: ``Σ_{i>r} σ_i²``. Not in LoRAP: used by the
-  reconstruction recipes (issue #17) as the activation-aware refit of a low-rank pair's factors.
+  is the discarded singular values of ``W S``: ``Σ_{i>r} σ_i²``. Not in LoRAP: the ``lowrank`` stage's
+  ``method: whiten`` (issue #17). On smollm2's q/k at 20% it did worse than AWSVD (59.16 vs 57.34 WikiText-2,
+  benchmarks/results/2026-11-25-reconstruct-limits.md), so no bundled recipe uses it.
 
 Σ is folded into ``L`` as in the paper (``L = U_r Σ_r``), so ``R`` has orthonormal rows (before
 ``D⁻¹``). Factors are computed in ``compute_dtype`` (float64 by default, for accuracy at a
