@@ -86,10 +86,7 @@ def refit_least_squares(
     k = index.to(g.device)
     w = weight.detach().to(device=g.device, dtype=torch.float64)
     rhs = w @ g[:, k]
-    solution, info = damped_solve(rhs, g[k][:, k], damping, retries)
-    if toward_kept and info.lam > 0:
-        # The prior term uses the λ the solve settled on (it may have escalated the damping).
-        solution, info = damped_solve(rhs + info.lam * w[:, k], g[k][:, k], info.damping, retries)
+    solution, info = damped_solve(rhs, g[k][:, k], damping, retries, prior=w[:, k] if toward_kept else None)
     return Refit(solution.to(device=weight.device, dtype=weight.dtype), info)
 
 
@@ -123,9 +120,7 @@ def refit_to_dense(
     k = as_indices(kept, g.shape[0], "kept").to(g.device)
     w = weight.detach().to(device=g.device, dtype=torch.float64)
     rhs = w @ cross.detach().to(device=g.device, dtype=torch.float64)[:, k]
-    solution, info = damped_solve(rhs, g[k][:, k], damping, retries)
-    if toward_kept and info.lam > 0:
-        solution, info = damped_solve(rhs + info.lam * w[:, k], g[k][:, k], info.damping, retries)
+    solution, info = damped_solve(rhs, g[k][:, k], damping, retries, prior=w[:, k] if toward_kept else None)
     return Refit(solution.to(device=weight.device, dtype=weight.dtype), info)
 
 

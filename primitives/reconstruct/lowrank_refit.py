@@ -62,14 +62,7 @@ def refit_left(
         target = cross.detach().to(device=g.device, dtype=torch.float64)
     w = weight.detach().to(device=g.device, dtype=torch.float64)
     rhs = w @ target @ r.T
-    projected = r @ g @ r.T
-    solution, info = damped_solve(rhs, projected, damping, retries)
-    if toward is not None and info.lam > 0:
-        if toward.shape != solution.shape:
-            raise ValueError(f"toward must be the current L, {tuple(solution.shape)}, got {tuple(toward.shape)}")
-        # The prior term uses the λ the solve settled on (it may have escalated the damping).
-        prior = toward.detach().to(device=g.device, dtype=torch.float64)
-        solution, info = damped_solve(rhs + info.lam * prior, projected, info.damping, retries)
+    solution, info = damped_solve(rhs, r @ g @ r.T, damping, retries, prior=toward)
     return Refit(solution.to(device=weight.device, dtype=weight.dtype), info)
 
 

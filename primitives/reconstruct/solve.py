@@ -112,13 +112,35 @@ def damped_cholesky(
 
 
 def damped_solve(
-    rhs: torch.Tensor, gram: torch.Tensor, damping: float = DEFAULT_DAMPING, retries: int = 3
+    rhs: torch.Tensor,
+    gram: torch.Tensor,
+    damping: float = DEFAULT_DAMPING,
+    retries: int = 3,
+    prior: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, SolveInfo]:
     """``X = B (G + λI)⁻¹`` for ``B`` (``m x k``) and a symmetric PSD ``G`` (``k x k``), in float64.
 
     This is the general ridge least-squares solution ``argmin_X ||T − X Z||² + λ||X||²`` given the
     streamed statistics ``B = Σ_t t_t z_tᵀ`` and ``G = Σ_t z_t z_tᵀ`` (e.g. from
-    :class:`~slimkit.primitives.reconstruct.gram.CrossGramAccumulator` with dense outputs ``t``)."""
+    :class:`~slimkit.primitives.reconstruct.gram.CrossGramAccumulator` with dense outputs ``t``).
+    With ``prior`` (``m x k``, e.g. the weights before a refit) the ridge pulls towards it instead of zero,
+    ``argmin ||T − X Z||² + λ||X − P||²``, i.e. ``X = (B + λP) (G + λI)⁻¹``, with the λ the plain solve settled on
+    (it may have escalated the damping)."""
+    solution, info = _damped_solve(rhs, gram, damping, retries)
+    if prior is None or info.lam <= 0:
+        return solution, info
+    if prior.shape != solution.shape:
+        raise ValueError(f"prior must have the solution's shape {tuple(solution.shape)}, got {tuple(prior.shape)}")
+    target = prior.detach().to(device=solution.device, dtype=torch.float64)
+    return _damped_solve(
+        rhs.detach().to(device=solution.device, dtype=torch.float64) + info.lam * target, gram, info.damping, retries
+    )
+
+
+def _damped_solve(
+    rhs: torch.Tensor, gram: torch.Tensor, damping: float, retries: int
+) -> tuple[torch.Tensor, SolveInfo]:
+    """:func:`damped_solve` without a prior."""
     if rhs.dim() != 2 or rhs.shape[1] != gram.shape[-1]:
         raise ValueError(f"rhs must be m x {gram.shape[-1]} for a {tuple(gram.shape)} Gram, got {tuple(rhs.shape)}")
     factor, g, info = damped_cholesky(gram, damping, retries)
