@@ -27,6 +27,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.placement import check_device_name, check_dtype_name
 from slimkit.recipes.schema import check_zeroshot_task
 
 GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
@@ -40,6 +42,13 @@ class BenchError(Exception):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _checked(check, name: str) -> str:
+    try:
+        return check(name)
+    except SlimkitError as error:  # pydantic reports a ValueError with the field's name
+        raise ValueError(str(error)) from None
 
 
 def _check_ratio(value: float) -> float:
@@ -66,6 +75,21 @@ class Settings(_Strict):
     """Examples per zero-shot task (the first N of each); 0 skips zero-shot evaluation, None evaluates
     every example. 200 is issue 18's floor for a claims run."""
     speed: Speed = Field(default_factory=Speed)
+    device: str = "auto"
+    """Where every row is compressed and evaluated (``slimkit recipe run --device``): auto, cpu, cuda, cuda:N."""
+    dtype: str = "auto"
+    """The weights' dtype for compression and evaluation (``--dtype``): auto (float32 on CPU, bfloat16 on
+    CUDA), float32, bfloat16, float16. A claims run on a GPU sets float32 so its rows compare with CPU rows."""
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, name: str) -> str:
+        return _checked(check_device_name, name)
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, name: str) -> str:
+        return _checked(check_dtype_name, name)
 
     @field_validator("ratios")
     @classmethod

@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zeroshot-limit", type=int, help="examples per zero-shot task (0 skips zero-shot)")
     parser.add_argument("--zeroshot-tasks", help="comma-separated zero-shot tasks ('' skips zero-shot)")
     parser.add_argument("--speed-rounds", type=int, help="interleaved speed rounds per row")
+    parser.add_argument("--device", help="compress and evaluate every row on: auto (default), cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", help="the weights' dtype: auto (default), float32, bfloat16, float16")
     parser.add_argument(
         "--threads", type=int, help="torch threads here and in the compression processes (default: torch's)"
     )
@@ -153,7 +155,16 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    gpu = None
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu = {
+            "name": properties.name,
+            "memory_gib": round(properties.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda,
+        }
     return {
+        "gpu": gpu,
         "cpu": cpu or "unknown CPU",
         "cores": os.cpu_count(),
         "memory_gb": psutil.virtual_memory().total / 2**30,
@@ -162,6 +173,20 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+
+
+def placement_of(model) -> dict[str, Any]:
+    """Where ``model`` is and in which dtype, as a run report's ``placement`` states it (``device``,
+    ``dtype`` and, on CUDA, ``gpu``)."""
+    import torch
+
+    from slimkit.primitives.placement import dtype_name
+
+    parameter = next(model.parameters())
+    info: dict[str, Any] = {"device": str(parameter.device), "dtype": dtype_name(parameter.dtype)}
+    if parameter.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(parameter.device)
+    return info
 
 
 def eval_config(settings: Settings):
@@ -296,6 +321,17 @@ def _numbers(node: Any):
             yield from _numbers(value)
 
 
+def _normalised(stored: Any) -> Any:
+    """Stored settings with the defaults of fields added since they were written (a row measured before
+    ``device`` existed was measured under ``device: auto``), so such rows stay reusable."""
+    from benchmarks.grid import Settings
+
+    try:
+        return json.loads(json.dumps(Settings.model_validate(stored).model_dump()))
+    except Exception:  # not settings this code can read: never equal
+        return stored
+
+
 def _slug(row_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", row_id.replace("@", "-r"))
 
@@ -324,8 +360,6 @@ class Bench:
     ) -> None:
         import torch
 
-        import slimkit
-
         if threads is not None:
             torch.set_num_threads(threads)
         self.thread_env = {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -336,9 +370,32 @@ class Bench:
         self.reuse_only = reuse_only
         """Only collect rows measured earlier (``--reuse-only``); never compress or measure a row."""
         self.config = eval_config(settings)
-        self.dense, self.tokenizer, _info = slimkit.load_source(settings.model)
-        self.dense_layer_params = layer_params(self.dense)
+        self._dense: tuple[Any, Any, list[int]] | None = None
         self.dense_speed: list[tuple[float, float]] = []
+
+    def _loaded(self) -> tuple[Any, Any, list[int]]:
+        """The dense model, its tokenizer and its layers' parameter counts, loaded on first use (assembling
+        stored rows with ``--reuse-only`` needs none of them, so rows measured on a GPU can be assembled
+        on a machine without one)."""
+        if self._dense is None:
+            import slimkit
+
+            s = self.settings
+            model, tokenizer, _info = slimkit.load_source(s.model, device=s.device, dtype=s.dtype)
+            self._dense = (model, tokenizer, layer_params(model))
+        return self._dense
+
+    @property
+    def dense(self):
+        return self._loaded()[0]
+
+    @property
+    def tokenizer(self):
+        return self._loaded()[1]
+
+    @property
+    def dense_layer_params(self) -> list[int]:
+        return self._loaded()[2]
 
     def evaluate(self, model, config=None) -> tuple[dict[str, float], dict[str, Any], float]:
         """Perplexity and zero-shot of ``model`` under ``config`` (default: the settings')."""
@@ -380,6 +437,7 @@ class Bench:
         return {
             "id": DENSE,
             "recipe": DENSE,
+            "placement": placement_of(self.dense),
             "ratio": None,
             "recovery": False,
             "status": "ok",
@@ -401,7 +459,7 @@ class Bench:
         if not path.is_file():
             return None
         stored = json.loads(path.read_text())
-        if stored.get("settings") != json.loads(json.dumps((settings or self.settings).model_dump())):
+        if _normalised(stored.get("settings")) != json.loads(json.dumps((settings or self.settings).model_dump())):
             return None
         return {**stored["row"], "evaluation_reused": True}
 
@@ -463,7 +521,9 @@ class Bench:
             return {**row, "status": "not run", "reason": f"recipe '{job.recipe}' does not exist (yet)"}, None, None
         # Not strict: a row that misses its target (granularity, an explicit stage ratio) is still measured,
         # and flagged with the report's target.met.
-        overrides = [f"model={self.settings.model}", f"target.ratio={job.ratio}", "target.strict=false", *job.overrides]
+        s = self.settings
+        placement = [f"model.{k}={v}" for k, v in (("device", s.device), ("dtype", s.dtype)) if v != "auto"]
+        overrides = [f"model={s.model}", *placement, f"target.ratio={job.ratio}", "target.strict=false", *job.overrides]
         try:
             recipe, _raw = load_recipe(job.recipe, overrides)
             lora = [i for i, s in enumerate(recipe.stages) if getattr(s, "stage", None) in RECOVERY_STAGES]
@@ -528,6 +588,9 @@ class Bench:
         stored = self.stored_row(self.runs / _slug(job.id), raw, settings)
         if stored is not None:
             log(f"  reusing the row measured on {self.runs / _slug(job.id)}")
+            if "placement" not in stored:  # rows stored before rows recorded it: their run's report has it
+                report = json.loads((self.runs / _slug(job.id) / "report.json").read_text())
+                stored["placement"] = report.get("placement")
             speed = stored.get("speed") or {}
             if speed.get("dense_prefill_tokens_per_s") and speed.get("dense_decode_tokens_per_s"):
                 # the dense model's measurements in that row's pair count towards the dense row's speed
@@ -563,13 +626,15 @@ class Bench:
                 },
                 "stages": stages,
                 "notes": report.get("notes", []),
+                "placement": report.get("placement"),
                 "versions": report.get("versions"),
                 "run_folder": str(folder) if self.keep else None,
             }
         )
         model = None
         try:
-            model, _tokenizer, _info = slimkit.load_source(str(folder / "model"))
+            s = self.settings
+            model, _tokenizer, _info = slimkit.load_source(str(folder / "model"), device=s.device, dtype=s.dtype)
             metrics, details, seconds = self.evaluate(model, eval_config(settings))
             # counted here, on the saved model, so a reused run folder is counted by this code too
             row["macs"] = {**(row["macs"] or {}), "after": count_macs(model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN}
@@ -623,6 +688,8 @@ def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
         "zeroshot_limit": args.zeroshot_limit,
         "zeroshot_tasks": None if args.zeroshot_tasks is None else [t for t in args.zeroshot_tasks.split(",") if t],
         "speed": None if args.speed_rounds is None else {"rounds": args.speed_rounds},
+        "device": args.device,
+        "dtype": args.dtype,
     }
     settings = resolve_settings(grid, args.quick, cli)
     entries = grid.quick.grid if args.quick else grid.grid

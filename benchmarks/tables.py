@@ -50,14 +50,43 @@ def _target(row: dict[str, Any]) -> str:
     return f"{row['ratio']:.0%} of {row.get('of') or '?'}"
 
 
+def placement_text(settings: dict[str, Any], machine: dict[str, Any]) -> str:
+    """Where the rows were compressed and evaluated, and in which dtype ("float32, CPU", "float32, CUDA
+    (NVIDIA H100 80GB HBM3)"): the settings' device and dtype resolved as ``auto`` resolves them."""
+    gpu = machine.get("gpu") or {}
+    device = settings.get("device") or "auto"
+    on_gpu = device.startswith("cuda") or (device == "auto" and bool(gpu))
+    dtype = settings.get("dtype") or "auto"
+    if dtype == "auto":
+        dtype = "bfloat16" if on_gpu else "float32"
+    return f"{dtype}, CUDA ({gpu.get('name', 'GPU')})" if on_gpu else f"{dtype}, CPU"
+
+
+def measured_on(result: dict[str, Any]) -> str:
+    """Where the rows were measured: the distinct placements their run reports state (``placement``), else
+    the settings' device and dtype on the benchmark's machine."""
+    places = []
+    for row in result.get("rows", []):
+        placement = row.get("placement") or {}
+        if placement.get("device"):
+            dtype = placement.get("dtype", "?")
+            on_gpu = placement["device"].startswith("cuda")
+            place = f"{dtype}, CUDA ({placement.get('gpu', 'GPU')})" if on_gpu else f"{dtype}, CPU"
+            if place not in places:
+                places.append(place)
+    return "; ".join(places) or placement_text(result.get("settings", {}), result.get("machine", {}))
+
+
 def settings_text(result: dict[str, Any]) -> list[str]:
     s = result.get("settings", {})
     machine = result.get("machine", {})
     speed = s.get("speed", {})
     windows = s.get("ppl_tokens", 0) // max(s.get("ppl_window", 1), 1)
     datasets = ", ".join(s.get("ppl_datasets", []))
+    reused = "--reuse-only" in result.get("command", "")
     lines = [
-        f"Model `{s.get('model')}`, float32, CPU, seed as in each recipe (seeded rows: each seed listed). "
+        f"Model `{s.get('model')}`, {measured_on(result)}, seed as in each recipe (seeded rows: each seed "
+        "listed). "
         f"Command: `{result.get('command', '')}`.",
         "",
         f"- Perplexity ({datasets}): the first {windows} non-overlapping windows of {s.get('ppl_window')} tokens "
@@ -82,9 +111,16 @@ def settings_text(result: dict[str, Any]) -> list[str]:
         "- Compression ran as one `slimkit recipe run --no-eval` process per row (peak RSS is that process's); "
         'evaluation and speed ran in the benchmark process on the saved model. "compress s" is calibration '
         'plus the recipe\'s stages (not loading or saving); "process wall s" is the whole process.',
-        f"- Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+        f"- Machine{' that assembled the rows (measured where the first line says)' if reused else ''}: "
+        f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
         f"{_num(machine.get('memory_gb'), '.0f')} GB; {machine.get('platform', '')}; "
-        f"Python {machine.get('python', '')}.",
+        f"Python {machine.get('python', '')}"
+        + (
+            f"; GPU {machine['gpu']['name']} ({machine['gpu'].get('memory_gib')} GiB, CUDA "
+            f"{machine['gpu'].get('cuda')})."
+            if machine.get("gpu")
+            else "."
+        ),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()) + ".",
         f"- Benchmark wall time: {_num(result.get('wall_s'), '.0f')} s{_load_text(machine)}; peak RSS of the "
         f"benchmark process (evaluation and speed) {_num(result.get('bench_peak_rss_mb'), '.0f')} MB.",

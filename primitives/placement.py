@@ -129,6 +129,11 @@ class Placement:
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
+        # Before the first allocation the caching allocator has no state for the device, and resetting its
+        # statistics raises "Invalid device argument" (seen with torch 2.11 on an H100): initialise it first.
+        torch.cuda.init()
+        with torch.cuda.device(device):
+            torch.zeros(1, device=device)
         torch.cuda.reset_peak_memory_stats(device)
 
 

@@ -32,6 +32,8 @@ STAGES = {
     "llm-pruner": [{"stage": "prune", "args": {"groups": ["attention_head", "mlp_channel"], "scorer": "taylor"}}],
     "cce": [{"stage": "cce", "args": {"kinds": ["mlp_channel"], "scorer": "magnitude", "iterations": 2}}],
     "sp3-oneshot": [{"stage": "pca_project", "args": {"group_size": "all"}}],
+    # layer groups: Eq. 34 boundaries and residual matrices between groups (a CPU identity once met CUDA bases)
+    "sp3-oneshot-groups": [{"stage": "pca_project", "args": {"group_size": 1}}],
     "prunenet": [{"stage": "prunenet", "args": {"episodes": 1, "save_policy": False}}],
 }
 
@@ -79,3 +81,23 @@ def test_lorap_on_smollm2_in_bfloat16():
     ppl = result.report["metrics"]["wikitext2_ppl"]
     assert math.isfinite(ppl)
     assert ppl == pytest.approx(81.1, rel=0.1)
+
+
+def test_evaluation_on_cuda_matches_cpu():
+    # Perplexity and lm-eval zero-shot run where the model is; in float32 the CUDA numbers equal the CPU ones
+    # up to summation order (a near-tie in a 4-way choice may flip one answer of 8).
+    from slimkit.primitives.evaluate.perplexity import perplexity
+    from slimkit.primitives.evaluate.zeroshot import evaluate_zeroshot
+    from tests.test_zeroshot import _tiny_model_and_tokenizer
+
+    model, tokenizer = _tiny_model_and_tokenizer()
+    tasks = ["piqa", "boolq", "hellaswag"]
+    on_cpu = perplexity(model, tokenizer, "wikitext2", seq_len=64, max_tokens=512).perplexity
+    choices_cpu = evaluate_zeroshot(model, tokenizer, tasks, limit=8, batch_size=4)
+    model.to("cuda")
+    on_cuda = perplexity(model, tokenizer, "wikitext2", seq_len=64, max_tokens=512).perplexity
+    choices_cuda = evaluate_zeroshot(model, tokenizer, tasks, limit=8, batch_size=4)
+    assert on_cuda == pytest.approx(on_cpu, rel=1e-4)
+    for task in tasks:
+        assert choices_cuda[task]["n"] == 8
+        assert abs(choices_cuda[task]["acc"] - choices_cpu[task]["acc"]) <= 1 / 8, task

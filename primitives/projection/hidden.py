@@ -239,6 +239,7 @@ def _projected_pass(
         components.append(accumulator.components(settings.basis))
         basis = components[-1].basis(widths[g])
         bases.append(basis)
+        identity = identity.to(basis.device)  # the statistics' device (CUDA for a model there)
         if g == 0 or eq34:  # the group's input, in the original coordinates, in its own basis
             compressed = [(h.double() @ basis).to(h.dtype) for h in dense_in]
         last = g == len(groups) - 1

@@ -251,7 +251,7 @@ def projected_layernorm(
 
 def residual_matrix(p_in: torch.Tensor, p_out: torch.Tensor) -> torch.Tensor:
     """``W_R = P_in⁽ⁱ⁾ P_out⁽ⁱ⁻¹⁾`` (Eq. 18), mapping the previous basis's coordinates to the next one's."""
-    return p_in.double() @ p_out.double()
+    return p_in.double() @ p_out.to(p_in.device, torch.float64)
 
 
 __all__ = [
