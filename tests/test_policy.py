@@ -305,3 +305,16 @@ def test_linear_ratios_ramp():
         layer_ratios(0.97, 4)
     with pytest.raises(SlimkitError, match="schedule"):
         layer_ratios(0.2, 4, "cosine")
+
+
+def test_zero_episodes_keeps_the_initial_policy():
+    # episodes=0 is the untrained ablation: the policy is the seeded initialisation, no optimizer step ran
+    weights = _toy_weights()
+    policy, report = train_policy(weights, 0.25, episodes=0, seed=3)
+    n, d = weights[0].shape
+    initial = PruneNetPolicy(n, d, generator=torch.Generator().manual_seed(3))
+    for trained, start in zip(policy.parameters(), initial.parameters(), strict=True):
+        assert torch.equal(trained, start)
+    assert report.optimizer_steps == 0 and report.episode_penalty == []
+    with pytest.raises(SlimkitError, match="episodes must be at least 0"):
+        train_policy(weights, 0.25, episodes=-1)

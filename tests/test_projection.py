@@ -489,3 +489,17 @@ def test_hidden_feature_pruning_refuses_a_model_with_residual_matrices(tmp_path,
     with pytest.raises(SlimkitError, match="hidden_feature cannot prune a model with residual matrices"):
         run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
     assert not (tmp_path / "run" / "model").exists()
+
+
+def test_full_width_projection_of_a_tied_model_says_the_embedding_shares_group_ones_basis(tmp_path, tiny_llama_dir):
+    # sp3-llm's first stage: nothing is sliced, so `tied_head: joint` builds no own embedding basis; the report says
+    # so (issue 18: the later masks reach the head through group 1's kept coordinates)
+    raw = tiny_recipe(
+        tiny_llama_dir,
+        target={"ratio": 0.1, "of": "model", "strict": False},
+        stages=[{"stage": "pca_project", "args": {"group_size": 1, "ratio": 0.0, "tokens": 64}}],
+        eval={"perplexity": None},
+    )
+    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    assert report["stages"]["pca_project"]["embedding_basis"].startswith("group 1's")
+    assert any("shares group 1's basis" in note for note in report["notes"])

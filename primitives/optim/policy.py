@@ -408,15 +408,16 @@ def train_policy(
     ``ratio`` is one removal ratio or one per layer (:func:`layer_ratios`). Hyper-parameter
     defaults are the paper's (§5.1: γ = 0.99, AdamW lr 5e-4, 20 episodes). Deterministic for a
     given ``seed`` (initialisation and sampling use one ``torch.Generator``). An existing
-    ``policy`` is trained further instead of a new one.
+    ``policy`` is trained further instead of a new one. ``episodes=0`` returns the initial policy
+    untrained (the ablation that separates what training adds from what the linear logit ``W v`` does).
     """
     if not weights:
         raise SlimkitError("train_policy needs at least one weight matrix")
     _check_choice(distance, tuple(DISTANCES), "distance")
     _check_choice(returns, RETURNS, "returns")
     _check_choice(update, UPDATES, "update")
-    if episodes < 1:
-        raise SlimkitError(f"episodes must be at least 1, got {episodes}")
+    if episodes < 0:
+        raise SlimkitError(f"episodes must be at least 0 (0 keeps the initial, untrained policy), got {episodes}")
     shape = tuple(weights[0].shape)
     if len(shape) != 2 or any(tuple(w.shape) != shape for w in weights):
         raise SlimkitError(f"all weights must be matrices of one shape, got {[tuple(w.shape) for w in weights]}")

@@ -38,6 +38,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.recipes.context import Context
@@ -115,8 +116,18 @@ def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
         tied_head=args.tied_head,
         residual=args.residual,
     )
+    tied = ModelView(ctx.model).tied
     with ctx.tracker.task("pca_project", None):
         report = project_hidden_dimension(ctx.model, batches, settings)
+    if tied and args.tied_head == "joint" and args.ratio == 0:
+        # At full width nothing is sliced, so no own embedding basis is built (hidden.py): whatever slices the
+        # stream later (mask_train) reaches the tied head through group 1's kept coordinates, as `shared` does.
+        report["embedding_basis"] = "group 1's (full width: tied_head joint acts as shared)"
+        ctx.notes.append(
+            "pca_project: at full width the tied embedding shares group 1's basis (tied_head joint builds its own "
+            "basis only when this stage slices); a later stage that slices the stream reaches the head through "
+            "group 1's kept coordinates (sp3-llm vs sp3-oneshot, benchmarks/results/2026-11-25-claims-diagnostics.md)"
+        )
     ctx.report_stage("pca_project", report)
     if report["residual_params"]:
         ctx.notes.append(

@@ -51,7 +51,8 @@ class PruneNetArgs(Strict):
     source: Literal["up", "gate", "down"] = "up"
     """Which matrix the policy reads: FFN1 (``up``), the gate, or FFN2's columns (Table 19)."""
     episodes: int = Field(20, ge=0)
-    """REINFORCE episodes of policy training (the paper: 20); ignored with ``policy`` or ``selection: random``."""
+    """REINFORCE episodes of policy training (the paper: 20; 0: the untrained initial policy, an ablation);
+    ignored with ``policy`` or ``selection: random``."""
     learning_rate: float = Field(5e-4, gt=0)
     """AdamW learning rate of the policy (the paper: 5e-4)."""
     gamma: float = Field(0.99, ge=0.0, le=1.0)
