@@ -27,9 +27,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.placement import check_device_name, check_dtype_name
-from slimkit.recipes.schema import check_zeroshot_task
+from slimkit.recipes.schema import _as_value_error, check_zeroshot_task
 
 GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
 DENSE = "dense"
@@ -42,13 +41,6 @@ class BenchError(Exception):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def _checked(check, name: str) -> str:
-    try:
-        return check(name)
-    except SlimkitError as error:  # pydantic reports a ValueError with the field's name
-        raise ValueError(str(error)) from None
 
 
 def _check_ratio(value: float) -> float:
@@ -84,12 +76,12 @@ class Settings(_Strict):
     @field_validator("device")
     @classmethod
     def _device(cls, name: str) -> str:
-        return _checked(check_device_name, name)
+        return _as_value_error(check_device_name, name)
 
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, name: str) -> str:
-        return _checked(check_dtype_name, name)
+        return _as_value_error(check_dtype_name, name)
 
     @field_validator("ratios")
     @classmethod

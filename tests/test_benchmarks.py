@@ -398,6 +398,8 @@ def test_bad_grid_file_is_one_line(tmp_path):
         (["--resume", "--list"], "--resume needs --keep"),
         (["--reuse-only", "--keep", "x", "--list"], "--reuse-only needs --resume"),
         (["--threads", "0", "--list"], "--threads must be at least 1"),
+        (["--device", "gpu", "--list"], "unknown device 'gpu'"),
+        (["--dtype", "fp8", "--list"], "unknown dtype 'fp8'"),
     ],
 )
 def test_command_line_errors_are_one_line(args, message):
@@ -747,3 +749,33 @@ def test_scale_benchmark_quick_smoke(tmp_path):
     assert math.isfinite(fits[("width", "compress_s")]["exponent"])
     text = path.with_suffix(".md").read_text()
     assert "cost (time, memory) only" in text and "## Growth exponents" in text
+
+
+def test_device_and_dtype_go_into_the_recipe_so_resumed_rows_match():
+    # the run folder's recipe.yaml carries model.device/dtype, so --resume recognises a row compressed on a GPU; a
+    # row stored before the settings had device/dtype reads as measured under the defaults (auto)
+    from benchmarks.run import _normalised
+
+    bench = Bench.__new__(Bench)
+    bench.settings = Settings(device="cuda", dtype="float32")
+    _row, overrides, raw = bench.prepare(expand([Entry(recipe="lorap")], bench.settings, [0.2])[0])
+    assert "model.device=cuda" in overrides and "model.dtype=float32" in overrides
+    assert raw["model"]["device"] == "cuda" and raw["model"]["dtype"] == "float32"
+    bench.settings = Settings()
+    _row, overrides, raw = bench.prepare(expand([Entry(recipe="lorap")], bench.settings, [0.2])[0])
+    assert not any(o.startswith(("model.device", "model.dtype")) for o in overrides)
+    old = {k: v for k, v in Settings().model_dump().items() if k not in ("device", "dtype")}
+    assert _normalised(old) == Settings().model_dump()
+    assert _normalised(old) != Settings(device="cuda").model_dump()
+
+
+def test_results_say_where_rows_were_measured():
+    from benchmarks.tables import measured_on
+
+    gpu = {"device": "cuda:0", "dtype": "float32", "gpu": "NVIDIA H100 80GB HBM3"}
+    result = {"rows": [{"placement": gpu}, {"placement": gpu}, {"placement": None}], "settings": {}, "machine": {}}
+    assert measured_on(result) == "float32, CUDA (NVIDIA H100 80GB HBM3)"
+    result["rows"].append({"placement": {"device": "cpu", "dtype": "bfloat16"}})
+    assert measured_on(result) == "float32, CUDA (NVIDIA H100 80GB HBM3); bfloat16, CPU"
+    # rows without placements (older results): the settings on the benchmark's machine
+    assert measured_on({"rows": [{}], "settings": {"device": "auto", "dtype": "auto"}, "machine": {}}) == "float32, CPU"
