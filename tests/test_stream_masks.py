@@ -31,7 +31,9 @@ MODELS = {
     "llama-tied": lambda: tiny_llama(layers=4),
     "llama-untied": lambda: tiny_llama(layers=4, tie=False),
     "opt": lambda: tiny_opt(layers=4),
+    "llama-tied-own": lambda: tiny_llama(layers=4),  # the tied embedding in its own basis (tied_head="own")
 }
+TIED_HEAD = {"llama-tied-own": "own"}
 
 
 def _ids(seed: int = 1) -> torch.Tensor:
@@ -43,7 +45,8 @@ def _projected(family: str, group_size: int | None = 2):
     with torch.no_grad():  # a stream of O(1) like real models', so the norms' ε stays negligible (see slice.py)
         ModelView(model).embed_tokens.weight.mul_(50.0)
     batches = [_ids(seed) for seed in (5, 6)]
-    project_hidden_dimension(model, batches, ProjectionSettings(group_size=group_size, ratio=0.0))
+    settings = ProjectionSettings(group_size=group_size, ratio=0.0, tied_head=TIED_HEAD.get(family, "joint"))
+    project_hidden_dimension(model, batches, settings)
     return model.eval()
 
 
@@ -96,7 +99,8 @@ def test_whole_model_count_covers_every_parameter_the_masks_touch(family):
     view = ModelView(model)
     expected = 0 if view.head.bias is None else view.head.bias.numel()
     assert args["fixed"] == expected
-    assert args["head_map"] == (family == "llama-tied")
+    assert args["head_map"] == family.startswith("llama-tied")
+    assert args["embedding_map"] == (family == "llama-tied-own")
 
 
 def test_mask_set_with_groups_feeds_one_gate_per_group_and_trains_it():
@@ -144,7 +148,8 @@ def test_bad_inputs_raise_one_line_errors():
         MaskSet.from_view(ModelView(model), hidden="per_group", groups=[[0, 2], [1, 3]], intermediate=False)
 
 
-def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama_dir):
+@pytest.mark.parametrize("tied_head", ["joint", "own"])
+def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama_dir, tied_head):
     import slimkit
     from slimkit.recipes.loading import load_recipe, validate
     from slimkit.recipes.runner import run_recipe
@@ -152,7 +157,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
 
     bundled, _ = load_recipe("sp3-llm")
     stages = [s.model_dump() for s in bundled.stages]
-    stages[0]["args"]["group_size"] = 2
+    stages[0]["args"].update(group_size=2, tied_head=tied_head)
     stages[1]["args"].update(mask_steps=4, warmup_steps=2, batch_size=2, seq_len=16)
     raw = tiny_recipe(
         tiny_llama_dir,
@@ -172,6 +177,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
     assert ModelView(model).num_params() == stage["params"]
     ids = tokenizer("hello there", return_tensors="pt").input_ids
     assert torch.isfinite(model(ids).logits).all()
+    assert ("basis_change" in ModelView(model).embed_tokens._modules) == (tied_head == "own")
 
 
 def test_rank_prior_starts_the_gates_in_principal_component_order():
@@ -206,3 +212,27 @@ def test_mask_training_with_distillation_runs_and_fuses():
     # the distillation term is added to the task loss (the Lagrangian starts at zero)
     assert report["history"]["loss"][0] > report["history"]["task_loss"][0]
     assert report["achieved_sparsity"] >= 0.2
+
+
+def test_own_embedding_basis_at_full_width_is_exact_and_sliced_in_its_own_coordinates():
+    # tied_head="own" re-represents the tied embedding in its own basis at full width (lossless), and slicing keeps
+    # its top |S_1| components (not group 1's kept coordinates): the embedding and its map shrink together
+    model = MODELS["llama-tied-own"]()
+    with torch.no_grad():
+        ModelView(model).embed_tokens.weight.mul_(50.0)
+    ids = _ids()
+    expected = model_output(model.eval(), ids)
+    settings = ProjectionSettings(group_size=2, ratio=0.0, tied_head="own")
+    report = project_hidden_dimension(model, [_ids(seed) for seed in (5, 6)], settings)
+    assert "basis_change" in ModelView(model).embed_tokens._modules, report
+    assert_scaled_close(model_output(model, ids), expected)
+    view = ModelView(model)
+    groups = stream_groups(model)
+    d = view.hidden_size
+    keep = [torch.arange(0, d, 2), torch.arange(1, d, 3)]
+    slice_stream(model, keep)
+    assert view.embed_tokens.weight.shape[1] == keep[0].numel()
+    embedding_map = view.embed_tokens._modules["basis_change"].weight
+    assert tuple(embedding_map.shape) == (keep[0].numel(), keep[0].numel())
+    assert tuple(view.final_norm.module._modules["basis_change"].weight.shape) == (keep[0].numel(), keep[1].numel())
+    assert len(groups) == 2 and torch.isfinite(model_output(model, ids)).all()

@@ -86,6 +86,7 @@ def stream_count_args(model: nn.Module) -> dict:
         "embedding_rows": rows,
         "head_rows": 0 if view.tied or view.head is None else view.head.weight.shape[0],
         "head_map": final is not None and BASIS_CHANGE in final._modules,
+        "embedding_map": BASIS_CHANGE in view.embed_tokens._modules,
         "include_bias": True,
         "boundaries": [  # Eq. 34 group boundaries: the down projection writes the next group's stream
             i

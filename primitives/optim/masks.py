@@ -117,6 +117,7 @@ from torch.utils.hooks import RemovableHandle
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.projection.adapters import NAME as BASIS_CHANGE
 
 Level = Literal["dimension", "head", "layer"]
 LEVELS: tuple[Level, ...] = ("dimension", "head", "layer")
@@ -633,6 +634,20 @@ def _out_hook(get: Getter, heads: int | None = None):
     return hook
 
 
+def _kept_prefix(get: Getter, width: int) -> Getter:
+    """0/1 over ``width`` coordinates keeping the first as many as ``get()`` has non-zero entries (an own embedding
+    basis is in decreasing order of variance: the embedding keeps its top components, as many as group 1 keeps)."""
+
+    def prefix() -> torch.Tensor | None:
+        z = get()
+        if z is None:
+            return None
+        kept = min(int((z != 0).sum()), width)
+        return (torch.arange(width, device=z.device) < kept).to(z.dtype)
+
+    return prefix
+
+
 def _layer_input_hook(get: Getter):
     """Pre-hook on a whole layer: masks its ``hidden_states`` (first positional or keyword argument)."""
 
@@ -770,5 +785,12 @@ def apply_masks(
         pre(view.base.get_submodule(view.spec.extra_norms[-1]), value("mha_in", 0))
         post(view.layer(view.num_layers - 1).mlp_norm.module, value("ffn_out", view.num_layers - 1))
     if where == "stream" and view.tied and view.final_norm is not None:
-        post(view.final_norm.module, value("mha_in", 0))
+        if BASIS_CHANGE in view.embed_tokens._modules:
+            # the tied embedding has its own basis (its map into group 1's sits on its output): both uses keep
+            # its top coordinates, as many as group 1 keeps, before the map and after the final norm's map
+            prefix = _kept_prefix(value("mha_in", 0), view.embed_tokens.weight.shape[1])
+            hooks.handles.append(view.embed_tokens.register_forward_hook(_out_hook(prefix), prepend=True))
+            post(view.final_norm.module, prefix)
+        else:
+            post(view.final_norm.module, value("mha_in", 0))
     return hooks

@@ -207,6 +207,7 @@ def stream_model_size(
     embedding_rows: int,
     head_rows: int = 0,
     head_map: bool = False,
+    embedding_map: bool = False,
     include_bias: bool = False,
     fixed: int = 0,
     boundaries: Sequence[int] = (),
@@ -226,7 +227,9 @@ def stream_model_size(
     * the residual matrices at group boundaries, ``n_g × n_{g−1}`` (Eq. 18), and, with ``head_map``,
       the map from the last group to the tied embedding's coordinates after the final norm, ``n_1 × n_G``;
     * the embeddings (``embedding_rows`` = rows of every table writing the stream) in the first
-      group's coordinates, and an untied head (``head_rows`` = its rows) in the last group's;
+      group's coordinates, and an untied head (``head_rows`` = its rows) in the last group's; with
+      ``embedding_map`` (a tied embedding in its own basis, keeping as many coordinates as group 1) its
+      map into group 1's coordinates, ``n_1 × n_1``;
     * ``fixed``: anything the masks do not touch (e.g. biases of q/k/v when not counted above).
 
     Unlike Eq. 30 (which follows CoFi and counts only the blocks), this is the whole model, so a
@@ -249,6 +252,8 @@ def stream_model_size(
         total = total + (extra if z_ffn is None else z_ffn * extra)
     if head_map:
         total = total + widths[0] * widths[-1]
+    if embedding_map:
+        total = total + widths[0] * widths[0]
     return torch.as_tensor(total, dtype=torch.float64)
 
 

@@ -129,7 +129,7 @@ def projected_param_count(
         final_count += view.head.weight.shape[0]
     elif view.head is not None:
         residual += widths[0] * widths[-1]
-        if tied_head == "joint" and widths[0] < d:
+        if (tied_head == "joint" and widths[0] < d) or tied_head == "own":
             residual += widths[0] * widths[0]
     per_feature_dense += final_count
     projected += final_count * widths[-1]

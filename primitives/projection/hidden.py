@@ -25,7 +25,10 @@ outside that early subspace; ``"joint"`` (default) gives it its own basis, the t
 the sum of two unit-trace Gram matrices, the embedding outputs' and the head inputs'
 (``γ_F ⊙ x / rms(x)`` of the final stream), at the price of a k x k map on the embedding output (on smollm2 at
 10% this took WikiText-2 perplexity from 152 to 83; untying gave 72 but adds a vocabulary x k
-matrix, 28M parameters). At full width nothing is sliced and the first group's basis is used.
+matrix, 28M parameters). At full width nothing is sliced and ``joint`` uses the first group's basis;
+``"own"`` builds the embedding's basis at full width too (an exact re-representation with a d x d map after
+the embedding), so that a later slicing of the stream (SP3's trained masks, :func:`slice_stream`) can
+truncate the embedding in its own basis instead of group 1's.
 
 Which model the statistics come from (``statistics``):
 
@@ -100,7 +103,9 @@ class ProjectionSettings:
     normalise: bool = False
     """Accumulate ``x / rms(x)`` instead of the raw stream (see :mod:`.pca`)."""
     tied_head: TiedHead = "joint"
-    """A tied embedding: ``shared`` (group 1's basis), ``joint`` (its own, from both uses) or ``untie``."""
+    """A tied embedding: ``shared`` (group 1's basis), ``joint`` (its own, from both uses, when something is
+    sliced), ``own`` (its own also at full width, for stages that slice the stream later: mask training) or
+    ``untie``."""
     residual: Residual = "eq34"
     """Group boundaries: ``eq34`` (Eq. 34: the boundary block writes the next basis, ``W_R`` on its residual
     branch) or ``input`` (``W_R`` on the whole stream at the next group's input; see :mod:`.fuse`)."""
@@ -179,7 +184,7 @@ class _TiedStatistics:
 
 
 def _tied_statistics(model: nn.Module, settings: ProjectionSettings) -> _TiedStatistics | None:
-    if settings.tied_head != "joint" or not ModelView(model).tied:
+    if settings.tied_head not in ("joint", "own") or not ModelView(model).tied:
         return None
     return _TiedStatistics(model, settings.normalise, settings.basis)
 
@@ -264,9 +269,12 @@ def _projected_pass(
     return components, bases, tied
 
 
-def _embedding_basis(tied: _TiedStatistics | None, first: torch.Tensor) -> torch.Tensor | None:
-    """A tied embedding's own basis (None: it shares the first group's); only when something is sliced."""
-    if tied is None or first.shape[1] == first.shape[0]:
+def _embedding_basis(
+    tied: _TiedStatistics | None, first: torch.Tensor, full_width: bool = False
+) -> torch.Tensor | None:
+    """A tied embedding's own basis (None: it shares the first group's); only when something is sliced, or
+    with ``full_width`` (``tied_head="own"``) also when nothing is."""
+    if tied is None or (first.shape[1] == first.shape[0] and not full_width):
         return None
     return tied.components().basis(first.shape[1])
 
@@ -311,7 +319,8 @@ def project_hidden_dimension(model: nn.Module, batches: Sequence[torch.Tensor], 
             widths = uniform_widths(d, len(groups), settings.ratio)
         expected = projected_param_count(model, groups, widths, settings.tied_head, settings.residual)
         bases = [c.basis(k) for c, k in zip(components, widths, strict=True)]
-        fuse_projection(model, groups, bases, _embedding_basis(tied, bases[0]), settings.residual)
+        own = _embedding_basis(tied, bases[0], settings.tied_head == "own")
+        fuse_projection(model, groups, bases, own, settings.residual)
     else:
         if settings.ratio is None:
             widths = widths_for_params(
@@ -321,7 +330,7 @@ def project_hidden_dimension(model: nn.Module, batches: Sequence[torch.Tensor], 
             widths = uniform_widths(d, len(groups), settings.ratio)
         expected = projected_param_count(model, groups, widths, settings.tied_head, settings.residual)
         components, bases, tied = _projected_pass(model, groups, widths, batches, settings)
-        fuse_ends(model, bases[0], bases[-1], _embedding_basis(tied, bases[0]))
+        fuse_ends(model, bases[0], bases[-1], _embedding_basis(tied, bases[0], settings.tied_head == "own"))
 
     residual = basis_change_params(model)
     total = ModelView(model).num_params()

@@ -33,7 +33,7 @@ from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
 
-TiedHead = Literal["shared", "joint", "untie"]
+TiedHead = Literal["shared", "joint", "own", "untie"]
 
 
 # -- parameters of linear modules (nn.Linear or a low-rank pair), by role --------------------------

@@ -13,13 +13,17 @@ every o/down row of the group), so the sliced model equals the masked one.
 
 Per group ``g`` with kept coordinates ``S_g``:
 
-* embeddings (token, and position tables): columns ``S_1`` (a tied head follows the embedding);
+* embeddings (token, and position tables): columns ``S_1`` (a tied head follows the embedding); a tied
+  embedding in its own basis (``tied_head="own"`` or ``"joint"``, a map ``M`` into group 1's coordinates on
+  its output) instead keeps its first ``|S_1|`` coordinates (its top components) and ``M`` keeps rows
+  ``S_1`` and those columns, with group 1's scale on its rows;
 * every layer of the group: q/k/v and gate/up (fc1) columns ``S_g``; o and down (fc2) rows ``S_g``
   (and their biases); both norms keep ``S_g``;
 * the residual matrix at the group's start: rows ``S_g``, columns ``S_{g−1}`` (in Eq. 34's form it
   sits on the previous layer's residual branch, and that layer's down / fc2 rows keep ``S_g``);
 * the final norm keeps ``S_G``; an untied head keeps columns ``S_G``; the map after the final norm
-  of a tied model (its rows are the embedding's coordinates): rows ``S_1``, columns ``S_G``.
+  of a tied model (its rows are the embedding's coordinates): rows ``S_1`` (or the embedding's kept
+  coordinates), columns ``S_G``.
 
 A sliced RMSNorm of width ``n`` keeping ``k`` entries gets the weight ``w[S] · sqrt(n / k)``, so it
 keeps dividing by the RMS over the ``n`` coordinates it had (zeros included), as the masked model
@@ -110,8 +114,9 @@ def slice_stream(model: nn.Module, keep: Sequence[torch.Tensor], scale: Sequence
         raise SlimkitError(f"the model has {len(groups)} layer groups, got scales for {len(scale)}")
     if view.spec.norm_placement == "post":
         raise SlimkitError("slice_stream needs a pre-norm model; BERT has post-norms")
-    if BASIS_CHANGE in view.embed_tokens._modules:
-        raise SlimkitError("slice_stream: the embedding carries its own basis map; project at full width first")
+    embedding_map = view.embed_tokens._modules.get(BASIS_CHANGE)
+    if embedding_map is not None and (view.spec.extra_embeddings or not view.tied):
+        raise SlimkitError("slice_stream: an embedding map is supported on a tied model without position tables")
     widths = [view.layer(group[0]).attn_norm.module.weight.shape[0] for group in groups]
     kept = [_index(k, w, f"group {g}") for g, (k, w) in enumerate(zip(keep, widths, strict=True))]
     scales: list[torch.Tensor | None] = [None] * len(groups)
@@ -121,12 +126,19 @@ def slice_stream(model: nn.Module, keep: Sequence[torch.Tensor], scale: Sequence
     head_map = view.final_norm.module._modules.get(BASIS_CHANGE) if view.final_norm is not None else None
     if tied and head_map is None and len(groups) > 1:
         raise SlimkitError("a tied head without a map after the final norm reads the first group's coordinates")
+    # the embedding's kept coordinates: group 1's, or with its own basis its top ones, as many as group 1 keeps
+    embedding_kept = kept[0] if embedding_map is None else torch.arange(min(kept[0].numel(), embedding_map.in_features))
     with torch.no_grad():
         for module in [view.embed_tokens] + [view.base.get_submodule(p) for p in view.spec.extra_embeddings]:
-            weight = module.weight.detach()[:, kept[0]]
-            if scales[0] is not None:
+            weight = module.weight.detach()[:, embedding_kept]
+            if scales[0] is not None and embedding_map is None:
                 weight = weight.double() * scales[0].to(weight.device)[None, :]
             set_param(module, "weight", weight)
+        if embedding_map is not None:
+            weight = embedding_map.weight.detach()[kept[0]][:, embedding_kept]
+            if scales[0] is not None:
+                weight = (weight.double() * scales[0].to(weight.device)[:, None]).to(embedding_map.weight.dtype)
+            embedding_map.weight = nn.Parameter(weight.contiguous(), requires_grad=embedding_map.weight.requires_grad)
         if tied:
             view.head.weight = view.embed_tokens.weight
             view.head.in_features = view.embed_tokens.weight.shape[1]
@@ -151,7 +163,7 @@ def slice_stream(model: nn.Module, keep: Sequence[torch.Tensor], scale: Sequence
         if view.final_norm is not None:
             _norm(view.final_norm.module, kept[-1])
             if head_map is not None:
-                weight = head_map.weight.detach()[kept[0]][:, kept[-1]]
+                weight = head_map.weight.detach()[embedding_kept][:, kept[-1]]
                 head_map.weight = nn.Parameter(weight.contiguous(), requires_grad=head_map.weight.requires_grad)
         if not tied and view.head is not None:
             _columns(view.head, kept[-1])

@@ -27,7 +27,9 @@ Arguments recorded as choices (see the primitives' docstrings for the reasons):
 * ``residual``: where a group boundary's matrix sits: ``eq34`` (Eq. 34, default) or ``input``.
 * ``tied_head``: a tied embedding stays tied; ``joint`` gives it its own basis from the PCA of its
   two uses (the first layer's input and the head's input), with a k x k map after the embedding and after
-  the final norm; ``shared`` uses the first group's basis (one map, after the final norm);
+  the final norm; ``own`` does the same also at full width (``ratio: 0``), for a later stage that slices the
+  stream (``mask_train``: the embedding then keeps its own top components); ``shared`` uses the first group's
+  basis (one map, after the final norm);
   ``untie`` copies the embedding into the head (exact, but a vocabulary x k matrix more).
 """
 
@@ -62,9 +64,10 @@ class PCAProjectArgs(Strict):
     """``input``: the raw stream the norms read (the paper); ``normalized``: each token divided by its RMS."""
     tokens: int | None = Field(None, ge=1)
     """Calibration tokens used for the statistics (whole calibration samples); None: all."""
-    tied_head: Literal["shared", "joint", "untie"] = "joint"
-    """A tied embedding: ``joint`` (own basis from both its uses), ``shared`` (the first group's basis) or
-    ``untie`` (copied into the head)."""
+    tied_head: Literal["shared", "joint", "own", "untie"] = "joint"
+    """A tied embedding: ``joint`` (own basis from both its uses, when this stage slices), ``own`` (the same also at
+    full width, for ``mask_train`` after it), ``shared`` (the first group's basis) or ``untie`` (copied into the
+    head)."""
     residual: Literal["eq34", "input"] = "eq34"
     """Group boundaries: ``eq34`` (Appendix F.1 Eq. 34: the boundary block writes the next group's basis and
     ``U'ᵀ U`` multiplies its residual branch only) or ``input`` (``W_R`` maps the whole stream at the next
