@@ -27,8 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from slimkit.primitives.placement import check_device_name, check_dtype_name
-from slimkit.recipes.schema import _as_value_error, check_zeroshot_task
+from slimkit.recipes.schema import DeviceName, DtypeName, check_zeroshot_task
 
 GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
 DENSE = "dense"
@@ -67,21 +66,11 @@ class Settings(_Strict):
     """Examples per zero-shot task (the first N of each); 0 skips zero-shot evaluation, None evaluates
     every example. 200 is issue 18's floor for a claims run."""
     speed: Speed = Field(default_factory=Speed)
-    device: str = "auto"
+    device: DeviceName = "auto"
     """Where every row is compressed and evaluated (``slimkit recipe run --device``): auto, cpu, cuda, cuda:N."""
-    dtype: str = "auto"
+    dtype: DtypeName = "auto"
     """The weights' dtype for compression and evaluation (``--dtype``): auto (float32 on CPU, bfloat16 on
     CUDA), float32, bfloat16, float16. A claims run on a GPU sets float32 so its rows compare with CPU rows."""
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, name: str) -> str:
-        return _as_value_error(check_device_name, name)
-
-    @field_validator("dtype")
-    @classmethod
-    def _dtype(cls, name: str) -> str:
-        return _as_value_error(check_dtype_name, name)
 
     @field_validator("ratios")
     @classmethod

@@ -155,16 +155,8 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    gpu = None
-    if torch.cuda.is_available():
-        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-        gpu = {
-            "name": properties.name,
-            "memory_gib": round(properties.total_memory / 2**30, 1),
-            "cuda": torch.version.cuda,
-        }
     return {
-        "gpu": gpu,
+        "gpu": _gpu_info() if torch.cuda.is_available() else None,
         "cpu": cpu or "unknown CPU",
         "cores": os.cpu_count(),
         "memory_gb": psutil.virtual_memory().total / 2**30,
@@ -176,17 +168,22 @@ def machine_info() -> dict[str, Any]:
 
 
 def placement_of(model) -> dict[str, Any]:
-    """Where ``model`` is and in which dtype, as a run report's ``placement`` states it (``device``,
-    ``dtype`` and, on CUDA, ``gpu``)."""
-    import torch
-
-    from slimkit.primitives.placement import dtype_name
+    """Where ``model`` is and in which dtype, as a run report's ``placement`` states it (``device``, ``dtype`` and,
+    on CUDA, ``gpu``, ``gpu_memory_gib``, ``cuda``)."""
+    from slimkit.primitives.placement import Placement
 
     parameter = next(model.parameters())
-    info: dict[str, Any] = {"device": str(parameter.device), "dtype": dtype_name(parameter.dtype)}
-    if parameter.device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(parameter.device)
-    return info
+    return Placement(parameter.device, parameter.dtype).describe()
+
+
+def _gpu_info() -> dict[str, Any]:
+    """The current CUDA device as a run report describes it: ``gpu`` (name), ``gpu_memory_gib``, ``cuda``."""
+    import torch
+
+    from slimkit.primitives.placement import Placement
+
+    described = Placement(torch.device("cuda", torch.cuda.current_device()), torch.float32).describe()
+    return {key: described[key] for key in ("gpu", "gpu_memory_gib", "cuda")}
 
 
 def eval_config(settings: Settings):
@@ -324,11 +321,13 @@ def _numbers(node: Any):
 def _normalised(stored: Any) -> Any:
     """Stored settings with the defaults of fields added since they were written (a row measured before
     ``device`` existed was measured under ``device: auto``), so such rows stay reusable."""
+    from pydantic import ValidationError
+
     from benchmarks.grid import Settings
 
     try:
         return json.loads(json.dumps(Settings.model_validate(stored).model_dump()))
-    except Exception:  # not settings this code can read: never equal
+    except ValidationError:  # not settings this code can read: never equal
         return stored
 
 
@@ -378,12 +377,16 @@ class Bench:
         stored rows with ``--reuse-only`` needs none of them, so rows measured on a GPU can be assembled
         on a machine without one)."""
         if self._dense is None:
-            import slimkit
-
-            s = self.settings
-            model, tokenizer, _info = slimkit.load_source(s.model, device=s.device, dtype=s.dtype)
+            model, tokenizer = self.load(self.settings.model)
             self._dense = (model, tokenizer, layer_params(model))
         return self._dense
+
+    def load(self, source: str) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` of ``source`` on the settings' device and dtype."""
+        import slimkit
+
+        model, tokenizer, _info = slimkit.load_source(source, device=self.settings.device, dtype=self.settings.dtype)
+        return model, tokenizer
 
     @property
     def dense(self):
@@ -574,7 +577,6 @@ class Bench:
         return folder, wall, None
 
     def run_job(self, job: Job) -> dict[str, Any]:
-        import slimkit
         from slimkit.primitives.evaluate.counting import count_macs
         from slimkit.primitives.io import read_manifest
         from slimkit.recipes.runner import MACS_SEQ_LEN
@@ -633,8 +635,7 @@ class Bench:
         )
         model = None
         try:
-            s = self.settings
-            model, _tokenizer, _info = slimkit.load_source(str(folder / "model"), device=s.device, dtype=s.dtype)
+            model, _tokenizer = self.load(str(folder / "model"))
             metrics, details, seconds = self.evaluate(model, eval_config(settings))
             # counted here, on the saved model, so a reused run folder is counted by this code too
             row["macs"] = {**(row["macs"] or {}), "after": count_macs(model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN}

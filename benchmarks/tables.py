@@ -59,7 +59,11 @@ def placement_text(settings: dict[str, Any], machine: dict[str, Any]) -> str:
     dtype = settings.get("dtype") or "auto"
     if dtype == "auto":
         dtype = "bfloat16" if on_gpu else "float32"
-    return f"{dtype}, CUDA ({gpu.get('name', 'GPU')})" if on_gpu else f"{dtype}, CPU"
+    return _place(dtype, gpu.get("gpu") if on_gpu else None, on_gpu)
+
+
+def _place(dtype: str, gpu: str | None, on_gpu: bool) -> str:
+    return f"{dtype}, CUDA ({gpu or 'GPU'})" if on_gpu else f"{dtype}, CPU"
 
 
 def measured_on(result: dict[str, Any]) -> str:
@@ -69,9 +73,7 @@ def measured_on(result: dict[str, Any]) -> str:
     for row in result.get("rows", []):
         placement = row.get("placement") or {}
         if placement.get("device"):
-            dtype = placement.get("dtype", "?")
-            on_gpu = placement["device"].startswith("cuda")
-            place = f"{dtype}, CUDA ({placement.get('gpu', 'GPU')})" if on_gpu else f"{dtype}, CPU"
+            place = _place(placement.get("dtype", "?"), placement.get("gpu"), placement["device"].startswith("cuda"))
             if place not in places:
                 places.append(place)
     return "; ".join(places) or placement_text(result.get("settings", {}), result.get("machine", {}))
@@ -116,7 +118,7 @@ def settings_text(result: dict[str, Any]) -> list[str]:
         f"{_num(machine.get('memory_gb'), '.0f')} GB; {machine.get('platform', '')}; "
         f"Python {machine.get('python', '')}"
         + (
-            f"; GPU {machine['gpu']['name']} ({machine['gpu'].get('memory_gib')} GiB, CUDA "
+            f"; GPU {machine['gpu']['gpu']} ({machine['gpu'].get('gpu_memory_gib')} GiB, CUDA "
             f"{machine['gpu'].get('cuda')})."
             if machine.get("gpu")
             else "."

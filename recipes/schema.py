@@ -39,6 +39,7 @@ from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -314,15 +315,21 @@ class ExportItem(Strict):
         return f"export/model-{self.type or 'f16'}.gguf" if self.format == "gguf" else "export/hf"
 
 
+DeviceName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_device_name, name))]
+"""auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.placement.check_device_name`)."""
+DtypeName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_dtype_name, name))]
+"""auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.placement.check_dtype_name`)."""
+
+
 class ModelConfig(Strict):
     """The model to compress and where it runs. A bare string in a recipe (``model: smollm2-135m``) is
     shorthand for ``{source: smollm2-135m}``."""
 
     source: str = "smollm2-135m"
     """A named source (``slimkit sources``: smollm2-135m, minilm-l6) or a local Hugging Face folder."""
-    device: str = "auto"
+    device: DeviceName = "auto"
     """auto (CUDA when available, else CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
+    dtype: DtypeName = "auto"
     """Weights' dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16. Statistics and
     decompositions are computed in float32/float64 whatever this is."""
     save_dtype: str | None = None
@@ -336,16 +343,6 @@ class ModelConfig(Strict):
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
         return {"source": data} if isinstance(data, str) else data
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, name: str) -> str:
-        return _as_value_error(check_device_name, name)
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, name: str) -> str:
-        return _as_value_error(check_dtype_name, name)
 
     @field_validator("save_dtype")
     @classmethod

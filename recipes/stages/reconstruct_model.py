@@ -189,13 +189,10 @@ def refit_plan(view: ModelView, dense: ModelView, roles: list[str], args: Recons
                 plan.refit.setdefault(layer.index, []).append(role)
             else:
                 plan.unchanged[role].append(layer.index)
-    refitted = {role for layer_roles in plan.refit.values() for role in layer_roles}
-    missing = [role for role in roles if role not in refitted]
-    if not refitted:
-        named = missing if args.roles is not None else roles
+    if not plan.refit:  # no role lost inputs in any layer (some missing is flagged after the pass)
         raise SlimkitError(
-            f"reconstruct: {'roles asks to refit ' + ', '.join(named) + ', but ' if args.roles is not None else ''}"
-            f"no stage before it removed the units {' or '.join(f'{r} reads ({UNITS[r]})' for r in named)} in any "
+            f"reconstruct: {'roles asks to refit ' + ', '.join(roles) + ', but ' if args.roles is not None else ''}"
+            f"no stage before it removed the units {' or '.join(f'{r} reads ({UNITS[r]})' for r in roles)} in any "
             "layer, so there is nothing to refit"
         )
     return plan
