@@ -19,7 +19,7 @@ float32), one batch of consumer inputs at a time, a ``d_in x d_in`` float64 matr
 of each layer. Without such a stage nothing of this is built. At the top level (``propagate="dense"``) the inputs
 already are the dense model's, so ``C = G`` and no second stream is needed.
 On a model offloaded by ``model.max_memory`` each layer is brought onto the compute device for its turn and written back
-afterwards (:func:`slimkit.primitives.offload.resident`), so the device holds one layer at a time.
+afterwards (:func:`slimkit.primitives.device.offload.resident`), so the device holds one layer at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, input_norm_hooks, run_layer
-from slimkit.primitives.offload import resident
+from slimkit.primitives.device.offload import resident
 from slimkit.primitives.reconstruct.gram import CrossGramAccumulator, MeanAccumulator, gram_hooks
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import stage_def

@@ -51,8 +51,8 @@ from pydantic import (
     model_validator,
 )
 
+from slimkit.primitives.device.settings import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.errors import SlimkitError, unknown
-from slimkit.primitives.placement import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 
@@ -316,9 +316,9 @@ class ExportItem(Strict):
 
 
 DeviceName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_device_name, name))]
-"""auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.placement.check_device_name`)."""
+"""auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.device.settings.check_device_name`)."""
 DtypeName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_dtype_name, name))]
-"""auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.placement.check_dtype_name`)."""
+"""auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.device.settings.check_dtype_name`)."""
 
 
 class ModelConfig(Strict):

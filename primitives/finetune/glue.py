@@ -29,7 +29,7 @@ seeded; the global RNG state is left as it was. The model is trained in place an
 mode; a non-finite loss stops the run with an error (checked at every step before the update, and after
 the last update: every trained weight, and the loss on the last batch in eval mode). The model trains
 where it is and in its dtype: batches go to its input device, the loss is float32, and bfloat16/float16
-weights are stepped through float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`), so
+weights are stepped through float32 master copies (:class:`~slimkit.primitives.device.moves.FloatMaster`), so
 AdamW's state is float32.
 A new classifier head is created in the encoder's dtype and on its device.
 
@@ -53,7 +53,7 @@ import transformers
 from torch import nn
 
 from slimkit.primitives import gluedata
-from slimkit.primitives.devices import FloatMaster, model_dtype, to_input_device
+from slimkit.primitives.device.moves import FloatMaster, model_dtype, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.glue import check_task_model
 from slimkit.primitives.finetune.lora import diverged, non_finite

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 
 LossFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]

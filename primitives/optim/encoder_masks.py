@@ -70,7 +70,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.devices import input_device, to_input_device
+from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks

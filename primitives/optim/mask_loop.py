@@ -12,7 +12,7 @@ multipliers ascending (:func:`~.sparsity.lagrangian_optimizer`).
 
 Devices and dtypes: the gates' ``log α`` and the multipliers are float32 on the masks' device (the
 caller moves the mask set to the model's device), the loss is float32, and bfloat16/float16 weights
-are trained through float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`: AdamW's
+are trained through float32 master copies (:class:`~slimkit.primitives.device.moves.FloatMaster`: AdamW's
 moments and the clipped gradients are float32; the updated weights are written back in their dtype).
 
 Divergence: the loss is checked before every update, and after the last one every tensor the loop
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimkit.primitives.devices import FloatMaster, input_device
+from slimkit.primitives.device.moves import FloatMaster, input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim.masks import MaskSet, MaskValues
 from slimkit.primitives.optim.schedule import MaskSchedule

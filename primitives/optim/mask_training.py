@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.devices import input_device, to_input_device
+from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
 from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from slimkit.primitives.device.settings import dtype_name, format_size
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.placement import dtype_name, format_size
 from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 

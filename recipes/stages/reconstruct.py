@@ -72,9 +72,9 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.device.offload import is_offloaded
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import LowRankLinear
-from slimkit.primitives.offload import is_offloaded
 from slimkit.primitives.reconstruct import (
     AffineRefit,
     bias_refusal,

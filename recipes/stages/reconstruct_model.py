@@ -53,9 +53,9 @@ from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, run_layer
+from slimkit.primitives.device.offload import resident
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import LowRankLinear
-from slimkit.primitives.offload import resident
 from slimkit.primitives.reconstruct.gram import gram_hooks
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import DenseConsumer, _paired_pass, _snapshot

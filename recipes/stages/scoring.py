@@ -20,7 +20,7 @@ from torch import nn
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.importance import ScorerSpec, parse_scorer, spec_needs, spec_smooths
 from slimkit.primitives.importance.compose import describe, spec_kinds
