@@ -1,4 +1,4 @@
-"""SP3 / CoFi masks on post-norm encoders (:mod:`slimkit.primitives.optim.encoder_masks`, ``mask_train_encoder``)."""
+"""SP3 / CoFi masks on post-norm encoders (:mod:`slimkit.primitives.masks.encoder`, ``mask_train_encoder``)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,10 @@ from transformers import BertConfig, BertForSequenceClassification
 import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.glue import evaluate_glue
-from slimkit.primitives.optim import MaskSet, MaskShape, MaskValues, apply_masks
-from slimkit.primitives.optim.encoder_masks import (
-    EncoderMaskConfig,
-    counted_weights,
-    fuse_encoder_masks,
-    train_encoder_masks,
-)
-from slimkit.primitives.optim.sparsity import expected_size
+from slimkit.primitives.masks.encoder import EncoderMaskConfig, counted_weights, fuse_encoder_masks, train_encoder_masks
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.sparsity import expected_size
 from slimkit.primitives.projection import project_post_norm
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe

@@ -13,7 +13,7 @@ import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover, merge_lora, train_lora
 from slimkit.primitives.io.save import non_finite_tensors
-from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+from slimkit.primitives.masks.stream import MaskTrainingConfig, train_stream_masks
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
 from tests.test_cli import assert_one_line_error, run_cli

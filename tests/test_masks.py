@@ -10,27 +10,26 @@ import torch
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import layer_group
-from slimkit.primitives.optim import (
-    MASK_FIELDS,
+from slimkit.primitives.masks.gates import (
     HardConcrete,
+    expected_value,
+    hard_concrete_deterministic,
+    hard_concrete_sample,
+    keep_probability,
+    one_probability,
+)
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MASK_FIELDS, MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.schedule import MaskSchedule
+from slimkit.primitives.masks.sparsity import (
     Lagrangian,
-    MaskSchedule,
-    MaskSet,
-    MaskShape,
-    MaskValues,
-    apply_masks,
     binarize,
     couple_intermediate,
     dense_size,
     expected_size,
     expected_sparsity,
-    expected_value,
-    hard_concrete_deterministic,
-    hard_concrete_sample,
-    keep_probability,
     lagrangian_optimizer,
     negate_gradients,
-    one_probability,
 )
 from slimkit.primitives.surgery.units import remove_units
 from tests.tiny import tiny_bert, tiny_llama, tiny_opt
@@ -502,9 +501,9 @@ def test_mask_set_draws_once_per_forward_and_trains():
 
 def test_mask_training_configs_share_one_check_and_one_loop_settings():
     from slimkit.primitives.errors import SlimkitError
-    from slimkit.primitives.optim import MaskTrainingConfig
-    from slimkit.primitives.optim.encoder_masks import EncoderMaskConfig
-    from slimkit.primitives.optim.mask_loop import LoopSettings
+    from slimkit.primitives.masks.encoder import EncoderMaskConfig
+    from slimkit.primitives.masks.stream import MaskTrainingConfig
+    from slimkit.primitives.masks.training import LoopSettings
 
     with pytest.raises(SlimkitError, match=r"^mask training: target must be in \(0, 1\), got 1.5; init_drop"):
         MaskTrainingConfig(target=1.5, total=10, init_drop=1.0)

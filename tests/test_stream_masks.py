@@ -9,16 +9,10 @@ import torch
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim import (
-    MaskSet,
-    MaskShape,
-    MaskValues,
-    apply_masks,
-    binarize,
-    fuse_stream_masks,
-    stream_count_args,
-    stream_model_size,
-)
+from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.sparsity import binarize, stream_model_size
 from slimkit.primitives.projection import (
     ProjectionSettings,
     project_hidden_dimension,
@@ -181,7 +175,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
 
 
 def test_rank_prior_starts_the_gates_in_principal_component_order():
-    from slimkit.primitives.optim.mask_training import _rank_prior
+    from slimkit.primitives.masks.stream import _rank_prior
 
     model = _projected("llama-untied")
     masks = MaskSet.from_view(
@@ -202,7 +196,7 @@ def test_rank_prior_starts_the_gates_in_principal_component_order():
 
 
 def test_mask_training_with_distillation_runs_and_fuses():
-    from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+    from slimkit.primitives.masks.stream import MaskTrainingConfig, train_stream_masks
 
     model = _projected("llama-untied")
     total = ModelView(model).num_params()

@@ -6,7 +6,7 @@ model) and ``pca_project_post`` (full-width projection, one PCA basis per hidden
 head and layer gates, with the task loss plus the Lagrangian (Eq. 14) on Eq. 30's expected sparsity;
 binarises at the threshold meeting ``target.ratio`` and fuses. ``hidden: shared`` on the unprojected
 model is the CoFi-style masks-only baseline (Table 2). See
-:mod:`slimkit.primitives.optim.encoder_masks` for the loss, the count and the fusing.
+:mod:`slimkit.primitives.masks.encoder` for the loss, the count and the fusing.
 
 The target is a sparsity of Eq. 30's count (``target.of: layers``): the attention (q, k, v, o) and FFN
 (up, down) weight matrices plus, with ``per_norm``, the residual matrices W_R; embeddings, norms,
@@ -24,7 +24,7 @@ from pydantic import Field
 
 from slimkit.primitives import gluedata
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.encoder_masks import EncoderMaskConfig, train_encoder_masks
+from slimkit.primitives.masks.encoder import EncoderMaskConfig, train_encoder_masks
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import ALL_ROLES, register_stage
 from slimkit.recipes.schema import Strict

@@ -6,7 +6,7 @@ and a residual matrix sits where the basis changes), one hard-concrete gate per 
 stream's coordinates and one per FFN filter masks the filters; weights and masks are trained on a
 local corpus with the causal-LM loss plus the Lagrangian sparsity loss (Eq. 14), the masks are
 binarised at the threshold that meets the recipe's target and fused into the weights. See
-:mod:`slimkit.primitives.optim.mask_training` for the loss, the whole-model count (the target is a
+:mod:`slimkit.primitives.masks.stream` for the loss, the whole-model count (the target is a
 fraction of the dense model's parameters, ``target.of: model``) and the schedule.
 
 The BERT/GLUE counterpart (per-norm hidden masks with FFN, head and layer masks on a post-norm
@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+from slimkit.primitives.masks.stream import MaskTrainingConfig, train_stream_masks
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import ALL_ROLES, register_stage
 from slimkit.recipes.schema import Strict, check_corpus

@@ -28,7 +28,7 @@ import torch
 from pydantic import Field
 
 from slimkit.primitives.groups import build_groups
-from slimkit.primitives.optim.policy import (
+from slimkit.primitives.policy.prunenet import (
     PruneNetPolicy,
     ffn_weights,
     layer_ratios,
@@ -58,7 +58,7 @@ class PruneNetArgs(Strict):
     gamma: float = Field(0.99, ge=0.0, le=1.0)
     """Discount γ of the return (Eq. 7 / the released code's ``γ^l``), in [0, 1] (the paper: 0.99)."""
     returns: Literal["own", "future", "to_go"] = "own"
-    """The return G_l each layer's action is scored with (``slimkit.primitives.optim.policy``'s docstring):
+    """The return G_l each layer's action is scored with (``slimkit.primitives.policy.prunenet``'s docstring):
     ``own`` = γ^l · D_l, the layer's own KS penalty (Algorithm 1 lines 17-18 define D_l per layer; the
     authors' released code, ``_discount_rewards``, weights each layer by γ^i · reward_i); ``future`` =
     Σ_k γ^k D_{l+k+1}, Eq. 7 / Algorithm 1 line 19 as printed, which leaves the layer's own penalty out,

@@ -61,7 +61,7 @@ from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import DenseConsumer, _paired_pass, _snapshot
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import SequentialSpec
-from slimkit.recipes.stages.dense_source import DenseModel, release_memory, reload_dense
+from slimkit.recipes.stages.dense_source import ReloadedDense, release_memory, reload_dense
 from slimkit.recipes.stages.reconstruct import ReconstructArgs, _check_roles_acted, _refit_role, check_bias
 
 TOP_LEVEL_ROLES = ("down", "o")
@@ -99,7 +99,7 @@ def reconstruct_top_level(ctx: Context, args: ReconstructArgs, index: int) -> No
         release_memory(cuda)
 
 
-def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense: DenseModel, label: str) -> None:
+def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense: ReloadedDense, label: str) -> None:
     """Plan against the dense model, open the stage's report, run the pass (the dense model's views end here)."""
     dense_view = ModelView(dense.model)
     plan = refit_plan(ctx.view, dense_view, roles, args)

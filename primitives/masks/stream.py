@@ -3,7 +3,7 @@
 :func:`train_stream_masks` is the LLM setting of SP3 (Appendix F, Fig. 5): on a pre-norm decoder
 whose residual stream is in Group PCA coordinates (:func:`slimkit.primitives.projection.project_hidden_dimension`
 at full width), one hard-concrete gate per group masks the stream's coordinates and one per FFN
-filter masks the filters (:class:`~.masks.MaskSet`, ``hidden="per_group"``, ``stream`` placement).
+filter masks the filters (:class:`~.mask_set.MaskSet`, ``hidden="per_group"``, ``stream`` placement).
 Each optimiser step minimises
 
     L = L_task + λ₁ (ŝ − t) + λ₂ (ŝ − t)²                       (Eq. 14)
@@ -28,7 +28,7 @@ LLM setting has no head or layer masks, so its third stage is absent), counted i
 rather than epochs. With ``warmup_steps`` the target rises linearly from 0 (CoFi's Lagrangian
 warm-up). At the end the masks are binarised at the lowest ``log α`` threshold whose 0/1 count
 meets the target (:func:`~.sparsity.binarize`, §3.2), kept entries take CoFi's value
-``σ(0.8 log α / β)`` (:func:`~.masks.kept_value`: close to the mean the model was trained with, and
+``σ(0.8 log α / β)`` (:func:`~.gates.kept_value`: close to the mean the model was trained with, and
 never 0, unlike Louizos' clamped deterministic value), and
 :func:`~.fusing.fuse_stream_masks` folds them into a smaller model with the masked model's outputs.
 """
@@ -47,11 +47,12 @@ from torch.nn import functional as F
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
-from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
-from slimkit.primitives.optim.masks import MaskSet, MaskShape, apply_masks
-from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import binarize, stream_model_size
+from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape
+from slimkit.primitives.masks.schedule import MaskSchedule
+from slimkit.primitives.masks.sparsity import binarize, stream_model_size
+from slimkit.primitives.masks.training import LoopSettings, common_problems, train_masks
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """SP3's learned masks on a post-norm encoder (BERT) for a GLUE task: train, binarise, fuse (§3.2, §3.3, App. C, D.2).
 
 :func:`train_encoder_masks` is the BERT analogue of
-:func:`~slimkit.primitives.optim.mask_training.train_stream_masks`. Two hidden modes:
+:func:`~slimkit.primitives.masks.stream.train_stream_masks`. Two hidden modes:
 
 * ``per_norm`` (SP3): the model was projected by
   :func:`slimkit.primitives.projection.project_post_norm` at full width, so every hidden LayerNorm j
   is an RMSNorm over the coordinates of its own PCA basis and the residual matrices W_R sit on
   ``input_tensor``. One gate ``z_j`` per hidden norm masks that norm's input and output
-  (:class:`~.masks.MaskSet` ``hidden="per_norm"``, ``norm`` placement with ``ends``), which is what
+  (:class:`~.mask_set.MaskSet` ``hidden="per_norm"``, ``norm`` placement with ``ends``), which is what
   slicing the projected model does (:func:`~slimkit.primitives.projection.slice_post_norm_hidden`):
   the fused model equals the masked one (tested).
 * ``shared`` (the CoFi-style masks-only baseline of Table 2): the model is *not* projected; one
@@ -47,7 +47,7 @@ in optimiser steps: ``finetune_steps`` (task loss only), ``dimension_steps`` (hi
 Binarising and fusing. At the end the gates trained in the last stage are binarised at the lowest
 ``log α`` threshold whose 0/1 Eq. 30 count meets the target (:func:`~.sparsity.binarize`, §3.2).
 Hidden masks are used as 0/1 (slicing keeps the coordinates, nothing is folded); filter, head and
-layer masks keep CoFi's value ``σ(0.8 log α / β)`` (:func:`~.masks.kept_value`, never 0) where
+layer masks keep CoFi's value ``σ(0.8 log α / β)`` (:func:`~.gates.kept_value`, never 0) where
 kept: ``z_f`` scales down's columns, ``z_head`` o's columns of the head, ``z_MHA`` o's weight and
 bias, ``z_FFN`` down's weight and bias, then zeroed filters and heads are removed
 (:func:`slimkit.primitives.surgery.prune_layer`).
@@ -73,10 +73,11 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
-from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
-from slimkit.primitives.optim.masks import MaskSet, MaskShape, MaskValues, apply_masks
-from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import binarize, dense_size, expected_size
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.schedule import MaskSchedule
+from slimkit.primitives.masks.sparsity import binarize, dense_size, expected_size
+from slimkit.primitives.masks.training import LoopSettings, common_problems, train_masks
 from slimkit.primitives.projection.adapters import basis_change_params
 from slimkit.primitives.projection.norms import linear_param, set_param
 from slimkit.primitives.projection.postnorm import hidden_norms, slice_post_norm_hidden

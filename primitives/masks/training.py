@@ -34,9 +34,9 @@ from torch import nn
 
 from slimkit.primitives.device.moves import FloatMaster, input_device
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.masks import MaskSet, MaskValues
-from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import Lagrangian, lagrangian_optimizer
+from slimkit.primitives.masks.mask_set import MaskSet, MaskValues
+from slimkit.primitives.masks.schedule import MaskSchedule
+from slimkit.primitives.masks.sparsity import Lagrangian, lagrangian_optimizer
 
 StepLoss = Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor]]
 """``(model, batch) -> (task loss, logits)``."""
