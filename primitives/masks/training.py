@@ -12,7 +12,7 @@ multipliers ascending (:func:`~.sparsity.lagrangian_optimizer`).
 
 Devices and dtypes: the gates' ``log α`` and the multipliers are float32 on the masks' device (the
 caller moves the mask set to the model's device), the loss is float32, and bfloat16/float16 weights
-are trained through float32 master copies (:class:`~slimkit.primitives.device.moves.FloatMaster`: AdamW's
+are trained through float32 master copies (:class:`~slimkit.primitives.finetune.loop.FloatMaster`: AdamW's
 moments and the clipped gradients are float32; the updated weights are written back in their dtype).
 
 Divergence: the loss is checked before every update, and after the last one every tensor the loop
@@ -32,8 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimkit.primitives.device.moves import FloatMaster, input_device
+from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune.loop import Divergence, FloatMaster, checked_backward, master_step, non_finite_problem
 from slimkit.primitives.masks.mask_set import MaskSet, MaskValues
 from slimkit.primitives.masks.schedule import MaskSchedule
 from slimkit.primitives.masks.sparsity import Lagrangian, lagrangian_optimizer
@@ -90,8 +91,7 @@ def common_problems(config: Any) -> list[str]:
     return problems
 
 
-def _diverged(step: int, problem: str) -> SlimkitError:
-    return SlimkitError(f"mask training diverged at step {step}: {problem}; lower the learning rates")
+DIVERGENCE = Divergence("mask training", "lower the learning rates")
 
 
 def train_masks(
@@ -145,20 +145,10 @@ def train_masks(
                     loss = loss + lagrangian(s_hat, target).float()
                     history["target"].append(target)
                     history["expected_sparsity"].append(float(s_hat.detach()))
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise _diverged(step + 1, f"loss {value}")
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                for weight in weights:  # with float32 masters the optimiser does not see the model's grads
-                    weight.grad = None
-                loss.backward()
+                # with float32 masters the optimiser does not see the model's grads: clear those too
+                value = checked_backward(loss, step + 1, DIVERGENCE, [*optimizers, model])
                 if weight_opt is not None:
-                    master.grads_to_master()
-                    if settings.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(master.params, settings.max_grad_norm)
-                    weight_opt.step()
-                    master.master_to_model()
+                    master_step(master, weight_opt, settings.max_grad_norm)
                 if levels:
                     mask_opt.step()
                     lagrangian_opt.step()
@@ -169,20 +159,19 @@ def train_masks(
             # the loss is checked before each update; what the last update changed is checked here
             weight_ids = {id(w) for w in weights}
             trained = [
-                *(("weight", name, p) for name, p in model.named_parameters() if id(p) in weight_ids),
-                *(("gate", name, p) for name, p in masks.named_parameters() if p.requires_grad),
-                *(("multiplier", name, p) for name, p in lagrangian.named_parameters()),
+                *((f"weight {name}", p) for name, p in model.named_parameters() if id(p) in weight_ids),
+                *((f"gate {name}", p) for name, p in masks.named_parameters() if p.requires_grad),
+                *((f"multiplier {name}", p) for name, p in lagrangian.named_parameters()),
             ]
-            bad = [(kind, name) for kind, name, p in trained if not bool(torch.isfinite(p.detach()).all())]
-            if bad:
-                shown = ", ".join(f"{kind} {name}" for kind, name in bad[:3]) + (", ..." if len(bad) > 3 else "")
-                raise _diverged(schedule.total_steps, f"{len(bad)} tensors hold NaN/inf after the update ({shown})")
+            problem = non_finite_problem(trained, "tensors")
+            if problem:
+                raise DIVERGENCE.error(schedule.total_steps, problem)
             model.eval()
             masks.eval()
             with torch.no_grad():  # finite but huge weights: the task loss on the last batch after its update
                 after = float(step_loss(model, batches[(schedule.total_steps - 1) % len(batches)])[0].float())
             if not math.isfinite(after):
-                raise _diverged(schedule.total_steps, f"task loss {after} after the update")
+                raise DIVERGENCE.error(schedule.total_steps, f"task loss {after} after the update")
         finally:
             model.eval()
             masks.eval()
