@@ -33,10 +33,9 @@ values mean). A name outside a fixed set (a field, a stage, a dataset, a task) f
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -56,8 +55,6 @@ from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 
-T = TypeVar("T")
-
 TargetOf = Literal["model", "layers", "mlp", "attention"]
 
 
@@ -75,11 +72,6 @@ class Strict(BaseModel):
             if unknown_keys:
                 raise ValueError(unknown("field", unknown_keys[0], cls.model_fields))
         return data
-
-    def shared_with(self, config_class: type[T], **extra: Any) -> T:
-        """``config_class`` (a dataclass) built from the fields it shares with these args, plus ``extra``."""
-        names = {f.name for f in dataclasses.fields(config_class)} & set(type(self).model_fields)  # type: ignore[arg-type]
-        return config_class(**{name: getattr(self, name) for name in names}, **extra)
 
 
 def check_corpus(name: str) -> str:

@@ -196,12 +196,14 @@ def test_rank_prior_starts_the_gates_in_principal_component_order():
 
 
 def test_mask_training_with_distillation_runs_and_fuses():
-    from slimkit.primitives.masks.stream import MaskTrainingConfig, train_stream_masks
+    from slimkit.primitives.masks.settings import StreamMaskSettings
+    from slimkit.primitives.masks.stream import train_stream_masks
+    from slimkit.primitives.masks.training import MaskTarget
 
     model = _projected("llama-untied")
     total = ModelView(model).num_params()
-    config = MaskTrainingConfig(target=0.2, total=total, mask_steps=2, warmup_steps=1, distill=0.5)
-    report = train_stream_masks(model, [_ids(7), _ids(8)], config)
+    settings = StreamMaskSettings(mask_steps=2, warmup_steps=1, distill=0.5)
+    report = train_stream_masks(model, [_ids(7), _ids(8)], settings, MaskTarget(0.2, total))
     assert len(report["history"]["loss"]) == 2 and report["params"] == ModelView(model).num_params()
     # the distillation term is added to the task loss (the Lagrangian starts at zero)
     assert report["history"]["loss"][0] > report["history"]["task_loss"][0]
