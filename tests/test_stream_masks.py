@@ -175,7 +175,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
 
 
 def test_rank_prior_starts_the_gates_in_principal_component_order():
-    from slimkit.primitives.masks.stream import _rank_prior
+    from slimkit.primitives.masks.stream import apply_rank_prior
 
     model = _projected("llama-untied")
     masks = MaskSet.from_view(
@@ -189,7 +189,7 @@ def test_rank_prior_starts_the_gates_in_principal_component_order():
         init_std=0.0,
     )
     before = masks.group_hidden[0].log_alpha.detach().clone()
-    _rank_prior(masks, 4.0)
+    apply_rank_prior(masks, 4.0)
     after = masks.group_hidden[0].log_alpha.detach()
     assert float(after[0] - before[0]) == pytest.approx(2.0) and float(after[-1] - before[-1]) == pytest.approx(-2.0)
     assert bool((after[1:] < after[:-1]).all())  # the first principal component is the most likely kept

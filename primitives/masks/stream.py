@@ -66,7 +66,7 @@ def _kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _rank_prior(masks: MaskSet, spread: float) -> None:
+def apply_rank_prior(masks: MaskSet, spread: float) -> None:
     """Tilt each hidden gate's start by the rank of its coordinate (the stream is in PCA order)."""
     for gate in masks.group_hidden or ():
         d = gate.log_alpha.numel()
@@ -110,7 +110,7 @@ def train_stream_masks(
         seed=seed,
     ).to(input_device(model))  # float32 gates on the model's device (sampled with a seeded CPU generator)
     if settings.rank_prior > 0:
-        _rank_prior(masks, settings.rank_prior)
+        apply_rank_prior(masks, settings.rank_prior)
     size = lambda values: stream_model_size(values, shape, **count)  # noqa: E731
     schedule = settings.schedule()
     teacher = copy.deepcopy(model).eval().requires_grad_(False) if settings.distill > 0 else None
@@ -168,4 +168,4 @@ def train_stream_masks(
     }
 
 
-__all__ = ["train_stream_masks"]
+__all__ = ["apply_rank_prior", "train_stream_masks"]
