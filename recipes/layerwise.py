@@ -46,9 +46,9 @@ def run_layerwise(
 ) -> None:
     view = ctx.view
     definitions = [(stage_def(s.stage), s.parsed_args()) for s in stages]
-    needs_stats = any(d.needs_calibration(a) for d, a in definitions)
+    needs_stats = any(a.needs_calibration() for _d, a in definitions)
     inputs = capture_layer_inputs(ctx.model, view.layer(0).module, ctx.calibration_batches()) if needs_stats else None
-    targets = frozenset().union(*(d.dense_targets(a) for d, a in definitions))
+    targets = frozenset().union(*(a.dense_targets() for _d, a in definitions))
     # The dense stream starts equal to the compressed one (same embeddings); its tensors are replaced, never changed.
     dense = None
     if inputs is not None and targets and propagate == "compressed":
@@ -80,9 +80,9 @@ def _compress_layer(
     dense_outputs = None
     if inputs is not None:
         modules = ctx.view.linears([layer])
-        roles = sorted(frozenset().union(*(d.layer_grams(a) for d, a in definitions)))
+        roles = sorted(frozenset().union(*(a.layer_grams() for _d, a in definitions)))
         consumers = {role: layer.linear(role) for role in roles}
-        targets = sorted(frozenset().union(*(d.dense_targets(a) for d, a in definitions)) & set(roles))
+        targets = sorted(frozenset().union(*(a.dense_targets() for _d, a in definitions)) & set(roles))
         paired: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if dense is not None and targets:
             paired, dense_outputs = paired_pass(layer.module, {r: consumers[r] for r in targets}, inputs, dense)

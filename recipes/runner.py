@@ -276,10 +276,9 @@ def _block_plan(ctx: Context, children: list) -> int:
     """Parameters the block's fixed-budget stages plan to remove (a solve stage in it subtracts them)."""
     planned = 0
     for spec in children:
-        definition = stage_def(spec.stage)
         args = spec.parsed_args()
-        if definition.plan is not None and definition.budget(args) in ("explicit", "layer"):
-            planned += definition.plan(ctx, args)
+        if args.budget() in ("explicit", "layer"):
+            planned += args.plan(ctx)
     return planned
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -54,6 +54,9 @@ from slimkit.primitives.device.settings import check_device_name, check_dtype_na
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
+
+if TYPE_CHECKING:  # stage_args imports this module
+    from slimkit.recipes.stage_args import StageArgs
 
 TargetOf = Literal["model", "layers", "mlp", "attention"]
 
@@ -184,7 +187,7 @@ class StageSpec(Strict):
             raise ValueError(format_validation_error(error, prefix="args")) from None
         return self
 
-    def parsed_args(self) -> BaseModel:
+    def parsed_args(self) -> StageArgs:
         return stage_def(self.stage).args.model_validate(self.args)
 
 
@@ -444,7 +447,7 @@ class Recipe(Strict):
                     )
                 seen.setdefault(spec.stage, where)
                 args = spec.parsed_args()
-                mode = definition.budget(args)
+                mode = args.budget()
                 if mode in ("solve", "layer") and solver is not None:
                     raise ValueError(
                         f"{where}: stage '{spec.stage}' derives its share from the target, but {solver} before it "
@@ -457,17 +460,17 @@ class Recipe(Strict):
                             "in one block; give one of them an explicit ratio"
                         )
                     block_solver = f"{where} ('{spec.stage}')"
-                clash = sorted(definition.touches(args) & set(lowrank))
+                clash = sorted(args.touches() & set(lowrank))
                 if clash:
                     raise ValueError(
                         f"{where}: stage '{spec.stage}' needs plain Linear {', '.join(clash)} projections, but "
                         f"{lowrank[clash[0]]} replaced them by low-rank pairs; run it before that stage or leave those "
                         "projections out"
                     )
-                for role in definition.makes_lowrank(args):
+                for role in args.makes_lowrank():
                     lowrank.setdefault(role, f"{where} ('{spec.stage}')")
             solver = solver or block_solver
-        modes = [stage_def(s.stage).budget(s.parsed_args()) for s in self.flat_stages()]
+        modes = [s.parsed_args().budget() for s in self.flat_stages()]
         if self.target.ratio > 0 and all(mode == "none" for mode in modes):
             raise ValueError(
                 f"target.ratio: {self.target.ratio:g} of {self.target.of} is to be removed, but no stage removes "
@@ -478,7 +481,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _task_rules(self) -> Recipe:
         for index, spec in enumerate(self.flat_stages()):
-            if self.task is None and stage_def(spec.stage).needs_task:
+            if self.task is None and spec.parsed_args().needs_task():
                 raise ValueError(f"stages.{index}: stage '{spec.stage}' needs the recipe's task (a GLUE task)")
         if self.task is None:
             if self.calibration is not None and self.calibration.dataset == "glue":
@@ -509,7 +512,7 @@ class Recipe(Strict):
         return flat
 
     def needs_calibration(self) -> bool:
-        return any(stage_def(s.stage).needs_calibration(s.parsed_args()) for s in self.flat_stages())
+        return any(s.parsed_args().needs_calibration() for s in self.flat_stages())
 
     def calibration_config(self) -> CalibrationConfig | None:
         """Calibration settings when a stage needs them (the defaults if the recipe gives none)."""

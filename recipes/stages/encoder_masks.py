@@ -25,11 +25,11 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.encoder import train_encoder_masks
 from slimkit.primitives.masks.settings import EncoderMaskSettings
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import ALL_ROLES, register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, StageArgs
 
 
-class MaskTrainEncoderArgs(EncoderMaskSettings, Strict):
+class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
     """The mask settings (:class:`~slimkit.primitives.masks.settings.EncoderMaskSettings`) and the task data."""
 
     batch_size: int = Field(16, ge=1)
@@ -39,15 +39,21 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, Strict):
     check_examples: int | None = Field(None, ge=0)
     """Dev examples for the masked-vs-fused comparison (None: the whole dev split; 0: none)."""
 
+    def needs_task(self) -> bool:
+        return True
+
+    def budget(self) -> BudgetMode:
+        return "solve"
+
+    def touches(self) -> frozenset[str]:
+        return ALL_ROLES
+
 
 @register_stage(
     "mask_train_encoder",
     args=MaskTrainEncoderArgs,
     scope="model",
-    needs_task=True,
     paper="SP3 §3.2 (masks on a post-norm encoder); CoFi (Xia et al. 2022) for the masks-only baseline",
-    budget=lambda _a: "solve",
-    touches=lambda _a: ALL_ROLES,
     trains=True,
 )
 def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:

@@ -23,11 +23,12 @@ from slimkit.primitives.masks.settings import StreamMaskSettings
 from slimkit.primitives.masks.stream import train_stream_masks
 from slimkit.primitives.masks.training import MaskTarget
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import ALL_ROLES, register_stage
-from slimkit.recipes.schema import Strict, check_corpus
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.schema import check_corpus
+from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, StageArgs
 
 
-class MaskTrainArgs(StreamMaskSettings, Strict):
+class MaskTrainArgs(StreamMaskSettings, StageArgs):
     """The mask settings (:class:`~slimkit.primitives.masks.settings.StreamMaskSettings`) and the training data."""
 
     batch_size: int = Field(4, ge=1)
@@ -39,14 +40,18 @@ class MaskTrainArgs(StreamMaskSettings, Strict):
 
     _dataset = field_validator("dataset")(check_corpus)
 
+    def budget(self) -> BudgetMode:
+        return "solve"
+
+    def touches(self) -> frozenset[str]:
+        return ALL_ROLES
+
 
 @register_stage(
     "mask_train",
     args=MaskTrainArgs,
     scope="model",
     paper="SP3 §3.2, Appendix F (hard-concrete masks, expected-sparsity Lagrangian)",
-    budget=lambda _a: "solve",
-    touches=lambda _a: ALL_ROLES,
     trains=True,
 )
 def mask_train(ctx: Context, args: MaskTrainArgs) -> None:

@@ -76,6 +76,18 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
         """prune_layer's selection rules (uniform, no protected units)."""
         return SelectionRules("uniform", dict(self.round_to), self.min_keep, 0.0)
 
+    def needs_calibration(self) -> bool:
+        return True
+
+    def plan(self, ctx: Context) -> int:
+        return planned_layer_removal(ctx, self)
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.groups)
+
+    def layer_grams(self) -> frozenset[str]:
+        return frozenset(CONSUMER[kind] for kind in self.groups)
+
 
 def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch.Tensor:
     """``[units, per_unit]`` input columns of ``module`` (the consumer) that the group's units occupy."""
@@ -153,20 +165,11 @@ def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: float) -> dict:
     return ctx.stage_report[ctx.block_cache[key]]
 
 
-def _layer_grams(args: ObsPruneLayerArgs) -> frozenset[str]:
-    return frozenset(CONSUMER[kind] for kind in args.groups)
-
-
 @register_stage(
     "obs_prune_layer",
     args=ObsPruneLayerArgs,
     scope="layer",
-    needs_calibration=lambda _args: True,
     paper="ZipLM (Kurtic et al. 2023) Eqs. 2-3 / SlimGPT (Ling et al. 2024): greedy structured OBS, layer by layer",
-    budget=lambda args: args.budget_mode(),
-    plan=planned_layer_removal,
-    touches=lambda args: roles_of(args.groups),
-    layer_grams=_layer_grams,
 )
 def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, stats: dict) -> None:
     """Choose and remove one layer's MLP channels / heads by greedy OBS, updating down_proj / o_proj."""

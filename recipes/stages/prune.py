@@ -45,7 +45,7 @@ from slimkit.primitives.select.plan import (
 )
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import BudgetMode, register_stage
+from slimkit.recipes.registry import register_stage
 from slimkit.recipes.stages.scoring import ScoringArgs, evaluations, roles_of
 from slimkit.recipes.stages.selection import SelectionArgs
 
@@ -73,6 +73,12 @@ class PruneArgs(ScoringArgs, SelectionArgs[GroupKind]):
     def rules(self) -> SelectionRules:
         return SelectionRules(self.selection, dict(self.round_to), self.min_keep, self.protect_lowest)
 
+    def needs_calibration(self) -> bool:
+        return bool(self.needs())
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.groups)
+
 
 class PruneLayerArgs(PruneArgs):
     @model_validator(mode="after")
@@ -87,6 +93,15 @@ class PruneLayerArgs(PruneArgs):
         if "hidden_feature" in self.groups:
             raise ValueError("groups: hidden_feature spans every layer; use the prune stage")
         return self
+
+    def plan(self, ctx: Context) -> int:
+        return planned_layer_removal(ctx, self)
+
+    def layer_grams(self) -> frozenset[str]:
+        """Consumer Grams (down for channels, o for heads) for a scorer that reads them (``obs``)."""
+        if "dense_consumers" not in self.needs():
+            return frozenset()
+        return frozenset(OBS_CONSUMERS[k] for k in self.groups if k in OBS_CONSUMERS)
 
 
 def _score_and_prune(
@@ -116,29 +131,11 @@ def _record(ctx: Context, name: str, fraction: float, args: PruneArgs, layers: l
     ctx.block_cache[key] = ctx.report_stage(name, entry)
 
 
-def _budget(args: PruneArgs) -> BudgetMode:
-    return args.budget_mode()
-
-
-def _touches(args: PruneArgs) -> frozenset[str]:
-    return roles_of(args.groups)
-
-
-def _layer_grams(args: PruneArgs) -> frozenset[str]:
-    """Consumer Grams (down for channels, o for heads) for a scorer that reads them (``obs``)."""
-    if "dense_consumers" not in args.needs():
-        return frozenset()
-    return frozenset(OBS_CONSUMERS[k] for k in args.groups if k in OBS_CONSUMERS)
-
-
 @register_stage(
     "prune",
     args=PruneArgs,
     scope="model",
-    needs_calibration=lambda a: bool(a.needs()),
     paper="LLM-Pruner (Ma et al. 2023) Eqs. 3-5 with scorer taylor; Wanda-style channels; LoRAP Eq. 11",
-    budget=_budget,
-    touches=_touches,
 )
 def prune(ctx: Context, args: PruneArgs) -> None:
     """Score coupling groups on the model and remove the least important units to meet the target."""
@@ -203,12 +200,7 @@ def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
     "prune_layer",
     args=PruneLayerArgs,
     scope="layer",
-    needs_calibration=lambda a: bool(a.needs()),
     paper="LoRAP §3.3 (Eqs. 8-11): activation-scored MLP channels, layer by layer",
-    budget=_budget,
-    plan=planned_layer_removal,
-    touches=_touches,
-    layer_grams=_layer_grams,
 )
 def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dict) -> None:
     """Score and remove units of one layer (inside `sequential`, with that layer's statistics)."""

@@ -75,10 +75,10 @@ from slimkit.primitives.reconstruct.bias import bias_refusal
 from slimkit.primitives.reconstruct.refit import READS, Consumer, RefitSettings, refit_role
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.stage_args import StageArgs
 
 
-class ReconstructArgs(RefitSettings, Strict):
+class ReconstructArgs(RefitSettings, StageArgs):
     roles: list[Consumer] | None = Field(default=None, min_length=1)
     """Projections to refit: down (reads the MLP channels) and o (reads the attention heads) after units were
     removed, and any role (q, k, v, o, gate, up, down) that an earlier stage made a low-rank pair (its left factor
@@ -89,6 +89,15 @@ class ReconstructArgs(RefitSettings, Strict):
     def consumers(self) -> list[Consumer]:
         """The roles to refit (both when ``roles`` is unset)."""
         return list(self.roles) if self.roles is not None else ["down", "o"]
+
+    def needs_calibration(self) -> bool:
+        return True
+
+    def layer_grams(self) -> frozenset[str]:
+        return frozenset(self.consumers)
+
+    def dense_targets(self) -> frozenset[str]:
+        return frozenset(self.consumers) if self.target == "dense" else frozenset()
 
 
 def _check_placement(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: dict) -> None:
@@ -124,11 +133,8 @@ def check_bias(ctx: Context, args: ReconstructArgs, layer: LayerView) -> None:
     "reconstruct",
     args=ReconstructArgs,
     scope="layer",
-    needs_calibration=lambda _args: True,
     paper="least-squares reconstruction of the kept inputs (as in SlimGPT / ZipLM / FLAP's refits); FLAP's bias "
     "compensation (bias: mean)",
-    layer_grams=lambda args: frozenset(args.consumers),
-    dense_targets=lambda args: frozenset(args.consumers) if args.target == "dense" else frozenset(),
     top_level=lambda ctx, args, index: _top_level(ctx, args, index),
 )
 def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: dict) -> None:

@@ -8,13 +8,12 @@ from typing import Generic, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
-from slimkit.recipes.registry import BudgetMode
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.stage_args import BudgetMode, StageArgs
 
 K = TypeVar("K", bound=str)
 
 
-class SelectionArgs(Strict, Generic[K]):
+class SelectionArgs(StageArgs, Generic[K]):
     ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
     """Fraction of units removed from every group; None: set by ratio_rule from the recipe target."""
     ratio_rule: Literal["solve", "layer"] = "solve"
@@ -34,7 +33,7 @@ class SelectionArgs(Strict, Generic[K]):
             raise ValueError("round_to: multiples must be >= 1")
         return self
 
-    def budget_mode(self) -> BudgetMode:
+    def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else self.ratio_rule
 
 
