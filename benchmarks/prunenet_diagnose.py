@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from slimkit.primitives.optim.policy import (
+from slimkit.primitives.policy.prunenet import (
     RETURNS,
     UPDATES,
     PruneNetPolicy,

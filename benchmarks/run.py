@@ -170,7 +170,7 @@ def machine_info() -> dict[str, Any]:
 def placement_of(model) -> dict[str, Any]:
     """Where ``model`` is and in which dtype, as a run report's ``placement`` states it (``device``, ``dtype`` and,
     on CUDA, ``gpu``, ``gpu_memory_gib``, ``cuda``)."""
-    from slimkit.primitives.placement import Placement
+    from slimkit.primitives.device.settings import Placement
 
     parameter = next(model.parameters())
     return Placement(parameter.device, parameter.dtype).describe()
@@ -180,7 +180,7 @@ def _gpu_info() -> dict[str, Any]:
     """The current CUDA device as a run report describes it: ``gpu`` (name), ``gpu_memory_gib``, ``cuda``."""
     import torch
 
-    from slimkit.primitives.placement import Placement
+    from slimkit.primitives.device.settings import Placement
 
     described = Placement(torch.device("cuda", torch.cuda.current_device()), torch.float32).describe()
     return {key: described[key] for key in ("gpu", "gpu_memory_gib", "cuda")}

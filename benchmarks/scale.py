@@ -286,7 +286,7 @@ def build_model(shape: Shape, dtype: str, folder: Path, tokenizer_dir: Path) -> 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slimkit.primitives.paths import staging_dir
+    from slimkit.primitives.files.atomic import staging_dir
 
     start = time.perf_counter()
     torch_dtype = getattr(torch, dtype)
@@ -757,7 +757,7 @@ def _names(value: str | None) -> list[str] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slimkit.primitives.paths import cache_root
+    from slimkit.primitives.data_paths import cache_root
 
     parser = _Parser(prog="python -m benchmarks.scale", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -818,7 +818,7 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
         shapes += sweep_shapes(args.quick)
     offload = None
     if (args.offload_memory or "").lower() != "none":
-        from slimkit.primitives.placement import parse_size
+        from slimkit.primitives.device.settings import parse_size
 
         if args.offload_shape:
             if args.offload_shape not in REAL:
@@ -851,8 +851,8 @@ def half_the_layers(shape: Shape, args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     import torch
 
+    from slimkit.primitives.device.settings import parse_size
     from slimkit.primitives.io import versions
-    from slimkit.primitives.placement import parse_size
 
     shapes, recipes, offload = plan(args)
     dtype = resolve_dtype(args.device, args.dtype)

@@ -212,8 +212,8 @@ def _calibration_text(definition: Any) -> str:
         defaults = definition.args()
     except ValidationError:  # required arguments: no defaults to ask about
         return "depends on the arguments"
-    needs = bool(definition.needs_calibration(defaults))
-    if not _reads_its_argument(definition.needs_calibration):
+    needs = bool(defaults.needs_calibration())
+    if not _reads_its_argument(definition.args.needs_calibration):
         return "yes" if needs else "no"
     other: list[str] = []
     for name, field in definition.args.model_fields.items():
@@ -228,7 +228,7 @@ def _calibration_text(definition: Any) -> str:
                 changed = definition.args.model_validate({name: value})
             except ValidationError:  # a value the other arguments' defaults rule out
                 continue
-            if bool(definition.needs_calibration(changed)) != needs:
+            if bool(changed.needs_calibration()) != needs:
                 other.append(f"{name}: {json.dumps(value).replace(chr(34), '')}")
     answer = f"{'yes' if needs else 'no'} with the default arguments"
     if not other:

@@ -46,8 +46,8 @@ from functools import cache
 
 import torch
 
+from slimkit.primitives.data_paths import data_file
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.paths import data_file
 
 SPLITS = ("train", "dev")
 CALIBRATION_PREFIX = "glue-"

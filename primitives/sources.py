@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from slimkit.primitives.arch.support import task_of
+from slimkit.primitives.data_paths import cache_root
 from slimkit.primitives.errors import SlimkitError, unknown
-from slimkit.primitives.paths import cache_root, remove_leftovers, staging_dir
+from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from slimkit.primitives.data_paths import data_file
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.paths import data_file
 
 
 @dataclass(frozen=True)

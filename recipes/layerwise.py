@@ -13,47 +13,29 @@ With ``propagate="compressed"``, a stage that declares ``dense_targets`` (``reco
 makes the block carry a second stream: the dense model's hidden states on the same calibration batches, advanced
 through each layer *before* the block's stages change it. For those roles a paired pass runs the dense layer on both
 streams batch by batch and accumulates ``C = Σ x_d x_cᵀ`` (dense input x compressed input of the consumer) and
-``Σ x_d`` (:attr:`DenseConsumer.cross`, :attr:`DenseConsumer.dense_sum`). Cost: one extra set of hidden states of
-the calibration batches (tokens x hidden size in the model's dtype: 9.4 MB for smollm2-135m at 32 x 128 tokens in
-float32), one batch of consumer inputs at a time, a ``d_in x d_in`` float64 matrix per role, and two more forwards
-of each layer. Without such a stage nothing of this is built. At the top level (``propagate="dense"``) the inputs
-already are the dense model's, so ``C = G`` and no second stream is needed.
+``Σ x_d`` (:class:`~slimkit.primitives.reconstruct.consumer.DenseConsumer`: ``cross``, ``dense_sum``). Cost: one
+extra set of hidden states of the calibration batches (tokens x hidden size in the model's dtype: 9.4 MB for
+smollm2-135m at 32 x 128 tokens in float32), one batch of consumer inputs at a time, a ``d_in x d_in`` float64
+matrix per role, and two more forwards of each layer. Without such a stage nothing of this is built. At the top
+level (``propagate="dense"``) the inputs already are the dense model's, so ``C = G`` and no second stream is needed.
 On a model offloaded by ``model.max_memory`` each layer is brought onto the compute device for its turn and written back
-afterwards (:func:`slimkit.primitives.offload.resident`), so the device holds one layer at a time.
+afterwards (:func:`slimkit.primitives.device.offload.resident`), so the device holds one layer at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, input_norm_hooks, run_layer
-from slimkit.primitives.offload import resident
-from slimkit.primitives.reconstruct.gram import CrossGramAccumulator, MeanAccumulator, gram_hooks
+from slimkit.primitives.device.offload import resident
+from slimkit.primitives.reconstruct.consumer import dense_consumer, paired_pass
+from slimkit.primitives.reconstruct.gram import gram_hooks
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import StageSpec
-
-
-@dataclass(frozen=True)
-class DenseConsumer:
-    """A projection as the block's statistics pass saw it: its dense weight and the statistics of its inputs.
-
-    ``gram``, ``input_sum`` and ``tokens`` are ``G = Σ x xᵀ``, ``Σ x`` and ``T`` of the inputs the layer receives in
-    this block (the compressed predecessors' outputs inside ``sequential``). ``cross`` and ``dense_sum`` are
-    ``C = Σ x_d xᵀ`` and ``Σ x_d`` with ``x_d`` the dense model's input (only for a stage's ``dense_targets``);
-    ``bias`` is the dense bias (None when the projection has none)."""
-
-    weight: torch.Tensor
-    gram: torch.Tensor
-    input_sum: torch.Tensor | None = None
-    tokens: int = 0
-    bias: torch.Tensor | None = None
-    cross: torch.Tensor | None = None
-    dense_sum: torch.Tensor | None = None
 
 
 def run_layerwise(
@@ -64,9 +46,9 @@ def run_layerwise(
 ) -> None:
     view = ctx.view
     definitions = [(stage_def(s.stage), s.parsed_args()) for s in stages]
-    needs_stats = any(d.needs_calibration(a) for d, a in definitions)
+    needs_stats = any(a.needs_calibration() for _d, a in definitions)
     inputs = capture_layer_inputs(ctx.model, view.layer(0).module, ctx.calibration_batches()) if needs_stats else None
-    targets = frozenset().union(*(d.dense_targets(a) for d, a in definitions))
+    targets = frozenset().union(*(a.dense_targets() for _d, a in definitions))
     # The dense stream starts equal to the compressed one (same embeddings); its tensors are replaced, never changed.
     dense = None
     if inputs is not None and targets and propagate == "compressed":
@@ -77,43 +59,6 @@ def run_layerwise(
             _compress_layer(ctx, definitions, layer.index, inputs, propagate, dense)
         if on_layer is not None:
             on_layer(layer.index)
-
-
-def _paired_pass(
-    layer_module: torch.nn.Module, consumers: dict[str, torch.nn.Module], inputs: LayerInputs, dense: LayerInputs
-) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
-    """Run the (still dense) layer on both streams batch by batch: per role ``(Σ x_d x_cᵀ, Σ x_d)``, and the dense
-    stream's outputs (its next inputs)."""
-    seen: dict[str, torch.Tensor] = {}
-    cross: dict[str, CrossGramAccumulator] = {}
-    sums: dict[str, MeanAccumulator] = {}
-
-    def hook(role: str):
-        def keep(_module: torch.nn.Module, args: tuple) -> None:
-            seen[role] = args[0].detach()
-
-        return keep
-
-    handles = [module.register_forward_pre_hook(hook(role)) for role, module in consumers.items()]
-    outputs = []
-    try:
-        with torch.no_grad():
-            for hidden_c, hidden_d, kwargs in zip(inputs.hidden, dense.hidden, inputs.kwargs, strict=True):
-                out = layer_module(hidden_d, **kwargs)
-                outputs.append(out[0] if isinstance(out, tuple) else out)
-                from_dense = dict(seen)
-                layer_module(hidden_c, **kwargs)
-                for role in consumers:
-                    x_d, x_c = from_dense[role], seen[role]
-                    if role not in cross:
-                        cross[role] = CrossGramAccumulator(x_d.shape[-1], x_c.shape[-1])
-                        sums[role] = MeanAccumulator(x_d.shape[-1])
-                    cross[role].update(x_d, x_c)
-                    sums[role].update(x_d)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return {role: (cross[role].cross, sums[role].sum) for role in consumers}, outputs
 
 
 def _compress_layer(
@@ -135,18 +80,18 @@ def _compress_layer(
     dense_outputs = None
     if inputs is not None:
         modules = ctx.view.linears([layer])
-        roles = sorted(frozenset().union(*(d.layer_grams(a) for d, a in definitions)))
+        roles = sorted(frozenset().union(*(a.layer_grams() for _d, a in definitions)))
         consumers = {role: layer.linear(role) for role in roles}
-        targets = sorted(frozenset().union(*(d.dense_targets(a) for d, a in definitions)) & set(roles))
+        targets = sorted(frozenset().union(*(a.dense_targets() for _d, a in definitions)) & set(roles))
         paired: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if dense is not None and targets:
-            paired, dense_outputs = _paired_pass(layer.module, {r: consumers[r] for r in targets}, inputs, dense)
+            paired, dense_outputs = paired_pass(layer.module, {r: consumers[r] for r in targets}, inputs, dense)
         with input_norm_hooks(modules) as accumulators, gram_hooks(consumers) as grams:
             outputs = run_layer(layer.module, inputs)
         stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}
         if roles:  # the dense layer's consumers, before any stage of the block changes them
             stats["dense_consumers"] = {
-                role: _snapshot(module, grams[role], paired.get(role), role in targets)
+                role: dense_consumer(module, grams[role], paired.get(role), role in targets)
                 for role, module in consumers.items()
             }
         stats["tokens"] = inputs.tokens
@@ -160,15 +105,3 @@ def _compress_layer(
         inputs.hidden = outputs
     if dense is not None and dense_outputs is not None:
         dense.hidden = dense_outputs
-
-
-def _snapshot(module: torch.nn.Module, grams, paired: tuple[torch.Tensor, torch.Tensor] | None, target: bool):
-    """The :class:`DenseConsumer` of one role. A dense target without a second stream (top level: the inputs are
-    the dense model's) gets ``C = G`` and ``Σ x_d = Σ x``."""
-    cross, dense_sum = paired if paired is not None else (None, None)
-    if target and paired is None:
-        cross, dense_sum = grams.gram, grams.sum
-    bias = module.bias.detach().clone() if module.bias is not None else None
-    return DenseConsumer(
-        module.weight.detach().clone(), grams.gram, grams.sum, grams.tokens, bias, cross=cross, dense_sum=dense_sum
-    )

@@ -36,13 +36,8 @@ import yaml
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
-from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.evaluate.counting import count_macs, params_by_part
-from slimkit.primitives.io import versions
-from slimkit.primitives.io.save import MANIFEST_NAME, non_finite_tensors
-from slimkit.primitives.offload import check_stage_fits, is_offloaded
-from slimkit.primitives.paths import LockHeld, acquire_lock, remove_leftovers, staging_dir, swap_in
-from slimkit.primitives.placement import (
+from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
+from slimkit.primitives.device.settings import (
     DTYPES,
     Placement,
     dtype_name,
@@ -50,6 +45,12 @@ from slimkit.primitives.placement import (
     reset_peak_memory,
     resolve_device,
 )
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import count_macs, params_by_part
+from slimkit.primitives.files.atomic import remove_leftovers, staging_dir, swap_in
+from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.io import versions
+from slimkit.primitives.io.save import MANIFEST_NAME, non_finite_tensors
 from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import run_layerwise
@@ -275,10 +276,9 @@ def _block_plan(ctx: Context, children: list) -> int:
     """Parameters the block's fixed-budget stages plan to remove (a solve stage in it subtracts them)."""
     planned = 0
     for spec in children:
-        definition = stage_def(spec.stage)
         args = spec.parsed_args()
-        if definition.plan is not None and definition.budget(args) in ("explicit", "layer"):
-            planned += definition.plan(ctx, args)
+        if args.budget() in ("explicit", "layer"):
+            planned += args.plan(ctx)
     return planned
 
 

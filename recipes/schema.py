@@ -33,10 +33,9 @@ values mean). A name outside a fixed set (a field, a stage, a dataset, a task) f
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -51,12 +50,13 @@ from pydantic import (
     model_validator,
 )
 
+from slimkit.primitives.device.settings import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.errors import SlimkitError, unknown
-from slimkit.primitives.placement import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 
-T = TypeVar("T")
+if TYPE_CHECKING:  # stage_args imports this module
+    from slimkit.recipes.stage_args import StageArgs
 
 TargetOf = Literal["model", "layers", "mlp", "attention"]
 
@@ -75,11 +75,6 @@ class Strict(BaseModel):
             if unknown_keys:
                 raise ValueError(unknown("field", unknown_keys[0], cls.model_fields))
         return data
-
-    def shared_with(self, config_class: type[T], **extra: Any) -> T:
-        """``config_class`` (a dataclass) built from the fields it shares with these args, plus ``extra``."""
-        names = {f.name for f in dataclasses.fields(config_class)} & set(type(self).model_fields)  # type: ignore[arg-type]
-        return config_class(**{name: getattr(self, name) for name in names}, **extra)
 
 
 def check_corpus(name: str) -> str:
@@ -192,7 +187,7 @@ class StageSpec(Strict):
             raise ValueError(format_validation_error(error, prefix="args")) from None
         return self
 
-    def parsed_args(self) -> BaseModel:
+    def parsed_args(self) -> StageArgs:
         return stage_def(self.stage).args.model_validate(self.args)
 
 
@@ -316,9 +311,9 @@ class ExportItem(Strict):
 
 
 DeviceName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_device_name, name))]
-"""auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.placement.check_device_name`)."""
+"""auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.device.settings.check_device_name`)."""
 DtypeName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_dtype_name, name))]
-"""auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.placement.check_dtype_name`)."""
+"""auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.device.settings.check_dtype_name`)."""
 
 
 class ModelConfig(Strict):
@@ -452,7 +447,7 @@ class Recipe(Strict):
                     )
                 seen.setdefault(spec.stage, where)
                 args = spec.parsed_args()
-                mode = definition.budget(args)
+                mode = args.budget()
                 if mode in ("solve", "layer") and solver is not None:
                     raise ValueError(
                         f"{where}: stage '{spec.stage}' derives its share from the target, but {solver} before it "
@@ -465,17 +460,17 @@ class Recipe(Strict):
                             "in one block; give one of them an explicit ratio"
                         )
                     block_solver = f"{where} ('{spec.stage}')"
-                clash = sorted(definition.touches(args) & set(lowrank))
+                clash = sorted(args.touches() & set(lowrank))
                 if clash:
                     raise ValueError(
                         f"{where}: stage '{spec.stage}' needs plain Linear {', '.join(clash)} projections, but "
                         f"{lowrank[clash[0]]} replaced them by low-rank pairs; run it before that stage or leave those "
                         "projections out"
                     )
-                for role in definition.makes_lowrank(args):
+                for role in args.makes_lowrank():
                     lowrank.setdefault(role, f"{where} ('{spec.stage}')")
             solver = solver or block_solver
-        modes = [stage_def(s.stage).budget(s.parsed_args()) for s in self.flat_stages()]
+        modes = [s.parsed_args().budget() for s in self.flat_stages()]
         if self.target.ratio > 0 and all(mode == "none" for mode in modes):
             raise ValueError(
                 f"target.ratio: {self.target.ratio:g} of {self.target.of} is to be removed, but no stage removes "
@@ -486,7 +481,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _task_rules(self) -> Recipe:
         for index, spec in enumerate(self.flat_stages()):
-            if self.task is None and stage_def(spec.stage).needs_task:
+            if self.task is None and spec.parsed_args().needs_task():
                 raise ValueError(f"stages.{index}: stage '{spec.stage}' needs the recipe's task (a GLUE task)")
         if self.task is None:
             if self.calibration is not None and self.calibration.dataset == "glue":
@@ -517,7 +512,7 @@ class Recipe(Strict):
         return flat
 
     def needs_calibration(self) -> bool:
-        return any(stage_def(s.stage).needs_calibration(s.parsed_args()) for s in self.flat_stages())
+        return any(s.parsed_args().needs_calibration() for s in self.flat_stages())
 
     def calibration_config(self) -> CalibrationConfig | None:
         """Calibration settings when a stage needs them (the defaults if the recipe gives none)."""

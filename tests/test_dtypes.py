@@ -24,7 +24,8 @@ import torch
 from safetensors import safe_open
 
 import slimkit
-from slimkit.primitives.devices import FloatMaster, input_device, math_dtype, to_input_device, upcast
+from slimkit.primitives.device.moves import input_device, math_dtype, to_input_device, upcast
+from slimkit.primitives.finetune.loop import FloatMaster
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.projection.hidden import ProjectionSettings, project_hidden_dimension
 from slimkit.primitives.projection.norms import fold_rms_norms, layernorm_to_rmsnorm

@@ -1,4 +1,4 @@
-"""SP3 / CoFi masks on post-norm encoders (:mod:`slimkit.primitives.optim.encoder_masks`, ``mask_train_encoder``)."""
+"""SP3 / CoFi masks on post-norm encoders (:mod:`slimkit.primitives.masks.encoder`, ``mask_train_encoder``)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,11 @@ from transformers import BertConfig, BertForSequenceClassification
 import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.glue import evaluate_glue
-from slimkit.primitives.optim import MaskSet, MaskShape, MaskValues, apply_masks
-from slimkit.primitives.optim.encoder_masks import (
-    EncoderMaskConfig,
-    counted_weights,
-    fuse_encoder_masks,
-    train_encoder_masks,
-)
-from slimkit.primitives.optim.sparsity import expected_size
+from slimkit.primitives.masks.encoder import counted_weights, fuse_encoder_masks, train_encoder_masks
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.settings import EncoderMaskSettings
+from slimkit.primitives.masks.sparsity import expected_size
 from slimkit.primitives.projection import project_post_norm
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
@@ -176,8 +173,8 @@ def test_shared_mode_slices_layernorms_and_counts_blocks():
 def test_training_reaches_the_target_and_reports():
     model = _projected()
     batches = [_batch(30 + i, batch=4, labels=True) for i in range(3)]
-    config = EncoderMaskConfig(target=0.4, finetune_steps=1, dimension_steps=3, joint_steps=3, distill=1.0)
-    report = train_encoder_masks(model, batches, config, check_batches=[_batch(7)])
+    settings = EncoderMaskSettings(finetune_steps=1, dimension_steps=3, joint_steps=3, distill=1.0)
+    report = train_encoder_masks(model, batches, settings, 0.4, check_batches=[_batch(7)])
     assert report["steps"] == 7 and report["levels"] == ["dimension", "head", "layer"]
     assert report["binary_sparsity"] >= 0.4
     placeholder = report["fused"]["placeholder_params"]
@@ -185,7 +182,7 @@ def test_training_reaches_the_target_and_reports():
     agreement = report["fused"]["masked_vs_fused"]
     assert agreement["max_abs_logit_diff"] < 1e-4 and agreement["prediction_agreement"] == 1.0
     with pytest.raises(SlimkitError, match="per_norm needs a model projected"):
-        train_encoder_masks(_model(), batches, config)
+        train_encoder_masks(_model(), batches, settings, 0.4)
 
 
 # ---- recipes end to end -------------------------------------------------------------------------------------

@@ -22,14 +22,10 @@ from slimkit.primitives.arch.support import SUPPORTED, check_supported
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups, layer_group
 from slimkit.primitives.lowrank import LowRankLinear
-from slimkit.primitives.optim import (
-    MaskShape,
-    MaskValues,
-    apply_masks,
-    fuse_stream_masks,
-    stream_count_args,
-    stream_model_size,
-)
+from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskShape, MaskValues
+from slimkit.primitives.masks.sparsity import stream_model_size
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension, stream_groups
 from slimkit.primitives.projection.attention import attention_projection
 from slimkit.primitives.surgery import prune_layer, remove_units

@@ -8,12 +8,15 @@ import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover, merge_lora, train_lora
 from slimkit.primitives.io.save import non_finite_tensors
-from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+from slimkit.primitives.masks.settings import StreamMaskSettings
+from slimkit.primitives.masks.stream import train_stream_masks
+from slimkit.primitives.masks.training import MaskTarget
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
 from tests.test_cli import assert_one_line_error, run_cli
@@ -115,10 +118,12 @@ def test_a_nan_target_ratio_says_finite_not_less_than_one(tmp_path):
 def test_primitive_configs_refuse_inf_and_nan():
     with pytest.raises(SlimkitError, match="learning_rate must be a finite number"):
         LoraConfig(learning_rate=math.inf)
-    with pytest.raises(SlimkitError, match="rank_prior must be a finite number"):
-        MaskTrainingConfig(target=0.2, total=100, rank_prior=math.nan)
-    with pytest.raises(SlimkitError, match="learning rates must be > 0"):
-        MaskTrainingConfig(target=0.2, total=100, learning_rate=math.nan)
+    with pytest.raises(ValidationError, match="rank_prior"):
+        StreamMaskSettings(rank_prior=math.nan)
+    with pytest.raises(ValidationError, match="learning_rate"):
+        StreamMaskSettings(learning_rate=math.nan)
+    with pytest.raises(SlimkitError, match=r"target must be in \(0, 1\), got nan"):
+        MaskTarget(math.nan, 100)
 
 
 # --- training divergence ----------------------------------------------------------------------------------
@@ -185,11 +190,10 @@ def test_a_merge_that_overflows_is_refused_and_the_model_left_as_it_was(tokenize
 def test_mask_training_diverging_at_the_last_update_is_caught(tokenizer):
     model = tiny_llama(vocab_size=len(tokenizer))
     total = sum(p.numel() for p in model.parameters())
-    config = MaskTrainingConfig(target=0.2, total=total, mask_steps=1, hidden=False)
-    object.__setattr__(config, "learning_rate", math.inf)
+    settings = StreamMaskSettings(mask_steps=1, hidden=False).model_copy(update={"learning_rate": math.inf})
     batches = [torch.randint(3, len(tokenizer), (2, 16))]
     with pytest.raises(SlimkitError) as error:
-        train_stream_masks(model, batches, config)
+        train_stream_masks(model, batches, settings, MaskTarget(0.2, total))
     message = _one_line(error)
     assert message.startswith("mask training diverged at step 1: ") and "NaN/inf after the update" in message
 

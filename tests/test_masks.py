@@ -10,27 +10,26 @@ import torch
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import layer_group
-from slimkit.primitives.optim import (
-    MASK_FIELDS,
+from slimkit.primitives.masks.gates import (
     HardConcrete,
+    expected_value,
+    hard_concrete_deterministic,
+    hard_concrete_sample,
+    keep_probability,
+    one_probability,
+)
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MASK_FIELDS, MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.schedule import MaskSchedule
+from slimkit.primitives.masks.sparsity import (
     Lagrangian,
-    MaskSchedule,
-    MaskSet,
-    MaskShape,
-    MaskValues,
-    apply_masks,
     binarize,
     couple_intermediate,
     dense_size,
     expected_size,
     expected_sparsity,
-    expected_value,
-    hard_concrete_deterministic,
-    hard_concrete_sample,
-    keep_probability,
     lagrangian_optimizer,
     negate_gradients,
-    one_probability,
 )
 from slimkit.primitives.surgery.units import remove_units
 from tests.tiny import tiny_bert, tiny_llama, tiny_opt
@@ -500,20 +499,33 @@ def test_mask_set_draws_once_per_forward_and_trains():
         assert torch.equal(first, _out(model, inputs))  # eval: deterministic
 
 
-def test_mask_training_configs_share_one_check_and_one_loop_settings():
-    from slimkit.primitives.errors import SlimkitError
-    from slimkit.primitives.optim import MaskTrainingConfig
-    from slimkit.primitives.optim.encoder_masks import EncoderMaskConfig
-    from slimkit.primitives.optim.mask_loop import LoopSettings
+def test_mask_settings_are_declared_once_and_checked_once():
+    from pydantic import ValidationError
 
-    with pytest.raises(SlimkitError, match=r"^mask training: target must be in \(0, 1\), got 1.5; init_drop"):
-        MaskTrainingConfig(target=1.5, total=10, init_drop=1.0)
-    with pytest.raises(SlimkitError, match=r"^encoder mask training: distill must be >= 0, got -1"):
-        EncoderMaskConfig(target=0.5, distill=-1.0)
-    with pytest.raises(SlimkitError, match="learning rates must be > 0"):
-        EncoderMaskConfig(target=0.5, mask_learning_rate=0.0)
-    config = MaskTrainingConfig(target=0.2, total=10, learning_rate=0.0, distill=0.5, seed=3)
-    assert LoopSettings.of(config, 7.0) == LoopSettings(
-        target=0.2, total=7.0, learning_rate=0.0, mask_learning_rate=0.05, lagrangian_learning_rate=0.05,
-        max_grad_norm=1.0, distill=0.5, seed=3,
-    )  # fmt: skip
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.primitives.masks.settings import EncoderMaskSettings, MaskSettings, StreamMaskSettings
+    from slimkit.primitives.masks.training import MaskTarget, run_settings
+    from slimkit.recipes.stages.encoder_masks import MaskTrainEncoderArgs
+    from slimkit.recipes.stages.masks import MaskTrainArgs
+
+    with pytest.raises(SlimkitError, match=r"^mask training: target must be in \(0, 1\), got 1.5"):
+        MaskTarget(1.5, 10)
+    with pytest.raises(ValidationError, match="init_drop"):
+        StreamMaskSettings(init_drop=1.0)
+    with pytest.raises(ValidationError, match="distill"):
+        EncoderMaskSettings(distill=-1.0)
+    with pytest.raises(ValidationError, match="mask_learning_rate"):
+        EncoderMaskSettings(mask_learning_rate=0.0)
+    with pytest.raises(ValidationError, match="dimension_steps \\+ joint_steps must be >= 1"):
+        EncoderMaskSettings(dimension_steps=0, joint_steps=0)
+    # the stages' arguments are the settings plus their data: no name is declared twice
+    assert issubclass(MaskTrainArgs, StreamMaskSettings) and issubclass(MaskTrainEncoderArgs, EncoderMaskSettings)
+    shared = set(MaskSettings.model_fields)
+    for args, kind in ((MaskTrainArgs, StreamMaskSettings), (MaskTrainEncoderArgs, EncoderMaskSettings)):
+        assert shared <= set(kind.model_fields) <= set(args.model_fields)
+        assert not set(vars(args).get("__annotations__", {})) & set(kind.model_fields)
+    settings = MaskTrainArgs(learning_rate=0.0, distill=0.5, batch_size=2)
+    assert run_settings(settings, StreamMaskSettings, MaskTarget(0.2, 7.0), 3) == {
+        **StreamMaskSettings(learning_rate=0.0, distill=0.5).model_dump(),
+        "target": 0.2, "total": 7.0, "max_grad_norm": 1.0, "seed": 3,
+    }  # fmt: skip

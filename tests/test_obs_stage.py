@@ -13,8 +13,8 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.importance import score_group
 from slimkit.primitives.reconstruct import gram_hooks, inverse_hessian, obs_prune, refit_least_squares
+from slimkit.primitives.reconstruct.consumer import DenseConsumer
 from slimkit.recipes.context import Context
-from slimkit.recipes.layerwise import DenseConsumer
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
 from slimkit.recipes.stages.obs import ObsPruneLayerArgs, obs_prune_layer

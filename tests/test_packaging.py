@@ -22,7 +22,7 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 
 def test_package_data_resolves_from_the_import_namespace():
-    from slimkit.primitives.paths import data_root
+    from slimkit.primitives.data_paths import data_root
     from slimkit.recipes.loading import bundled_recipes
 
     assert (data_root() / "wikitext2" / "SOURCE.md").is_file()

@@ -11,8 +11,10 @@ import torch
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
-from slimkit.primitives.optim import (
+from slimkit.primitives.policy.prunenet import (
+    RETURNS,
     SELECTIONS,
+    UPDATES,
     PruneNetPolicy,
     discounted_penalties,
     ffn_weights,
@@ -25,7 +27,6 @@ from slimkit.primitives.optim import (
     sequential_log_prob,
     train_policy,
 )
-from slimkit.primitives.optim.policy import RETURNS, UPDATES
 from slimkit.primitives.spectrum import ks_distance
 from slimkit.primitives.surgery.units import remove_units
 

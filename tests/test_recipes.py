@@ -149,25 +149,6 @@ def test_zero_shot_evaluation_through_the_runner(tmp_path, tiny_llama_dir):
     assert report["evaluation"]["zeroshot"]["results"]["piqa"]["n"] == 2
 
 
-def test_stage_args_build_a_config_from_the_fields_they_share():
-    import dataclasses
-
-    from slimkit.recipes.schema import Strict
-
-    @dataclasses.dataclass
-    class Config:
-        target: float
-        steps: int = 1
-        rate: float = 0.5
-
-    class Args(Strict):
-        steps: int = 7
-        batch_size: int = 4  # not the config's: left out
-
-    config = Args().shared_with(Config, target=0.2)
-    assert config == Config(target=0.2, steps=7, rate=0.5)
-
-
 def test_the_schema_docstring_example_validates():
     import slimkit.recipes.schema as schema
 

@@ -8,10 +8,10 @@ import torch
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from slimkit.recipes.layerwise import DenseConsumer
+from slimkit.primitives.reconstruct.consumer import DenseConsumer
+from slimkit.primitives.reconstruct.refit import RefitSettings, matched_columns, refit_role
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
-from slimkit.recipes.stages.reconstruct import _refit_role, matched_columns
 from tests.conftest import saved_tiny_llama
 from tests.test_recipes import tiny_recipe
 from tests.tiny import model_output, tiny_llama
@@ -77,10 +77,11 @@ def test_a_changed_consumer_is_refused_in_one_line():
     stats = {"dense_consumers": {"down": DenseConsumer(dense, torch.eye(dense.shape[1], dtype=torch.float64))}}
     with torch.no_grad():
         layer.linear("down").weight.mul_(2.0)  # same shape: nothing removed, left alone
-    assert _refit_role(layer, "down", stats, 1e-6) is None
+    settings = RefitSettings(damping=1e-6, toward="zero")
+    assert refit_role(layer, "down", stats["dense_consumers"]["down"], settings) is None
     layer.linear("down").weight = torch.nn.Parameter(dense[:, :10] * 2.0)  # narrower and changed
     with pytest.raises(SlimkitError, match="columns are not a subset of its dense columns"):
-        _refit_role(layer, "down", stats, 1e-6)
+        refit_role(layer, "down", stats["dense_consumers"]["down"], settings)
 
 
 def test_the_bundled_recipe_validates():
@@ -315,7 +316,7 @@ def assert_refused_in_one_line(raw: dict, fragment: str, monkeypatch, capsys, tm
 
 def test_paired_pass_accumulates_the_dense_compressed_cross_term():
     from slimkit.primitives.calibration import LayerInputs
-    from slimkit.recipes.layerwise import _paired_pass
+    from slimkit.primitives.reconstruct.consumer import paired_pass
 
     model = tiny_llama()
     layer = ModelView(model).layer(0)
@@ -336,7 +337,7 @@ def test_paired_pass_accumulates_the_dense_compressed_cross_term():
         out_d = layer.module(hidden_d, **kwargs)
         layer.module(hidden_c, **kwargs)
     hook.remove()
-    paired, outputs = _paired_pass(
+    paired, outputs = paired_pass(
         layer.module, {"down": down}, LayerInputs([hidden_c], [kwargs]), LayerInputs([hidden_d], [kwargs])
     )
     cross, dense_sum = paired["down"]

@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 import slimkit
-from slimkit.primitives import paths
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.files import atomic as paths
+from slimkit.primitives.files.lock import acquire_lock
 from slimkit.recipes import runner
 from slimkit.recipes.runner import check_output_dir
 from tests.test_cli import assert_one_line_error, run_cli
@@ -230,7 +231,7 @@ def test_an_out_filled_during_the_run_is_not_overwritten(monkeypatch, tmp_path, 
 
 def test_a_second_run_to_a_locked_out_fails_before_loading(monkeypatch, tmp_path, model_dir):
     out = tmp_path / "out"
-    lock = paths.acquire_lock(out)
+    lock = acquire_lock(out)
     try:
         with monkeypatch.context() as patch:
             patch.setattr(runner, "load_source", lambda *a, **k: pytest.fail("loaded"))

@@ -29,7 +29,7 @@ def scored():
 def _layer_grams(model, index: int, batches) -> dict:
     from slimkit.primitives.arch import ModelView
     from slimkit.primitives.reconstruct import gram_hooks
-    from slimkit.recipes.layerwise import DenseConsumer
+    from slimkit.primitives.reconstruct.consumer import DenseConsumer
 
     layer = ModelView(model).layer(index)
     consumers = {role: layer.linear(role) for role in ("down", "o")}

@@ -9,16 +9,10 @@ import torch
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim import (
-    MaskSet,
-    MaskShape,
-    MaskValues,
-    apply_masks,
-    binarize,
-    fuse_stream_masks,
-    stream_count_args,
-    stream_model_size,
-)
+from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.sparsity import binarize, stream_model_size
 from slimkit.primitives.projection import (
     ProjectionSettings,
     project_hidden_dimension,
@@ -181,7 +175,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
 
 
 def test_rank_prior_starts_the_gates_in_principal_component_order():
-    from slimkit.primitives.optim.mask_training import _rank_prior
+    from slimkit.primitives.masks.stream import apply_rank_prior
 
     model = _projected("llama-untied")
     masks = MaskSet.from_view(
@@ -195,19 +189,21 @@ def test_rank_prior_starts_the_gates_in_principal_component_order():
         init_std=0.0,
     )
     before = masks.group_hidden[0].log_alpha.detach().clone()
-    _rank_prior(masks, 4.0)
+    apply_rank_prior(masks, 4.0)
     after = masks.group_hidden[0].log_alpha.detach()
     assert float(after[0] - before[0]) == pytest.approx(2.0) and float(after[-1] - before[-1]) == pytest.approx(-2.0)
     assert bool((after[1:] < after[:-1]).all())  # the first principal component is the most likely kept
 
 
 def test_mask_training_with_distillation_runs_and_fuses():
-    from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+    from slimkit.primitives.masks.settings import StreamMaskSettings
+    from slimkit.primitives.masks.stream import train_stream_masks
+    from slimkit.primitives.masks.training import MaskTarget
 
     model = _projected("llama-untied")
     total = ModelView(model).num_params()
-    config = MaskTrainingConfig(target=0.2, total=total, mask_steps=2, warmup_steps=1, distill=0.5)
-    report = train_stream_masks(model, [_ids(7), _ids(8)], config)
+    settings = StreamMaskSettings(mask_steps=2, warmup_steps=1, distill=0.5)
+    report = train_stream_masks(model, [_ids(7), _ids(8)], settings, MaskTarget(0.2, total))
     assert len(report["history"]["loss"]) == 2 and report["params"] == ModelView(model).num_params()
     # the distillation term is added to the task loss (the Lagrangian starts at zero)
     assert report["history"]["loss"][0] > report["history"]["task_loss"][0]

@@ -17,13 +17,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from slimkit.primitives.data_paths import data_root
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.zeroshot import (
     ZEROSHOT_TASKS,
     evaluate_zeroshot,
     prepare_task_data,
 )
-from slimkit.primitives.paths import data_root
 
 EXPECTED_COUNTS = {
     "piqa": 1838,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 
 
 class InputNormAccumulator:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from slimkit.primitives.devices import math_dtype, to_input_device
+from slimkit.primitives.device.moves import math_dtype, to_input_device
 
 
 @dataclass

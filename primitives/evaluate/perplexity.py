@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from slimkit.primitives import textdata
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 
 

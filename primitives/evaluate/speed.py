@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from slimkit.primitives.devices import input_device
+from slimkit.primitives.device.moves import input_device
 
 
 @dataclass(frozen=True)

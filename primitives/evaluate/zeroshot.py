@@ -3,7 +3,7 @@
 :func:`evaluate_zeroshot` scores a model with ``lm_eval.simple_evaluate`` and an ``HFLM`` wrapped around
 the model object, using task YAMLs that reproduce lm-eval's own default tasks (prompt, choices, gold index
 and metrics) but read local JSONL files instead of downloading from the Hugging Face hub. Nothing touches
-the network: the data comes from :func:`slimkit.primitives.paths.data_root`, lm-eval's default task index
+the network: the data comes from :func:`slimkit.primitives.data_paths.data_root`, lm-eval's default task index
 is not loaded, and the metrics (``acc``, ``acc_norm``) are lm-eval's built-in ones.
 
 Tasks (lm-eval 0.4.x YAML each follows; ``acc_norm`` is the accuracy of the choice with the highest
@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from slimkit.primitives.data_paths import cache_root, data_file
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.paths import cache_root, data_file
 
 __all__ = ["ZEROSHOT_TASKS", "evaluate_zeroshot", "prepare_task_data"]
 

@@ -28,7 +28,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, write_hf
-from slimkit.primitives.paths import remove_leftovers
+from slimkit.primitives.files.atomic import remove_leftovers
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"

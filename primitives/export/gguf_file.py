@@ -51,7 +51,7 @@ from torch import nn
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_vocab import vocabulary
-from slimkit.primitives.paths import staging_file
+from slimkit.primitives.files.atomic import staging_file
 
 GGUF_TYPES = {
     "f32": gguf.GGMLQuantizationType.F32,

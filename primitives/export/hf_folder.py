@@ -25,10 +25,10 @@ import torch
 import transformers
 from torch import nn
 
-from slimkit.primitives.devices import input_device
+from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import dense_tensors
-from slimkit.primitives.paths import staging_dir, swap_in
+from slimkit.primitives.files.atomic import staging_dir, swap_in
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -80,7 +80,7 @@ def write_hf(
     model: nn.Module, tokenizer: Any, directory: str | os.PathLike, verify: bool = True, replace: bool = False
 ) -> HfResult:
     """Write ``model`` as a plain Hugging Face folder at ``directory``: one that does not exist or is empty, or
-    with ``replace`` any folder, swapped out in one step (:func:`~slimkit.primitives.paths.swap_in`) once the new
+    with ``replace`` any folder, swapped out in one step (:func:`~slimkit.primitives.files.atomic.swap_in`) once the new
     one is complete; the old one is deleted afterwards."""
     model_type = getattr(model.config, "model_type", None)
     if model_type not in HF_MODEL_TYPES:

@@ -29,7 +29,7 @@ seeded; the global RNG state is left as it was. The model is trained in place an
 mode; a non-finite loss stops the run with an error (checked at every step before the update, and after
 the last update: every trained weight, and the loss on the last batch in eval mode). The model trains
 where it is and in its dtype: batches go to its input device, the loss is float32, and bfloat16/float16
-weights are stepped through float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`), so
+weights are stepped through float32 master copies (:class:`~slimkit.primitives.finetune.loop.FloatMaster`), so
 AdamW's state is float32.
 A new classifier head is created in the encoder's dtype and on its device.
 
@@ -53,10 +53,17 @@ import transformers
 from torch import nn
 
 from slimkit.primitives import gluedata
-from slimkit.primitives.devices import FloatMaster, model_dtype, to_input_device
+from slimkit.primitives.device.moves import model_dtype, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.glue import check_task_model
-from slimkit.primitives.finetune.lora import diverged, non_finite
+from slimkit.primitives.finetune.loop import (
+    Divergence,
+    FloatMaster,
+    checked_backward,
+    learning_rate_hint,
+    master_step,
+    non_finite_problem,
+)
 
 
 def is_task_model(model: nn.Module) -> bool:
@@ -177,22 +184,17 @@ def _schedule(optimizer: torch.optim.Optimizer, total: int, warmup: int) -> torc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _check_last_update(
-    model: nn.Module, batch: dict, master: FloatMaster, config: GlueFinetuneConfig, step: int
-) -> None:
+def _check_last_update(model: nn.Module, batch: dict, master: FloatMaster, divergence: Divergence, step: int) -> None:
     """The per-step check reads the loss before each update; this checks what the last update made."""
     trained = {id(p) for p, _master in master.pairs}
-    bad = non_finite((name, p) for name, p in model.named_parameters() if id(p) in trained)
-    if bad:
-        shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
-        raise diverged(
-            "glue_finetune", step, f"{len(bad)} weights hold NaN/inf after the update ({shown})", config.learning_rate
-        )
+    problem = non_finite_problem(((name, p) for name, p in model.named_parameters() if id(p) in trained), "weights")
+    if problem:
+        raise divergence.error(step, problem)
     model.eval()
     with torch.no_grad():
         after = float(model(**to_input_device(model, batch)).loss.float())
     if not math.isfinite(after):
-        raise diverged("glue_finetune", step, f"loss {after} after the update", config.learning_rate)
+        raise divergence.error(step, f"loss {after} after the update")
 
 
 def finetune_glue(
@@ -211,6 +213,7 @@ def finetune_glue(
     seen = tokens = 0
     # bfloat16/float16 weights are trained through float32 master copies (AdamW state in float32)
     master = FloatMaster([p for p in model.parameters() if p.requires_grad])
+    divergence = Divergence("glue_finetune", learning_rate_hint(config.learning_rate))
     with torch.random.fork_rng(devices=_cuda_devices(model)):
         torch.manual_seed(config.seed)
         if total > 0:
@@ -227,17 +230,8 @@ def finetune_glue(
                     chosen = [examples[i] for i in order[start : start + config.batch_size]]
                     batch = gluedata.encode(tokenizer, chosen, config.max_length)
                     loss = model(**to_input_device(model, batch)).loss.float()
-                    value = float(loss.detach())
-                    if not math.isfinite(value):
-                        raise diverged("glue_finetune", len(losses) + 1, f"loss {value}", config.learning_rate)
-                    optimizer.zero_grad(set_to_none=True)
-                    model.zero_grad(set_to_none=True)
-                    loss.backward()
-                    master.grads_to_master()
-                    if config.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(master.params, config.max_grad_norm)
-                    optimizer.step()
-                    master.master_to_model()
+                    value = checked_backward(loss, len(losses) + 1, divergence, [optimizer, model])
+                    master_step(master, optimizer, config.max_grad_norm)
                     schedule.step()
                     losses.append(value)
                     seen += len(chosen)
@@ -250,7 +244,7 @@ def finetune_glue(
             if total > 0:
                 optimizer.zero_grad(set_to_none=True)
                 model.zero_grad(set_to_none=True)
-                _check_last_update(model, batch, master, config, len(losses))
+                _check_last_update(model, batch, master, divergence, len(losses))
         finally:
             model.eval()
     seconds = time.perf_counter() - started

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,8 +50,15 @@ import torch
 from torch import nn
 
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune.loop import (
+    Divergence,
+    checked_backward,
+    learning_rate_hint,
+    name_list,
+    non_finite_problem,
+)
 
 LossFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 """``loss_fn(peft_model, batch) -> scalar loss`` of one batch of token ids ``[batch, seq_len]``."""
@@ -131,23 +138,6 @@ def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
             )
 
 
-def non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-    """The names of the tensors holding NaN or inf (one ``torch.isfinite`` pass per tensor)."""
-    with torch.no_grad():
-        return [name for name, tensor in named if not bool(torch.isfinite(tensor).all())]
-
-
-def diverged(
-    what: str, step: int, problem: str, learning_rate: float, hint: str = "lower learning_rate"
-) -> SlimkitError:
-    """The one-line error of a training run that diverged at (1-based) ``step``."""
-    return SlimkitError(f"{what} diverged at step {step}: {problem}; {hint} (got {learning_rate:g})")
-
-
-def _tensor_list(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-
-
 def _rng_devices(model: nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
@@ -210,31 +200,27 @@ def train_lora(
             trainable = sum(p.numel() for p in params)
             if config.steps > 0:
                 optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+                divergence = Divergence(what, learning_rate_hint(config.learning_rate))
                 peft_model.train()
                 for step in range(config.steps):
                     batch = to_input_device(model, ids[step * config.batch_size : (step + 1) * config.batch_size])
                     loss = loss_fn(peft_model, batch).float()
-                    value = float(loss.detach())
-                    if not math.isfinite(value):
-                        raise diverged(what, step + 1, f"loss {value}", config.learning_rate)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    value = checked_backward(loss, step + 1, divergence, [optimizer])
                     optimizer.step()
                     losses.append(value)
                     if progress is not None:
                         progress(step + 1)
                 optimizer.zero_grad(set_to_none=True)
                 # the loss is checked before each update: the last update is checked here, on what it changed
-                bad = non_finite((name, p) for name, p in peft_model.named_parameters() if p.requires_grad)
-                if bad:
-                    problem = f"{len(bad)} adapter tensors hold NaN/inf after the update ({_tensor_list(bad)})"
-                    raise diverged(what, config.steps, problem, config.learning_rate)
+                trained = ((name, p) for name, p in peft_model.named_parameters() if p.requires_grad)
+                problem = non_finite_problem(trained, "adapter tensors")
+                if problem:
+                    raise divergence.error(config.steps, problem)
                 peft_model.eval()
                 with torch.no_grad():  # finite but huge adapters: the loss on the last batch after its update
                     after = float(loss_fn(peft_model, batch).float())
                 if not math.isfinite(after):
-                    problem = f"loss {after} after the update"
-                    raise diverged(what, config.steps, problem, config.learning_rate)
+                    raise divergence.error(config.steps, f"loss {after} after the update")
             peft_model.eval()
         except BaseException:
             _unwrap(peft_model, base_requires_grad, merge=False)
@@ -282,8 +268,8 @@ def merge_lora(training: LoraTraining) -> nn.Module:
     if bad:
         _unwrap(training.peft_model, training.base_requires_grad, merge=False)
         config = training.report["config"]
-        problem = f"merging the adapters makes {len(bad)} weights NaN/inf ({_tensor_list(bad)})"
-        raise diverged(training.what, config["steps"], problem, config["learning_rate"])
+        problem = f"merging the adapters makes {len(bad)} weights NaN/inf ({name_list(bad)})"
+        raise Divergence(training.what, learning_rate_hint(config["learning_rate"])).error(config["steps"], problem)
     model = _unwrap(training.peft_model, training.base_requires_grad, merge=True)
     training.report["seconds"] = time.perf_counter() - training.started
     return model

@@ -147,7 +147,7 @@ def dependency_graph_groups(
 
 
 def _default_forward(model: nn.Module, inputs: torch.Tensor | dict) -> torch.Tensor:
-    from slimkit.primitives.devices import to_input_device
+    from slimkit.primitives.device.moves import to_input_device
 
     inputs = to_input_device(model, inputs)
     out = model(**inputs) if isinstance(inputs, dict) else model(inputs)

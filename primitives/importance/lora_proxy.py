@@ -48,7 +48,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 
 

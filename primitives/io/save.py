@@ -53,9 +53,9 @@ from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.lowrank.module import lowrank_entries
-from slimkit.primitives.paths import remove_leftovers, staging_dir
 from slimkit.primitives.projection.manifest import projection_entries
 
 MANIFEST_NAME = "slimkit_manifest.json"

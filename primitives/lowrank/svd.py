@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from slimkit.primitives.devices import math_dtype
+from slimkit.primitives.device.moves import math_dtype
 
 WHITEN_DAMPING = 1e-6
 """Relative ridge of :func:`whitened_svd`'s Cholesky factor (the reconstruction family's default)."""

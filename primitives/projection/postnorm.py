@@ -65,7 +65,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection.adapters import (
     NAME as ADAPTER_NAME,

@@ -4,7 +4,7 @@ After Group PCA (:mod:`.hidden`, :mod:`.fuse`) a pre-norm decoder carries its re
 basis per group of consecutive layers, with a residual matrix (:class:`~.adapters.BasisChange`) where
 each group starts (on the residual branch of the previous group's last layer, Eq. 34, or on the input
 of the group's first layer). A hidden mask per group (the ``stream`` placement of
-:func:`slimkit.primitives.optim.apply_masks`) zeroes the stream outside the kept coordinates of
+:func:`slimkit.primitives.masks.hooks.apply_masks`) zeroes the stream outside the kept coordinates of
 the group; :func:`slice_stream` removes them, which is Eqs. 15–18 restricted to the hidden
 dimension (``Pr`` drops the zero rows and columns). With ``scale`` (a mask's deterministic values),
 kept coordinates keep their fractional value too: it is folded into whatever writes the group's

@@ -67,6 +67,7 @@ from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradi
 from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
+from slimkit.recipes.stage_args import BudgetMode
 from slimkit.recipes.stages.scoring import ScoringArgs, input_norms, roles_of
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
@@ -142,6 +143,15 @@ class CceArgs(ScoringArgs):
     def needs_data(self) -> bool:
         return bool(self.needs())
 
+    def needs_calibration(self) -> bool:
+        return self.needs_data()
+
+    def budget(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else "solve"
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.kinds)
+
 
 def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Tensor], int | None]:
     """The iteration's calibration batches and the seed they were drawn with."""
@@ -215,10 +225,7 @@ def _widths(ctx: Context) -> dict:
     "cce",
     args=CceArgs,
     scope="model",
-    needs_calibration=lambda a: a.needs_data(),
     paper="CCE Algorithm 1, Eqs. 2-8 (coupled components, PLATON smoothing Eq. 7)",
-    budget=lambda a: "explicit" if a.ratio is not None else "solve",
-    touches=lambda a: roles_of(a.kinds),
 )
 def cce(ctx: Context, args: CceArgs) -> None:
     """Iteratively score coupled components (heads, MLP kernels, features) and remove the lowest until the target."""

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from slimkit.primitives.device.settings import dtype_name, format_size
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.placement import dtype_name, format_size
 from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 
 
 @dataclass(frozen=True)
-class DenseModel:
+class ReloadedDense:
     """A reloaded dense model and what a report records about it."""
 
     model: nn.Module
@@ -36,7 +36,7 @@ class DenseModel:
 
 def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why: str, instead: str, holds: str):
     """The recipe's model source loaded again on ``device`` (None: the compressed model's) in the compressed
-    model's dtype, as a :class:`DenseModel`.
+    model's dtype, as a :class:`ReloadedDense`.
 
     The refusals are one line each: ``"{stage}: {why} reloads the recipe's model source, but this run compresses a
     model given in memory (nothing to reload); run the recipe from its model source, or {instead}"``, and
@@ -62,7 +62,7 @@ def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why
             f"{stage}: cannot load the {what} from {ctx.source.get('name')} on {device} in {dtype} ({problem}); "
             + holds.format(need=need)
         ) from None
-    return DenseModel(model, str(ctx.source.get("name")), time.perf_counter() - started, need)
+    return ReloadedDense(model, str(ctx.source.get("name")), time.perf_counter() - started, need)
 
 
 def release_memory(cuda: bool) -> None:

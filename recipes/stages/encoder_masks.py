@@ -6,7 +6,7 @@ model) and ``pca_project_post`` (full-width projection, one PCA basis per hidden
 head and layer gates, with the task loss plus the Lagrangian (Eq. 14) on Eq. 30's expected sparsity;
 binarises at the threshold meeting ``target.ratio`` and fuses. ``hidden: shared`` on the unprojected
 model is the CoFi-style masks-only baseline (Table 2). See
-:mod:`slimkit.primitives.optim.encoder_masks` for the loss, the count and the fusing.
+:mod:`slimkit.primitives.masks.encoder` for the loss, the count and the fusing.
 
 The target is a sparsity of Eq. 30's count (``target.of: layers``): the attention (q, k, v, o) and FFN
 (up, down) weight matrices plus, with ``per_norm``, the residual matrices W_R; embeddings, norms,
@@ -18,43 +18,20 @@ optimiser step. ``check_examples`` dev examples (None: all) compare the masked a
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from slimkit.primitives import gluedata
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.encoder_masks import EncoderMaskConfig, train_encoder_masks
+from slimkit.primitives.masks.encoder import train_encoder_masks
+from slimkit.primitives.masks.settings import EncoderMaskSettings
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import ALL_ROLES, register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, StageArgs
 
 
-class MaskTrainEncoderArgs(Strict):
-    hidden: Literal["per_norm", "shared", "none"] = "per_norm"
-    """per_norm: one gate per hidden LayerNorm (needs pca_project_post first); shared: CoFi's one mask."""
-    head: bool = True
-    """Attention-head gates, joining in the joint stage (false: heads are kept)."""
-    layer: bool = True
-    """Whole-block gates z_MHA, z_FFN, joining in the joint stage (false: blocks are kept)."""
-    finetune_steps: int = Field(0, ge=0)
-    """Task-loss-only steps before the masks join (SP3 D.2: 2 epochs)."""
-    dimension_steps: int = Field(100, ge=0)
-    """Steps with hidden and FFN-filter gates (D.2: epochs 3-7)."""
-    joint_steps: int = Field(100, ge=0)
-    """Steps with head and layer gates too (D.2: from epoch 8; §3.2: 15 epochs)."""
-    warmup_steps: int = Field(0, ge=0)
-    """Steps over which the target rises linearly from 0 (CoFi's Lagrangian warm-up)."""
-    learning_rate: float = Field(2e-5, ge=0)
-    """Weights' AdamW learning rate (0: train the masks only; the paper: 2e-5 for BERT)."""
-    mask_learning_rate: float = Field(0.05, gt=0)
-    """AdamW learning rate of the gates' log alpha."""
-    lagrangian_learning_rate: float = Field(0.05, gt=0)
-    """Learning rate of the Lagrange multipliers λ₁, λ₂ of Eq. 14 (they ascend)."""
-    init_drop: float = Field(0.5, gt=0, lt=1)
-    """Initial drop probability of every gate, in (0, 1) (CoFi: log alpha = log(1 − p) − log p)."""
-    distill: float = Field(0.0, ge=0)
-    """Weight of the KL (classification) / MSE (regression) to the unmasked model's logits (0: none)."""
+class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
+    """The mask settings (:class:`~slimkit.primitives.masks.settings.EncoderMaskSettings`) and the task data."""
+
     batch_size: int = Field(16, ge=1)
     """Training examples per optimizer step."""
     max_length: int = Field(128, ge=8)
@@ -62,15 +39,21 @@ class MaskTrainEncoderArgs(Strict):
     check_examples: int | None = Field(None, ge=0)
     """Dev examples for the masked-vs-fused comparison (None: the whole dev split; 0: none)."""
 
+    def needs_task(self) -> bool:
+        return True
+
+    def budget(self) -> BudgetMode:
+        return "solve"
+
+    def touches(self) -> frozenset[str]:
+        return ALL_ROLES
+
 
 @register_stage(
     "mask_train_encoder",
     args=MaskTrainEncoderArgs,
     scope="model",
-    needs_task=True,
     paper="SP3 §3.2 (masks on a post-norm encoder); CoFi (Xia et al. 2022) for the masks-only baseline",
-    budget=lambda _a: "solve",
-    touches=lambda _a: ALL_ROLES,
     trains=True,
 )
 def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
@@ -81,10 +64,9 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
             f"mask_train_encoder counts Eq. 30 (block matrices and residual matrices): set target.of: layers "
             f"(got {target.of})"
         )
-    config = args.shared_with(EncoderMaskConfig, target=target.ratio, seed=ctx.recipe.seed)
     task = ctx.recipe.task
     examples = gluedata.read_split(task, "train")
-    needed = config.total_steps * args.batch_size
+    needed = args.total_steps * args.batch_size
     order: list[int] = []
     epoch = 0
     while len(order) < needed:
@@ -96,8 +78,10 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
     if args.check_examples != 0:
         dev = gluedata.load_examples(task, "dev", args.check_examples)
         check = list(gluedata.batches(ctx.tokenizer, dev, 64, args.max_length))
-    with ctx.tracker.task(f"mask_train_encoder {task}", config.total_steps) as advance:
-        report = train_encoder_masks(ctx.model, batches, config, progress=lambda _step: advance(1), check_batches=check)
+    with ctx.tracker.task(f"mask_train_encoder {task}", args.total_steps) as advance:
+        report = train_encoder_masks(
+            ctx.model, batches, args, target.ratio, ctx.recipe.seed, lambda _step: advance(1), check_batches=check
+        )
     report["epochs"] = needed / len(examples)
     report["examples_seen"] = needed
     ctx.report_stage("mask_train_encoder", report)

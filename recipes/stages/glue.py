@@ -14,10 +14,10 @@ from slimkit.primitives import gluedata
 from slimkit.primitives.finetune.glue import GlueFinetuneConfig, finetune_glue
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.stage_args import StageArgs
 
 
-class GlueFinetuneArgs(Strict):
+class GlueFinetuneArgs(StageArgs):
     learning_rate: float = Field(2e-5, gt=0)
     """Peak AdamW learning rate (linear decay to 0; the paper: 1e-5 for BERT on GLUE)."""
     epochs: float = Field(3.0, gt=0)
@@ -37,10 +37,11 @@ class GlueFinetuneArgs(Strict):
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient-norm clipping threshold (None: no clipping)."""
 
+    def needs_task(self) -> bool:
+        return True
 
-@register_stage(
-    "glue_finetune", args=GlueFinetuneArgs, scope="model", needs_task=True, trains=True, paper="GLUE task fine-tuning"
-)
+
+@register_stage("glue_finetune", args=GlueFinetuneArgs, scope="model", trains=True, paper="GLUE task fine-tuning")
 def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> None:
     """Fine-tune every weight on the recipe's GLUE task (AdamW, linear decay) on its train split."""
     config = GlueFinetuneConfig(task=ctx.recipe.task, seed=ctx.recipe.seed, **args.model_dump())

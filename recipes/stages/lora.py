@@ -8,10 +8,11 @@ from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict, check_corpus
+from slimkit.recipes.schema import check_corpus
+from slimkit.recipes.stage_args import StageArgs
 
 
-class LoraArgs(Strict):
+class LoraArgs(StageArgs):
     rank: int = Field(8, ge=1)
     """Rank r of every adapter pair (A: r x in, B: out x r)."""
     alpha: float = Field(16.0, gt=0)

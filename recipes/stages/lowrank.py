@@ -32,12 +32,12 @@ from slimkit.primitives.lowrank import (
 )
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.stage_args import BudgetMode, StageArgs
 
 Role = Literal["q", "k", "v", "o", "gate", "up", "down"]
 
 
-class LowRankArgs(Strict):
+class LowRankArgs(StageArgs):
     roles: list[Role] = Field(default_factory=lambda: ["q", "k", "v", "o"], min_length=1)
     """Projections replaced by low-rank pairs (q, k, v, o, gate, up, down)."""
     method: Literal["awsvd", "whiten", "svd"] = "awsvd"
@@ -60,6 +60,24 @@ class LowRankArgs(Strict):
         if self.allocation == "lorap" and sorted(self.roles) != ["k", "o", "q", "v"]:
             raise ValueError("allocation: lorap splits the attention budget; use roles [q, k, v, o] or uniform")
         return self
+
+    def needs_calibration(self) -> bool:
+        return self.method != "svd"
+
+    def layer_grams(self) -> frozenset[str]:
+        return frozenset(self.roles) if self.method == "whiten" else frozenset()
+
+    def budget(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else "layer"
+
+    def plan(self, ctx: Context) -> int:
+        return planned_removal(ctx, self)
+
+    def touches(self) -> frozenset[str]:
+        return frozenset(self.roles)
+
+    def makes_lowrank(self) -> frozenset[str]:
+        return frozenset(self.roles)
 
 
 def _uniform_ranks(shapes: dict[str, tuple[int, int]], keep: float, mac_fraction: float) -> dict[str, int | None]:
@@ -115,13 +133,7 @@ def planned_removal(ctx: Context, args: LowRankArgs) -> int:
     "lowrank",
     args=LowRankArgs,
     scope="layer",
-    needs_calibration=lambda a: a.method != "svd",
-    layer_grams=lambda a: frozenset(a.roles) if a.method == "whiten" else frozenset(),
     paper="LoRAP §3.2 (Eqs. 5-7, AWSVD; 1:3 parameter allocation; Appendix C.1 layer ratio)",
-    budget=lambda a: "explicit" if a.ratio is not None else "layer",
-    plan=planned_removal,
-    touches=lambda a: frozenset(a.roles),
-    makes_lowrank=lambda a: frozenset(a.roles),
 )
 def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> None:
     """Replace projections of one layer by (activation-weighted) SVD factor pairs within a budget."""

@@ -6,7 +6,7 @@ and a residual matrix sits where the basis changes), one hard-concrete gate per 
 stream's coordinates and one per FFN filter masks the filters; weights and masks are trained on a
 local corpus with the causal-LM loss plus the Lagrangian sparsity loss (Eq. 14), the masks are
 binarised at the threshold that meets the recipe's target and fused into the weights. See
-:mod:`slimkit.primitives.optim.mask_training` for the loss, the whole-model count (the target is a
+:mod:`slimkit.primitives.masks.stream` for the loss, the whole-model count (the target is a
 fraction of the dense model's parameters, ``target.of: model``) and the schedule.
 
 The BERT/GLUE counterpart (per-norm hidden masks with FFN, head and layer masks on a post-norm
@@ -19,33 +19,18 @@ from pydantic import Field, field_validator
 
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
+from slimkit.primitives.masks.settings import StreamMaskSettings
+from slimkit.primitives.masks.stream import train_stream_masks
+from slimkit.primitives.masks.training import MaskTarget
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import ALL_ROLES, register_stage
-from slimkit.recipes.schema import Strict, check_corpus
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.schema import check_corpus
+from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, StageArgs
 
 
-class MaskTrainArgs(Strict):
-    hidden: bool = True
-    """Hidden-dimension gates, one per layer group, besides the FFN filter gates (false: filters only)."""
-    finetune_steps: int = Field(0, ge=0)
-    """Optimizer steps of plain fine-tuning before the masks join (SP3's first stage)."""
-    mask_steps: int = Field(100, ge=1)
-    """Optimizer steps with the masks (after ``finetune_steps``); then they are binarised and fused."""
-    warmup_steps: int = Field(0, ge=0)
-    """Steps over which the target rises linearly from 0 (CoFi's Lagrangian warm-up)."""
-    learning_rate: float = Field(1e-5, ge=0)
-    """Weights (0: train the masks only). The paper's LLM runs: 1e-5."""
-    mask_learning_rate: float = Field(0.05, gt=0)
-    """AdamW learning rate of the gates' log alpha."""
-    lagrangian_learning_rate: float = Field(0.05, gt=0)
-    """Learning rate of the Lagrange multipliers λ₁, λ₂ of Eq. 14 (they ascend)."""
-    init_drop: float = Field(0.5, gt=0, lt=1)
-    """Initial drop probability of every gate, in (0, 1) (CoFi: log alpha = log(1 − p) − log p)."""
-    rank_prior: float = Field(0.0, ge=0)
-    """Spread of the hidden gates' initial log alpha over their principal-component rank (0: uniform)."""
-    distill: float = Field(0.0, ge=0)
-    """Weight of the KL divergence to the unmasked model (0: the task loss alone, as the paper's LLM runs)."""
+class MaskTrainArgs(StreamMaskSettings, StageArgs):
+    """The mask settings (:class:`~slimkit.primitives.masks.settings.StreamMaskSettings`) and the training data."""
+
     batch_size: int = Field(4, ge=1)
     """Token windows per optimizer step."""
     seq_len: int = Field(128, ge=2)
@@ -55,14 +40,18 @@ class MaskTrainArgs(Strict):
 
     _dataset = field_validator("dataset")(check_corpus)
 
+    def budget(self) -> BudgetMode:
+        return "solve"
+
+    def touches(self) -> frozenset[str]:
+        return ALL_ROLES
+
 
 @register_stage(
     "mask_train",
     args=MaskTrainArgs,
     scope="model",
     paper="SP3 §3.2, Appendix F (hard-concrete masks, expected-sparsity Lagrangian)",
-    budget=lambda _a: "solve",
-    touches=lambda _a: ALL_ROLES,
     trains=True,
 )
 def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
@@ -70,14 +59,12 @@ def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
     target = ctx.recipe.target
     if target.of != "model":
         raise SlimkitError(f"mask_train counts the whole model: set target.of: model (got {target.of})")
-    config = args.shared_with(
-        MaskTrainingConfig, target=target.ratio, total=ctx.params_before["total"], seed=ctx.recipe.seed
-    )
-    spec = CalibrationSpec(args.dataset, config.total_steps * args.batch_size, args.seq_len, ctx.recipe.seed + 1)
+    goal = MaskTarget(target.ratio, ctx.params_before["total"])
+    spec = CalibrationSpec(args.dataset, args.total_steps * args.batch_size, args.seq_len, ctx.recipe.seed + 1)
     ids = calibration_batches(ctx.tokenizer, spec)
     batches = list(ids.split(args.batch_size))
-    with ctx.tracker.task("mask_train", config.total_steps) as advance:
-        report = train_stream_masks(ctx.model, batches, config, progress=lambda _step: advance(1))
+    with ctx.tracker.task("mask_train", args.total_steps) as advance:
+        report = train_stream_masks(ctx.model, batches, args, goal, ctx.recipe.seed, progress=lambda _step: advance(1))
     report["tokens"] = int(ids.numel())
     ctx.report_stage("mask_train", report)
     ctx.notes.append(

@@ -49,49 +49,44 @@ from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, check_shapes, kept_counts, validate_counts
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import BudgetMode, register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.registry import register_stage
 from slimkit.recipes.stages.prune import layer_fraction, planned_layer_removal
 from slimkit.recipes.stages.scoring import roles_of
+from slimkit.recipes.stages.selection import SelectionArgs
 
 ObsKind = Literal["mlp_channel", "attention_head"]
 CONSUMER: dict[str, str] = {"mlp_channel": "down", "attention_head": "o"}
 """The projection that reads each kind's units (its input columns are the OBS groups)."""
 
 
-class ObsPruneLayerArgs(Strict):
+class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
     groups: list[ObsKind] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
     """Units to prune: mlp_channel (consumer down_proj) and/or attention_head (consumer o_proj; GQA: the
     same number of query heads from every KV group)."""
     damping: float = Field(DEFAULT_OBS_DAMPING, gt=0.0, allow_inf_nan=False)
     """OBS Hessian damping as a fraction of mean(diag(G)) (ZipLM / SparseGPT percdamp 0.01); > 0."""
-    ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
-    """Fraction of units removed from every group; None: set by ratio_rule from the recipe target."""
-    ratio_rule: Literal["solve", "layer"] = "solve"
-    """With ratio None: solve (remove what is left of the target) or layer (LoRAP's Ratio_l), as prune_layer."""
-    skip_first: int = Field(0, ge=0)
-    """Leave the first this many decoder layers dense."""
-    skip_last: int = Field(0, ge=0)
-    """Leave the last this many decoder layers dense."""
-    round_to: dict[ObsKind, int] = Field(default_factory=dict)
-    """Kept units of a kind rounded to a multiple (e.g. {mlp_channel: 8})."""
-    min_keep: int = Field(1, ge=1)
-    """Fewest units any group keeps."""
 
     @model_validator(mode="after")
     def _compatible(self) -> ObsPruneLayerArgs:
         if len(set(self.groups)) != len(self.groups):
             raise ValueError(f"groups: each kind once (got {', '.join(self.groups)})")
-        if any(v < 1 for v in self.round_to.values()):
-            raise ValueError("round_to: multiples must be >= 1")
         return self
 
     def rules(self) -> SelectionRules:
         """prune_layer's selection rules (uniform, no protected units)."""
         return SelectionRules("uniform", dict(self.round_to), self.min_keep, 0.0)
 
-    def budget_mode(self) -> BudgetMode:
-        return "explicit" if self.ratio is not None else self.ratio_rule
+    def needs_calibration(self) -> bool:
+        return True
+
+    def plan(self, ctx: Context) -> int:
+        return planned_layer_removal(ctx, self)
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.groups)
+
+    def layer_grams(self) -> frozenset[str]:
+        return frozenset(CONSUMER[kind] for kind in self.groups)
 
 
 def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch.Tensor:
@@ -170,20 +165,11 @@ def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: float) -> dict:
     return ctx.stage_report[ctx.block_cache[key]]
 
 
-def _layer_grams(args: ObsPruneLayerArgs) -> frozenset[str]:
-    return frozenset(CONSUMER[kind] for kind in args.groups)
-
-
 @register_stage(
     "obs_prune_layer",
     args=ObsPruneLayerArgs,
     scope="layer",
-    needs_calibration=lambda _args: True,
     paper="ZipLM (Kurtic et al. 2023) Eqs. 2-3 / SlimGPT (Ling et al. 2024): greedy structured OBS, layer by layer",
-    budget=lambda args: args.budget_mode(),
-    plan=planned_layer_removal,
-    touches=lambda args: roles_of(args.groups),
-    layer_grams=_layer_grams,
 )
 def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, stats: dict) -> None:
     """Choose and remove one layer's MLP channels / heads by greedy OBS, updating down_proj / o_proj."""

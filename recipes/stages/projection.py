@@ -44,11 +44,11 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import ALL_ROLES, register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.registry import register_stage
+from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, StageArgs
 
 
-class PCAProjectArgs(Strict):
+class PCAProjectArgs(StageArgs):
     group_size: int | Literal["all"] = 4
     """Decoder layers sharing one basis (4 = the paper's gs = 8 sub-layer blocks), or ``all``."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
@@ -80,6 +80,15 @@ class PCAProjectArgs(Strict):
             raise ValueError("group_size must be >= 1 or 'all'")
         return value
 
+    def needs_calibration(self) -> bool:
+        return True
+
+    def budget(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else "solve"
+
+    def touches(self) -> frozenset[str]:
+        return ALL_ROLES
+
 
 def _keep_params(ctx: Context) -> int:
     target = ctx.recipe.target
@@ -95,10 +104,7 @@ def _keep_params(ctx: Context) -> int:
     "pca_project",
     args=PCAProjectArgs,
     scope="model",
-    needs_calibration=lambda _a: True,
     paper="SP3 §3.1, §3.3 (Eqs. 15-18), Appendix F.1 (group PCA, RMSNorm folding)",
-    budget=lambda a: "explicit" if a.ratio is not None else "solve",
-    touches=lambda _a: ALL_ROLES,
     once="a model is projected once; its residual matrices would be projected again",
 )
 def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
@@ -139,7 +145,7 @@ def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
         )
 
 
-class PCAProjectPostArgs(Strict):
+class PCAProjectPostArgs(StageArgs):
     basis: Literal["pca", "identity"] = "pca"
     """``identity``: raw dimensions by centred second moment (Table 3's "w/o PCA projection")."""
     tokens: int | None = Field(4096, ge=1)
@@ -147,14 +153,18 @@ class PCAProjectPostArgs(Strict):
     restore_output: bool = False
     """Map the last stream back to the original coordinates (only for heads reading the sequence output)."""
 
+    def needs_calibration(self) -> bool:
+        return True
+
+    def touches(self) -> frozenset[str]:
+        return ALL_ROLES
+
 
 @register_stage(
     "pca_project_post",
     args=PCAProjectPostArgs,
     scope="model",
-    needs_calibration=lambda _a: True,
     paper="SP3 §3.1 (post-norm encoders: one basis per hidden LayerNorm)",
-    touches=lambda _a: ALL_ROLES,
 )
 def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
     """Re-represent a post-norm encoder (BERT) in one PCA basis per hidden LayerNorm, at full width (SP3 §3.1).

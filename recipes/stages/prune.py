@@ -45,32 +45,21 @@ from slimkit.primitives.select.plan import (
 )
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
-from slimkit.recipes.registry import BudgetMode, register_stage
+from slimkit.recipes.registry import register_stage
 from slimkit.recipes.stages.scoring import ScoringArgs, evaluations, roles_of
+from slimkit.recipes.stages.selection import SelectionArgs
 
 GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
 
 
-class PruneArgs(ScoringArgs):
+class PruneArgs(ScoringArgs, SelectionArgs[GroupKind]):
     groups: list[GroupKind] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
     """Coupling-group kinds to prune: mlp_channel, attention_head (query heads, evenly per KV group),
     kv_group (a KV head with its query heads), hidden_feature (one residual-stream dimension everywhere)."""
-    ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
-    """Fraction of units removed from every group; None: set by ratio_rule from the recipe target."""
     selection: Literal["uniform", "global"] = "uniform"
     """uniform: every group loses the same fraction; global: one score threshold per kind across layers."""
-    skip_first: int = Field(0, ge=0)
-    """Leave the first this many decoder layers dense."""
-    skip_last: int = Field(0, ge=0)
-    """Leave the last this many decoder layers dense."""
-    round_to: dict[GroupKind, int] = Field(default_factory=dict)
-    """Kept units of a kind rounded to a multiple (e.g. {mlp_channel: 8} for fast kernels)."""
-    min_keep: int = Field(1, ge=1)
-    """Fewest units any group keeps."""
     protect_lowest: float = Field(0.0, ge=0.0, lt=1.0)
     """Retain the least important fraction of units (LoRAP Eq. 11: 0.01)."""
-    ratio_rule: Literal["solve", "layer"] = "solve"
-    """With ratio None: solve (remove what is left of the target) or layer (LoRAP's Ratio_l, Appendix C.1)."""
 
     @model_validator(mode="after")
     def _compatible(self) -> PruneArgs:
@@ -78,16 +67,17 @@ class PruneArgs(ScoringArgs):
             raise ValueError("groups: choose attention_head or kv_group, not both")
         if len(set(self.groups)) != len(self.groups):
             raise ValueError(f"groups: each kind once (got {', '.join(self.groups)})")
-        if any(v < 1 for v in self.round_to.values()):
-            raise ValueError("round_to: multiples must be >= 1")
         self.check_kinds(self.groups)
         return self
 
     def rules(self) -> SelectionRules:
         return SelectionRules(self.selection, dict(self.round_to), self.min_keep, self.protect_lowest)
 
-    def budget_mode(self) -> BudgetMode:
-        return "explicit" if self.ratio is not None else self.ratio_rule
+    def needs_calibration(self) -> bool:
+        return bool(self.needs())
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.groups)
 
 
 class PruneLayerArgs(PruneArgs):
@@ -103,6 +93,15 @@ class PruneLayerArgs(PruneArgs):
         if "hidden_feature" in self.groups:
             raise ValueError("groups: hidden_feature spans every layer; use the prune stage")
         return self
+
+    def plan(self, ctx: Context) -> int:
+        return planned_layer_removal(ctx, self)
+
+    def layer_grams(self) -> frozenset[str]:
+        """Consumer Grams (down for channels, o for heads) for a scorer that reads them (``obs``)."""
+        if "dense_consumers" not in self.needs():
+            return frozenset()
+        return frozenset(OBS_CONSUMERS[k] for k in self.groups if k in OBS_CONSUMERS)
 
 
 def _score_and_prune(
@@ -132,29 +131,11 @@ def _record(ctx: Context, name: str, fraction: float, args: PruneArgs, layers: l
     ctx.block_cache[key] = ctx.report_stage(name, entry)
 
 
-def _budget(args: PruneArgs) -> BudgetMode:
-    return args.budget_mode()
-
-
-def _touches(args: PruneArgs) -> frozenset[str]:
-    return roles_of(args.groups)
-
-
-def _layer_grams(args: PruneArgs) -> frozenset[str]:
-    """Consumer Grams (down for channels, o for heads) for a scorer that reads them (``obs``)."""
-    if "dense_consumers" not in args.needs():
-        return frozenset()
-    return frozenset(OBS_CONSUMERS[k] for k in args.groups if k in OBS_CONSUMERS)
-
-
 @register_stage(
     "prune",
     args=PruneArgs,
     scope="model",
-    needs_calibration=lambda a: bool(a.needs()),
     paper="LLM-Pruner (Ma et al. 2023) Eqs. 3-5 with scorer taylor; Wanda-style channels; LoRAP Eq. 11",
-    budget=_budget,
-    touches=_touches,
 )
 def prune(ctx: Context, args: PruneArgs) -> None:
     """Score coupling groups on the model and remove the least important units to meet the target."""
@@ -219,12 +200,7 @@ def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
     "prune_layer",
     args=PruneLayerArgs,
     scope="layer",
-    needs_calibration=lambda a: bool(a.needs()),
     paper="LoRAP §3.3 (Eqs. 8-11): activation-scored MLP channels, layer by layer",
-    budget=_budget,
-    plan=planned_layer_removal,
-    touches=_touches,
-    layer_grams=_layer_grams,
 )
 def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dict) -> None:
     """Score and remove units of one layer (inside `sequential`, with that layer's statistics)."""

@@ -28,7 +28,7 @@ import torch
 from pydantic import Field
 
 from slimkit.primitives.groups import build_groups
-from slimkit.primitives.optim.policy import (
+from slimkit.primitives.policy.prunenet import (
     PruneNetPolicy,
     ffn_weights,
     layer_ratios,
@@ -41,10 +41,10 @@ from slimkit.primitives.select.plan import SelectionRules, solve_fraction
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.stage_args import BudgetMode, StageArgs
 
 
-class PruneNetArgs(Strict):
+class PruneNetArgs(StageArgs):
     selection: Literal["policy", "random", "deterministic"] = "policy"
     """``policy`` samples from the learned distribution; ``random`` / ``deterministic`` (top-k of
     W_imp) are the Tables 16-17 ablations."""
@@ -58,7 +58,7 @@ class PruneNetArgs(Strict):
     gamma: float = Field(0.99, ge=0.0, le=1.0)
     """Discount γ of the return (Eq. 7 / the released code's ``γ^l``), in [0, 1] (the paper: 0.99)."""
     returns: Literal["own", "future", "to_go"] = "own"
-    """The return G_l each layer's action is scored with (``slimkit.primitives.optim.policy``'s docstring):
+    """The return G_l each layer's action is scored with (``slimkit.primitives.policy.prunenet``'s docstring):
     ``own`` = γ^l · D_l, the layer's own KS penalty (Algorithm 1 lines 17-18 define D_l per layer; the
     authors' released code, ``_discount_rewards``, weights each layer by γ^i · reward_i); ``future`` =
     Σ_k γ^k D_{l+k+1}, Eq. 7 / Algorithm 1 line 19 as printed, which leaves the layer's own penalty out,
@@ -81,6 +81,12 @@ class PruneNetArgs(Strict):
     save_policy: bool = True
     """Save the trained policy with the run as OUT/policy/ (for reuse through ``policy``)."""
 
+    def budget(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else "solve"
+
+    def touches(self) -> frozenset[str]:
+        return frozenset({"gate", "up", "down"})
+
 
 def _channel_ratio(ctx: Context) -> float:
     """The MLP-channel fraction that removes what is left of the recipe target: for ``of: mlp`` that share of
@@ -97,8 +103,6 @@ def _channel_ratio(ctx: Context) -> float:
     args=PruneNetArgs,
     scope="model",
     paper="PruneNet Eqs. 3-7, Algorithm 1 (policy learning with a KS spectral reward)",
-    budget=lambda a: "explicit" if a.ratio is not None else "solve",
-    touches=lambda _a: frozenset({"gate", "up", "down"}),
 )
 def prunenet(ctx: Context, args: PruneNetArgs) -> None:
     """Learn (or load) a PruneNet policy from the FFN weights and remove MLP channels with it."""

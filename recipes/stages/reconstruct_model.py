@@ -12,16 +12,18 @@ brings the dense layers back and runs its own layer-by-layer pass (issue #17, "l
 3. for each layer whose ``down`` / ``o`` lost inputs, dense layer ``i`` is moved to the compute device and run on those
    (compressed-stream) inputs, with :func:`~slimkit.primitives.reconstruct.gram_hooks` on its consumers: their dense
    weights and the Gram matrices of their full-width inputs make the same
-   :class:`~slimkit.recipes.layerwise.DenseConsumer` the in-block pass makes;
-4. the compressed layer's consumers are refitted by the in-block code (``_refit_role``: kept columns matched, then
+   :class:`~slimkit.primitives.reconstruct.consumer.DenseConsumer` the in-block pass makes;
+4. the compressed layer's consumers are refitted by the in-block code
+   (:func:`~slimkit.primitives.reconstruct.refit.refit_role`: kept columns matched, then
    ``W' = argmin ||W X - W' X_K||² + ridge`` with the stage's ``damping``, ``toward``, ``bias``, ``refit``), so with
    the same kept columns and the same inputs the result equals the in-block refit;
 5. the stream advances through the refitted compressed layer, and dense layer ``i`` is freed.
 
 ``target: dense`` works as in ``sequential``: a second stream (the dense model's hidden states on the same batches,
 equal to the compressed one at the embeddings) advances through every dense layer, and the refit matches the dense
-model's output (:func:`~slimkit.recipes.layerwise._paired_pass` gives the cross term). Layers that lost nothing are
-left as they are and listed per role under ``unchanged`` in the report (LLM-Pruner's skipped first and last layers).
+model's output (:func:`~slimkit.primitives.reconstruct.consumer.paired_pass` gives the cross term). Layers that lost
+nothing are left as they are and listed per role under ``unchanged`` in the report (LLM-Pruner's skipped first and
+last layers).
 
 Cost. Memory: the dense model in CPU memory beside the compressed one for the whole stage (dense parameters x the
 dtype's bytes: 0.54 GB for smollm2-135m in float32, about 16 GB for an 8B model and 140 GB for a 70B one in bfloat16;
@@ -53,16 +55,17 @@ from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, run_layer
+from slimkit.primitives.device.offload import resident
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import LowRankLinear
-from slimkit.primitives.offload import resident
+from slimkit.primitives.reconstruct.consumer import DenseConsumer, dense_consumer, paired_pass
 from slimkit.primitives.reconstruct.gram import gram_hooks
+from slimkit.primitives.reconstruct.refit import refit_role
 from slimkit.recipes.context import Context
-from slimkit.recipes.layerwise import DenseConsumer, _paired_pass, _snapshot
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import SequentialSpec
-from slimkit.recipes.stages.dense_source import DenseModel, release_memory, reload_dense
-from slimkit.recipes.stages.reconstruct import ReconstructArgs, _check_roles_acted, _refit_role, check_bias
+from slimkit.recipes.stages.dense_source import ReloadedDense, release_memory, reload_dense
+from slimkit.recipes.stages.reconstruct import ReconstructArgs, check_bias, check_roles_acted
 
 TOP_LEVEL_ROLES = ("down", "o")
 UNITS = {"down": "MLP channels", "o": "attention heads"}
@@ -99,7 +102,7 @@ def reconstruct_top_level(ctx: Context, args: ReconstructArgs, index: int) -> No
         release_memory(cuda)
 
 
-def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense: DenseModel, label: str) -> None:
+def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense: ReloadedDense, label: str) -> None:
     """Plan against the dense model, open the stage's report, run the pass (the dense model's views end here)."""
     dense_view = ModelView(dense.model)
     plan = refit_plan(ctx.view, dense_view, roles, args)
@@ -116,7 +119,7 @@ def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense:
     )
     _refit_layers(ctx, dense_view, args, plan, ctx.stage_report[key], label)
     if args.roles is not None:  # some roles refitted in no layer (llm-pruner at 10% removes no heads): flagged
-        _check_roles_acted(ctx, args.roles, ctx.stage_report[key])
+        check_roles_acted(ctx, args.roles, ctx.stage_report[key])
 
 
 def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> list[str]:
@@ -241,7 +244,7 @@ def dense_consumers(
     consumers = {role: layer.linear(role) for role in roles}
     paired: dict = {}
     if stream is not None and roles:
-        paired, stream.hidden = _paired_pass(layer.module, consumers, inputs, stream)
+        paired, stream.hidden = paired_pass(layer.module, consumers, inputs, stream)
     elif stream is not None:
         stream.hidden = run_layer(layer.module, stream)
     if not roles:
@@ -249,12 +252,15 @@ def dense_consumers(
     with gram_hooks(consumers) as grams:
         run_layer(layer.module, inputs)
     dense_target = stream is not None
-    return {role: _snapshot(module, grams[role], paired.get(role), dense_target) for role, module in consumers.items()}
+    return {
+        role: dense_consumer(module, grams[role], paired.get(role), dense_target) for role, module in consumers.items()
+    }
 
 
 def _refit(ctx: Context, layer: LayerView, role: str, stats: dict, args: ReconstructArgs) -> dict | None:
-    """The in-block refit of one role (``_refit_role``) with the stage's settings."""
-    return _refit_role(layer, role, stats, args.damping, args.toward, args=args, model=ctx.model, view=ctx.view)
+    """The in-block refit of one role (:func:`~slimkit.primitives.reconstruct.refit.refit_role`) with the stage's
+    settings."""
+    return refit_role(layer, role, stats["dense_consumers"][role], args, ctx.model, ctx.view)
 
 
 def _record(entry: dict, role: str, index: int, result: dict | None) -> None:

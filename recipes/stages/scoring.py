@@ -20,12 +20,11 @@ from torch import nn
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
-from slimkit.primitives.devices import to_input_device
+from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.importance import ScorerSpec, parse_scorer, spec_needs, spec_smooths
 from slimkit.primitives.importance.compose import describe, spec_kinds
-from slimkit.recipes.registry import ALL_ROLES
-from slimkit.recipes.schema import Strict
+from slimkit.recipes.stage_args import ALL_ROLES, StageArgs
 
 KIND_ROLES: dict[str, frozenset[str]] = {
     "attention_head": frozenset({"q", "k", "v", "o"}),
@@ -52,7 +51,7 @@ def _non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
     return None
 
 
-class ScoringArgs(Strict):
+class ScoringArgs(StageArgs):
     scorer: str | dict[str, Any] = "activation"
     """Importance scorer: a registered name (activation, magnitude, taylor, random, coupled), or
     {platon: SPEC, x1, x2} (PLATON-smoothed over calibration batches), or {blend: {NAME: weight, ...}}."""

@@ -1,7 +1,7 @@
 """Fusing trained SP3 masks into the weights of a pre-norm decoder (SP3 §3.3, Eqs. 15–18; Appendix F).
 
 SP3's LLM setting masks the hidden dimension per Group PCA group and the FFN filters
-(:class:`~.masks.MaskSet` with ``hidden="per_group"``, ``head=layer=intermediate=False``, the
+(:class:`~.mask_set.MaskSet` with ``hidden="per_group"``, ``head=layer=intermediate=False``, the
 ``stream`` placement). :func:`fuse_stream_masks` turns final mask values (deterministic values
 times the 0/1 masks of :func:`~.sparsity.binarize`) into a smaller model with the same outputs:
 
@@ -24,8 +24,8 @@ from torch import nn
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.masks import HIDDEN_FIELDS, MaskShape, MaskValues
-from slimkit.primitives.optim.sparsity import stream_model_size
+from slimkit.primitives.masks.mask_set import HIDDEN_FIELDS, MaskShape, MaskValues
+from slimkit.primitives.masks.sparsity import stream_model_size
 from slimkit.primitives.projection.adapters import NAME as BASIS_CHANGE
 from slimkit.primitives.projection.norms import linear_param, set_param
 from slimkit.primitives.projection.slice import slice_stream, stream_groups

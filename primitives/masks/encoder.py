@@ -1,13 +1,13 @@
 """SP3's learned masks on a post-norm encoder (BERT) for a GLUE task: train, binarise, fuse (§3.2, §3.3, App. C, D.2).
 
 :func:`train_encoder_masks` is the BERT analogue of
-:func:`~slimkit.primitives.optim.mask_training.train_stream_masks`. Two hidden modes:
+:func:`~slimkit.primitives.masks.stream.train_stream_masks`. Two hidden modes:
 
 * ``per_norm`` (SP3): the model was projected by
   :func:`slimkit.primitives.projection.project_post_norm` at full width, so every hidden LayerNorm j
   is an RMSNorm over the coordinates of its own PCA basis and the residual matrices W_R sit on
   ``input_tensor``. One gate ``z_j`` per hidden norm masks that norm's input and output
-  (:class:`~.masks.MaskSet` ``hidden="per_norm"``, ``norm`` placement with ``ends``), which is what
+  (:class:`~.mask_set.MaskSet` ``hidden="per_norm"``, ``norm`` placement with ``ends``), which is what
   slicing the projected model does (:func:`~slimkit.primitives.projection.slice_post_norm_hidden`):
   the fused model equals the masked one (tested).
 * ``shared`` (the CoFi-style masks-only baseline of Table 2): the model is *not* projected; one
@@ -47,7 +47,7 @@ in optimiser steps: ``finetune_steps`` (task loss only), ``dimension_steps`` (hi
 Binarising and fusing. At the end the gates trained in the last stage are binarised at the lowest
 ``log α`` threshold whose 0/1 Eq. 30 count meets the target (:func:`~.sparsity.binarize`, §3.2).
 Hidden masks are used as 0/1 (slicing keeps the coordinates, nothing is folded); filter, head and
-layer masks keep CoFi's value ``σ(0.8 log α / β)`` (:func:`~.masks.kept_value`, never 0) where
+layer masks keep CoFi's value ``σ(0.8 log α / β)`` (:func:`~.gates.kept_value`, never 0) where
 kept: ``z_f`` scales down's columns, ``z_head`` o's columns of the head, ``z_MHA`` o's weight and
 bias, ``z_FFN`` down's weight and bias, then zeroed filters and heads are removed
 (:func:`slimkit.primitives.surgery.prune_layer`).
@@ -62,78 +62,26 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.devices import input_device, to_input_device
+from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
-from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
-from slimkit.primitives.optim.masks import MaskSet, MaskShape, MaskValues, apply_masks
-from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import binarize, dense_size, expected_size
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.settings import EncoderHidden, EncoderMaskSettings
+from slimkit.primitives.masks.sparsity import binarize, dense_size, expected_size
+from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
 from slimkit.primitives.projection.adapters import basis_change_params
 from slimkit.primitives.projection.norms import linear_param, set_param
 from slimkit.primitives.projection.postnorm import hidden_norms, slice_post_norm_hidden
 from slimkit.primitives.surgery import prune_layer, remove_units
 
-EncoderHidden = Literal["per_norm", "shared", "none"]
 Batch = Mapping[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class EncoderMaskConfig:
-    target: float
-    """Sparsity to reach under Eq. 30 (attention and FFN matrices, plus residual matrices with per_norm)."""
-    hidden: EncoderHidden = "per_norm"
-    head: bool = True
-    """Head gates (join in the joint stage)."""
-    layer: bool = True
-    """Layer gates z_MHA, z_FFN (join in the joint stage)."""
-    finetune_steps: int = 0
-    dimension_steps: int = 100
-    joint_steps: int = 100
-    warmup_steps: int = 0
-    learning_rate: float = 2e-5
-    """Weights' learning rate (0: train the masks only)."""
-    mask_learning_rate: float = 0.05
-    lagrangian_learning_rate: float = 0.05
-    init_drop: float = 0.5
-    distill: float = 0.0
-    """Weight of the KL (classification) / MSE (regression) to the unmasked model's logits (0: none)."""
-    max_grad_norm: float | None = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        problems = common_problems(self)
-        if self.hidden not in ("per_norm", "shared", "none"):
-            problems.append(f"hidden must be per_norm, shared or none, got {self.hidden}")
-        if min(self.finetune_steps, self.dimension_steps, self.joint_steps, self.warmup_steps) < 0:
-            problems.append("step counts must be >= 0")
-        if self.dimension_steps + self.joint_steps < 1:
-            problems.append("dimension_steps + joint_steps must be >= 1")
-        if problems:
-            raise SlimkitError("encoder mask training: " + "; ".join(problems))
-
-    @property
-    def total_steps(self) -> int:
-        return self.finetune_steps + self.dimension_steps + self.joint_steps
-
-    def schedule(self) -> MaskSchedule:
-        return MaskSchedule.sp3(
-            1,
-            finetune_epochs=self.finetune_steps,
-            dimension_epochs=self.dimension_steps,
-            joint_epochs=self.joint_steps,
-            head=self.head,
-            layer=self.layer,
-            warmup_epochs=self.warmup_steps,
-        )
 
 
 # -- counting ---------------------------------------------------------------------------------------------
@@ -299,7 +247,9 @@ def _logits(model: nn.Module, batches: Sequence[Batch]) -> list[torch.Tensor]:
 def train_encoder_masks(
     model: nn.Module,
     batches: Sequence[Batch],
-    config: EncoderMaskConfig,
+    settings: EncoderMaskSettings,
+    target: float,
+    seed: int = 0,
     progress: Callable[[int], None] | None = None,
     check_batches: Sequence[Batch] | None = None,
 ) -> dict:
@@ -307,7 +257,8 @@ def train_encoder_masks(
 
     ``batches``: tokenised GLUE batches with ``labels`` (:func:`slimkit.primitives.gluedata.encode`),
     one per optimiser step, reused cyclically when fewer. ``check_batches`` (optional): batches on
-    which the masked (binary masks) and the fused model are compared (``masked_vs_fused``).
+    which the masked (binary masks) and the fused model are compared (``masked_vs_fused``). ``target``: the
+    sparsity to reach under Eq. 30 (attention and FFN matrices, plus residual matrices with per_norm).
     """
     started = time.perf_counter()
     view = ModelView(model)
@@ -316,24 +267,25 @@ def train_encoder_masks(
     if not batches:
         raise SlimkitError("encoder mask training needs batches")
     projected = is_projected(model)
-    if config.hidden == "per_norm" and not projected:
+    if settings.hidden == "per_norm" and not projected:
         raise SlimkitError("hidden: per_norm needs a model projected by project_post_norm (stage pca_project_post)")
-    if config.hidden == "shared" and projected:
+    if settings.hidden == "shared" and projected:
         raise SlimkitError("hidden: shared is the masks-only baseline on the unprojected model")
     shape = MaskShape.from_view(view)
     masks = MaskSet(
         shape,
-        head=config.head,
-        layer=config.layer,
+        head=settings.head,
+        layer=settings.layer,
         intermediate=False,
-        hidden=config.hidden,
-        init_drop=config.init_drop,
-        seed=config.seed,
+        hidden=settings.hidden,
+        init_drop=settings.init_drop,
+        seed=seed,
     )
-    residual = residual_mode(config.hidden)
+    residual = residual_mode(settings.hidden)
     total = dense_size(shape)
-    schedule = config.schedule()
-    teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
+    goal = MaskTarget(target, total)
+    schedule = settings.schedule()
+    teacher = copy.deepcopy(model).eval().requires_grad_(False) if settings.distill > 0 else None
     masks.to(input_device(model))  # float32 gates on the model's device
 
     def step_loss(net: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,19 +299,29 @@ def train_encoder_masks(
     def size(values: MaskValues) -> torch.Tensor:
         return expected_size(values, shape, residual=residual)
 
-    settings = LoopSettings.of(config, total)
-    ends = config.hidden != "none"
+    ends = settings.hidden != "none"
     hooks = apply_masks(model, masks, placement="norm", ends=ends)
     try:
         history, lagrangian = train_masks(
-            model, masks, batches, schedule, size, step_loss, settings, teacher, _distill_loss, progress
+            model,
+            masks,
+            batches,
+            schedule,
+            size,
+            step_loss,
+            settings,
+            goal,
+            seed=seed,
+            teacher=teacher,
+            distance=_distill_loss,
+            progress=progress,
         )
     finally:
         hooks.remove()
-    levels = schedule.levels(config.total_steps - 1)
+    levels = schedule.levels(settings.total_steps - 1)
     masks.set_active(levels)
     scores = masks.scores()
-    binary = binarize(scores, shape, config.target, residual=residual, couple=False)
+    binary = binarize(scores, shape, target, residual=residual, couple=False)
     final = masks.kept_values().times(binary.masks)
     hidden_fields = ("mha_in", "mha_out", "ffn_in", "ffn_out")
     final = MaskValues(**{**final.__dict__, **{h: getattr(binary.masks, h) for h in hidden_fields}})
@@ -370,19 +332,19 @@ def train_encoder_masks(
     norm_scores = [g.log_alpha.detach() for g in masks.norm_hidden] if masks.norm_hidden is not None else None
     if masks.shared_hidden is not None:
         norm_scores = [masks.shared_hidden.log_alpha.detach()]
-    fused = fuse_encoder_masks(model, final, config.hidden, norm_scores)
+    fused = fuse_encoder_masks(model, final, settings.hidden, norm_scores)
     if masked_logits is not None:
         fused["masked_vs_fused"] = _agreement(masked_logits, _logits(model, check_batches))
     seconds = time.perf_counter() - started
     counted = fused["counted_weights"]
     return {
-        "steps": config.total_steps,
-        "finetune_steps": config.finetune_steps,
-        "dimension_steps": config.dimension_steps,
-        "joint_steps": config.joint_steps,
+        "steps": settings.total_steps,
+        "finetune_steps": settings.finetune_steps,
+        "dimension_steps": settings.dimension_steps,
+        "joint_steps": settings.joint_steps,
         "levels": sorted(levels),
         "seconds": seconds,
-        "seconds_per_step": seconds / max(config.total_steps, 1),
+        "seconds_per_step": seconds / max(settings.total_steps, 1),
         "task_loss_first": history["task_loss"][0],
         "task_loss_last": history["task_loss"][-1],
         "expected_sparsity_last": history["expected_sparsity"][-1] if history["expected_sparsity"] else None,
@@ -397,12 +359,11 @@ def train_encoder_masks(
         "params": ModelView(model).num_params(),
         "fused": fused,
         "history": history,
-        "config": asdict(config),
+        "config": run_settings(settings, EncoderMaskSettings, goal, seed),
     }
 
 
 __all__ = [
-    "EncoderMaskConfig",
     "counted_weights",
     "fuse_encoder_masks",
     "is_projected",

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimkit.primitives.device.settings import Placement, dtype_name, format_size
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.placement import Placement, dtype_name, format_size
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:

@@ -89,6 +89,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune.loop import Divergence, checked_backward, learning_rate_hint, non_finite_problem
 from slimkit.primitives.select import keep_count, keep_top
 from slimkit.primitives.spectrum import DISTANCES, singular_values
 
@@ -365,20 +366,13 @@ def _step(
     policy: PruneNetPolicy, optimizer: torch.optim.Optimizer, loss: torch.Tensor, episode: int, lr: float
 ) -> None:
     """One AdamW step on ``loss``; a non-finite loss or parameter fails loudly (lower the learning rate)."""
-    if not math.isfinite(float(loss.detach())):
-        raise SlimkitError(
-            f"prunenet policy training diverged at episode {episode + 1}: loss {float(loss.detach())}; "
-            f"lower learning_rate (got {lr:g})"
-        )
-    optimizer.zero_grad()
-    loss.backward()
+    divergence = Divergence("prunenet policy training", learning_rate_hint(lr), unit="episode")
+    checked_backward(loss, episode + 1, divergence, [optimizer])
     optimizer.step()
-    bad = [name for name, p in policy.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
-    if bad:  # checked after every update: the next sampling cannot use a NaN policy
-        raise SlimkitError(
-            f"prunenet policy training diverged at episode {episode + 1}: {len(bad)} policy tensors hold "
-            f"NaN/inf after the update ({', '.join(bad[:3])}); lower learning_rate (got {lr:g})"
-        )
+    # checked after every update: the next sampling cannot use a NaN policy
+    problem = non_finite_problem(policy.named_parameters(), "policy tensors")
+    if problem:
+        raise divergence.error(episode + 1, problem)
 
 
 def train_policy(

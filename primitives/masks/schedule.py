@@ -9,7 +9,7 @@ Table 11 variants (with both off, the last stage keeps training the dimension ma
 
 A :class:`MaskSchedule` is a pure object over global optimiser steps: which stage a step is in,
 which mask levels are trainable there (:meth:`MaskSchedule.levels`, feed it to
-:meth:`~slimkit.primitives.optim.masks.MaskSet.set_active`), and the target sparsity at that step.
+:meth:`~slimkit.primitives.masks.mask_set.MaskSet.set_active`), and the target sparsity at that step.
 
 The target (not in the paper; CoFi's ``lagrangian_warmup``): with ``warmup_epochs > 0`` the target
 rises linearly from ``start`` to the final target over that many epochs, counted from the first
@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.masks import LEVELS
+from slimkit.primitives.masks.mask_set import LEVELS
 
 
 @dataclass(frozen=True)
-class Stage:
+class MaskStage:
     name: str
     epochs: float
     levels: frozenset[str]
@@ -35,9 +35,9 @@ class Stage:
 
 @dataclass(frozen=True)
 class MaskSchedule:
-    """Consecutive :class:`Stage`\\ s over ``steps_per_epoch`` optimiser steps per epoch."""
+    """Consecutive :class:`MaskStage`\\ s over ``steps_per_epoch`` optimiser steps per epoch."""
 
-    stages: tuple[Stage, ...]
+    stages: tuple[MaskStage, ...]
     steps_per_epoch: int
     warmup_epochs: float = 0.0
 
@@ -68,9 +68,9 @@ class MaskSchedule:
         """Fine-tune → dimension masks → dimension + head + layer masks (each stage may be 0 epochs)."""
         joint = {"dimension"} | ({"head"} if head else set()) | ({"layer"} if layer else set())
         stages = (
-            Stage("finetune", finetune_epochs, frozenset()),
-            Stage("dimension", dimension_epochs, frozenset({"dimension"})),
-            Stage("joint", joint_epochs, frozenset(joint)),
+            MaskStage("finetune", finetune_epochs, frozenset()),
+            MaskStage("dimension", dimension_epochs, frozenset({"dimension"})),
+            MaskStage("joint", joint_epochs, frozenset(joint)),
         )
         return cls(stages, steps_per_epoch, warmup_epochs)
 
@@ -86,7 +86,7 @@ class MaskSchedule:
     def total_steps(self) -> int:
         return self._bounds()[-1] if self.stages else 0
 
-    def stage_at(self, step: int) -> Stage | None:
+    def stage_at(self, step: int) -> MaskStage | None:
         """The stage of global step ``step`` (0-based); ``None`` once every stage is over."""
         for stage, end in zip(self.stages, self._bounds(), strict=True):
             if step < end:

@@ -1,7 +1,7 @@
 """The one training loop of SP3's masks: task loss + Lagrangian (Eq. 14), weights and masks together.
 
-Shared by the decoder path (:func:`~.mask_training.train_stream_masks`) and the encoder path
-(:func:`~.encoder_masks.train_encoder_masks`); they differ only in how a batch gives a task loss,
+Shared by the decoder path (:func:`~.stream.train_stream_masks`) and the encoder path
+(:func:`~.encoder.train_encoder_masks`); they differ only in how a batch gives a task loss,
 in the count behind ``ŝ`` and in where the masks sit (the caller applies the hooks). Per step:
 
     L = task(batch) [+ distill · D(student, teacher)] + λ₁ (ŝ − t) + λ₂ (ŝ − t)²,   ŝ = 1 − size(P(z ≠ 0)) / total
@@ -12,7 +12,7 @@ multipliers ascending (:func:`~.sparsity.lagrangian_optimizer`).
 
 Devices and dtypes: the gates' ``log α`` and the multipliers are float32 on the masks' device (the
 caller moves the mask set to the model's device), the loss is float32, and bfloat16/float16 weights
-are trained through float32 master copies (:class:`~slimkit.primitives.devices.FloatMaster`: AdamW's
+are trained through float32 master copies (:class:`~slimkit.primitives.finetune.loop.FloatMaster`: AdamW's
 moments and the clipped gradients are float32; the updated weights are written back in their dtype).
 
 Divergence: the loss is checked before every update, and after the last one every tensor the loop
@@ -23,7 +23,6 @@ loss on the last batch (one more forward pass, eval mode); any of them failing r
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,11 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimkit.primitives.devices import FloatMaster, input_device
+from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.masks import MaskSet, MaskValues
-from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import Lagrangian, lagrangian_optimizer
+from slimkit.primitives.finetune.loop import Divergence, FloatMaster, checked_backward, master_step, non_finite_problem
+from slimkit.primitives.masks.mask_set import MaskSet, MaskValues
+from slimkit.primitives.masks.schedule import MaskSchedule
+from slimkit.primitives.masks.settings import MaskSettings
+from slimkit.primitives.masks.sparsity import Lagrangian, lagrangian_optimizer
 
 StepLoss = Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor]]
 """``(model, batch) -> (task loss, logits)``."""
@@ -45,53 +46,22 @@ Distance = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class LoopSettings:
-    target: float
+class MaskTarget:
+    """What the masks are trained towards: remove ``ratio`` of ``total`` (the count ``ŝ`` is relative to)."""
+
+    ratio: float
     total: float
-    """``M``: the count ``ŝ`` is relative to."""
-    learning_rate: float
-    mask_learning_rate: float
-    lagrangian_learning_rate: float
-    max_grad_norm: float | None = 1.0
-    distill: float = 0.0
-    seed: int = 0
 
-    @classmethod
-    def of(cls, config: Any, total: float) -> LoopSettings:
-        """The loop's settings from a mask-training config (decoder or encoder) and the count ``M``."""
-        return cls(
-            target=config.target,
-            total=total,
-            learning_rate=config.learning_rate,
-            mask_learning_rate=config.mask_learning_rate,
-            lagrangian_learning_rate=config.lagrangian_learning_rate,
-            max_grad_norm=config.max_grad_norm,
-            distill=config.distill,
-            seed=config.seed,
-        )
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.ratio) and 0.0 < self.ratio < 1.0):
+            raise SlimkitError(f"mask training: target must be in (0, 1), got {self.ratio}")
+        if not (math.isfinite(self.total) and self.total > 0):
+            raise SlimkitError(f"mask training: the count the target is a fraction of must be > 0, got {self.total}")
 
 
-def common_problems(config: Any) -> list[str]:
-    """What is wrong with the settings both mask-training configs share (empty when nothing is):
-    ``target``, the three learning rates, ``init_drop`` and ``distill``."""
-    problems = []
-    for item in dataclasses.fields(config):
-        value = getattr(config, item.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{item.name} must be a finite number, got {value}")
-    if not 0.0 < config.target < 1.0:
-        problems.append(f"target must be in (0, 1), got {config.target}")
-    if not (config.learning_rate >= 0 and config.mask_learning_rate > 0 and config.lagrangian_learning_rate > 0):
-        problems.append("learning rates must be > 0 (learning_rate may be 0: masks only)")
-    if not 0.0 < config.init_drop < 1.0:
-        problems.append(f"init_drop must be in (0, 1), got {config.init_drop}")
-    if not config.distill >= 0:
-        problems.append(f"distill must be >= 0, got {config.distill}")
-    return problems
-
-
-def _diverged(step: int, problem: str) -> SlimkitError:
-    return SlimkitError(f"mask training diverged at step {step}: {problem}; lower the learning rates")
+MAX_GRAD_NORM = 1.0
+"""The weights' gradient-norm clip of every mask-training run."""
+DIVERGENCE = Divergence("mask training", "lower the learning rates")
 
 
 def train_masks(
@@ -101,7 +71,10 @@ def train_masks(
     schedule: MaskSchedule,
     size: Callable[[MaskValues], torch.Tensor],
     step_loss: StepLoss,
-    settings: LoopSettings,
+    settings: MaskSettings,
+    target: MaskTarget,
+    seed: int = 0,
+    max_grad_norm: float | None = MAX_GRAD_NORM,
     teacher: nn.Module | None = None,
     distance: Distance | None = None,
     progress: Callable[[int], None] | None = None,
@@ -125,7 +98,7 @@ def train_masks(
     optimizers = [opt for opt in (weight_opt, mask_opt, lagrangian_opt) if opt is not None]
     history: dict[str, list[float]] = {"loss": [], "task_loss": [], "expected_sparsity": [], "target": []}
     with torch.random.fork_rng():
-        torch.manual_seed(settings.seed)
+        torch.manual_seed(seed)
         try:
             model.train()
             masks.train()
@@ -140,25 +113,15 @@ def train_masks(
                         reference = step_loss(teacher, batch)[1]
                     loss = loss + settings.distill * distance(logits, reference)
                 if levels:
-                    target = schedule.target(step, settings.target)
-                    s_hat = 1.0 - size(masks.keep_probs()) / settings.total
-                    loss = loss + lagrangian(s_hat, target).float()
-                    history["target"].append(target)
+                    now = schedule.target(step, target.ratio)
+                    s_hat = 1.0 - size(masks.keep_probs()) / target.total
+                    loss = loss + lagrangian(s_hat, now).float()
+                    history["target"].append(now)
                     history["expected_sparsity"].append(float(s_hat.detach()))
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise _diverged(step + 1, f"loss {value}")
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                for weight in weights:  # with float32 masters the optimiser does not see the model's grads
-                    weight.grad = None
-                loss.backward()
+                # with float32 masters the optimiser does not see the model's grads: clear those too
+                value = checked_backward(loss, step + 1, DIVERGENCE, [*optimizers, model])
                 if weight_opt is not None:
-                    master.grads_to_master()
-                    if settings.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(master.params, settings.max_grad_norm)
-                    weight_opt.step()
-                    master.master_to_model()
+                    master_step(master, weight_opt, max_grad_norm)
                 if levels:
                     mask_opt.step()
                     lagrangian_opt.step()
@@ -169,20 +132,19 @@ def train_masks(
             # the loss is checked before each update; what the last update changed is checked here
             weight_ids = {id(w) for w in weights}
             trained = [
-                *(("weight", name, p) for name, p in model.named_parameters() if id(p) in weight_ids),
-                *(("gate", name, p) for name, p in masks.named_parameters() if p.requires_grad),
-                *(("multiplier", name, p) for name, p in lagrangian.named_parameters()),
+                *((f"weight {name}", p) for name, p in model.named_parameters() if id(p) in weight_ids),
+                *((f"gate {name}", p) for name, p in masks.named_parameters() if p.requires_grad),
+                *((f"multiplier {name}", p) for name, p in lagrangian.named_parameters()),
             ]
-            bad = [(kind, name) for kind, name, p in trained if not bool(torch.isfinite(p.detach()).all())]
-            if bad:
-                shown = ", ".join(f"{kind} {name}" for kind, name in bad[:3]) + (", ..." if len(bad) > 3 else "")
-                raise _diverged(schedule.total_steps, f"{len(bad)} tensors hold NaN/inf after the update ({shown})")
+            problem = non_finite_problem(trained, "tensors")
+            if problem:
+                raise DIVERGENCE.error(schedule.total_steps, problem)
             model.eval()
             masks.eval()
             with torch.no_grad():  # finite but huge weights: the task loss on the last batch after its update
                 after = float(step_loss(model, batches[(schedule.total_steps - 1) % len(batches)])[0].float())
             if not math.isfinite(after):
-                raise _diverged(schedule.total_steps, f"task loss {after} after the update")
+                raise DIVERGENCE.error(schedule.total_steps, f"task loss {after} after the update")
         finally:
             model.eval()
             masks.eval()
@@ -192,4 +154,11 @@ def train_masks(
     return history, lagrangian
 
 
-__all__ = ["LoopSettings", "common_problems", "train_masks"]
+def run_settings(settings: MaskSettings, kind: type[MaskSettings], target: MaskTarget, seed: int) -> dict:
+    """What a report records as the run's settings: ``kind``'s fields of ``settings`` (a stage's arguments may
+    hold more), the target and its count, the clip and the seed."""
+    own = {name: getattr(settings, name) for name in kind.model_fields}
+    return {**own, "target": target.ratio, "total": target.total, "max_grad_norm": MAX_GRAD_NORM, "seed": seed}
+
+
+__all__ = ["MAX_GRAD_NORM", "MaskTarget", "run_settings", "train_masks"]

@@ -3,7 +3,7 @@
 :func:`train_stream_masks` is the LLM setting of SP3 (Appendix F, Fig. 5): on a pre-norm decoder
 whose residual stream is in Group PCA coordinates (:func:`slimkit.primitives.projection.project_hidden_dimension`
 at full width), one hard-concrete gate per group masks the stream's coordinates and one per FFN
-filter masks the filters (:class:`~.masks.MaskSet`, ``hidden="per_group"``, ``stream`` placement).
+filter masks the filters (:class:`~.mask_set.MaskSet`, ``hidden="per_group"``, ``stream`` placement).
 Each optimiser step minimises
 
     L = L_task + λ₁ (ŝ − t) + λ₂ (ŝ − t)²                       (Eq. 14)
@@ -28,7 +28,7 @@ LLM setting has no head or layer masks, so its third stage is absent), counted i
 rather than epochs. With ``warmup_steps`` the target rises linearly from 0 (CoFi's Lagrangian
 warm-up). At the end the masks are binarised at the lowest ``log α`` threshold whose 0/1 count
 meets the target (:func:`~.sparsity.binarize`, §3.2), kept entries take CoFi's value
-``σ(0.8 log α / β)`` (:func:`~.masks.kept_value`: close to the mean the model was trained with, and
+``σ(0.8 log α / β)`` (:func:`~.gates.kept_value`: close to the mean the model was trained with, and
 never 0, unlike Louizos' clamped deterministic value), and
 :func:`~.fusing.fuse_stream_masks` folds them into a smaller model with the masked model's outputs.
 """
@@ -38,61 +38,20 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.devices import input_device, to_input_device
+from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.fusing import fuse_stream_masks, stream_count_args
-from slimkit.primitives.optim.mask_loop import LoopSettings, common_problems, train_masks
-from slimkit.primitives.optim.masks import MaskSet, MaskShape, apply_masks
-from slimkit.primitives.optim.schedule import MaskSchedule
-from slimkit.primitives.optim.sparsity import binarize, stream_model_size
-
-
-@dataclass(frozen=True)
-class MaskTrainingConfig:
-    target: float
-    """Fraction of ``total`` parameters to remove (the final 0/1 masks meet it)."""
-    total: int
-    """The parameter count the target is a fraction of (the dense model's)."""
-    hidden: bool = True
-    """Train one hidden gate per layer group besides the FFN filter gates (False: FFN filters only)."""
-    finetune_steps: int = 0
-    mask_steps: int = 100
-    warmup_steps: int = 0
-    learning_rate: float = 1e-5
-    """Weights' learning rate (0: masks only)."""
-    mask_learning_rate: float = 0.05
-    lagrangian_learning_rate: float = 0.05
-    init_drop: float = 0.5
-    """Initial drop rate of every gate (CoFi: ``log α = log(1 − p) − log p``)."""
-    rank_prior: float = 0.0
-    """Spread of the hidden gates' initial ``log α`` over their principal-component rank: coordinate
-    ``k`` of a group starts at ``log α + rank_prior · (1/2 − k/(d−1))`` (0: CoFi's uniform start)."""
-    distill: float = 0.0
-    """Weight of the KL divergence to the unmasked model's next-token distribution (0: none)."""
-    max_grad_norm: float | None = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        problems = common_problems(self)
-        if self.mask_steps < 1:
-            problems.append(f"mask_steps must be >= 1, got {self.mask_steps}")
-        if self.finetune_steps < 0 or self.warmup_steps < 0:
-            problems.append("finetune_steps and warmup_steps must be >= 0")
-        if self.rank_prior < 0:
-            problems.append(f"rank_prior must be >= 0, got {self.rank_prior}")
-        if problems:
-            raise SlimkitError("mask training: " + "; ".join(problems))
-
-    @property
-    def total_steps(self) -> int:
-        return self.finetune_steps + self.mask_steps
+from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
+from slimkit.primitives.masks.hooks import apply_masks
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape
+from slimkit.primitives.masks.settings import StreamMaskSettings
+from slimkit.primitives.masks.sparsity import binarize, stream_model_size
+from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
 
 
 def _kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -107,7 +66,7 @@ def _kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _rank_prior(masks: MaskSet, spread: float) -> None:
+def apply_rank_prior(masks: MaskSet, spread: float) -> None:
     """Tilt each hidden gate's start by the rank of its coordinate (the stream is in PCA order)."""
     for gate in masks.group_hidden or ():
         d = gate.log_alpha.numel()
@@ -120,13 +79,16 @@ def _rank_prior(masks: MaskSet, spread: float) -> None:
 def train_stream_masks(
     model: nn.Module,
     batches: Sequence[torch.Tensor],
-    config: MaskTrainingConfig,
+    settings: StreamMaskSettings,
+    target: MaskTarget,
+    seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Train, binarise and fuse SP3's stream and FFN masks on ``model`` in place; returns a report.
 
     ``batches`` are token-id tensors ``[batch, seq]``, one per optimiser step (reused cyclically
-    when fewer). See the module docstring for the loss, the count and the schedule.
+    when fewer). ``target``: the fraction of the dense model's parameters to remove (``target.total``). See the
+    module docstring for the loss, the count and the schedule.
     """
     started = time.perf_counter()
     view = ModelView(model)
@@ -142,24 +104,16 @@ def train_stream_masks(
         head=False,
         layer=False,
         intermediate=False,
-        hidden="per_group" if config.hidden else "none",
-        groups=groups if config.hidden else None,
-        init_drop=config.init_drop,
-        seed=config.seed,
+        hidden="per_group" if settings.hidden else "none",
+        groups=groups if settings.hidden else None,
+        init_drop=settings.init_drop,
+        seed=seed,
     ).to(input_device(model))  # float32 gates on the model's device (sampled with a seeded CPU generator)
-    if config.rank_prior > 0:
-        _rank_prior(masks, config.rank_prior)
+    if settings.rank_prior > 0:
+        apply_rank_prior(masks, settings.rank_prior)
     size = lambda values: stream_model_size(values, shape, **count)  # noqa: E731
-    schedule = MaskSchedule.sp3(
-        1,
-        finetune_epochs=config.finetune_steps,
-        dimension_epochs=config.mask_steps,
-        joint_epochs=0,
-        head=False,
-        layer=False,
-        warmup_epochs=config.warmup_steps,
-    )
-    teacher = copy.deepcopy(model).eval().requires_grad_(False) if config.distill > 0 else None
+    schedule = settings.schedule()
+    teacher = copy.deepcopy(model).eval().requires_grad_(False) if settings.distill > 0 else None
 
     def step_loss(net: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids = to_input_device(net, ids)
@@ -168,27 +122,37 @@ def train_stream_masks(
         out = net(input_ids=ids, labels=ids, use_cache=False)
         return out.loss.float(), out.logits
 
-    settings = LoopSettings.of(config, config.total)
     hooks = apply_masks(
-        model, masks, groups=groups if config.hidden else None, placement="stream" if config.hidden else "linear"
+        model, masks, groups=groups if settings.hidden else None, placement="stream" if settings.hidden else "linear"
     )
     try:
         history, lagrangian = train_masks(
-            model, masks, batches, schedule, size, step_loss, settings, teacher, _kl, progress
+            model,
+            masks,
+            batches,
+            schedule,
+            size,
+            step_loss,
+            settings,
+            target,
+            seed=seed,
+            teacher=teacher,
+            distance=_kl,
+            progress=progress,
         )
     finally:
         hooks.remove()
     masks.set_active(("dimension",))
-    binary = binarize(masks.scores(), shape, config.target, total=config.total, residual="none", size=size)
+    binary = binarize(masks.scores(), shape, target.ratio, total=target.total, residual="none", size=size)
     final = masks.kept_values().times(binary.masks)
     fused = fuse_stream_masks(model, final)
     params = ModelView(model).num_params()
     return {
-        "steps": config.total_steps,
-        "finetune_steps": config.finetune_steps,
-        "mask_steps": config.mask_steps,
+        "steps": settings.total_steps,
+        "finetune_steps": settings.finetune_steps,
+        "mask_steps": settings.mask_steps,
         "seconds": time.perf_counter() - started,
-        "seconds_per_step": (time.perf_counter() - started) / max(config.total_steps, 1),
+        "seconds_per_step": (time.perf_counter() - started) / max(settings.total_steps, 1),
         "task_loss_first": history["task_loss"][0],
         "task_loss_last": history["task_loss"][-1],
         "expected_sparsity_last": history["expected_sparsity"][-1] if history["expected_sparsity"] else None,
@@ -197,11 +161,11 @@ def train_stream_masks(
         "threshold": binary.threshold,
         "binary_sparsity": binary.sparsity,
         "params": params,
-        "achieved_sparsity": 1.0 - params / config.total,
+        "achieved_sparsity": 1.0 - params / target.total,
         "fused": fused,
         "history": history,
-        "config": asdict(config),
+        "config": run_settings(settings, StreamMaskSettings, target, seed),
     }
 
 
-__all__ = ["MaskTrainingConfig", "train_stream_masks"]
+__all__ = ["apply_rank_prior", "train_stream_masks"]

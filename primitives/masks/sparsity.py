@@ -7,7 +7,7 @@ The count (Eq. 30)
 keep probabilities ``P(z ≠ 0)`` (:meth:`MaskSet.keep_probs`) it is the expected number of weights
 left (every term is a product of independent gates, so the expectation factorises); given 0/1 masks
 it is exactly the number of weights of the pruned, fused model. With the block-centric names of
-:mod:`~slimkit.primitives.optim.masks` (``a = mha_in``, ``c = mha_out``, ``a' = ffn_in``,
+:mod:`~slimkit.primitives.masks.mask_set` (``a = mha_in``, ``c = mha_out``, ``a' = ffn_in``,
 ``c' = ffn_out``), per layer::
 
     W_Q:  z_MHA Σ_j z_head_j · Σ_k a_k · Σ_l z_Q[j,l]      (likewise W_K with z_K, W_V with z_V)
@@ -83,7 +83,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.optim.masks import MaskShape, MaskValues
+from slimkit.primitives.masks.mask_set import MaskShape, MaskValues
 
 Residual = Literal["dense", "diagonal", "none"]
 RESIDUALS: tuple[str, ...] = ("dense", "diagonal", "none")

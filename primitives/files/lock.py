@@ -1,0 +1,84 @@
+"""One writer per output: the ``flock``-ed hidden sibling ``.NAME.lock`` beside the ``NAME`` being written."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from slimkit.primitives.errors import SlimkitError
+
+
+class LockHeld(SlimkitError):
+    """Another process holds the lock on ``target``; ``pid`` is the one it recorded (None if unreadable)."""
+
+    def __init__(self, target: Path, pid: int | None) -> None:
+        super().__init__(f"{target} is being written by another process (pid {pid if pid else 'unknown'})")
+        self.target = target
+        self.pid = pid
+
+
+class SiblingLock:
+    """An exclusive lock on writing ``target``: the open, ``flock``-ed file ``.NAME.lock`` beside it."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    def release(self) -> None:
+        """Delete the lock file, then let go of the lock (in that order, see :func:`acquire_lock`)."""
+        if self.fd < 0:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = -1
+
+
+def lock_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
+
+
+def _holder(fd: int) -> int | None:
+    """The pid the lock's holder wrote in it (it writes just after locking: allow it a moment), or None."""
+    for _ in range(20):
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.01)
+    return None
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a releasing holder may have deleted it)."""
+    try:
+        named = path.stat()
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def acquire_lock(target: Path) -> SiblingLock:
+    """Claim ``target`` for this process: an exclusive, non-blocking ``flock`` on ``.NAME.lock`` beside it.
+
+    The kernel drops the lock when its process dies, however it dies, so a lock file a killed run left is
+    simply taken over. The holder's pid is written in the file for the message another process gets
+    (:class:`LockHeld`). Creates ``target``'s parent folder if needed.
+    """
+    path = lock_path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise LockHeld(target, holder) from None
+        if _still_named(fd, path):
+            break
+        os.close(fd)  # locked a file its holder had just deleted: lock the current one
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return SiblingLock(path, fd)
