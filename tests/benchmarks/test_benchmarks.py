@@ -37,7 +37,7 @@ from benchmarks.run import (
 from benchmarks.speed import measure
 from benchmarks.tables import markdown, plot_quality, plot_widths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(row_id, recipe, ratio=0.2, recovery=False, status="ok", **metrics):
@@ -366,7 +366,7 @@ def test_plan_costs_rows_from_history_settings_and_kept_runs(tmp_path):
 
 def test_labelled_entries_sweep_one_recipe():
     """A sweep runs one recipe under several names (the SP3 group-size grid)."""
-    grid = load_grid(Path(__file__).parents[1] / "benchmarks" / "grid-sp3-gs.yaml")
+    grid = load_grid(Path(__file__).parents[2] / "benchmarks" / "grid-sp3-gs.yaml")
     settings = resolve_settings(grid, quick=False, cli={})
     jobs = expand(grid.grid, settings)
     assert {j.recipe for j in jobs} == {"sp3-oneshot"}

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from slimkit.cli.main import main
-from tests.test_recipes import tiny_recipe
+from tests.recipes.test_recipes import tiny_recipe
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

@@ -19,7 +19,7 @@ from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection.adapters import attach_basis_change
 from slimkit.primitives.surgery import prune_layer
 from slimkit.recipes.report import markdown, plot_widths
-from tests.test_cli import run_cli
+from tests.cli.test_cli import run_cli
 from tests.tiny import tiny_llama
 
 
@@ -131,7 +131,7 @@ def test_width_plot_with_ranks_and_maps(tmp_path, tokenizer):
 def test_lorap_run_report_mentions_the_ranks(tmp_path, tiny_llama_dir, monkeypatch, capsys):
     from slimkit.recipes.loading import validate
     from slimkit.recipes.runner import run_recipe
-    from tests.test_lowrank_stage import lorap_recipe
+    from tests.stages.test_lowrank_stage import lorap_recipe
 
     raw = lorap_recipe(tiny_llama_dir)
     run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)

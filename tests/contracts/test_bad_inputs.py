@@ -22,8 +22,8 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.surgery import prune_layer
-from tests.test_cli import run_cli
-from tests.test_recipes import tiny_recipe
+from tests.cli.test_cli import run_cli
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_bert, tiny_llama
 
 SENTINEL = "CODE-RAN"

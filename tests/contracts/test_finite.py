@@ -16,8 +16,8 @@ from slimkit.primitives.io.save import non_finite_tensors
 from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
-from tests.test_cli import assert_one_line_error, run_cli
-from tests.test_recipes import tiny_recipe
+from tests.cli.test_cli import assert_one_line_error, run_cli
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_llama
 
 FAST_LORA = {"steps": 1, "batch_size": 2, "seq_len": 16}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import slimkit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_package_folder_is_listed_in_pyproject():

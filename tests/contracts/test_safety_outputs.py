@@ -24,8 +24,8 @@ from slimkit.primitives import paths
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes import runner
 from slimkit.recipes.runner import check_output_dir
-from tests.test_cli import assert_one_line_error, run_cli
-from tests.test_recipes import tiny_recipe
+from tests.cli.test_cli import assert_one_line_error, run_cli
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_llama
 
 RUN = "import json, sys, slimkit; slimkit.run(json.loads(sys.argv[1]), out=sys.argv[2], force=True, evaluate=False)"

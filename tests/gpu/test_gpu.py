@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import slimkit
-from tests.test_device import LORAP, _recipe
+from tests.primitives.device.test_device import LORAP, _recipe
 from tests.tiny import model_output
 
 pytestmark = [
@@ -88,7 +88,7 @@ def test_evaluation_on_cuda_matches_cpu():
     # up to summation order (a near-tie in a 4-way choice may flip one answer of 8).
     from slimkit.primitives.evaluate.perplexity import perplexity
     from slimkit.primitives.evaluate.zeroshot import evaluate_zeroshot
-    from tests.test_zeroshot import _tiny_model_and_tokenizer
+    from tests.primitives.evaluate.test_zeroshot import _tiny_model_and_tokenizer
 
     model, tokenizer = _tiny_model_and_tokenizer()
     tasks = ["piqa", "boolq", "hellaswag"]

@@ -18,7 +18,7 @@ from slimkit.primitives.evaluate.glue import average_ranks, evaluate_glue, f1_sc
 from slimkit.primitives.finetune.glue import GlueFinetuneConfig, finetune_glue, task_model
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
-from tests.test_cli import assert_one_line_error, run_cli
+from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.tiny import tiny_bert, tiny_llama
 
 # ---- data -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
-from tests.test_recipes import tiny_recipe
+from tests.recipes.test_recipes import tiny_recipe
 
 
 def lorap_recipe(model_dir, **lowrank_args):

@@ -18,7 +18,7 @@ from slimkit.recipes.layerwise import DenseConsumer
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
 from slimkit.recipes.stages.obs import ObsPruneLayerArgs, obs_prune_layer
-from tests.test_recipes import tiny_recipe
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import model_output, tiny_llama
 
 

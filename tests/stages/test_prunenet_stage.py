@@ -10,7 +10,7 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
-from tests.test_recipes import tiny_recipe
+from tests.recipes.test_recipes import tiny_recipe
 
 
 def prunenet_recipe(model_dir, ratio: float, **args):

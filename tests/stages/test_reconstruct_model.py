@@ -13,8 +13,8 @@ from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run, run_recipe
 from slimkit.recipes.stages.reconstruct import ReconstructArgs
 from tests.conftest import saved_tiny_llama
-from tests.test_recipes import tiny_recipe
-from tests.test_reconstruct_stage import assert_refused_in_one_line
+from tests.recipes.test_recipes import tiny_recipe
+from tests.stages.test_reconstruct_stage import assert_refused_in_one_line
 from tests.tiny import model_output
 
 GROUPS = ["mlp_channel", "attention_head"]

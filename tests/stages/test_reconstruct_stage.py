@@ -13,7 +13,7 @@ from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
 from slimkit.recipes.stages.reconstruct import _refit_role, matched_columns
 from tests.conftest import saved_tiny_llama
-from tests.test_recipes import tiny_recipe
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import model_output, tiny_llama
 
 
@@ -298,7 +298,7 @@ def assert_refused_in_one_line(raw: dict, fragment: str, monkeypatch, capsys, tm
     traceback, and nothing written under ``tmp_path``."""
     import yaml
 
-    from tests.test_cli import run_cli
+    from tests.cli.test_cli import run_cli
 
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))

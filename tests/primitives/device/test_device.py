@@ -15,7 +15,7 @@ import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.offload import is_offloaded
 from slimkit.primitives.placement import Placement, format_size, parse_size, resolve_device, resolve_dtype
-from tests.test_cli import assert_one_line_error, run_cli
+from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.tiny import byte_tokenizer, model_output, tiny_llama
 
 CALIBRATION = {"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2}

@@ -25,10 +25,10 @@ from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
+from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.conftest import saved_tiny_llama
-from tests.test_cli import assert_one_line_error, run_cli
-from tests.test_io import _prune_non_uniform
-from tests.test_recipes import tiny_recipe
+from tests.primitives.io.test_io import _prune_non_uniform
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import FAMILIES, bpe_tokenizer, model_output, spm_tokenizer, tiny_bert, tiny_llama
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")

@@ -20,7 +20,7 @@ from slimkit.primitives.importance.compose import (
     spec_needs,
     spec_smooths,
 )
-from tests.test_importance_select import TwoLayerMLP, mlp_group
+from tests.primitives.importance.test_importance_select import TwoLayerMLP, mlp_group
 
 NORMS = {"input_norms": {"up": torch.tensor([1.0, 2.0]), "down": torch.tensor([3.0, 1.0, 2.0])}}
 

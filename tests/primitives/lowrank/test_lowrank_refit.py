@@ -12,7 +12,7 @@ from slimkit.primitives.lowrank import LowRankLinear, activation_weighted_svd, w
 from slimkit.primitives.reconstruct import output_error, refit_left
 from slimkit.recipes.loading import validate
 from slimkit.recipes.runner import run_recipe
-from tests.test_recipes import tiny_recipe
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import model_output
 
 

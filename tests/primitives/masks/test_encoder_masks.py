@@ -27,7 +27,7 @@ from slimkit.recipes.runner import run_recipe
 from tests.tiny import tiny_bert
 
 D, LAYERS, HEADS, INTER, VOCAB = 32, 3, 4, 48, 100
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 
 
 def _model(seed: int = 0) -> BertForSequenceClassification:

@@ -153,7 +153,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
     import slimkit
     from slimkit.recipes.loading import load_recipe, validate
     from slimkit.recipes.runner import run_recipe
-    from tests.test_recipes import tiny_recipe
+    from tests.recipes.test_recipes import tiny_recipe
 
     bundled, _ = load_recipe("sp3-llm")
     stages = [s.model_dump() for s in bundled.stages]

@@ -35,7 +35,7 @@ from slimkit.primitives.projection import (
 )
 from slimkit.recipes.loading import load_recipe, validate
 from slimkit.recipes.runner import run_recipe
-from tests.test_recipes import tiny_recipe
+from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import assert_scaled_close, model_output, tiny_bert, tiny_llama, tiny_opt
 
 MODELS = {
