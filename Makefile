@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install install-core lint bench bench-quick bench-scale
+.PHONY: demo test test-fast install install-core lint bench bench-quick bench-scale
 
 $(CORE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,9 +34,16 @@ install-core: $(CORE)
 demo: install-core
 	$(VENV)/bin/slimkit recipe run lorap --out runs/demo --force --set stages.1.args.steps=0
 
+# Everything that runs on a CPU: the real-model tier (tests/real/) included, the GPU tier (tests/gpu/) skipped.
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# The loop for iteration (under 4 minutes here): no real-model, slow or GPU tests, and no llama.cpp build
+# (the GGUF checks skip without llama-cpp-python).
+test-fast: install-core
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -m "not real and not slow and not gpu"
 
 lint: install-core
 	$(VENV)/bin/ruff check .

@@ -52,3 +52,11 @@ def saved_tiny_llama(folder, tokenizer):
 def tiny_llama_dir(tmp_path, tokenizer):
     """A tiny llama with a byte tokenizer saved as a plain HF folder (a local model source)."""
     return saved_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+
+
+def mark_folder(items, folder, *marks):
+    """Add ``marks`` to every collected test under ``folder`` (how a tier folder's conftest marks its tests)."""
+    for item in items:
+        if folder in item.path.parents:
+            for mark in marks:
+                item.add_marker(mark)
