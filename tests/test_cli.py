@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -99,6 +100,22 @@ def test_output_directory_not_empty(monkeypatch, capsys, tmp_path, tiny_llama_di
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(out))
     assert_one_line_error(code, err, "exists and is not empty (use --force")
     assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_recipe_run_prints_its_report_ending_with_the_dense_comparison(monkeypatch, capsys, tmp_path, tiny_llama_dir):
+    """The printed report is rendered from the run's typed report (the same text as OUT/report.md), its last line
+    the run's perplexity beside the dense model's; ``--no-dense`` leaves the comparison out."""
+    file = write_recipe(tmp_path / "r.yaml", tiny_recipe(tiny_llama_dir))
+    code, out, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    assert out == (tmp_path / "o" / "report.md").read_text() + "\n"
+    assert re.fullmatch(r"WikiText-2 [\d.e+]+ vs dense [\d.e+]+ \([\d.e+]+x\)", out.splitlines()[-1]), out
+    assert re.search(r"perplexity wikitext2 .* 4/4", err)  # the bar shows its total (4 windows of 32 tokens)
+    code, out, err = run_cli(
+        monkeypatch, capsys, "recipe", "run", file, "--out", str(tmp_path / "o"), "--force", "--no-dense"
+    )
+    assert code == 0, err
+    assert "vs dense" not in out and re.fullmatch(r"WikiText-2 [\d.e+]+", out.splitlines()[-1])
 
 
 def test_data_file_missing(monkeypatch, capsys, tmp_path, tiny_llama_dir):
