@@ -109,13 +109,13 @@ def test_recipe_run_prints_its_report_ending_with_the_dense_comparison(monkeypat
     code, out, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(tmp_path / "o"))
     assert code == 0, err
     assert out == (tmp_path / "o" / "report.md").read_text() + "\n"
-    assert re.fullmatch(r"WikiText-2 [\d.e+]+ vs dense [\d.e+]+ \([\d.e+]+x\)", out.splitlines()[-1]), out
+    assert re.fullmatch(r"WikiText-2 [\d.e+]+ vs dense [\d.e+]+ \([\d.e+]+x\)", out.rstrip().splitlines()[-1]), out
     assert re.search(r"perplexity wikitext2 .* 4/4", err)  # the bar shows its total (4 windows of 32 tokens)
     code, out, err = run_cli(
         monkeypatch, capsys, "recipe", "run", file, "--out", str(tmp_path / "o"), "--force", "--no-dense"
     )
     assert code == 0, err
-    assert "vs dense" not in out and re.fullmatch(r"WikiText-2 [\d.e+]+", out.splitlines()[-1])
+    assert "vs dense" not in out and re.fullmatch(r"WikiText-2 [\d.e+]+", out.rstrip().splitlines()[-1])
 
 
 def test_data_file_missing(monkeypatch, capsys, tmp_path, tiny_llama_dir):
