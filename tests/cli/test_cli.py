@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -101,6 +102,22 @@ def test_output_directory_not_empty(monkeypatch, capsys, tmp_path, tiny_llama_di
     assert (out / "precious.txt").read_text() == "keep me"
 
 
+def test_recipe_run_prints_its_report_ending_with_the_dense_comparison(monkeypatch, capsys, tmp_path, tiny_llama_dir):
+    """The printed report is rendered from the run's typed report (the same text as OUT/report.md), its last line
+    the run's perplexity beside the dense model's; ``--no-dense`` leaves the comparison out."""
+    file = write_recipe(tmp_path / "r.yaml", tiny_recipe(tiny_llama_dir))
+    code, out, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    assert out == (tmp_path / "o" / "report.md").read_text() + "\n"
+    assert re.fullmatch(r"WikiText-2 [\d.e+]+ vs dense [\d.e+]+ \([\d.e+]+x\)", out.rstrip().splitlines()[-1]), out
+    assert re.search(r"perplexity wikitext2 .* 4/4", err)  # the bar shows its total (4 windows of 32 tokens)
+    code, out, err = run_cli(
+        monkeypatch, capsys, "recipe", "run", file, "--out", str(tmp_path / "o"), "--force", "--no-dense"
+    )
+    assert code == 0, err
+    assert "vs dense" not in out and re.fullmatch(r"WikiText-2 [\d.e+]+", out.rstrip().splitlines()[-1])
+
+
 def test_data_file_missing(monkeypatch, capsys, tmp_path, tiny_llama_dir):
     monkeypatch.setenv("SLIMKIT_DATA_DIR", str(tmp_path / "empty"))
     from slimkit.primitives import textdata
@@ -133,7 +150,7 @@ def test_interrupted_run_leaves_nothing_that_loads(monkeypatch, capsys, tmp_path
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("slimkit.recipes.runner.evaluate", interrupt)
+    monkeypatch.setattr("slimkit.recipes.finish.evaluate_model", interrupt)
     file = write_recipe(tmp_path / "r.yaml", tiny_recipe(tiny_llama_dir))
     out = tmp_path / "o"
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(out))
