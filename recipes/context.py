@@ -102,5 +102,5 @@ class Context:
         if self.calibration is None:
             return []
         size = self.recipe.calibration.batch_size if self.recipe.calibration else 8
-        # On the CPU: every forward pass moves its batch to the model's input device (primitives/devices.py).
+        # On the CPU: every forward pass moves its batch to the model's input device (primitives/device/moves.py).
         return list(self.calibration.split(size))
