@@ -325,7 +325,7 @@ def stage_show(name: Annotated[str, typer.Argument(help="A registered stage (see
         ("scope", SCOPES.get(definition.scope, definition.scope)),
         ("calibration data", _calibration_text(definition)),
     ]
-    if getattr(definition, "needs_task", False):
+    if definition.args.model_construct().needs_task():  # unvalidated: the answer does not depend on the values
         facts.append(("task", "needs the recipe's task (a GLUE task model)"))
     if definition.trains:
         facts.append(("dtype", "trains through the model: float32 or bfloat16 weights (float16 is refused)"))

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 
 from slimkit.primitives.arch import LayerView
@@ -60,17 +60,8 @@ CONSUMER: dict[str, str] = {"mlp_channel": "down", "attention_head": "o"}
 
 
 class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
-    groups: list[ObsKind] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
-    """Units to prune: mlp_channel (consumer down_proj) and/or attention_head (consumer o_proj; GQA: the
-    same number of query heads from every KV group)."""
     damping: float = Field(DEFAULT_OBS_DAMPING, gt=0.0, allow_inf_nan=False)
     """OBS Hessian damping as a fraction of mean(diag(G)) (ZipLM / SparseGPT percdamp 0.01); > 0."""
-
-    @model_validator(mode="after")
-    def _compatible(self) -> ObsPruneLayerArgs:
-        if len(set(self.groups)) != len(self.groups):
-            raise ValueError(f"groups: each kind once (got {', '.join(self.groups)})")
-        return self
 
     def rules(self) -> SelectionRules:
         """prune_layer's selection rules (uniform, no protected units)."""

@@ -52,10 +52,7 @@ from slimkit.recipes.stages.selection import SelectionArgs
 GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
 
 
-class PruneArgs(ScoringArgs, SelectionArgs[GroupKind]):
-    groups: list[GroupKind] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
-    """Coupling-group kinds to prune: mlp_channel, attention_head (query heads, evenly per KV group),
-    kv_group (a KV head with its query heads), hidden_feature (one residual-stream dimension everywhere)."""
+class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
     selection: Literal["uniform", "global"] = "uniform"
     """uniform: every group loses the same fraction; global: one score threshold per kind across layers."""
     protect_lowest: float = Field(0.0, ge=0.0, lt=1.0)
@@ -65,8 +62,6 @@ class PruneArgs(ScoringArgs, SelectionArgs[GroupKind]):
     def _compatible(self) -> PruneArgs:
         if "attention_head" in self.groups and "kv_group" in self.groups:
             raise ValueError("groups: choose attention_head or kv_group, not both")
-        if len(set(self.groups)) != len(self.groups):
-            raise ValueError(f"groups: each kind once (got {', '.join(self.groups)})")
         self.check_kinds(self.groups)
         return self
 

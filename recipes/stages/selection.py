@@ -14,6 +14,10 @@ K = TypeVar("K", bound=str)
 
 
 class SelectionArgs(StageArgs, Generic[K]):
+    groups: list[K] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
+    """Unit kinds to prune, each once: mlp_channel (MLP channels, read by down_proj), attention_head (query heads,
+    evenly per KV group; read by o_proj), kv_group (a KV head with its query heads; prune, prune_layer),
+    hidden_feature (one residual-stream dimension everywhere; prune only)."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
     """Fraction of units removed from every group; None: set by ratio_rule from the recipe target."""
     ratio_rule: Literal["solve", "layer"] = "solve"
@@ -28,7 +32,9 @@ class SelectionArgs(StageArgs, Generic[K]):
     """Fewest units any group keeps."""
 
     @model_validator(mode="after")
-    def _multiples(self) -> SelectionArgs:
+    def _kinds_once_and_multiples(self) -> SelectionArgs:
+        if len(set(self.groups)) != len(self.groups):
+            raise ValueError(f"groups: each kind once (got {', '.join(self.groups)})")
         if any(v < 1 for v in self.round_to.values()):
             raise ValueError("round_to: multiples must be >= 1")
         return self
