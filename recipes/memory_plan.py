@@ -168,7 +168,7 @@ def _layerwise_only(recipe: Recipe) -> bool:
 def check_memory_plan(recipe: Recipe, placement: Any, model: Any = None) -> MemoryPlan | None:
     """The runner's preflight: the plan, or one ``SlimkitError`` line when it does not fit the device or the
     ``max_memory`` budget. None when the model's config is not a decoder LM's (no plan is made)."""
-    config = model.config if model is not None else _source_config(recipe)
+    config = getattr(model, "config", None) if model is not None else _source_config(recipe)
     if config is None or not all(hasattr(config, k) for k in ("hidden_size", "intermediate_size", "vocab_size")):
         return None
     plan = recipe_memory_plan(recipe, config, placement.dtype)
