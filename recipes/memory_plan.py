@@ -8,8 +8,9 @@ exceeds the device's memory or ``model.max_memory``, naming the parts and what t
     error: prune needs about 46.0 GiB on cuda:0 (weights 15.0, gradient sums 26.1, activations 3.2) and
     cuda:0 has 30.0 GiB; lower calibration.batch_size or set stats_device: cpu
 
-A layer-wise recipe under a ``max_memory`` below the weights is not refused: accelerate offloads the layers
-that do not fit, and such stages hold one layer at a time. :func:`memory_errors` turns an out-of-memory
+A ``max_memory`` below the weights is the offload budget, not refused here: accelerate offloads the layers
+that do not fit, layer-wise stages hold one layer at a time, and the runner refuses whole-model stages on
+an offloaded model with its own message. :func:`memory_errors` turns an out-of-memory
 error that still happens inside a stage (``torch.OutOfMemoryError``, CPU ``MemoryError``) into one
 :class:`SlimkitError` naming the stage, with the same advice.
 """
@@ -34,7 +35,6 @@ from slimkit.primitives.memory_plan import (
     layer_input_bytes,
     weights_bytes,
 )
-from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec, StageSpec
 
 GRADIENT_ADVICE = "lower calibration.batch_size or set stats_device: cpu"
@@ -161,10 +161,6 @@ def device_memory(device: torch.device) -> int:
     return psutil.virtual_memory().total
 
 
-def _layerwise_only(recipe: Recipe) -> bool:
-    return all(stage_def(s.stage).scope == "layer" for s in recipe.flat_stages())
-
-
 def check_memory_plan(recipe: Recipe, placement: Any, model: Any = None) -> MemoryPlan | None:
     """The runner's preflight: the plan, or one ``SlimkitError`` line when it does not fit the device or the
     ``max_memory`` budget. None when the model's config is not a decoder LM's (no plan is made)."""
@@ -173,8 +169,8 @@ def check_memory_plan(recipe: Recipe, placement: Any, model: Any = None) -> Memo
         return None
     plan = recipe_memory_plan(recipe, config, placement.dtype)
     budget = placement.max_memory
-    if budget is not None and budget < plan.weights and _layerwise_only(recipe):
-        return plan  # offloaded: layer-wise stages hold one layer at a time
+    if budget is not None and budget < plan.weights:
+        return plan  # offloaded: layer-wise stages hold one layer at a time; the runner refuses whole-model ones
     available = device_memory(placement.device) if budget is None else budget
     where = str(placement.device) if budget is None else f"{placement.device} (max_memory)"
     message = plan.refusal(where, available)
