@@ -81,7 +81,8 @@ def _gradient_stage(name: str, args: Any, shape: ModelShape, tokens: int, dtype_
             memory.advice = ACTIVATION_ADVICE
         else:
             memory.parts["gradient sums"] = sums
-        memory.parts["one gradient"] = max(shape.mlp_params() // 3, shape.embedding_params()) * dtype_bytes
+        largest = shape.embedding_params() if "hidden_feature" in kinds else shape.mlp_params() // 3
+        memory.parts["one gradient"] = largest * dtype_bytes  # the largest scored weight's, before it is folded in
     memory.parts["activations"] = backward_activation_bytes(shape, tokens, dtype_bytes, checkpoint_layers)
     return memory
 
