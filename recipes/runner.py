@@ -53,6 +53,7 @@ from slimkit.primitives.placement import (
 from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import run_layerwise
+from slimkit.recipes.memory_plan import check_memory_plan, memory_errors
 from slimkit.recipes.progress import Tracker
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import CalibrationConfig, EvalConfig, Recipe, SequentialSpec, is_glue_dataset
@@ -253,7 +254,8 @@ class Timings:
     def stage(self, label: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with memory_errors(label):  # an out-of-memory error becomes one error line naming the stage
+                yield
         finally:
             self.stages[label] = self.stages.get(label, 0.0) + time.perf_counter() - start
 
@@ -463,6 +465,7 @@ def _execute(
 
     placement = model_placement(recipe, model)
     check_stage_dtypes(recipe, placement.dtype)
+    check_memory_plan(recipe, placement, model)  # refuses before loading when the plan does not fit
     reset_peak_memory(placement.device)
     with timings.stage("load"):
         model, tokenizer, source = _load(recipe, placement, model, tokenizer)
