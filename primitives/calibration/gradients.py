@@ -43,14 +43,16 @@ class GradientStats:
     batches: int
 
     def of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(sum of g, sum of g^2 or None when squares were not gathered)`` of ``tensor``."""
+        """``(sum of g, sum of g^2 or None when squares were not gathered)`` of ``tensor``, on ``tensor``'s device (sums
+        kept on ``stats_device`` move over one tensor at a time, when a scorer reads them)."""
         key = id(tensor)
         if key not in self.grad:
             raise SlimkitError(
                 f"no gradient statistics were gathered for a tensor of shape {tuple(tensor.shape)}; "
                 "the stage asked for gradients of other tensors than its scorer reads"
             )
-        return self.grad[key], self.grad_sq.get(key)
+        squares = self.grad_sq.get(key)
+        return self.grad[key].to(tensor.device), None if squares is None else squares.to(tensor.device)
 
     def __contains__(self, tensor: torch.Tensor) -> bool:
         return id(tensor) in self.grad
