@@ -69,6 +69,8 @@ from benchmarks.run import (
 )
 
 RECIPES = ("lorap", "wanda-channels", "llm-pruner", "sp3-oneshot")
+RECOVERY_STAGES = frozenset({"lora", "distill"})
+"""Stages a cost run drops: recovery training after the compression (its cost is the training budget's)."""
 OFFLOAD_RECIPES = ("wanda-channels", "lorap")
 """Layer-wise recipes only: whole-model stages (Taylor gradients, a global PCA) are refused on an offloaded model."""
 RATIO = 0.2
@@ -281,8 +283,20 @@ def resolve_dtype(device: str, dtype: str) -> str:
     return "bfloat16" if cuda else "float32"
 
 
-def build_model(shape: Shape, dtype: str, folder: Path, tokenizer_dir: Path) -> float:
-    """Write ``shape`` with random weights to ``folder`` (atomic); returns the seconds it took."""
+def build_device(device: str) -> str:
+    """Where random weights are drawn: the GPU of a CUDA run (an 8B model took 224 s on a CPU, 24 s on an
+    H100), else the CPU."""
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return device if device.startswith("cuda") else "cuda"
+    return "cpu"
+
+
+def build_model(shape: Shape, dtype: str, folder: Path, tokenizer_dir: Path, device: str = "cpu") -> float:
+    """Write ``shape`` with random weights drawn on ``device`` to ``folder`` (atomic); returns the seconds it took."""
+    import gc
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -293,8 +307,8 @@ def build_model(shape: Shape, dtype: str, folder: Path, tokenizer_dir: Path) -> 
     config = shape.config(dtype)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    model.to_empty(device="cpu")
-    generator = torch.Generator().manual_seed(0)
+    model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -312,11 +326,17 @@ def build_model(shape: Shape, dtype: str, folder: Path, tokenizer_dir: Path) -> 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     del model
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # the runs are other processes: give the GPU memory back
     return time.perf_counter() - start
 
 
-def model_folder(shape: Shape, dtype: str, models_dir: Path) -> tuple[Path, float | None]:
-    """The saved random-weight model of ``shape`` in ``dtype`` (built on first use; seconds or None if cached)."""
+def model_folder(
+    shape: Shape, dtype: str, models_dir: Path, device: str = "cpu", tokenizer: Path | None = None
+) -> tuple[Path, float | None]:
+    """The saved random-weight model of ``shape`` in ``dtype`` (built on ``device`` on first use; seconds or None
+    if cached); the tokenizer is ``tokenizer`` (a folder) or smollm2-135m's."""
     folder = models_dir / f"{shape.name}-{dtype}"
     stamp = folder / "scale-shape.json"
     wanted = json.dumps(asdict(shape) | {"dtype": dtype}, sort_keys=True, default=str)
@@ -324,10 +344,11 @@ def model_folder(shape: Shape, dtype: str, models_dir: Path) -> tuple[Path, floa
         return folder, None
     if folder.exists():
         shutil.rmtree(folder)
-    from slimkit.primitives.sources import resolve_source
+    if tokenizer is None:
+        from slimkit.primitives.sources import resolve_source
 
-    tokenizer_dir, _info = resolve_source("smollm2-135m")
-    seconds = build_model(shape, dtype, folder, tokenizer_dir)
+        tokenizer, _info = resolve_source("smollm2-135m")
+    seconds = build_model(shape, dtype, folder, tokenizer, device)
     stamp.write_text(wanted)
     return folder, seconds
 
@@ -344,7 +365,8 @@ def target_of(shape: Shape, recipe: str) -> str:
 
 
 def scale_recipe(recipe: str, samples: int, seq_len: int, of: str = "model") -> tuple[dict[str, Any], list[str]]:
-    """The bundled ``recipe`` for a cost run: 20% of ``of``, not strict, the calibration budget, no LoRA."""
+    """The bundled ``recipe`` for a cost run: 20% of ``of``, not strict, the calibration budget, without its
+    recovery stages (:data:`RECOVERY_STAGES`, at the top level or inside ``sequential``)."""
     from slimkit.recipes.loading import parse_yaml, recipe_path
 
     path = recipe_path(recipe)
@@ -363,8 +385,20 @@ def scale_recipe(recipe: str, samples: int, seq_len: int, of: str = "model") -> 
                 ):
                     child_args.pop("ratio_rule", None)
                     child_args["ratio"] = RATIO
-    dropped = [s["stage"] for s in raw["stages"] if isinstance(s, dict) and s.get("stage") == "lora"]
-    raw["stages"] = [s for s in raw["stages"] if not (isinstance(s, dict) and s.get("stage") == "lora")]
+    dropped: list[str] = []
+
+    def kept(items: list[Any]) -> list[Any]:
+        out = []
+        for item in items:
+            if isinstance(item, dict) and item.get("stage") in RECOVERY_STAGES:
+                dropped.append(item["stage"])
+            elif isinstance(item, dict) and "sequential" in item:
+                out.append({**item, "sequential": kept(item["sequential"])})
+            else:
+                out.append(item)
+        return out
+
+    raw["stages"] = kept(raw["stages"])
     return raw, dropped
 
 
@@ -382,16 +416,23 @@ def _rss_parts(pid: int) -> dict[str, int]:
     return parts
 
 
-def sample_memory(process: subprocess.Popen, every_s: float = 0.2) -> dict[str, float | None]:
+def sample_memory(
+    process: subprocess.Popen, every_s: float = 0.2, deadline: float | None = None
+) -> dict[str, float | None]:
     """Wait for ``process``, sampling its descendants' resident memory: the peak of anonymous memory (what
     a memory budget controls) and of file-backed pages (memory-mapped weights: page cache the kernel can
     drop, yet counted in ``ru_maxrss``, the report's peak RSS). Sampled, so a peak shorter than
-    ``every_s`` can be missed; None where ``/proc`` is unavailable."""
+    ``every_s`` can be missed; None where ``/proc`` is unavailable. Past ``deadline`` (a ``time.perf_counter``
+    value) the process group is killed and ``timed_out`` is set."""
     import psutil
 
     anon = file = 0
     seen = False
     while process.poll() is None:
+        if deadline is not None and time.perf_counter() > deadline:
+            stop_group(process)
+            sampled = {"peak_anon_mb": anon / 1024, "peak_file_mb": file / 1024} if seen else {}
+            return {"peak_anon_mb": None, "peak_file_mb": None, **sampled, "timed_out": True}
         try:
             pids = [c.pid for c in psutil.Process(process.pid).children(recursive=True)]
         except psutil.Error:
@@ -405,6 +446,25 @@ def sample_memory(process: subprocess.Popen, every_s: float = 0.2) -> dict[str, 
     if not seen:
         return {"peak_anon_mb": None, "peak_file_mb": None}
     return {"peak_anon_mb": anon / 1024, "peak_file_mb": file / 1024}
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """Kill a run started in its own session (the launcher and the run it started) and reap it."""
+    import signal
+
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+OOM_MARKERS = ("OutOfMemoryError", "out of memory", "MemoryError")
+
+
+def out_of_memory(log_text: str) -> bool:
+    """Whether a failed run's output says it ran out of memory (CUDA or host)."""
+    return any(marker in log_text for marker in OOM_MARKERS)
 
 
 def _children_cpu_s() -> float:
@@ -427,8 +487,10 @@ def run_one(
     dtype: str,
     scratch: Path,
     max_memory: str | None = None,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """One compression run in its own process; the row (status ok, or failed with the reason)."""
+    """One compression run in its own process; the row (status ok, or failed / oom / timeout with the reason).
+    ``timeout_s``: the run is killed after this many seconds (a ``--budget-s`` that would be overrun)."""
     import yaml
 
     of = target_of(shape, recipe)
@@ -468,20 +530,27 @@ def run_one(
             env = {**os.environ, **OFFLINE_ENV, **QUIET_ENV, "TMPDIR": str(work)}
             if args.threads is not None:
                 env |= {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-            process = subprocess.Popen(via_launcher(command), stdout=handle, stderr=subprocess.STDOUT, env=env)
-            sampled = sample_memory(process)
+            process = subprocess.Popen(
+                via_launcher(command), stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            sampled = sample_memory(process, deadline=None if timeout_s is None else start + timeout_s)
         done = process
         row["process_wall_s"] = time.perf_counter() - start
+        timed_out = bool(sampled.pop("timed_out", False))
         row.update(sampled)
         # CPU seconds of the whole process (imports and load included): less sensitive than wall time to
         # other processes on the same cores; the 1-minute load average says how busy the machine was
         row["process_cpu_s"] = _children_cpu_s() - cpu_before
         row["load_average_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        if timed_out:
+            reason = f"not finished within {timeout_s:.0f} s (what was left of --budget-s); last output: "
+            return {**row, "status": "timeout", "reason": (reason + _last_line(log_path))[:400]}
         if done.returncode != 0:
             reason = _last_line(log_path)
+            status = "oom" if out_of_memory(log_path.read_text(errors="replace")) else "failed"
             if _killed(done.returncode):
-                reason = "killed (SIGKILL): out of memory on this machine"
-            return {**row, "status": "failed", "reason": f"exit {done.returncode}: {reason}"[:400]}
+                status, reason = "oom", "killed (SIGKILL): out of memory on this machine"
+            return {**row, "status": status, "reason": f"exit {done.returncode}: {reason}"[:400]}
         report = json.loads((out / "report.json").read_text())
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -592,7 +661,7 @@ def _rows_table(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
     head = "| shape | recipe | layers | hidden | params | weights GiB | load s | calib s | stage s | save s "
     head += "| compress s | s/layer | peak RSS GiB | above baseline GiB" + (" | peak GPU GiB" if gpu else "")
     extra = any(r.get("load_average_1m") is not None for r in rows)
-    head += " | achieved |" + (" process CPU s | load 1m |" if extra else "")
+    head += " | achieved | per stage s |" + (" process CPU s | load 1m |" if extra else "")
     lines = [head, "|" + " --- |" * 2 + " ---: |" * (head.count("|") - 3)]
     for r in rows:
         if r["status"] != "ok":
@@ -617,6 +686,7 @@ def _rows_table(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
             _gb(r.get("peak_rss_above_baseline_mb")),
             *([_gb(r["peak_gpu_mb"])] if gpu else []),
             "-" if r["achieved"] is None else f"{r['achieved']:.2%}" + ("" if r["target_met"] else " (missed)"),
+            ", ".join(f"{k} {_num(v)}" for k, v in r["stages_s"].items() if k[:1].isdigit()) or "-",
             *([_num(r.get("process_cpu_s")), _num(r.get("load_average_1m"), 2)] if extra else []),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -641,7 +711,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"- versions: {versions}; python {m['python']}",
         f"- device: {s['device']} ({result.get('device_name') or 'CPU'}), dtype {s['dtype']}",
         f"- runs: target 20% of the model's parameters (`target.strict: false`), calibration {s['samples']} x "
-        f"{s['seq_len']} tokens of C4, each recipe's LoRA recovery stage dropped (lorap, llm-pruner), `--no-eval`; "
+        f"{s['seq_len']} tokens of C4, each recipe's recovery stages ({', '.join(sorted(RECOVERY_STAGES))}) dropped, "
+        "`--no-eval`; "
         "one process per row, so peak RSS is that run's own",
         "- compress s = calibration + the recipe's stages (load and save listed apart); s/layer = compress s / "
         "decoder layers; above baseline = peak RSS minus the baseline row (a 2-layer tiny model: the process "
@@ -763,9 +834,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--configs",
         help=f"comma-separated real shapes (default CPU: {','.join(CPU_REAL)}; "
-        f"CUDA adds llama-3.2-3b,llama-3.1-8b); known: {','.join(REAL)}",
+        f"CUDA adds llama-3.2-3b,llama-3.1-8b); known: {','.join(REAL)}; or wW-LL, a tiny llama (e.g. w64-L4)",
     )
-    parser.add_argument("--recipes", help=f"comma-separated recipes (default {','.join(RECIPES)})")
+    parser.add_argument(
+        "--recipes",
+        help=f"comma-separated recipes (default {','.join(RECIPES)}); 'all': every bundled causal-LM recipe",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (CPU float32, CUDA bf16)")
     parser.add_argument("--threads", type=int, default=None, help="OMP/MKL threads of each run (default: torch's)")
@@ -786,6 +860,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="start no run after this many seconds (the rest are listed as cut); runs go cheapest first",
     )
     parser.add_argument("--quick", action="store_true", help="tiny shapes only (the smoke test)")
+    parser.add_argument("--no-baseline", action="store_true", help="no baseline row (peak RSS above it is not shown)")
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="tokenizer folder saved with the models (default smollm2-135m's)"
+    )
     parser.add_argument("--models-dir", type=Path, default=cache_root() / "scale-models", help="saved models")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     parser.add_argument(
@@ -801,6 +879,9 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
     recipes = _names(args.recipes) or list(QUICK_RECIPES if args.quick else RECIPES)
     from slimkit.recipes.loading import bundled_recipes
 
+    if recipes == ["all"]:
+        recipes = llm_recipes()
+
     unknown = [r for r in recipes if r not in bundled_recipes()]
     if unknown:
         raise BenchError(f"--recipes: unknown recipe(s) {', '.join(unknown)}")
@@ -810,10 +891,13 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
     configs = _names(args.configs)
     if configs is None:
         configs = [] if args.quick else list(GPU_REAL if cuda else CPU_REAL)
-    bad = [c for c in configs if c not in REAL]
+    bad = [c for c in configs if c not in REAL and synthetic_shape(c) is None]
     if bad:
-        raise BenchError(f"--configs: unknown shape(s) {', '.join(bad)}; known: {', '.join(REAL)}")
-    shapes = [(REAL[c], ["real"]) for c in configs]
+        raise BenchError(
+            f"--configs: unknown shape(s) {', '.join(bad)}; known: {', '.join(REAL)}, or wW-LL (hidden W a multiple "
+            "of 64, L layers, e.g. w64-L4)"
+        )
+    shapes = [(REAL.get(c) or synthetic_shape(c), ["real"]) for c in configs]
     if not args.no_sweeps:
         shapes += sweep_shapes(args.quick)
     offload = None
@@ -833,11 +917,67 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
 
 
 _RECIPE_WEIGHT = {"lorap": 3.0, "llm-pruner": 1.0, "wanda-channels": 0.6, "sp3-oneshot": 0.4}
+_STAGE_WEIGHT = {
+    "prune": 0.5,
+    "prune_layer": 0.6,
+    "pca_project": 0.4,
+    "lowrank": 2.4,
+    "reconstruct": 3.0,
+    "obs_prune_layer": 2.0,
+    "cce": 6.0,
+    "prunenet": 8.0,
+    "mask_train": 10.0,
+}
+"""Rough relative stage costs (the four measured recipes above and the 8B table of issue 29: lorap 64 s,
+sp3-oneshot 4.7 s, wanda-channels 1.3 s of stage time), for ordering only; a gradient scorer doubles prune."""
+
+
+def recipe_weight(recipe: str) -> float:
+    """A recipe's relative cost: the measured factor of the four base recipes, else the sum of its stages'."""
+    if recipe in _RECIPE_WEIGHT:
+        return _RECIPE_WEIGHT[recipe]
+    from slimkit.recipes.loading import parse_yaml, recipe_path
+
+    path = recipe_path(recipe)
+    stages = parse_yaml(path.read_text(), str(path)).get("stages") or []
+    flat = [c for s in stages if isinstance(s, dict) for c in (s.get("sequential") or [s])]
+    weight = 0.0
+    for stage in flat:
+        if stage.get("stage") in RECOVERY_STAGES:
+            continue
+        own = _STAGE_WEIGHT.get(stage.get("stage"), 1.0)
+        scorer = str((stage.get("args") or {}).get("scorer", ""))
+        weight += own * (2.0 if "taylor" in scorer or "coupled" in scorer else 1.0)
+    return weight or 1.0
 
 
 def estimated_cost(shape: Shape, recipe: str, offloaded: bool) -> float:
-    """A rough relative cost for ordering (decoder-layer parameters x a per-recipe factor measured here)."""
-    return shape.params()["layers"] * _RECIPE_WEIGHT.get(recipe, 1.0) * (1.5 if offloaded else 1.0)
+    """A rough relative cost for ordering (decoder-layer parameters x a per-recipe factor)."""
+    return shape.params()["layers"] * recipe_weight(recipe) * (1.5 if offloaded else 1.0)
+
+
+def llm_recipes() -> list[str]:
+    """Every bundled recipe for a causal LM (``--recipes all``): the encoder (GLUE) recipes left out."""
+    from slimkit.primitives.sources import SOURCES
+    from slimkit.recipes.loading import bundled_recipes, parse_yaml
+
+    found = []
+    for name, path in sorted(bundled_recipes().items()):
+        model = parse_yaml(path.read_text(), str(path)).get("model")
+        source = SOURCES.get(model if isinstance(model, str) else (model or {}).get("source", ""))
+        if source is None or source.task == "causal-lm":
+            found.append(name)
+    return found
+
+
+def synthetic_shape(name: str) -> Shape | None:
+    """``wW-LL`` (e.g. ``w64-L4``): a llama shape of hidden W and L layers (:func:`width_shape`), for smoke tests."""
+    import re
+
+    match = re.fullmatch(r"w(\d+)-L(\d+)", name)
+    if match is None or int(match[1]) < 64 or int(match[1]) % 64 or int(match[2]) < 1:
+        return None
+    return width_shape(int(match[1]), int(match[2]), kind="real")
 
 
 def half_the_layers(shape: Shape, args: argparse.Namespace) -> str:
@@ -846,6 +986,16 @@ def half_the_layers(shape: Shape, args: argparse.Namespace) -> str:
     size = _dtype_bytes(resolve_dtype(args.device, args.dtype))
     resident = (params["total"] - params["layers"]) * size
     return f"{(resident + params['layers'] * size // 2) // 1024}KiB"
+
+
+MIN_ROW_S = 15.0
+"""A row is not started with less of ``--budget-s`` left (starting the process and loading take about that)."""
+
+
+def skipped_row(shape: Shape, sweeps: list[str], recipe: str, memory: str | None, dtype: str) -> dict[str, Any]:
+    row = {"id": f"{shape.name}/{recipe}" + ("@offload" if memory else ""), "shape": shape.name}
+    row |= {"kind": sweeps[0], "sweeps": sweeps, "recipe": recipe, "layers": shape.layers, "hidden": shape.hidden}
+    return row | {"weights_mb": shape.params()["total"] * _dtype_bytes(dtype) / 2**20, "status": "skipped"}
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
@@ -869,6 +1019,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "machine": machine_info(),
         "versions": versions(),
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "build_device": build_device(args.device),
         "settings": {
             "device": args.device,
             "dtype": dtype,
@@ -879,6 +1030,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "shapes": [asdict(s) | {"sweeps": sweeps} for s, sweeps in shapes],
             "offload": None if offload is None else {"shape": offload[0].name, "max_memory": offload[1]},
             "quick": args.quick,
+            "budget_s": args.budget_s,
         },
         "rows": [],
         "exponents": [],
@@ -890,10 +1042,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         scratch = Path(scratch_name)
 
         def folder_of(shape: Shape) -> Path:
-            folder, seconds = model_folder(shape, dtype, args.models_dir)
+            folder, seconds = model_folder(shape, dtype, args.models_dir, build_device(args.device), args.tokenizer)
             if seconds is not None:
                 result["build_s"] += seconds
-                log(f"  built {shape.name} ({dtype}) in {seconds:.0f} s -> {folder}")
+                result.setdefault("built", []).append({"shape": shape.name, "seconds": seconds})
+                log(f"  built {shape.name} ({dtype}) on {build_device(args.device)} in {seconds:.0f} s -> {folder}")
             return folder
 
         def record(row: dict[str, Any]) -> None:
@@ -928,10 +1081,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         # the baseline: a run of a tiny model (the process itself); in --quick the smallest sweep shape's
         # wanda-channels run, used again as that sweep row (one process fewer in the smoke test)
         base_shape = width_shape(QUICK_WIDTHS[0], QUICK_DEPTHS[0], kind="depth") if args.quick else BASELINE
-        log(f"baseline ({base_shape.name}, wanda-channels)")
-        if (previous.get("baseline") or {}).get("status") == "ok":
+        if args.no_baseline:
+            baseline = {"status": "not run"}
+        elif (previous.get("baseline") or {}).get("status") == "ok":
             baseline = previous["baseline"]
         else:
+            log(f"baseline ({base_shape.name}, wanda-channels)")
             baseline = run_one(base_shape, ["baseline"], folder_of(base_shape), "wanda-channels", args, dtype, scratch)
         result["baseline"] = baseline
         jobs = [(s, sweeps, r, None) for s, sweeps in shapes for r in recipes]
@@ -950,11 +1105,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             row_id = f"{shape.name}/{recipe}"
             if row_id in skip or row_id + ("@offload" if memory else "") in kept:
                 continue
-            if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
-                result["cuts"].append(
-                    f"{row_id}" + (f" (--max-memory {memory})" if memory else "") + f": not run, the --budget-s "
-                    f"{args.budget_s:.0f} s was spent (runs go cheapest first by an estimate from the layers' size)"
+            left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
+            if left is not None and left < MIN_ROW_S:
+                reason = (
+                    f"not run: {max(left, 0):.0f} s of --budget-s {args.budget_s:.0f} s left (runs go cheapest first "
+                    "by an estimate from the layers' size and the recipe's stages)"
                 )
+                record({**skipped_row(shape, sweeps, recipe, memory, dtype), "reason": reason})
                 continue
             log(f"[{index}/{len(jobs)}] {row_id}" + (f" with --max-memory {memory}" if memory else ""))
             try:
@@ -968,7 +1125,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             if (shape, recipe, memory) == (base_shape, "wanda-channels", None) and baseline["status"] == "ok":
                 record({**baseline, "kind": sweeps[0], "sweeps": sweeps, "baseline_run": True})
                 continue
-            record(run_one(shape, sweeps, folder, recipe, args, dtype, scratch, memory))
+            left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
+            record(run_one(shape, sweeps, folder, recipe, args, dtype, scratch, memory, timeout_s=left))
     result["wall_s"] = time.perf_counter() - start
     result["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     result["exponents"] = exponents(result["rows"], recipes)

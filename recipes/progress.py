@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from slimkit.recipes.memory_plan import memory_errors
+
 Advance = Callable[[int], None]
 
 
@@ -51,7 +53,8 @@ class Timings:
     def stage(self, label: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with memory_errors(label):  # an out-of-memory error becomes one error line naming the stage
+                yield
         finally:
             self.add(label, time.perf_counter() - start)
 

@@ -28,6 +28,7 @@ from slimkit.recipes import finish, output_safety, preflight
 from slimkit.recipes.context import Context
 from slimkit.recipes.dispatch import run_stages
 from slimkit.recipes.finish import Result, RunOptions
+from slimkit.recipes.memory_plan import check_memory_plan
 from slimkit.recipes.progress import Timings, Tracker
 from slimkit.recipes.report import MACS_SEQ_LEN
 from slimkit.recipes.schema import Recipe, is_glue_dataset
@@ -89,6 +90,7 @@ def _preflight(recipe: Recipe, model: Any, options: RunOptions) -> Placement:
     torch.manual_seed(recipe.seed)
     placement = preflight.model_placement(recipe, model)
     preflight.check_stage_dtypes(recipe, placement.dtype)
+    check_memory_plan(recipe, placement, model)  # refuses before loading when the plan does not fit
     return placement
 
 

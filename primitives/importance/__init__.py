@@ -86,19 +86,40 @@ class ScorerDef:
     kinds: tuple[str, ...] | None = None
     """Group kinds it can score (None: any)."""
     summary: str = ""
+    gradients: Callable[[nn.Module, list[Group], Mapping[str, Any]], GradientRequest] | None = None
+    """For a scorer that reads ``gradients``: which tensors' gradients and which moments it reads for
+    these groups and scorer args (None: every parameter, sum and squares)."""
+
+
+@dataclass(frozen=True)
+class GradientRequest:
+    """The calibration-gradient statistics a scorer reads: the tensors (by identity) and whether the sum of
+    squared gradients is read besides the sum (second-order / Fisher terms)."""
+
+    tensors: tuple[torch.Tensor, ...]
+    squares: bool = False
+
+    def merged(self, other: GradientRequest) -> GradientRequest:
+        seen = {id(t): t for t in (*self.tensors, *other.tensors)}
+        return GradientRequest(tuple(seen.values()), self.squares or other.squares)
 
 
 SCORERS: dict[str, ScorerDef] = {}
 
 
-def register_scorer(name: str, needs: tuple[str, ...] = (), kinds: tuple[str, ...] | None = None):
+def register_scorer(
+    name: str,
+    needs: tuple[str, ...] = (),
+    kinds: tuple[str, ...] | None = None,
+    gradients: Callable[[nn.Module, list[Group], Mapping[str, Any]], GradientRequest] | None = None,
+):
     """Register ``fn`` as the scorer ``name`` (a recipe's ``scorer:`` value)."""
 
     def decorate(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         if name in SCORERS:
             raise ValueError(f"scorer '{name}' registered twice")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        SCORERS[name] = ScorerDef(name, fn, tuple(needs), kinds, summary)
+        SCORERS[name] = ScorerDef(name, fn, tuple(needs), kinds, summary, gradients)
         return fn
 
     return decorate
@@ -133,7 +154,21 @@ def activation(group: Group, model: nn.Module, stats: Mapping, aggregation: Aggr
     return member_sum(group, model, score)
 
 
-@register_scorer("taylor", needs=("gradients",))
+def member_tensors(model: nn.Module, groups: list[Group]) -> tuple[torch.Tensor, ...]:
+    """Every distinct member parameter of ``groups`` (by identity)."""
+    found: dict[int, torch.Tensor] = {}
+    for group in groups:
+        for _member, tensor in group.distinct_members(model):
+            found.setdefault(id(tensor), tensor)
+    return tuple(found.values())
+
+
+def taylor_gradients(model: nn.Module, groups: list[Group], args: Mapping[str, Any]) -> GradientRequest:
+    """Taylor reads the gradient of every member of the scored groups; the squares for order second / mix."""
+    return GradientRequest(member_tensors(model, groups), squares=args.get("order", "first") != "first")
+
+
+@register_scorer("taylor", needs=("gradients",), gradients=taylor_gradients)
 def taylor(
     group: Group,
     model: nn.Module,
@@ -147,10 +182,14 @@ def taylor(
     gradients = stats["gradients"]
 
     def score(member: Member, weight: torch.Tensor) -> torch.Tensor:
-        grad, grad_sq = (t.float() for t in gradients.of(member.tensor(model)))
-        first = grad * weight
-        second = 0.5 * grad_sq * weight * weight
-        salience = {"first": first, "second": second, "mix": first - second}[order]
+        grad, grad_sq = gradients.of(member.tensor(model))
+        if order != "first" and grad_sq is None:
+            raise SlimkitError(f"taylor order {order} needs the summed squared gradients, which were not gathered")
+        if order == "first":
+            salience = grad.float() * weight
+        else:
+            second = 0.5 * grad_sq.float() * weight * weight
+            salience = second if order == "second" else grad.float() * weight - second
         units = gather_units(salience, member)
         return units.sum(dim=1).abs() if level == "vector" else reduce_units(units, aggregation)
 
@@ -183,9 +222,15 @@ def score_group(name: str, group: Group, model: nn.Module, stats: Mapping, **arg
 
 
 # Coupled-component importance (CCE); imported last because it builds on the definitions above.
-from slimkit.primitives.importance.coupled import COUPLED_KINDS, coupled_scores  # noqa: E402
+from slimkit.primitives.importance.coupled import COUPLED_KINDS, coupled_gradient_weights, coupled_scores  # noqa: E402
 
-register_scorer("coupled", needs=("gradients",), kinds=COUPLED_KINDS)(coupled_scores)
+
+def coupled_gradients(model: nn.Module, groups: list[Group], args: Mapping[str, Any]) -> GradientRequest:
+    """The coupled scorer reads the gradient sums (no squares) of the projection weights of the scored groups."""
+    return GradientRequest(tuple(coupled_gradient_weights(model, groups)), squares=False)
+
+
+register_scorer("coupled", needs=("gradients",), kinds=COUPLED_KINDS, gradients=coupled_gradients)(coupled_scores)
 
 from slimkit.primitives.importance.obs import OBS_KINDS, obs_scores  # noqa: E402
 
@@ -212,6 +257,7 @@ __all__ = [
     "AGGREGATIONS",
     "SCORERS",
     "Blend",
+    "GradientRequest",
     "Named",
     "ScoreAccumulator",
     "ScorerDef",
@@ -219,6 +265,7 @@ __all__ = [
     "Smoothed",
     "gather_units",
     "member_sum",
+    "member_tensors",
     "needs_of",
     "parse_scorer",
     "reduce_units",

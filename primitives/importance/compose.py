@@ -18,7 +18,7 @@ stages decide what a statistics dict holds (:func:`spec_needs` says what a spec 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +112,24 @@ def spec_needs(spec: ScorerSpec) -> set[str]:
     from slimkit.primitives.importance import scorer_def
 
     return {key for name in spec_names(spec) for key in scorer_def(name).needs}
+
+
+def spec_gradients(spec: ScorerSpec, model: nn.Module, groups: list[Group], args: Mapping[str, Any]):
+    """The :class:`~slimkit.primitives.importance.GradientRequest` of the spec's gradient scorers for ``groups``
+    (the union of tensors; squares if any part reads them); None when no part reads gradients."""
+    from slimkit.primitives.importance import GradientRequest, scorer_def
+
+    request = None
+    for name in spec_names(spec):
+        definition = scorer_def(name)
+        if "gradients" not in definition.needs:
+            continue
+        if definition.gradients is None:  # an unspecified reader: every parameter, both moments
+            own = GradientRequest(tuple(model.parameters()), squares=True)
+        else:
+            own = definition.gradients(model, groups, args)
+        request = own if request is None else request.merged(own)
+    return request
 
 
 def spec_kinds(spec: ScorerSpec) -> set[str] | None:
@@ -210,12 +228,13 @@ class ScoreAccumulator:
 
 
 def score_groups(
-    spec: ScorerSpec, groups: list[Group], model: nn.Module, evaluations: list[Mapping], **args: Any
+    spec: ScorerSpec, groups: list[Group], model: nn.Module, evaluations: Iterable[Mapping], **args: Any
 ) -> list[torch.Tensor]:
-    """Scores of every group over the given statistics dicts (one per evaluation)."""
+    """Scores of every group over the given statistics dicts (one per evaluation; a list or a generator)."""
     accumulator = ScoreAccumulator(spec)
     for stats in evaluations:
         accumulator.update(groups, model, stats, **args)
+        del stats  # with a generator of evaluations, one evaluation's statistics live at a time
     return accumulator.scores(groups)
 
 
@@ -230,6 +249,7 @@ __all__ = [
     "parse_scorer",
     "score_groups",
     "score_once",
+    "spec_gradients",
     "spec_kinds",
     "spec_names",
     "spec_needs",

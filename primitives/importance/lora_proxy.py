@@ -48,6 +48,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from slimkit.primitives.calibration.gradients import checkpointed, decoder_layers
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 
@@ -105,17 +106,40 @@ class _Frozen:
 
 
 def full_gradients(
-    model: nn.Module, batches: Sequence[torch.Tensor], weights: Sequence[torch.Tensor]
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    weights: Sequence[torch.Tensor],
+    stats_device: str | torch.device | None = None,
+    checkpoint_layers: bool = False,
 ) -> Iterator[BatchGradients]:
-    """The true gradient of each batch's loss w.r.t. ``weights``; valid until the next batch is drawn."""
+    """The true gradient of each batch's loss w.r.t. ``weights``; valid until the next batch is drawn.
+
+    ``stats_device``: each gradient is moved there as soon as autograd has finished it (a post-accumulate
+    hook), so the weights' device holds one gradient at a time; ``checkpoint_layers``: recompute decoder
+    layers in the backward (see :mod:`slimkit.primitives.calibration.gradients`)."""
     state = sum(w.numel() * w.element_size() for w in weights)
-    with _Frozen(model, {id(w) for w in weights}):
-        for batch in batches:
-            model.zero_grad(set_to_none=True)
-            loss = _loss(model, batch)
-            loss.backward()
-            grads = {id(w): w.grad for w in weights if w.grad is not None}
-            yield BatchGradients(grads, float(loss.detach()), {"state_bytes": state})
+    moved: dict[int, torch.Tensor] = {}
+
+    def move(param: torch.Tensor) -> None:
+        moved[id(param)] = param.grad.to(stats_device)
+        param.grad = None
+
+    handles = [w.register_post_accumulate_grad_hook(move) for w in weights] if stats_device is not None else []
+    layers = decoder_layers(model) if checkpoint_layers else []
+    try:
+        with _Frozen(model, {id(w) for w in weights}), checkpointed(layers):
+            for batch in batches:
+                model.zero_grad(set_to_none=True)
+                moved.clear()
+                loss = _loss(model, batch)
+                loss.backward()
+                grads = dict(moved) if stats_device is not None else {}
+                grads |= {id(w): w.grad for w in weights if w.grad is not None}
+                yield BatchGradients(grads, float(loss.detach()), {"state_bytes": state})
+                del grads
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @dataclass(frozen=True)

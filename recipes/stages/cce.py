@@ -61,14 +61,13 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.evaluate.memory import MB, PeakRSS
 from slimkit.primitives.groups import Group
-from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_names
-from slimkit.primitives.importance.coupled import coupled_gradient_weights
+from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_gradients, spec_names
 from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
 from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.stage_args import BudgetMode
-from slimkit.recipes.stages.scoring import ScoringArgs, input_norms, roles_of
+from slimkit.recipes.stages.scoring import ScoringArgs, gradient_options, input_norms, roles_of
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
 KINDS: tuple[str, ...] = SCHEDULE_KINDS
@@ -123,6 +122,10 @@ class CceArgs(ScoringArgs):
             raise ValueError("step and iterations: give one of them (or neither for 1/heads per iteration)")
         if len(set(self.kinds)) != len(self.kinds):
             raise ValueError(f"kinds: each kind once (got {', '.join(self.kinds)})")
+        if self.gradients == "lora" and (self.stats_device != "model" or self.checkpoint_layers):
+            raise ValueError(
+                "stats_device / checkpoint_layers: apply to gradients: full (lora holds only adapter factors)"
+            )
         if self.gradients == "lora" and "taylor" in spec_names(self.scorer_spec()):
             raise ValueError(
                 "gradients: lora estimates Linear weights only, and taylor also scores embeddings and norms; "
@@ -165,16 +168,7 @@ def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Te
 
 def _gradient_weights(ctx: Context, args: CceArgs, groups: list[Group]) -> list[torch.Tensor]:
     """Only the weights the scorers read for these groups (groups the stage does not prune need none)."""
-    unique: dict[int, torch.Tensor] = {}
-    if "coupled" in spec_names(args.scorer_spec()):
-        for tensor in coupled_gradient_weights(ctx.model, groups):
-            unique.setdefault(id(tensor), tensor)
-    if "taylor" in spec_names(args.scorer_spec()):
-        for group in groups:
-            for member in group.members:
-                tensor = member.tensor(ctx.model)
-                unique.setdefault(id(tensor), tensor)
-    return list(unique.values())
+    return list(spec_gradients(args.scorer_spec(), ctx.model, groups, args.scorer_args()).tensors)
 
 
 def _evaluate(ctx: Context, args: CceArgs, groups: list[Group], batches, seed: int) -> tuple[list[torch.Tensor], dict]:
@@ -193,7 +187,7 @@ def _evaluate(ctx: Context, args: CceArgs, groups: list[Group], batches, seed: i
             config = LoraProxyConfig(args.lora_rank, args.lora_alpha, args.lora_steps, args.lora_learning_rate, seed)
             source = lora_gradients(ctx.model, batches, weights, config)
         else:
-            source = full_gradients(ctx.model, batches, weights)
+            source = full_gradients(ctx.model, batches, weights, **gradient_options(args))
         for batch, gradients in zip(batches, source, strict=True):
             stats = {"gradients": gradients}
             if "input_norms" in args.needs():

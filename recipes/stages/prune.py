@@ -21,6 +21,7 @@ fraction; an explicit ``ratio`` is used as given and checked against the target 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import torch
@@ -100,7 +101,7 @@ class PruneLayerArgs(PruneArgs):
 
 
 def _score_and_prune(
-    ctx: Context, args: PruneArgs, groups: list[Group], stats: list[dict], fraction: float | None
+    ctx: Context, args: PruneArgs, groups: list[Group], stats: Iterable[dict], fraction: float | None
 ) -> float:
     scores = score_groups(args.scorer_spec(), groups, ctx.model, stats, generator=ctx.generator, **args.scorer_args())
     rules = args.rules()
@@ -146,7 +147,7 @@ def prune(ctx: Context, args: PruneArgs) -> None:
     groups: list[Group] = []
     for kind in args.groups:
         groups += build_groups(ctx.model, kind, None if kind == "hidden_feature" else layers)
-    stats = list(evaluations(ctx.model, args.scorer_spec(), ctx.calibration_batches()))
+    stats = evaluations(ctx.model, args.scorer_spec(), ctx.calibration_batches(), groups, args)  # one at a time
     fraction = _score_and_prune(ctx, args, groups, stats, args.ratio)
     _record(ctx, "prune", fraction, args, layers)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
@@ -22,8 +22,9 @@ from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import Group
 from slimkit.primitives.importance import ScorerSpec, parse_scorer, spec_needs, spec_smooths
-from slimkit.primitives.importance.compose import describe, spec_kinds
+from slimkit.primitives.importance.compose import describe, spec_gradients, spec_kinds
 from slimkit.recipes.stage_args import ALL_ROLES, StageArgs
 
 KIND_ROLES: dict[str, frozenset[str]] = {
@@ -61,6 +62,19 @@ class ScoringArgs(StageArgs):
     """Taylor term: first g*w, second 0.5*h*w^2 (h = squared gradients), or their difference (taylor only)."""
     level: Literal["element", "vector"] = "vector"
     """Taylor element-wise (aggregate |salience|) or vector-wise (|sum of salience|) importance (taylor only)."""
+    stats_device: Literal["model", "cpu"] = "model"
+    """Where the float32 gradient sums live (scorers that read gradients): model (each weight's device) or cpu
+    (host memory, when the accelerator cannot hold them beside the weights)."""
+    checkpoint_layers: bool = False
+    """Recompute each decoder layer in the calibration backward instead of keeping its activations
+    (scorers that read gradients): less memory at a large calibration batch, about a third more compute."""
+
+    @model_validator(mode="after")
+    def _gradient_options(self) -> ScoringArgs:
+        for field, default in (("stats_device", "model"), ("checkpoint_layers", False)):
+            if getattr(self, field) != default and "gradients" not in self.needs():
+                raise ValueError(f"{field}: only for scorers that read gradients; {self.scorer_name()} reads none")
+        return self
 
     @field_validator("scorer")
     @classmethod
@@ -101,8 +115,17 @@ def input_norms(model: nn.Module, batches: Sequence[torch.Tensor]) -> dict[str, 
     return {path: acc.norms() for path, acc in accumulators.items()}
 
 
-def evaluations(model: nn.Module, spec: ScorerSpec, batches: Sequence[torch.Tensor]) -> Iterator[dict]:
-    """Statistics dicts for the spec: one over all batches, or one per batch when the spec smooths."""
+def evaluations(
+    model: nn.Module,
+    spec: ScorerSpec,
+    batches: Sequence[torch.Tensor],
+    groups: list[Group] | None = None,
+    args: ScoringArgs | None = None,
+) -> Iterator[dict]:
+    """Statistics dicts for the spec: one over all batches, or one per batch when the spec smooths.
+
+    With ``groups`` (and the stage's ``args``), gradients are gathered only for the tensors and moments the
+    spec's scorers read for those groups, where ``args.stats_device`` says; without, for every parameter."""
     needs = spec_needs(spec)
     if needs and not batches:
         raise SlimkitError(f"scorer {describe(spec)} needs calibration data, and the recipe has none")
@@ -111,10 +134,24 @@ def evaluations(model: nn.Module, spec: ScorerSpec, batches: Sequence[torch.Tens
             f"scorer {describe(spec)} needs a causal LM (the calibration loss); this model has no LM head"
         )
     chunks = [[b] for b in batches] if spec_smooths(spec) and batches else [list(batches)]
+    request = spec_gradients(spec, model, groups, args.scorer_args() if args else {}) if groups is not None else None
+    options = gradient_options(args) if args is not None else {}
     for chunk in chunks:
         stats: dict = {}
         if "input_norms" in needs:
             stats["input_norms"] = input_norms(model, chunk)
         if "gradients" in needs:
-            stats["gradients"] = accumulate_gradients(model, chunk)
+            if request is None:
+                stats["gradients"] = accumulate_gradients(model, chunk, **options)
+            else:
+                tensors, squares = list(request.tensors), request.squares
+                stats["gradients"] = accumulate_gradients(model, chunk, tensors=tensors, squares=squares, **options)
         yield stats
+
+
+def gradient_options(args: ScoringArgs) -> dict:
+    """``accumulate_gradients`` keywords from the stage's gradient settings."""
+    return {
+        "stats_device": "cpu" if args.stats_device == "cpu" else None,
+        "checkpoint_layers": args.checkpoint_layers,
+    }

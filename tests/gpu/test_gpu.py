@@ -30,7 +30,24 @@ STAGES = {
         {"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}, {"stage": "reconstruct"}]}
     ],
     "llm-pruner": [{"stage": "prune", "args": {"groups": ["attention_head", "mlp_channel"], "scorer": "taylor"}}],
+    # the lean gradient statistics on CUDA: float32 sums in host memory, layers recomputed in the backward
+    "llm-pruner-stats-cpu": [
+        {
+            "stage": "prune",
+            "args": {
+                "groups": ["attention_head", "mlp_channel"],
+                "scorer": "taylor",
+                "order": "second",
+                "stats_device": "cpu",
+                "checkpoint_layers": True,
+            },
+        }
+    ],
     "cce": [{"stage": "cce", "args": {"kinds": ["mlp_channel"], "scorer": "magnitude", "iterations": 2}}],
+    "cce-coupled": [{"stage": "cce", "args": {"scorer": "coupled", "iterations": 2}}],
+    "cce-coupled-full": [
+        {"stage": "cce", "args": {"scorer": "coupled", "gradients": "full", "iterations": 2, "stats_device": "cpu"}}
+    ],
     "sp3-oneshot": [{"stage": "pca_project", "args": {"group_size": "all"}}],
     # layer groups: Eq. 34 boundaries and residual matrices between groups (a CPU identity once met CUDA bases)
     "sp3-oneshot-groups": [{"stage": "pca_project", "args": {"group_size": 1}}],
@@ -101,3 +118,32 @@ def test_evaluation_on_cuda_matches_cpu():
     for task in tasks:
         assert choices_cuda[task]["n"] == 8
         assert abs(choices_cuda[task]["acc"] - choices_cpu[task]["acc"]) <= 1 / 8, task
+
+
+def test_lean_gradient_sums_on_cuda_match_and_use_less_memory():
+    from slimkit.primitives.calibration.gradients import accumulate_gradients
+    from slimkit.primitives.groups import build_groups
+    from slimkit.primitives.importance import member_tensors
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(layers=4).to("cuda", torch.bfloat16)
+    batches = [torch.randint(3, 200, (4, 64)) for _ in range(2)]
+    scored = list(member_tensors(model, build_groups(model, "mlp_channel", [1, 2])))
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    full = accumulate_gradients(model, batches)  # every parameter, both moments
+    full_peak = torch.cuda.max_memory_allocated() - base
+    full_sums = {id(t): full.of(t)[0].clone() for t in scored}
+    del full
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    lean = accumulate_gradients(model, batches, tensors=scored, squares=False)
+    lean_peak = torch.cuda.max_memory_allocated() - base
+    for tensor in scored:
+        torch.testing.assert_close(lean.of(tensor)[0], full_sums[id(tensor)])
+        assert lean.of(tensor)[0].is_cuda and lean.of(tensor)[0].dtype == torch.float32
+    assert lean_peak < full_peak, (lean_peak, full_peak)
+    on_host = accumulate_gradients(model, batches, tensors=scored, squares=False, stats_device="cpu")
+    for tensor in scored:
+        assert on_host.of(tensor)[0].device.type == "cpu"
+        torch.testing.assert_close(on_host.of(tensor)[0], full_sums[id(tensor)].cpu())

@@ -1,0 +1,200 @@
+"""Memory a compression stage needs, estimated from the model's config and the calibration settings alone.
+
+Pure arithmetic on a :class:`ModelShape` (read from a ``config.json``, no weight loaded): every function
+returns bytes. The estimates are of the tensors a stage holds at its peak *beside the weights*, by part:
+
+* ``gradient sums``: float32 sums of the calibration-loss gradient (and of its square for second-order /
+  Fisher scorers) of the tensors a stage scores (:mod:`slimkit.primitives.calibration.gradients`);
+* ``gradients``: the per-batch gradients a stage keeps (CCE's ``gradients: full``), in the weights' dtype;
+* ``activations``: what the backward of the calibration loss keeps per decoder layer at the batch's tokens
+  (the layer's saved tensors, or only its input with ``checkpoint_layers``), plus the logits and their
+  float32 loss; a forward without gradients keeps about one layer's intermediates and the logits;
+* ``layer inputs``: a layer-wise (``sequential``) block's inputs and outputs of one layer for every
+  calibration sample;
+* ``matrices``: Gram / covariance matrices and decompositions in float32 (one layer's at a time).
+
+What is counted, per decoder layer and token of a Llama-style layer in the weights' dtype: the normed
+inputs and residuals (hidden-sized, 6), q / k / v / attention output (the projections' widths), the MLP's
+gate, up, activation and product (4 x intermediate), and two float32 copies of the hidden state (the RMS
+norms upcast). These are estimates (within 25% of the measured peak of live tensors on the tiny models
+the tests use); a framework's own overhead (CUDA context, allocator caching, the Python process) is not in them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 2**30
+FLOAT32 = 4
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on in a decoder LM's config."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = True
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelShape:
+        """From a transformers config (or anything with the same attribute names)."""
+        hidden = int(config.hidden_size)
+        heads = int(config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        return cls(
+            hidden=hidden,
+            intermediate=int(config.intermediate_size),
+            layers=int(config.num_hidden_layers),
+            heads=heads,
+            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            vocab=int(config.vocab_size),
+            tied=bool(getattr(config, "tie_word_embeddings", True)),
+        )
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def attention_params(self) -> int:
+        """q, k, v, o weights of one layer."""
+        return self.hidden * (2 * self.q_width + 2 * self.kv_width)
+
+    def mlp_params(self) -> int:
+        """gate, up, down weights of one layer."""
+        return 3 * self.hidden * self.intermediate
+
+    def layer_params(self) -> int:
+        return self.attention_params() + self.mlp_params() + 2 * self.hidden
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def total_params(self) -> int:
+        head = 0 if self.tied else self.embedding_params()
+        return self.embedding_params() + head + self.layers * self.layer_params() + self.hidden
+
+
+def weights_bytes(shape: ModelShape, dtype_bytes: int) -> int:
+    return shape.total_params() * dtype_bytes
+
+
+def gradient_sum_bytes(params: int, squares: bool) -> int:
+    """float32 sum of gradients (and of their squares) of ``params`` parameters."""
+    return params * FLOAT32 * (2 if squares else 1)
+
+
+def layer_activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
+    """What one decoder layer's backward keeps for ``tokens`` tokens (see the module docstring)."""
+    per_token = 6 * shape.hidden + 2 * shape.q_width + 2 * shape.kv_width + 4 * shape.intermediate
+    return tokens * (per_token * dtype_bytes + 2 * shape.hidden * FLOAT32)
+
+
+def logits_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, backward: bool) -> int:
+    """The logits in the weights' dtype, their float32 copy for the loss, and its gradient in a backward."""
+    return tokens * shape.vocab * (dtype_bytes + FLOAT32 * (2 if backward else 1))
+
+
+def backward_activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, checkpoint_layers: bool) -> int:
+    """Activations the calibration backward holds at its peak: every layer's saved tensors and the logits; with
+    ``checkpoint_layers``, every layer's input and the larger of the logits (freed once the head's backward is
+    done) and one recomputed layer's saved tensors."""
+    logits = logits_bytes(shape, tokens, dtype_bytes, backward=True)
+    if checkpoint_layers:
+        inputs = shape.layers * tokens * shape.hidden * dtype_bytes
+        return inputs + max(logits, layer_activation_bytes(shape, tokens, dtype_bytes))
+    return shape.layers * layer_activation_bytes(shape, tokens, dtype_bytes) + logits
+
+
+def forward_activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
+    """A forward without gradients: about one layer's intermediates and the logits."""
+    return layer_activation_bytes(shape, tokens, dtype_bytes) + logits_bytes(shape, tokens, dtype_bytes, False)
+
+
+def layer_input_bytes(shape: ModelShape, samples: int, seq_len: int, dtype_bytes: int) -> int:
+    """A layer-wise block's hidden states of one layer for every calibration sample (inputs and outputs)."""
+    return 2 * samples * seq_len * shape.hidden * dtype_bytes
+
+
+@dataclass
+class StageMemory:
+    """One stage's peak memory beside the weights, by part (bytes), and what lowers it."""
+
+    stage: str
+    parts: dict[str, int] = field(default_factory=dict)
+    advice: str = ""
+    host_parts: dict[str, int] = field(default_factory=dict)
+    """Parts that live in host memory whatever the device (e.g. gradient sums with ``stats_device: cpu``)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+@dataclass
+class MemoryPlan:
+    """The weights and each stage's extra memory; the peak is the weights plus the largest stage."""
+
+    weights: int
+    stages: list[StageMemory]
+
+    @property
+    def peak_stage(self) -> StageMemory | None:
+        return max(self.stages, key=lambda s: s.total, default=None)
+
+    @property
+    def peak(self) -> int:
+        stage = self.peak_stage
+        return self.weights + (stage.total if stage is not None else 0)
+
+    def describe(self) -> dict[str, Any]:
+        """What the report records (GiB, two decimals)."""
+        return {
+            "weights_gib": round(self.weights / GIB, 2),
+            "peak_gib": round(self.peak / GIB, 2),
+            "stages": [
+                {"stage": s.stage, "total_gib": round(s.total / GIB, 2)}
+                | {name: round(value / GIB, 2) for name, value in s.parts.items()}
+                for s in self.stages
+            ],
+        }
+
+    def refusal(self, device: str, available: int) -> str | None:
+        """The one-line refusal when the peak exceeds ``available`` bytes on ``device``, else None."""
+        if self.peak <= available:
+            return None
+        stage = self.peak_stage
+        name = stage.stage if stage is not None and stage.total > 0 else "the model"
+        parts = [("weights", self.weights), *((stage.parts.items()) if stage is not None else ())]
+        listed = ", ".join(f"{part} {value / GIB:.1f}" for part, value in parts if value > 0)
+        advice = f"; {stage.advice}" if stage is not None and stage.advice else ""
+        return (
+            f"{name} needs about {self.peak / GIB:.1f} GiB on {device} ({listed}) and {device} has "
+            f"{available / GIB:.1f} GiB{advice}"
+        )
+
+
+__all__ = [
+    "GIB",
+    "MemoryPlan",
+    "ModelShape",
+    "StageMemory",
+    "backward_activation_bytes",
+    "forward_activation_bytes",
+    "gradient_sum_bytes",
+    "layer_activation_bytes",
+    "layer_input_bytes",
+    "logits_bytes",
+    "weights_bytes",
+]
