@@ -11,8 +11,11 @@ Both merge low-rank pairs and SP3's embedding / final-norm maps into dense weigh
 is then larger than the slimkit model; the result says by how much) and refuse what has no exact
 merge in one line (:mod:`.dense`). Every check on the arguments and the output path runs before the
 model is loaded; outputs are written to a hidden sibling and renamed into place, so nothing
-half-written is left. ``force`` replaces only an existing GGUF file (by its magic bytes) or an existing
-model folder (one with a ``config.json``), never anything else.
+half-written is left. ``force`` replaces only an existing GGUF file (by its magic bytes) or a folder an
+earlier hf export wrote (its marker lists everything in it: :func:`~.hf_folder.check_replaceable_export`), never
+anything else; without ``force`` nothing existing is replaced, even a file another export wrote meanwhile. An
+``out`` that is a symbolic link is refused. One export at a time writes a given ``out`` (the lock
+``.NAME.lock`` beside it); a second one is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from torch import nn
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
-from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, write_hf
-from slimkit.primitives.paths import remove_leftovers
+from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_replaceable_export, write_hf
+from slimkit.primitives.paths import LockHeld, acquire_lock, remove_leftovers
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"
@@ -60,7 +63,11 @@ def _is_gguf(path: Path) -> bool:
 def check_export_target(format: str, out: str | os.PathLike, force: bool) -> Path:
     """The output path, checked before any work: what exists there may be replaced only with ``force``
     and only when it is an earlier export of the same kind."""
-    target = Path(out)
+    target = Path(out).expanduser()
+    if target.name in ("", ".", ".."):
+        raise SlimkitError(f"--out {target}: end the path with the output's own name, not . or ..")
+    if target.is_symlink():
+        raise SlimkitError(f"--out {target} is a symbolic link; slimkit never writes through one: name the file itself")
     if format == "gguf":
         if target.is_dir():
             raise SlimkitError(f"--out {target} is a folder; give a file name such as {target / 'model.gguf'}")
@@ -75,10 +82,7 @@ def check_export_target(format: str, out: str | os.PathLike, force: bool) -> Pat
         if target.is_dir() and any(target.iterdir()):
             if not force:
                 raise SlimkitError(f"--out {target} exists and is not empty; pass --force to replace it")
-            if not (target / "config.json").is_file():
-                raise SlimkitError(
-                    f"--out {target} is not a model folder (no config.json); --force replaces only model folders"
-                )
+            check_replaceable_export(target)
     parent = target.resolve().parent
     while not parent.exists():
         parent = parent.parent
@@ -117,16 +121,28 @@ def export(
     """
     type = check_export_args(format, type)
     target = check_export_target(format, out, force)
-    remove_leftovers(target)  # what a killed export left beside it
-    if not isinstance(model, nn.Module):
-        from slimkit.primitives.sources import load_source
+    try:
+        lock = acquire_lock(target)
+    except LockHeld as held:
+        raise SlimkitError(
+            f"--out {target} is being written by another slimkit export (pid {held.pid or 'unknown'})"
+        ) from None
+    except OSError as error:
+        raise SlimkitError(f"--out {target}: cannot create the lock file beside it ({error.strerror})") from None
+    try:
+        remove_leftovers(target)  # what a killed export left beside it
+        check_export_target(format, out, force)  # again, now that no other export writes it
+        if not isinstance(model, nn.Module):
+            from slimkit.primitives.sources import load_source
 
-        model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
-    if tokenizer is None and format == "gguf":
-        raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
-    if format == "gguf":
-        return write_gguf(model, tokenizer, target, type=type or "f16")
-    return write_hf(model, tokenizer, target, verify=verify, replace=force)
+            model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
+        if tokenizer is None and format == "gguf":
+            raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
+        if format == "gguf":
+            return write_gguf(model, tokenizer, target, type=type or "f16", replace=force)
+        return write_hf(model, tokenizer, target, verify=verify, replace=force)
+    finally:
+        lock.release()
 
 
 def result_lines(result: dict[str, Any]) -> list[str]:
