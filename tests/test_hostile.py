@@ -6,6 +6,7 @@ blocks), and that the file tree under ``tmp_path`` is byte-for-byte what it was 
 replaced, no partial file left). The class numbers are the issue's:
 
 1. files slimkit did not write must not be clobbered (export half here);
+2. no output is an input, inside one or a folder holding one (export half here);
 3. a model must never be read wrong: exactly the weight files the checkpoint names;
 4. hangs and unbounded resources: YAML aliases and nesting, FIFOs and devices, sizes from input bounded by the
    weight files before anything is allocated;
@@ -326,6 +327,34 @@ def export_already_running(tmp: Path, m: Models) -> list[str]:
 _HELD: list[paths.SiblingLock] = []
 
 
+# --- class 2: no output is an input, inside one, or a folder holding one --------------------------------------
+
+
+def export_over_its_input(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp)
+    return ["export", str(folder), "--out", str(folder), "--format", "hf", "--force"]
+
+
+def export_into_its_input(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp)
+    return ["export", str(folder), "--out", str(folder / "model.gguf")]
+
+
+def export_over_a_parent_of_its_input(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp / "project")
+    return ["export", str(folder), "--out", str(tmp / "project"), "--format", "hf", "--force"]
+
+
+def export_through_a_link_to_its_input(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp)
+    (tmp / "alias").symlink_to(folder)
+    return ["export", str(tmp / "alias"), "--out", str(folder / "tokenizer.json"), "--force"]
+
+
+def export_over_the_root(tmp: Path, m: Models) -> list[str]:
+    return ["export", str(m.plain), "--out", "/", "--format", "hf", "--force"]
+
+
 CASES = [
     Case("stray-weights-copy", 3, stray_weights_copy, "holds 2 weight files (backup.safetensors, model.safetensors)"),
     Case("stray-shard-beside-index", 3, stray_shard_beside_index, "model-extra.safetensors is a weights file"),
@@ -364,6 +393,11 @@ CASES = [
     Case("force-over-user-file", 1, force_over_export_with_user_file, "holds notes.txt, which slimkit export did not"),
     Case("out-is-a-symlink", 1, out_is_a_symlink, "is a symbolic link; slimkit never writes through one"),
     Case("export-already-running", 1, export_already_running, "is being written by another slimkit export (pid"),
+    Case("export-over-root", 1, export_over_the_root, "is the filesystem root, which an export never replaces"),
+    Case("export-over-its-input", 2, export_over_its_input, "is the input"),
+    Case("export-into-its-input", 2, export_into_its_input, "is inside the input"),
+    Case("export-over-input-parent", 2, export_over_a_parent_of_its_input, "is a folder holding the input"),
+    Case("export-through-link", 2, export_through_a_link_to_its_input, "is inside the input"),
 ]
 
 
@@ -448,6 +482,24 @@ def test_force_replaces_an_earlier_export_and_its_marker_lists_every_file(models
     gguf = tmp_path / "m.gguf"
     export(models.plain, gguf)
     assert gguf.read_bytes()[:4] == b"GGUF"
+
+
+def test_sigterm_during_an_export_deletes_its_partial_file(models, tmp_path, monkeypatch):
+    """SIGTERM while the GGUF is being written: the export stops like Ctrl-C and leaves nothing beside --out."""
+    import gguf
+
+    write = gguf.GGUFWriter.write_tensors_to_file
+
+    def terminated_midway(self, *args, **kwargs):
+        assert any(p.name.startswith(".m.gguf.partial-") for p in tmp_path.iterdir())
+        os.kill(os.getpid(), signal.SIGTERM)
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", terminated_midway)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        export(models.plain, tmp_path / "m.gguf")
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 def test_intact_models_of_every_kind_still_load(models):

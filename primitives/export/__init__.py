@@ -14,14 +14,18 @@ model is loaded; outputs are written to a hidden sibling and renamed into place,
 half-written is left. ``force`` replaces only an existing GGUF file (by its magic bytes) or a folder an
 earlier hf export wrote (its marker lists everything in it: :func:`~.hf_folder.check_replaceable_export`), never
 anything else; without ``force`` nothing existing is replaced, even a file another export wrote meanwhile. An
-``out`` that is a symbolic link is refused. One export at a time writes a given ``out`` (the lock
-``.NAME.lock`` beside it); a second one is refused in one line.
+``out`` that is a symbolic link, a protected folder (the filesystem root, the home folder, the working directory
+or a parent of it) or the input model folder (itself, inside it or a folder holding it) is refused. One export at
+a time writes a given ``out`` (the lock ``.NAME.lock`` beside it); a second one is refused in one line. SIGTERM
+during an export is handled like Ctrl-C: the hidden partial file or folder and the lock are deleted on the way
+out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,9 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_replaceable_export, write_hf
+from slimkit.primitives.files.guard import check_not_input, protected_reason, terminate_as_interrupt
 from slimkit.primitives.paths import LockHeld, acquire_lock, remove_leftovers
+from slimkit.primitives.sources import load_source, resolve_source
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"
@@ -60,10 +66,17 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
-def check_export_target(format: str, out: str | os.PathLike, force: bool) -> Path:
-    """The output path, checked before any work: what exists there may be replaced only with ``force``
-    and only when it is an earlier export of the same kind."""
+def check_export_target(
+    format: str, out: str | os.PathLike, force: bool, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """The output path, checked before any work: never a protected folder or one of ``inputs`` (the model folder:
+    itself, inside it or holding it); what exists there may be replaced only with ``force`` and only when it is an
+    earlier export of the same kind."""
     target = Path(out).expanduser()
+    reason = protected_reason(target)
+    if reason is not None:
+        raise SlimkitError(f"--out {target} is {reason}, which an export never replaces; name a file or folder for it")
+    check_not_input("--out", target, inputs)
     if target.name in ("", ".", ".."):
         raise SlimkitError(f"--out {target}: end the path with the output's own name, not . or ..")
     if target.is_symlink():
@@ -120,7 +133,8 @@ def export(
     or a structure with no exact merge; nothing is left at ``out`` then.
     """
     type = check_export_args(format, type)
-    target = check_export_target(format, out, force)
+    inputs = [] if isinstance(model, nn.Module) else [resolve_source(str(model))[0]]
+    target = check_export_target(format, out, force, inputs)
     try:
         lock = acquire_lock(target)
     except LockHeld as held:
@@ -130,19 +144,32 @@ def export(
     except OSError as error:
         raise SlimkitError(f"--out {target}: cannot create the lock file beside it ({error.strerror})") from None
     try:
-        remove_leftovers(target)  # what a killed export left beside it
-        check_export_target(format, out, force)  # again, now that no other export writes it
-        if not isinstance(model, nn.Module):
-            from slimkit.primitives.sources import load_source
-
-            model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
-        if tokenizer is None and format == "gguf":
-            raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
-        if format == "gguf":
-            return write_gguf(model, tokenizer, target, type=type or "f16", replace=force)
-        return write_hf(model, tokenizer, target, verify=verify, replace=force)
+        with terminate_as_interrupt():
+            return _export_claimed(model, target, format, type, tokenizer, force, verify, inputs)
     finally:
         lock.release()
+
+
+def _export_claimed(
+    model: nn.Module | str | os.PathLike,
+    target: Path,
+    format: str,
+    type: str | None,
+    tokenizer: Any,
+    force: bool,
+    verify: bool,
+    inputs: list[Path],
+) -> GgufResult | HfResult:
+    """The export once this process holds ``target``'s lock."""
+    remove_leftovers(target)  # what a killed export left beside it
+    check_export_target(format, target, force, inputs)  # again, now that no other export writes it
+    if not isinstance(model, nn.Module):
+        model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
+    if tokenizer is None and format == "gguf":
+        raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
+    if format == "gguf":
+        return write_gguf(model, tokenizer, target, type=type or "f16", replace=force)
+    return write_hf(model, tokenizer, target, verify=verify, replace=force)
 
 
 def result_lines(result: dict[str, Any]) -> list[str]:

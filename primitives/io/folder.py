@@ -309,7 +309,7 @@ def _check_sizes(folder: ModelFolder, config: dict[str, Any]) -> None:
         return
     pattern = re.compile(rf"(?:^|\.){re.escape(spec.layers)}\.(\d+)\.")
     held = sorted({int(match[1]) for key in folder.shapes if (match := pattern.search(key))})
-    if held != list(range(layers)):
+    if len(held) != layers or held != list(range(len(held))):
         what = f"layers {held[0]}-{held[-1]}" if held and held == list(range(held[0], held[-1] + 1)) else None
         what = what or (f"layers {', '.join(map(str, held[:8]))}" if held else "no layers")
         raise SlimkitError(
