@@ -3,7 +3,8 @@
 Public API, the same as the command line's:
 
 * :class:`Recipe` (``Recipe.from_yaml("lorap", overrides=["target.ratio=0.3"])``, or ``Recipe(**mapping)``),
-* :func:`run` (``run(recipe, out=None, model=None) -> Result`` with ``.model``, ``.tokenizer``, ``.report``),
+* :func:`run` (``run(recipe, out=None, model=None) -> Result`` with ``.model``, ``.tokenizer`` and ``.report``, the
+  typed :class:`~slimkit.recipes.report.RunReport` that ``report.json`` holds),
 * :func:`evaluate` (perplexity, zero-shot accuracy, GLUE dev metrics, throughput of a model in memory),
 * :func:`load` and :func:`save` for compressed models, :func:`load_source` for named model sources
   (``smollm2-135m``, ``minilm-l6`` or a local Hugging Face folder).
@@ -14,7 +15,7 @@ Example (a hybrid: LLM-Pruner's blocks scored by Wanda, then LoRA recovery)::
 
     recipe = slimkit.Recipe.from_yaml("llm-pruner", overrides=["stages.0.args.scorer=activation"])
     result = slimkit.run(recipe)               # nothing written; add out="runs/x" to save
-    print(result.report["target"], result.report["metrics"])
+    print(result.report.target, result.report.metrics)
 """
 
 from __future__ import annotations
@@ -32,16 +33,31 @@ __version__ = "0.1.0"
 __all__ = ["Recipe", "Result", "__version__", "evaluate", "export", "load", "load_source", "run", "save"]
 
 
-def run(recipe, out=None, *, model=None, tokenizer=None, force: bool = False, evaluate: bool = True, overrides=None):
+def run(
+    recipe,
+    out=None,
+    *,
+    model=None,
+    tokenizer=None,
+    force: bool = False,
+    evaluate: bool = True,
+    compare_dense: bool = True,
+    overrides=None,
+    tracker=None,
+):
     """Run a recipe (a :class:`Recipe`, a bundled name, a YAML path or a mapping); returns a ``Result``.
 
     ``out``: also write ``out/model``, ``out/report.json``, ``out/report.md`` (None: nothing is written).
     ``model``/``tokenizer``: compress this in-memory model instead of the recipe's source.
+    ``evaluate``: run the recipe's evaluations; ``compare_dense``: with them, the dense model's metrics under the same
+    settings (measured once per source and settings, then cached) go beside the run's in the report.
     ``overrides``: ``dotted.path=value`` strings, as ``--set`` on the command line.
+    ``tracker``: progress bars (:class:`slimkit.recipes.progress.RichTracker` on a terminal; default none).
     """
     import copy
 
     from slimkit.recipes.loading import validate
+    from slimkit.recipes.runner import RunOptions
     from slimkit.recipes.runner import run as run_recipe
     from slimkit.recipes.schema import Recipe
 
@@ -54,7 +70,8 @@ def run(recipe, out=None, *, model=None, tokenizer=None, force: bool = False, ev
         for assignment in overrides or []:
             apply_override(data, assignment)
         recipe = validate(data, "recipe")
-    return run_recipe(recipe, out, model=model, tokenizer=tokenizer, force=force, run_eval=evaluate)
+    options = RunOptions(evaluate=evaluate, compare_dense=compare_dense)
+    return run_recipe(recipe, out, model=model, tokenizer=tokenizer, force=force, options=options, tracker=tracker)
 
 
 def evaluate(
@@ -69,14 +86,12 @@ def evaluate(
     max_tokens: int | None = 16384,
 ) -> dict[str, float]:
     """Metrics of a model in memory, as ``slimkit eval`` prints them (``wikitext2_ppl``, ``piqa_acc``, ...)."""
-    from slimkit.recipes.progress import Tracker
-    from slimkit.recipes.runner import Timings, preflight_data
-    from slimkit.recipes.runner import evaluate as run_evaluation
+    from slimkit.primitives.evaluate.run import evaluate_model, preflight_eval_data
     from slimkit.recipes.schema import eval_options
 
     eval_config = eval_options("evaluate", perplexity, zeroshot, limit, glue, speed, seq_len, max_tokens)
-    preflight_data(eval_config, None)
-    return run_evaluation(model, tokenizer, eval_config, Tracker(), Timings())[0]
+    preflight_eval_data(eval_config)
+    return evaluate_model(model, tokenizer, eval_config).metrics
 
 
 def __getattr__(name: str):
@@ -86,7 +101,7 @@ def __getattr__(name: str):
 
         return Recipe
     if name == "Result":
-        from slimkit.recipes.runner import Result
+        from slimkit.recipes.finish import Result
 
         return Result
     if name in ("load", "save"):

@@ -65,7 +65,6 @@ import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
 from slimkit.recipes.loading import bundled_recipes, load_recipe, validate
-from slimkit.recipes.runner import run_recipe
 
 LAYERS = 4
 """Decoder layers of the tiny model (two SP3 groups of 2 after :data:`LAYER_SCALED`)."""
@@ -245,7 +244,7 @@ def check_recipe(name: str, model_dir: Path, work: Path) -> Row:
     try:
         _, raw = load_recipe(name)
         raw, row.scaled = shrink(raw, model_dir)
-        report = run_recipe(validate(raw, name), raw, out, force=True, run_eval=False)
+        report = slimkit.run(validate(raw, name), out, force=True, evaluate=False).report.as_json()
     except Exception as error:  # any failure of a recipe on the tiny model is reported
         row.run_error = _crash(error)
         row.exportable, row.why = "not run", f"did not run on the tiny model: {row.run_error}"

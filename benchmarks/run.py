@@ -14,8 +14,8 @@ For each row of the grid (benchmarks/grid.yaml, see :mod:`benchmarks.grid`):
    entry's overrides, and ``stages.I.args.steps=0`` on every top-level
    ``lora`` or ``distill`` stage for the rows without recovery;
 2. evaluation, in this process, of the saved run folder (``RUN/model``): perplexity and zero-shot
-   accuracy with the same budgets for every row (:func:`slimkit.recipes.runner.evaluate`, the code
-   behind ``slimkit eval``);
+   accuracy with the same budgets for every row (:func:`slimkit.primitives.evaluate.run.evaluate_model`,
+   the code behind ``slimkit eval``);
 3. speed: the compressed model and the dense one, loaded once at the start, measured interleaved in
    this process (:func:`benchmarks.speed.measure`); the ratios are per pair, so a machine that gets
    busier during a long run shifts both sides of each ratio.
@@ -200,32 +200,20 @@ def eval_config(settings: Settings):
     return EvalConfig.model_validate({"perplexity": perplexity, "zeroshot": zeroshot, "speed": False})
 
 
-def _walk(node: Any):
-    """Every ``(key, value)`` pair in nested dicts and lists."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield key, value
-            yield from _walk(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _walk(item)
-
-
-_RESIDUAL_KEY = re.compile(r"^(residual|added)_?param(eter)?s$|^param(eter)?s_(residual|added)$", re.IGNORECASE)
-
-
-def residual_params_reported(stages: Any) -> int | None:
-    """Parameters added by residual matrices as a stage report states them (``residual_params``,
-    ``params_added``, ... anywhere in a stage's report; the first found per stage, summed)."""
-    found = None
-    for report in (stages or {}).values() if isinstance(stages, dict) else []:
-        value = next((v for k, v in _walk(report) if _RESIDUAL_KEY.match(str(k)) and isinstance(v, int)), None)
-        if value is not None:
-            found = (found or 0) + value
-    return found
-
-
 _RESIDUAL_NAMES = ("residual", "basis_change", "basischange")
+
+
+def read_report(folder: Path):
+    """The run report ``folder/report.json`` (:class:`slimkit.recipes.report.RunReport`), or None when it is missing
+    or not one (a report of an older slimkit that lacks a field this one needs)."""
+    from pydantic import ValidationError
+
+    from slimkit.recipes.report import RunReport
+
+    try:
+        return RunReport.model_validate_json((folder / "report.json").read_text())
+    except (OSError, ValidationError):
+        return None
 
 
 def residual_params_in_model(model) -> int:
@@ -248,34 +236,6 @@ def lowrank_params(model) -> int:
     from slimkit.primitives.lowrank import LowRankLinear
 
     return sum(p.numel() for m in model.modules() if isinstance(m, LowRankLinear) for p in m.parameters())
-
-
-def stage_tokens(stages: Any, key: str, names: tuple[str, ...] | None = None) -> int | None:
-    """Sum over stage reports (optionally only the named ones) of their top-level ``key``."""
-    total = None
-    for name, report in (stages or {}).items() if isinstance(stages, dict) else []:
-        if names is not None and name not in names:
-            continue
-        value = report.get(key) if isinstance(report, dict) else None
-        if isinstance(value, int):
-            total = (total or 0) + value
-    return total
-
-
-def extra_calibration_tokens(stages: Any, calibration: dict[str, Any] | None) -> int | None:
-    """Calibration tokens drawn by stages beyond the run's calibration set: a stage report's top-level
-    ``calibration_tokens`` if any states it, else, for iterative stages that record a calibration seed
-    per iteration (CCE's fresh sentences), one more calibration set per further distinct seed."""
-    stated = stage_tokens(stages, "calibration_tokens")
-    if stated is not None or not calibration or not isinstance(stages, dict):
-        return stated
-    extra = 0
-    for report in stages.values():
-        iterations = report.get("iterations") if isinstance(report, dict) else None
-        if isinstance(iterations, list):
-            seeds = {it["seed"] for it in iterations if isinstance(it, dict) and it.get("seed") is not None}
-            extra += max(len(seeds) - 1, 0) * int(calibration.get("tokens") or 0)
-    return extra or None
 
 
 def layer_params(model) -> list[int]:
@@ -402,14 +362,13 @@ class Bench:
 
     def evaluate(self, model, config=None) -> tuple[dict[str, float], dict[str, Any], float]:
         """Perplexity and zero-shot of ``model`` under ``config`` (default: the settings')."""
-        from slimkit.recipes.progress import Tracker
-        from slimkit.recipes.runner import Timings, evaluate
+        from slimkit.primitives.evaluate.run import evaluate_model
 
         start = time.perf_counter()
-        timings = Timings()
-        metrics, details = evaluate(model, self.tokenizer, config or self.config, Tracker(), timings)
+        evaluation = evaluate_model(model, self.tokenizer, config or self.config)
+        metrics, details = evaluation.metrics, evaluation.details
         add_norm_mean(metrics)
-        details["seconds"] = dict(timings.stages)  # per evaluation (eval:wikitext2, eval:zeroshot, ...)
+        details["seconds"] = dict(evaluation.seconds)  # per evaluation (eval:wikitext2, eval:zeroshot, ...)
         return metrics, details, time.perf_counter() - start
 
     def speed(self, row_id: str, model) -> dict[str, Any]:
@@ -432,7 +391,7 @@ class Bench:
 
     def dense_row(self) -> dict[str, Any]:
         from slimkit.primitives.evaluate.counting import count_macs, params_by_part
-        from slimkit.recipes.runner import MACS_SEQ_LEN
+        from slimkit.recipes.report import MACS_SEQ_LEN
 
         metrics, details, seconds = self.evaluate(self.dense)
         total = params_by_part(self.dense)["total"]
@@ -558,8 +517,10 @@ class Bench:
 
         folder = self.runs / _slug(job.id)
         if self.reusable(folder, raw):
-            log(f"  reusing {folder}")
-            return folder, None, None
+            if read_report(folder) is not None:
+                log(f"  reusing {folder}")
+                return folder, None, None
+            log(f"  compressing again: {folder / 'report.json'} is not a run report this code reads")
         sets = [x for o in overrides for x in ("--set", o)]
         command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", job.recipe, "--out", str(folder)]
         command += ["--no-eval", "--force", *sets]
@@ -579,7 +540,7 @@ class Bench:
     def run_job(self, job: Job) -> dict[str, Any]:
         from slimkit.primitives.evaluate.counting import count_macs
         from slimkit.primitives.io import read_manifest
-        from slimkit.recipes.runner import MACS_SEQ_LEN
+        from slimkit.recipes.report import MACS_SEQ_LEN
 
         row, overrides, raw = self.prepare(job)
         if overrides is None:
@@ -591,8 +552,8 @@ class Bench:
         if stored is not None:
             log(f"  reusing the row measured on {self.runs / _slug(job.id)}")
             if "placement" not in stored:  # rows stored before rows recorded it: their run's report has it
-                report = json.loads((self.runs / _slug(job.id) / "report.json").read_text())
-                stored["placement"] = report.get("placement")
+                report = read_report(self.runs / _slug(job.id))
+                stored["placement"] = report.placement.model_dump() if report is not None else None
             speed = stored.get("speed") or {}
             if speed.get("dense_prefill_tokens_per_s") and speed.get("dense_decode_tokens_per_s"):
                 # the dense model's measurements in that row's pair count towards the dense row's speed
@@ -604,32 +565,32 @@ class Bench:
         folder, wall, error = self.compress(job, overrides, raw)
         if error:
             return {**row, "status": "failed", "reason": error}
-        report = json.loads((folder / "report.json").read_text())
+        report = read_report(folder)
+        if report is None:
+            return {**row, "status": "failed", "reason": f"{folder / 'report.json'} is not a slimkit run report"}
         manifest = read_manifest(folder / "model") or {}
-        stages = report.get("stages") or {}
-        timings = (report.get("timings_s") or {}).get("stages", {})
-        compress_timings = {k: v for k, v in timings.items() if not k.startswith("eval:")}
-        calibration = report.get("calibration")
+        stored = report.as_json()
+        timings = report.timings_s.stages
         row.update(
             {
-                "achieved": (report.get("target") or {}).get("achieved"),
-                "target_met": (report.get("target") or {}).get("met"),
-                "params": {k: v for k, v in (report.get("params") or {}).items() if k != "by_part_before"},
-                "macs": report.get("macs"),
+                "achieved": report.target.achieved,
+                "target_met": report.target.met,
+                "params": {k: v for k, v in stored["params"].items() if k != "by_part_before"},
+                "macs": stored["macs"],
                 "cost": {
-                    "compress_s": sum(v for k, v in timings.items() if k == "calibration" or k[:1].isdigit()),
-                    "stages_s": compress_timings,
+                    "compress_s": report.timings_s.compress_seconds(),
+                    "stages_s": {k: v for k, v in timings.items() if not k.startswith("eval:")},
                     "process_wall_s": wall,
                     "reused": wall is None,
-                    "peak_rss_mb": report.get("peak_rss_mb"),
-                    "calibration": calibration,
-                    "extra_calibration_tokens": extra_calibration_tokens(stages, calibration),
-                    "recovery_tokens": stage_tokens(stages, "tokens", RECOVERY_STAGES),
+                    "peak_rss_mb": report.peak_rss_mb,
+                    "calibration": report.calibration,
+                    "extra_calibration_tokens": report.stage_sum("calibration_tokens"),
+                    "recovery_tokens": report.stage_sum("training_tokens", RECOVERY_STAGES),
                 },
-                "stages": stages,
-                "notes": report.get("notes", []),
-                "placement": report.get("placement"),
-                "versions": report.get("versions"),
+                "stages": stored["stages"],
+                "notes": report.notes,
+                "placement": stored["placement"],
+                "versions": report.versions,
                 "run_folder": str(folder) if self.keep else None,
             }
         )
@@ -639,7 +600,7 @@ class Bench:
             metrics, details, seconds = self.evaluate(model, eval_config(settings))
             # counted here, on the saved model, so a reused run folder is counted by this code too
             row["macs"] = {**(row["macs"] or {}), "after": count_macs(model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN}
-            reported = residual_params_reported(stages)
+            reported = report.stage_sum("params_added")
             row["structure"] = {
                 "residual_params": reported if reported is not None else residual_params_in_model(model),
                 "residual_source": "stage report" if reported is not None else "model",
@@ -647,9 +608,7 @@ class Bench:
             }
             row["metrics"], row["evaluation"], row["eval_s"] = metrics, details, seconds
             row["layers"] = {
-                "widths": layer_widths(
-                    model, manifest.get("layer_widths") or (report.get("layers") or {}).get("after")
-                ),
+                "widths": layer_widths(model, manifest.get("layer_widths") or stored["layers"]["after"]),
                 "params": layer_params(model),
                 "dense_params": self.dense_layer_params,
             }
@@ -710,12 +669,13 @@ def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from benchmarks.claims import evaluate_claims
+    from slimkit.primitives.evaluate.run import preflight_eval_data
     from slimkit.primitives.io import versions
-    from slimkit.recipes.runner import peak_rss_mb, preflight_data
+    from slimkit.recipes.report import peak_rss_mb
 
     grid, settings, jobs = plan(args)
     name = args.name or ("quick" if args.quick else "grid")
-    preflight_data(eval_config(settings), None)
+    preflight_eval_data(eval_config(settings))
     args.out.mkdir(parents=True, exist_ok=True)
     base = args.out / f"{dt.date.today().isoformat()}-{name}"
     start = time.perf_counter()

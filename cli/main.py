@@ -101,6 +101,13 @@ def recipe_run(
     model: Annotated[str | None, typer.Option("--model", help="Model source or local folder.")] = None,
     overrides: SetOption = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the recipe's evaluations.")] = False,
+    dense: Annotated[
+        bool,
+        typer.Option(
+            "--dense/--no-dense",
+            help="Put the dense model's metrics (same settings; measured once, then cached) beside the run's.",
+        ),
+    ] = True,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an earlier slimkit output (or an empty folder) at --out.")
     ] = False,
@@ -112,17 +119,20 @@ def recipe_run(
     ] = None,
 ) -> None:
     """Compress a model with a recipe; writes OUT/model, OUT/report.json and OUT/report.md."""
+    import slimkit
+    from slimkit.primitives.io.describe import saved_structure
     from slimkit.recipes.loading import load_recipe
+    from slimkit.recipes.output_safety import check_output_dir
     from slimkit.recipes.progress import RichTracker
-    from slimkit.recipes.runner import check_output_dir, run_recipe
+    from slimkit.recipes.report_files import markdown
 
     all_overrides = list(overrides or [])
     settings = {"source": model, "device": device, "dtype": dtype, "max_memory": max_memory, "save_dtype": save_dtype}
     all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
-    parsed, raw = load_recipe(recipe, all_overrides)
+    parsed, _raw = load_recipe(recipe, all_overrides)
     check_output_dir(out, force)
-    run_recipe(parsed, raw, out, force=force, run_eval=not no_eval, tracker=RichTracker())
-    typer.echo((out / "report.md").read_text())
+    result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
+    typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
 
 
 SCOPES = {
@@ -379,9 +389,9 @@ def eval_command(
     from rich.table import Table
 
     from slimkit.primitives.evaluate.counting import count_params
+    from slimkit.primitives.evaluate.run import evaluate_model, preflight_eval_data
     from slimkit.primitives.sources import check_source, load_source
     from slimkit.recipes.progress import RichTracker
-    from slimkit.recipes.runner import Timings, evaluate, preflight_data
     from slimkit.recipes.schema import eval_options
 
     if json_out is not None:
@@ -401,9 +411,10 @@ def eval_command(
                 f"{' and '.join(needs_lm)} {'needs' if len(needs_lm) == 1 else 'need'} a causal language model, "
                 f"and {model} is an encoder: evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
             )
-    preflight_data(eval_config, None)
+    preflight_eval_data(eval_config)
     loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
-    metrics, details = evaluate(loaded, tokenizer, eval_config, RichTracker(), Timings())
+    evaluation = evaluate_model(loaded, tokenizer, eval_config, RichTracker())
+    metrics, details = evaluation.metrics, evaluation.details
     table = Table("metric", "value")
     table.add_row("parameters", f"{count_params(loaded):,}")
     for key, value in metrics.items():

@@ -1,7 +1,9 @@
-"""Progress reporting without tying the runner to a terminal: the CLI passes a rich-backed tracker."""
+"""Progress reporting without tying the runner to a terminal (the CLI passes a rich-backed tracker), and the
+run's stopwatch (:class:`Timings`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -36,3 +38,25 @@ class RichTracker(Tracker):
 
     def log(self, message: str) -> None:
         self.console.print(message)
+
+
+class Timings:
+    """Seconds per labelled step of a run (summed when a label repeats), and the run's total."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    @contextmanager
+    def stage(self, label: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(label, time.perf_counter() - start)
+
+    def add(self, label: str, seconds: float) -> None:
+        self.stages[label] = self.stages.get(label, 0.0) + seconds
+
+    def as_dict(self) -> dict[str, object]:
+        return {"total": time.perf_counter() - self.start, "stages": self.stages}

@@ -1,166 +1,242 @@
-"""Writing ``report.json`` and ``report.md`` for a run, with a per-layer width plot (low-rank ranks and
-residual maps included when the saved model has them)."""
+"""The run's report as typed contracts: :class:`RunReport` (``report.json``), :class:`StageReport` (one stage's entry),
+:class:`LayerStats` (one layer's widths) and :class:`DenseComparison` (the dense model's metrics beside the run's).
+
+``report.json`` is ``RunReport.as_json()``; readers load it with ``RunReport.model_validate_json``. A stage's entry is
+flat in the file: its typed fields beside whatever else the stage recorded (:attr:`StageReport.details`), so the
+keys a stage wrote stay where they were.
+"""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+import resource
+from typing import Any, ClassVar
 
-from slimkit.primitives.export import result_lines
-from slimkit.primitives.io.describe import Structure, saved_structure
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-_ROLE_COLOURS = {
-    "q": "#1f77b4",
-    "k": "#ff7f0e",
-    "v": "#2ca02c",
-    "o": "#d62728",
-    "gate": "#9467bd",
-    "up": "#8c564b",
-    "down": "#e377c2",
-}
+MACS_SEQ_LEN = 128
+"""The sequence length MACs are counted at."""
 
 
-def plot_widths(
-    before: list[dict[str, int]], after: list[dict[str, int]], path: Path, structure: Structure | None = None
-) -> None:
-    """Bars of every per-layer width before and after; with a :class:`Structure` (low-rank pairs,
-    residual maps) an extra panel of each low-rank pair's rank per role and layer, and dashed lines
-    where residual / basis-change maps sit (before the layer whose input they map; at the right edge
-    for maps outside the layers, e.g. on the final norm)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    keys = [k for k in before[0] if k != "head_dim"]
-    has_ranks = structure is not None and bool(structure.ranks)
-    panels = len(keys) + int(has_ranks)
-    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.2 * panels), sharex=True, squeeze=False)
-    axes = axes[:, 0]
-    layers = list(range(len(before)))
-    for axis, key in zip(axes, keys, strict=False):
-        axis.bar(layers, [w[key] for w in before], color="#d0d0d0", label="before")
-        axis.bar(layers, [w[key] for w in after], color="#3b75af", label="after")
-        axis.set_ylabel(key.replace("_", " "), fontsize=8)
-    if has_ranks:
-        axis = axes[-1]
-        roles = [r for r in _ROLE_COLOURS if any(r in ranks for ranks in structure.ranks.values())]
-        for role in roles:
-            points = [(layer, ranks[role]) for layer, ranks in structure.ranks.items() if role in ranks]
-            axis.plot(
-                [x for x, _ in points],
-                [y for _, y in points],
-                marker="o",
-                markersize=3,
-                linewidth=1,
-                color=_ROLE_COLOURS[role],
-                label=role,
-            )
-        axis.set_ylabel("low-rank rank", fontsize=8)
-        axis.set_ylim(bottom=0)
-        axis.legend(fontsize=7, loc="lower right", ncol=len(roles), title="role", title_fontsize=7)
-    if structure is not None and structure.residual_maps:
-        spots = sorted({(m.layer if m.layer is not None else len(before)) - 0.5 for m in structure.residual_maps})
-        for axis in axes:
-            for x in spots:
-                axis.axvline(x, color="#c0392b", linestyle="--", linewidth=1)
-        axes[0].plot([], [], color="#c0392b", linestyle="--", linewidth=1, label="residual map")
-    axes[0].legend(fontsize=8, loc="lower right")
-    axes[-1].set_xlabel("layer")
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle("per-layer widths" + (" and low-rank ranks" if has_ranks else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
+class ReportModel(BaseModel):
+    """A part of the report: an infinite or NaN value stays one in ``report.json`` (``Infinity``, ``NaN``)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
 
-def markdown(report: dict[str, Any], plot_name: str | None, structure: Structure | None = None) -> str:
-    p, m, t = report["params"], report["macs"], report["target"]
-    lines = [
-        f"# slimkit report: {report['recipe']} on {report['model']}",
-        "",
-        f"Target: remove {t['ratio']:.1%} of {t['of']}; achieved {t['achieved']:.2%}. Seed {report['seed']}.",
-        "",
-        "| | before | after | removed |",
-        "| --- | ---: | ---: | ---: |",
-        f"| parameters | {_fmt(p['before'])} | {_fmt(p['after'])} | {p['removed_ratio']:.2%} |",
-        f"| MACs ({m['seq_len']} tokens) | {_fmt(m['before'])} | {_fmt(m['after'])} | "
-        f"{1 - m['after'] / m['before']:.2%} |",
-    ]
-    for part in ("attention", "mlp", "layers", "embeddings"):
-        b, a = p["by_part_before"][part], p["by_part_after"][part]
-        lines.append(f"| {part} parameters | {_fmt(b)} | {_fmt(a)} | {(1 - a / b) if b else 0:.2%} |")
-    if report["metrics"]:
-        lines += ["", "| metric | value |", "| --- | ---: |"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in report["metrics"].items()]
-    if report.get("evaluation", {}).get("perplexity"):
-        lines += ["", "Perplexity settings:"]
-        for item in report["evaluation"]["perplexity"]:
-            lines.append(
-                f"- {item['dataset']}: {item['windows']} non-overlapping windows of {item['seq_len']} tokens "
-                f"({item['tokens']:,} tokens)"
-            )
-    if report.get("calibration"):
-        c = report["calibration"]
-        lines += ["", f"Calibration: {c['samples']} x {c['seq_len']} tokens of {c['dataset']} (seed {c['seed']})."]
-    lines += ["", "| stage | seconds |", "| --- | ---: |"]
-    lines += [f"| {k} | {v:.1f} |" for k, v in report["timings_s"]["stages"].items()]
-    lines += [
-        f"| total | {report['timings_s']['total']:.1f} |",
-        "",
-        f"Peak resident memory: {report['peak_rss_mb']:.0f} MB.",
-    ]
-    if report.get("placement"):
-        lines.append(_placement_line(report["placement"]))
-    if structure is not None and not structure.empty:
-        lines += ["", f"Structure: {structure.summary()}."]
-    for note in report.get("notes", []):
-        lines.append(f"\n> {note}")
-    if report.get("loaders"):
-        lines += ["", "Readable by:"]
-        lines += [f"- {v['loader']}: {v['answer']} ({v['detail']})" for v in report["loaders"]]
-    for item in report.get("export", []):
-        lines += ["", f"Export {item['format']} to {item['path']}:"]
-        if "error" in item:
-            lines.append(f"- FAILED: {item['error']}")
-        else:
-            lines += [f"- {line}" for line in result_lines(item)]
-    if plot_name:
-        lines += ["", f"![per-layer widths]({plot_name})"]
-    return "\n".join(lines) + "\n"
+class Record(ReportModel):
+    """A report section: unknown keys are kept (reports written by newer code load in older readers)."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
 
-def _placement_line(placement: dict[str, Any]) -> str:
-    where = placement["device"] + (f" ({placement['gpu']})" if placement.get("gpu") else "")
-    line = f"Ran on {where} in {placement['dtype']}"
-    if placement.get("peak_gpu_mb") is not None:
-        line += f"; peak GPU memory {placement['peak_gpu_mb']:.0f} MB"
-    if placement.get("max_memory"):
-        offloaded = "layers offloaded, one at a time on the device" if placement.get("offloaded") else "all fitted"
-        line += f"; weights' budget {placement['max_memory']} ({offloaded})"
-    if placement.get("save_dtype"):
-        line += f"; saved in {placement['save_dtype']}"
-    return line + "."
+class StageReport(ReportModel):
+    """One stage's report: typed fields for what every consumer reads, ``details`` for the rest."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    params_added: int | None = None
+    """Parameters the stage added to the model (residual matrices of a PCA projection); None: it added none."""
+    calibration_tokens: int | None = None
+    """Calibration tokens the stage drew beyond the run's calibration set (CCE's fresh samples per iteration)."""
+    training_tokens: int | None = None
+    """Tokens a training stage (lora, distill, mask_train, ...) took gradient steps on."""
+    seconds: float | None = None
+    """The stage's own wall time, when it measures one."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    """Everything else the stage recorded, under its own names."""
+
+    TYPED: ClassVar[tuple[str, ...]] = ("params_added", "calibration_tokens", "training_tokens", "seconds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_flat(cls, data: Any) -> Any:
+        """A flat mapping (``report.json``'s form): typed keys to their fields, every other key to ``details``."""
+        if isinstance(data, dict) and "details" not in data:
+            return {
+                **{key: data[key] for key in cls.TYPED if key in data},
+                "details": {key: value for key, value in data.items() if key not in cls.TYPED},
+            }
+        return data
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler) -> dict[str, Any]:
+        dumped = handler(self)
+        details = dumped.pop("details")
+        return {**details, **dumped}
+
+    @classmethod
+    def from_stage(cls, recorded: dict[str, Any], trains: bool, calibration_tokens: int) -> StageReport:
+        """A stage's typed report from the mapping it recorded during the run.
+
+        ``params_added``: its ``params_added`` or ``residual_params``; ``training_tokens``: its ``tokens`` when the
+        stage ``trains``; ``calibration_tokens``: its ``calibration_tokens``, else one more calibration set of
+        ``calibration_tokens`` per further distinct seed of its ``iterations`` (CCE draws fresh samples per
+        iteration and records each iteration's seed)."""
+        added = recorded.get("params_added", recorded.get("residual_params"))
+        seconds = recorded.get("seconds")
+        drawn = recorded.get("calibration_tokens")
+        iterations = recorded.get("iterations")
+        if drawn is None and isinstance(iterations, list) and calibration_tokens:
+            seeds = {it["seed"] for it in iterations if isinstance(it, dict) and it.get("seed") is not None}
+            drawn = max(len(seeds) - 1, 0) * calibration_tokens or None
+        tokens = recorded.get("tokens") if trains else None
+        typed = cls(
+            params_added=added if isinstance(added, int) else None,
+            calibration_tokens=drawn if isinstance(drawn, int) else None,
+            training_tokens=tokens if isinstance(tokens, int) else None,
+            seconds=float(seconds) if isinstance(seconds, int | float) else None,
+        )
+        # a key the typed fields took is not repeated in the details (``residual_params`` and ``tokens`` stay)
+        typed.details = {k: v for k, v in recorded.items() if k not in cls.TYPED or getattr(typed, k) is None}
+        return typed
 
 
-def write_report(report: dict[str, Any], folder: Path) -> None:
-    """Write ``report.json``, ``report.md`` and ``widths.png`` into ``folder``.
+class LayerStats(Record):
+    """One decoder layer's widths (``ModelView.layer_widths``); the MLP width is kept under the architecture's
+    config name (``intermediate_size``, ``ffn_dim``, ...), so it is an extra field."""
 
-    The low-rank ranks and residual maps of the plot (and the report's structure line) come from the
-    saved model's manifest, ``folder/model/slimkit_manifest.json``, when there is one.
-    """
-    plot_name = "widths.png"
-    structure = saved_structure(folder / "model")
-    plot_widths(report["layers"]["before"], report["layers"]["after"], folder / plot_name, structure)
-    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (folder / "report.md").write_text(markdown(report, plot_name, structure))
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+    @property
+    def mlp_width(self) -> int | None:
+        return next(iter((self.model_extra or {}).values()), None)
+
+
+class LayerWidths(ReportModel):
+    before: list[LayerStats]
+    after: list[LayerStats]
+
+
+class TargetOutcome(ReportModel):
+    """The report's ``target``: wanted, achieved, tolerance, whether it is met, and each stage's share."""
+
+    ratio: float
+    of: str
+    achieved: float
+    tolerance: float
+    strict: bool
+    met: bool
+    shares: dict[str, float]
+
+    def missed_message(self) -> str:
+        shares = ", ".join(f"{label} {share:.2%}" for label, share in self.shares.items())
+        return (
+            f"target missed: {self.ratio:.1%} of {self.of} wanted, {self.achieved:.2%} achieved "
+            f"(tolerance {self.tolerance:.1%}); removed by stage: {shares or 'none'}. Nothing was written; "
+            "adjust the stages' explicit ratios, or set target.strict: false to keep such a result"
+        )
+
+
+class ParamCounts(ReportModel):
+    before: int
+    after: int
+    removed_ratio: float
+    by_part_before: dict[str, int]
+    by_part_after: dict[str, int]
+
+    @property
+    def removed(self) -> int:
+        return self.before - self.after
+
+
+class MacCounts(ReportModel):
+    before: int
+    after: int
+    seq_len: int
+
+
+class RunTimings(ReportModel):
+    total: float
+    stages: dict[str, float]
+
+    def compress_seconds(self) -> float:
+        """Calibration and the recipe's stages (labels ``0:prune``, ...): loading, saving and evaluation left out."""
+        return sum(v for k, v in self.stages.items() if k == "calibration" or k[:1].isdigit())
+
+
+class PlacementReport(Record):
+    """Where the run computed (``Placement.describe``: device, dtype, GPU, memory budget) and what it used."""
+
+    device: str
+    dtype: str
+    offloaded: bool = False
+    peak_gpu_mb: float | None = None
+    save_dtype: str | None = None
+
+
+class DenseComparison(ReportModel):
+    """The dense model's metrics under the same evaluation settings, computed once and cached."""
+
+    metrics: dict[str, float]
+    cached: bool
+    """Read from the slimkit cache folder (True) or measured in this run (False)."""
+
+    def ratios(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The run's metric over the dense one, for each metric both have (perplexity: >1 is worse)."""
+        return {k: v / self.metrics[k] for k, v in metrics.items() if self.metrics.get(k)}
+
+
+class RunReport(ReportModel):
+    """``report.json``: what a run did, measured and wrote."""
+
+    recipe: str
+    model: str
+    seed: int
+    target: TargetOutcome
+    params: ParamCounts
+    macs: MacCounts
+    timings_s: RunTimings
+    peak_rss_mb: float
+    placement: PlacementReport
+    metrics: dict[str, float]
+    evaluation: dict[str, Any]
+    calibration: dict[str, Any] | None
+    stages: dict[str, StageReport]
+    layers: LayerWidths
+    notes: list[str]
+    versions: dict[str, Any]
+    dense: DenseComparison | None = None
+    loaders: list[dict[str, str]] | None = None
+    export: list[dict[str, Any]] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The mapping ``report.json`` holds."""
+        return self.model_dump(mode="json")
+
+    def stage_sum(self, field: str, names: tuple[str, ...] | None = None) -> int | None:
+        """Sum of an integer :class:`StageReport` field over the stages (only those named, when ``names`` is given);
+        None when no stage states it."""
+        values = [
+            getattr(report, field)
+            for name, report in self.stages.items()
+            if (names is None or name in names) and getattr(report, field) is not None
+        ]
+        return sum(values) if values else None
+
+    def comparison_lines(self) -> list[str]:
+        """``WikiText-2 61.95 vs dense 28.14 (2.20x)``, one line per metric (with the dense value when known)."""
+        dense = self.dense.metrics if self.dense is not None else {}
+        lines = []
+        for key, value in self.metrics.items():
+            line = f"{metric_label(key)} {value:.4g}"
+            if dense.get(key):
+                line += f" vs dense {dense[key]:.4g} ({value / dense[key]:.2f}x)"
+            lines.append(line)
+        return lines
+
+
+METRIC_NAMES = {"wikitext2": "WikiText-2", "ptb": "PTB", "c4": "C4"}
+
+
+def metric_label(key: str) -> str:
+    """A metric key as a reader names it: ``wikitext2_ppl`` is ``WikiText-2``, ``piqa_acc`` is ``piqa acc``."""
+    if key.endswith("_ppl"):
+        return METRIC_NAMES.get(key.removesuffix("_ppl"), key.removesuffix("_ppl"))
+    return key.replace("_", " ")

@@ -3,6 +3,7 @@ one-budget rule on Target and Context."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -38,23 +39,46 @@ def test_run_in_memory_writes_nothing(tmp_path, tiny_llama_dir, monkeypatch):
         and list(work.iterdir()) == []
         and sorted(tmp_path.iterdir()) == sorted([work, tiny_llama_dir])
     )
-    assert result.report["target"]["met"] and result.report["metrics"] == {}
-    assert params_by_part(result.model)["mlp"] == pytest.approx(0.75 * result.report["params"]["by_part_before"]["mlp"])
+    assert result.report.target.met and result.report.metrics == {}
+    assert params_by_part(result.model)["mlp"] == pytest.approx(0.75 * result.report.params.by_part_before["mlp"])
     overridden = slimkit.run(
         slimkit.Recipe(**tiny_recipe(tiny_llama_dir)), overrides=["target.ratio=0.5"], evaluate=False
     )
-    assert overridden.report["target"]["achieved"] == pytest.approx(0.5)
+    assert overridden.report.target.achieved == pytest.approx(0.5)
 
 
 def test_run_compresses_a_model_in_memory_and_saves_it(tmp_path, tiny_llama_dir, tokenizer):
     model = tiny_llama(vocab_size=len(tokenizer))
     result = slimkit.run(tiny_recipe(tiny_llama_dir), out=tmp_path / "run", model=model, tokenizer=tokenizer)
-    assert result.model is model and result.report["model"] == "in-memory model"
+    assert result.model is model and result.report.model == "in-memory model"
     loaded, _ = slimkit.load(tmp_path / "run" / "model")
     batch = torch.randint(3, 250, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(loaded(batch).logits, model(batch).logits)
-    assert math.isfinite(result.report["metrics"]["wikitext2_ppl"])
+    assert math.isfinite(result.report.metrics["wikitext2_ppl"])
+    assert (
+        result.report.dense is None and "no dense comparison: an in-memory model has no source" in result.report.notes
+    )
+
+
+def test_the_report_compares_with_the_dense_model_measured_once(tmp_path, tiny_llama_dir):
+    """The dense model's metrics (same settings) sit beside the run's; the second run reads them from the cache and
+    compresses exactly as the first; ``compare_dense=False`` leaves them out."""
+    first = slimkit.run(tiny_recipe(tiny_llama_dir), out=tmp_path / "first")
+    dense = first.report.dense
+    assert dense is not None and not dense.cached and set(dense.metrics) == {"wikitext2_ppl"}
+    model, tokenizer, _info = slimkit.load_source(str(tiny_llama_dir))
+    direct = slimkit.evaluate(model, tokenizer, perplexity=["wikitext2"], seq_len=32, max_tokens=128)
+    assert dense.metrics["wikitext2_ppl"] == pytest.approx(direct["wikitext2_ppl"], rel=1e-6)
+    second = slimkit.run(tiny_recipe(tiny_llama_dir), out=tmp_path / "second")
+    assert second.report.dense == dense.model_copy(update={"cached": True})
+    assert second.report.metrics == first.report.metrics and second.report.params == first.report.params
+    ppl, base = first.report.metrics["wikitext2_ppl"], dense.metrics["wikitext2_ppl"]
+    last = (tmp_path / "first" / "report.md").read_text().splitlines()[-1]
+    assert last == f"WikiText-2 {ppl:.4g} vs dense {base:.4g} ({ppl / base:.2f}x)"
+    assert json.loads((tmp_path / "first" / "report.json").read_text())["dense"]["metrics"] == dense.metrics
+    off = slimkit.run(tiny_recipe(tiny_llama_dir), compare_dense=False)
+    assert off.report.dense is None and off.report.metrics == first.report.metrics
 
 
 def test_evaluate_matches_the_cli_metric_names(tokenizer):

@@ -27,11 +27,9 @@ from benchmarks.grid import (
 )
 from benchmarks.run import (
     Bench,
-    extra_calibration_tokens,
     finite_numbers,
     lowrank_params,
     residual_params_in_model,
-    residual_params_reported,
     via_launcher,
 )
 from benchmarks.speed import measure
@@ -484,10 +482,13 @@ def test_kept_dense_row_is_stored_and_reused_under_the_same_settings(tmp_path):
 
 def test_structure_params_from_reports_and_models(llama):
     from slimkit.primitives.lowrank import LowRankLinear
+    from slimkit.recipes.report import StageReport
 
-    assert residual_params_reported({"prune": {"fractions": {}}}) is None
-    stages = {"projection": {"groups": [{"residual_params": 1200}], "params_without_residual": 5}, "other": {}}
-    assert residual_params_reported(stages) == 1200
+    assert StageReport.from_stage({"fractions": {}}, trains=False, calibration_tokens=640).params_added is None
+    projection = StageReport.from_stage({"residual_params": 1200, "params_without_residual": 5}, False, 640)
+    assert projection.params_added == 1200
+    flat = projection.model_dump(mode="json")  # report.json's form: the stage's own keys beside the typed ones
+    assert flat["residual_params"] == 1200 and StageReport.model_validate(flat) == projection
     model = nn.Sequential(nn.Linear(4, 4))
     model.add_module("residual_0", nn.Linear(3, 3, bias=False))
     assert residual_params_in_model(model) == 9
@@ -496,11 +497,12 @@ def test_structure_params_from_reports_and_models(llama):
     assert residual_params_in_model(model) == 9 + 6
     llama.model.layers[0].self_attn.q_proj = LowRankLinear(48, 48, rank=4, bias=False)
     assert lowrank_params(llama) == 4 * 48 * 2
-    calibration = {"samples": 10, "seq_len": 64, "tokens": 640}
-    iterations = {"cce": {"iterations": [{"seed": 0}, {"seed": 17}, {"seed": 99}]}}
-    assert extra_calibration_tokens(iterations, calibration) == 2 * 640
-    assert extra_calibration_tokens({"x": {"calibration_tokens": 5}, **iterations}, calibration) == 5
-    assert extra_calibration_tokens({"lora": {"tokens": 8}}, calibration) is None
+    iterations = {"iterations": [{"seed": 0}, {"seed": 17}, {"seed": 99}]}
+    assert StageReport.from_stage(iterations, False, 640).calibration_tokens == 2 * 640
+    assert StageReport.from_stage({"calibration_tokens": 5, **iterations}, False, 640).calibration_tokens == 5
+    lora = StageReport.from_stage({"tokens": 8}, True, 640)
+    assert lora.calibration_tokens is None and lora.training_tokens == 8
+    assert StageReport.from_stage({"tokens": 8}, False, 640).training_tokens is None  # calibration tokens, no training
     assert finite_numbers({"a": [1, 2.5, {"b": True}]}) and not finite_numbers({"a": [float("inf")]})
 
 

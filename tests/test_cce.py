@@ -46,7 +46,6 @@ from slimkit.primitives.select.iterative import (
 )
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.runner import run_recipe
 
 # -- coupled-component importance ---------------------------------------------------------------
 
@@ -431,7 +430,7 @@ def test_end_to_end_tiny_cce_keeps_a_valid_gqa_model_that_reloads(tmp_path, tiny
     raw = cce_recipe(tiny_llama_dir, ratio=0.4)
     raw["stages"].append({"stage": "lora", "args": {"steps": 2, "batch_size": 2, "seq_len": 24, "dataset": "c4"}})
     out = tmp_path / "run"
-    report = run_recipe(validate(raw, "tiny"), raw, out)
+    report = slimkit.run(raw, out).report.as_json()
     assert report["target"]["achieved"] == pytest.approx(0.4, abs=0.02)
     stage = report["stages"]["cce"]
     assert stage["scorer"] == "coupled" and stage["gradients"] == "lora" and len(stage["iterations"]) == 2
@@ -458,7 +457,7 @@ def test_end_to_end_tiny_cce_keeps_a_valid_gqa_model_that_reloads(tmp_path, tiny
 def test_scorers_and_gradient_sources_share_the_schedule(tmp_path, tiny_llama_dir, scorer, gradients):
     raw = cce_recipe(tiny_llama_dir, scorer=scorer, gradients=gradients, platon=scorer != "coupled")
     raw["eval"] = {"perplexity": None}
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     widths = report["layers"]["after"]
     assert report["target"]["achieved"] == pytest.approx(0.3, abs=0.02)
     assert all(w["num_key_value_heads"] == 2 for w in widths)
@@ -471,7 +470,7 @@ def test_scorers_and_gradient_sources_share_the_schedule(tmp_path, tiny_llama_di
 def test_unreachable_target_fails_before_pruning_with_the_numbers(tmp_path, tiny_llama_dir):
     raw = cce_recipe(tiny_llama_dir, ratio=0.95)
     with pytest.raises(SlimkitError) as error:
-        run_recipe(validate(raw, "tiny"), raw, tmp_path / "run")
+        slimkit.run(raw, tmp_path / "run")
     message = str(error.value)
     assert "the target needs" in message and "removes at most" in message
     assert (
@@ -534,13 +533,13 @@ def test_mha_plain_mlp_model_opt(tmp_path, tokenizer):
     raw["target"]["tolerance"] = 0.03  # whole heads of a 4-head tiny model: coarse steps
     raw["eval"] = {"perplexity": None}
     out = tmp_path / "run"
-    report = run_recipe(validate(raw, "tiny"), raw, out, run_eval=False)
+    report = slimkit.run(raw, out, evaluate=False).report.as_json()
     assert report["target"]["achieved"] == pytest.approx(0.3, abs=0.03)
     assert all(w["num_attention_heads"] == w["num_key_value_heads"] for w in report["layers"]["after"])
     # (Reloading is not checked here: with uniform head counts the config gets num_attention_heads, from
     # which OPT re-derives head_dim = hidden / heads; a pruning-core limitation, not CCE's.)
     with pytest.raises(SlimkitError, match=r"at least 1 query head\(s\); every layer keeps at least 1 MLP channel"):
-        run_recipe(validate(cce_recipe(folder, ratio=0.97, gradients="full"), "tiny"), raw, tmp_path / "run2")
+        slimkit.run(cce_recipe(folder, ratio=0.97, gradients="full"), tmp_path / "run2")
 
 
 def test_schedule_runs_with_scoring_as_a_callback(llama):

@@ -133,7 +133,7 @@ def test_interrupted_run_leaves_nothing_that_loads(monkeypatch, capsys, tmp_path
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("slimkit.recipes.runner.evaluate", interrupt)
+    monkeypatch.setattr("slimkit.recipes.finish.evaluate_model", interrupt)
     file = write_recipe(tmp_path / "r.yaml", tiny_recipe(tiny_llama_dir))
     out = tmp_path / "o"
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(out))

@@ -97,7 +97,7 @@ def test_stage_pair_validates_and_lands_on_target_or_is_refused(tiny_llama_dir, 
         assert "\n" not in str(error)
         return
     result = slimkit.run(recipe, evaluate=False)  # raises when the target is missed (strict)
-    target = result.report["target"]
+    target = result.report.as_json()["target"]
     assert target["met"] and abs(target["achieved"] - 0.2) <= 0.025
     assert sum(target["shares"].values()) == pytest.approx(target["achieved"])
 
@@ -109,8 +109,8 @@ def test_a_missed_target_fails_with_the_stages_shares(tiny_llama_dir, tmp_path):
     assert not (tmp_path / "out").exists()
     raw["target"]["strict"] = False
     result = slimkit.run(validate(raw, "r"), evaluate=False)
-    assert result.report["target"]["met"] is False
-    assert any(note.startswith("target not met") for note in result.report["notes"])
+    assert result.report.as_json()["target"]["met"] is False
+    assert any(note.startswith("target not met") for note in result.report.as_json()["notes"])
 
 
 def test_a_stage_after_the_solver_is_refused_at_validation(tiny_llama_dir):
@@ -132,8 +132,8 @@ def test_coupled_scores_after_lowrank_read_only_the_mlp(tiny_llama_dir):
     cce = {"stage": "cce", "args": {"kinds": ["mlp_channel"], "gradients": "lora", "iterations": 2, "lora_steps": 1}}
     lowrank = {"sequential": [{"stage": "lowrank", "args": {"method": "awsvd", "ratio": 0.3}}]}
     result = slimkit.run(validate(_recipe(tiny_llama_dir, lowrank, cce), "r"), evaluate=False)
-    target = result.report["target"]
-    assert target["met"] and result.report["stages"]["cce"]["scorer"] == "coupled"
+    target = result.report.as_json()["target"]
+    assert target["met"] and result.report.as_json()["stages"]["cce"]["scorer"] == "coupled"
     assert list(target["shares"]) == ["0:sequential[lowrank]", "1:cce"] and all(
         v > 0 for v in target["shares"].values()
     )

@@ -100,8 +100,8 @@ def test_load_in_bfloat16_and_save_dtype(tiny_llama_dir, tmp_path):
     result = slimkit.run(
         _recipe({"source": str(tiny_llama_dir), "save_dtype": "bfloat16"}), out=tmp_path / "run", force=True
     )
-    assert result.report["placement"]["save_dtype"] == "bfloat16"
-    assert result.report["placement"]["dtype"] == "float32"
+    assert result.report.as_json()["placement"]["save_dtype"] == "bfloat16"
+    assert result.report.as_json()["placement"]["dtype"] == "float32"
     files = sorted((tmp_path / "run" / "model").glob("*.safetensors"))
     with safe_open(str(files[0]), framework="pt") as handle:
         assert {handle.get_tensor(key).dtype for key in handle.keys()} == {torch.bfloat16}
@@ -115,7 +115,7 @@ def test_given_model_keeps_its_dtype_and_refuses_a_different_one(tokenizer):
     with pytest.raises(SlimkitError, match=r"model\.dtype: the recipe asks for float32 but the model given has"):
         slimkit.run(_recipe({"source": "x", "dtype": "float32"}), model=model, tokenizer=tokenizer)
     result = slimkit.run(_recipe("x"), model=model, tokenizer=tokenizer)
-    assert result.report["placement"]["dtype"] == "bfloat16"
+    assert result.report.as_json()["placement"]["dtype"] == "bfloat16"
     assert {p.dtype for p in result.model.parameters()} == {torch.bfloat16}
 
 
@@ -136,8 +136,8 @@ def test_offloaded_layerwise_equals_in_memory(four_layer_dir, tmp_path, stages):
     offloaded = slimkit.run(_recipe(budget, stages), out=tmp_path / "offloaded", force=True)
     assert is_offloaded(offloaded.model)
     assert "disk" in offloaded.model.hf_device_map.values()
-    assert offloaded.report["placement"]["offloaded"] is True
-    assert offloaded.report["target"]["achieved"] == dense.report["target"]["achieved"]
+    assert offloaded.report.as_json()["placement"]["offloaded"] is True
+    assert offloaded.report.as_json()["target"]["achieved"] == dense.report.as_json()["target"]["achieved"]
     ids = torch.randint(3, 200, (2, 16))
     expected = model_output(dense.model, ids)
     torch.testing.assert_close(model_output(offloaded.model, ids), expected, rtol=0, atol=0)

@@ -141,7 +141,7 @@ def test_distill_stage_brings_the_pruned_model_closer_to_the_teacher(sharp_llama
         out = tmp_path / f"out-{steps}"
         result = slimkit.run(validate(_recipe(sharp_llama_dir, steps), "r"), out=out, evaluate=False)
         kls[steps] = _kl_to(teacher, result.model, held_out)
-        report = result.report["stages"]["distill"]
+        report = result.report.as_json()["stages"]["distill"]
         assert report["steps"] == steps and report["tokens"] == steps * 4 * 64
         if steps == 0:  # nothing to train: the teacher is not loaded
             assert report["teacher_load_seconds"] == 0.0 and report["kl_first"] is None
@@ -160,7 +160,7 @@ def test_distill_stage_brings_the_pruned_model_closer_to_the_teacher(sharp_llama
 
 def test_distill_stage_with_the_hidden_state_term(tiny_llama_dir):
     raw = _recipe(tiny_llama_dir, 2, hidden_weight=0.5, temperature=2.0)
-    report = slimkit.run(validate(raw, "r"), evaluate=False).report["stages"]["distill"]
+    report = slimkit.run(validate(raw, "r"), evaluate=False).report.as_json()["stages"]["distill"]
     assert len(report["hiddens"]) == 2 and all(math.isfinite(h) and h > 0 for h in report["hiddens"])
     assert report["loss_first"] == pytest.approx(report["kl_first"] + 0.5 * report["hidden_first"], rel=1e-5)
 

@@ -224,7 +224,7 @@ def test_stage_runs_in_the_models_dtype(case, dtype, tokenizer):
     out = result.model
     wrong = {name: d for name, d in _floating(out).items() if d != dtype}
     assert not wrong, f"parameters not in {dtype}: {wrong}"
-    assert result.report["target"]["met"], result.report["target"]
+    assert result.report.as_json()["target"]["met"], result.report.as_json()["target"]
     ids = torch.randint(3, 250, (2, 12))
     if kind == "bert":
         logits = out(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
@@ -241,7 +241,7 @@ def test_stage_from_a_folder_runs_in_the_models_dtype(case, dtype, tiny_llama_di
     result = slimkit.run(recipe, evaluate=False)
     wrong = {name: d for name, d in _floating(result.model).items() if d != dtype}
     assert not wrong, f"parameters not in {dtype}: {wrong}"
-    assert result.report["target"]["met"], result.report["target"]
+    assert result.report.as_json()["target"]["met"], result.report.as_json()["target"]
     logits = model_output(result.model, torch.randint(3, 250, (2, 12)))
     assert logits.dtype == dtype and torch.isfinite(logits.float()).all()
 

@@ -23,7 +23,6 @@ from slimkit.primitives.optim.encoder_masks import (
 from slimkit.primitives.optim.sparsity import expected_size
 from slimkit.primitives.projection import project_post_norm
 from slimkit.recipes.loading import validate
-from slimkit.recipes.runner import run_recipe
 from tests.tiny import tiny_bert
 
 D, LAYERS, HEADS, INTER, VOCAB = 32, 3, 4, 48, 100
@@ -232,7 +231,7 @@ def test_recipe_end_to_end(tmp_path, tiny_bert_dir, name):
     # layer (3.1%), more than a 3% tolerance (CI once measured 53.19% on another CPU).
     raw["target"]["tolerance"] = 0.05
     out = tmp_path / "run"
-    report = run_recipe(validate(raw, name), raw, out)
+    report = slimkit.run(validate(raw, name), out).report.as_json()
     stage = report["stages"]["mask_train_encoder"]
     assert stage["steps"] == 5 and stage["binary_sparsity"] >= raw["target"]["ratio"]
     # the task fine-tune and the recovery fine-tune each keep their report

@@ -24,7 +24,6 @@ from slimkit.primitives.io.describe import folder_loaders
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.recipes.loading import validate
-from slimkit.recipes.runner import run_recipe
 from tests.conftest import saved_tiny_llama
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.test_io import _prune_non_uniform
@@ -336,7 +335,7 @@ def tiny_bpe_llama_dir(tmp_path, bpe):
 def test_recipe_export_section_writes_gguf_and_hf_and_reports_loaders(tmp_path, tiny_bpe_llama_dir):
     raw = tiny_recipe(tiny_bpe_llama_dir, export=[{"format": "gguf", "type": "f32"}, {"format": "hf"}])
     out = tmp_path / "run"
-    report = run_recipe(validate(raw, "t"), raw, out)
+    report = slimkit.run(raw, out).report.as_json()
     gguf_item, hf_item = report["export"]
     assert gguf_item["path"] == "export/model-f32.gguf" and gguf_item["architecture"] == "llama"
     assert hf_item["path"] == "export/hf" and hf_item["max_abs_logit_diff"] < 1e-4
@@ -364,7 +363,7 @@ def test_recipe_export_that_cannot_merge_keeps_the_run_and_fails_loudly(tmp_path
     with pytest.raises(
         SlimkitError, match=r"the model and report are in .*1 export\(s\) failed: gguf .*no exact merge"
     ):
-        run_recipe(validate(raw, "t"), raw, out)
+        slimkit.run(raw, out)
     report = json.loads((out / "report.json").read_text())
     assert "error" in report["export"][0] and (out / "model" / "config.json").exists()
     assert not (out / "export" / "model-f16.gguf").exists()

@@ -18,7 +18,6 @@ from slimkit.primitives.evaluate.llamacpp import gguf_logits, load_gguf, nll_per
 from slimkit.primitives.evaluate.perplexity import corpus_ids
 from slimkit.primitives.export import export
 from slimkit.recipes.loading import load_recipe
-from slimkit.recipes.runner import run_recipe
 from tests.tiny import assert_scaled_close
 
 pytestmark = pytest.mark.real
@@ -56,8 +55,8 @@ def _slimkit_perplexity(model, ids) -> float:
 def test_recipe_result_runs_in_llamacpp_with_slimkits_perplexity(name, real_cache, window, monkeypatch, tmp_path):
     monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
     extra, architecture = RECIPES[name]
-    recipe, raw = load_recipe(name, SMALL + extra)
-    run_recipe(recipe, raw, tmp_path / "run")
+    recipe, _raw = load_recipe(name, SMALL + extra)
+    slimkit.run(recipe, tmp_path / "run")
     model, tokenizer = slimkit.load(tmp_path / "run" / "model")
     expected = _slimkit_perplexity(model, window)
     for type in TOLERANCE:
@@ -90,8 +89,8 @@ def test_recipe_result_runs_in_llamacpp_with_slimkits_perplexity(name, real_cach
 
 def test_bundled_sp3_oneshot_result_is_refused_in_one_line(real_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
-    recipe, raw = load_recipe("sp3-oneshot", SMALL)
-    run_recipe(recipe, raw, tmp_path / "run")
+    recipe, _raw = load_recipe("sp3-oneshot", SMALL)
+    slimkit.run(recipe, tmp_path / "run")
     with pytest.raises(
         SlimkitError, match=r"7 residual / basis-change matrices .*have no exact merge.*group_size: all"
     ) as error:

@@ -318,7 +318,7 @@ def test_recipe_kind_runs_on_the_family(family, recipe, tmp_path):
     }
     model = _model(family)
     result = slimkit.run(raw, tmp_path / "run", model=model, tokenizer=byte_tokenizer(), evaluate=False)
-    achieved = result.report["target"]
+    achieved = result.report.as_json()["target"]
     assert achieved["met"] and abs(achieved["achieved"] - target["ratio"]) <= 0.025
     ids = _ids()
     out = model_output(result.model, ids)

@@ -15,7 +15,6 @@ from slimkit.primitives.finetune import LoraConfig, lora_recover, merge_lora, tr
 from slimkit.primitives.io.save import non_finite_tensors
 from slimkit.primitives.optim import MaskTrainingConfig, train_stream_masks
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.runner import run_recipe
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_llama
@@ -130,7 +129,7 @@ def test_a_diverging_lora_run_writes_nothing(tmp_path, tiny_llama_dir):
     raw = _lora_recipe(tiny_llama_dir, learning_rate=1e30)
     out = tmp_path / "run"
     with pytest.raises(SlimkitError) as error:
-        run_recipe(validate(raw, "tiny"), raw, out, run_eval=False)
+        slimkit.run(raw, out, evaluate=False)
     message = _one_line(error)
     assert message.startswith("lora training diverged at step 1: loss nan after the update; lower learning_rate")
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["tiny-llama"]
@@ -266,7 +265,7 @@ def test_a_run_without_an_output_folder_refuses_nan_weights_after_the_stages(tin
     """The Python API without ``out`` never saves, so the runner checks the weights itself after the stages."""
     from slimkit.recipes import runner
 
-    original = runner._run_stages
+    original = runner.run_stages
 
     def poisoned(ctx, *args, **kwargs):
         shares = original(ctx, *args, **kwargs)
@@ -274,7 +273,7 @@ def test_a_run_without_an_output_folder_refuses_nan_weights_after_the_stages(tin
             ctx.model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
         return shares
 
-    monkeypatch.setattr(runner, "_run_stages", poisoned)
+    monkeypatch.setattr(runner, "run_stages", poisoned)
     raw = tiny_recipe(tiny_llama_dir)
     with pytest.raises(SlimkitError, match=r"1 of \d+ tensors hold NaN/inf after the stages \(model\.layers\.0\.mlp"):
         slimkit.run(validate(raw, "t"), evaluate=False)
@@ -288,5 +287,5 @@ def test_perplexity_of_an_encoder_is_refused_before_compression(tmp_path):
     byte_tokenizer().save_pretrained(folder)
     raw = tiny_recipe(folder, stages=[{"stage": "prune", "args": {"scorer": "magnitude"}}])
     with pytest.raises(SlimkitError, match=r"eval\.perplexity: needs a causal language model"):
-        run_recipe(validate(raw, "t"), raw, tmp_path / "out")
+        slimkit.run(raw, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -17,7 +17,6 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.glue import average_ranks, evaluate_glue, f1_score, glue_metrics, pearson, spearman
 from slimkit.primitives.finetune.glue import GlueFinetuneConfig, finetune_glue, task_model
 from slimkit.recipes.loading import validate
-from slimkit.recipes.runner import run_recipe
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.tiny import tiny_bert, tiny_llama
 
@@ -269,7 +268,7 @@ def test_glue_recipe_end_to_end_with_glue_calibration(tmp_path, tiny_bert_dir):
     )
     raw["stages"] = [raw["stages"][0], {"stage": "prune_layer", "args": {"scorer": "activation"}}]
     out = tmp_path / "run"
-    report = run_recipe(validate(raw, "tiny"), raw, out)
+    report = slimkit.run(raw, out).report.as_json()
     assert set(report["metrics"]) == {"glue_sst2_accuracy"} and report["evaluation"]["glue"]["examples"] == 16
     assert report["stages"]["glue_finetune"]["steps"] == 3
     assert report["calibration"]["dataset"] == "glue-sst2" and report["calibration"]["examples"] == 32

@@ -41,12 +41,12 @@ STAGES = {
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_recipe_runs_on_cuda_in_bfloat16(tiny_llama_dir, name):
     result = slimkit.run(_recipe({"source": str(tiny_llama_dir), **GPU}, STAGES[name]))
-    placement = result.report["placement"]
+    placement = result.report.as_json()["placement"]
     assert placement["device"].startswith("cuda") and placement["dtype"] == "bfloat16"
     assert placement["gpu"] and placement["peak_gpu_mb"] > 0
     assert {p.device.type for p in result.model.parameters()} == {"cuda"}
     assert {p.dtype for p in result.model.parameters()} == {torch.bfloat16}
-    assert result.report["target"]["met"], result.report["target"]
+    assert result.report.as_json()["target"]["met"], result.report.as_json()["target"]
     ids = torch.randint(3, 200, (2, 16), device="cuda")
     assert torch.isfinite(model_output(result.model, ids)).all()
 
@@ -78,7 +78,7 @@ def test_lorap_on_smollm2_in_bfloat16():
         "eval.zeroshot=null",
     ]
     result = slimkit.run("lorap", overrides=overrides)
-    ppl = result.report["metrics"]["wikitext2_ppl"]
+    ppl = result.report.as_json()["metrics"]["wikitext2_ppl"]
     assert math.isfinite(ppl)
     assert ppl == pytest.approx(81.1, rel=0.1)
 

@@ -18,7 +18,8 @@ from slimkit.primitives.io.describe import (
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection.adapters import attach_basis_change
 from slimkit.primitives.surgery import prune_layer
-from slimkit.recipes.report import markdown, plot_widths
+from slimkit.recipes.report import RunReport
+from slimkit.recipes.report_files import markdown, plot_widths
 from tests.test_cli import run_cli
 from tests.tiny import tiny_llama
 
@@ -106,11 +107,12 @@ def test_width_plot_with_ranks_and_maps(tmp_path, tokenizer):
     plot_widths(widths, widths, tmp_path / "without.png")
     assert (tmp_path / "with.png").stat().st_size > 1000 and (tmp_path / "without.png").stat().st_size > 1000
     assert saved_structure(tmp_path) is None  # no manifest there
+    target = {"ratio": 0.2, "of": "model", "achieved": 0.2, "tolerance": 0.005, "strict": True, "met": True}
     report = {
         "recipe": "r",
         "model": "m",
         "seed": 0,
-        "target": {"ratio": 0.2, "of": "model", "achieved": 0.2},
+        "target": {**target, "shares": {}},
         "params": {
             "before": 10,
             "after": 8,
@@ -122,19 +124,26 @@ def test_width_plot_with_ranks_and_maps(tmp_path, tokenizer):
         "metrics": {},
         "timings_s": {"stages": {}, "total": 1.0},
         "peak_rss_mb": 1.0,
+        "placement": {"device": "cpu", "dtype": "float32"},
+        "evaluation": {},
+        "calibration": None,
+        "stages": {},
+        "layers": {"before": widths, "after": widths},
+        "notes": [],
+        "versions": {},
     }
+    report = RunReport.model_validate(report)
     text = markdown(report, "widths.png", structure)
     assert "Structure: 3 low-rank pair(s) (ranks: q 4, k 3, down 6); 1 residual map(s)" in text
     assert "Structure" not in markdown(report, "widths.png")
 
 
 def test_lorap_run_report_mentions_the_ranks(tmp_path, tiny_llama_dir, monkeypatch, capsys):
-    from slimkit.recipes.loading import validate
-    from slimkit.recipes.runner import run_recipe
+    import slimkit
     from tests.test_lowrank_stage import lorap_recipe
 
     raw = lorap_recipe(tiny_llama_dir)
-    run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    slimkit.run(raw, tmp_path / "run", evaluate=False)
     assert "low-rank pair(s) (ranks: q" in (tmp_path / "run" / "report.md").read_text()
     assert (tmp_path / "run" / "widths.png").stat().st_size > 1000
     code, out, err = run_cli(monkeypatch, capsys, "inspect", str(tmp_path / "run" / "model"))

@@ -10,8 +10,6 @@ import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank import LowRankLinear, activation_weighted_svd, whitened_svd
 from slimkit.primitives.reconstruct import output_error, refit_left
-from slimkit.recipes.loading import validate
-from slimkit.recipes.runner import run_recipe
 from tests.test_recipes import tiny_recipe
 from tests.tiny import model_output
 
@@ -101,7 +99,7 @@ def _lowrank_stages(method: str, reconstruct: dict | None):
 
 def test_lowrank_whiten_runs_saves_and_reloads(tmp_path, tiny_llama_dir):
     raw = tiny_recipe(tiny_llama_dir, target=LORAP_TARGET, stages=_lowrank_stages("whiten", None))
-    report = run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     assert report["stages"]["lowrank"]["ranks"]
     model, _ = slimkit.load(tmp_path / "run" / "model")
     assert isinstance(model.model.layers[0].self_attn.q_proj, LowRankLinear)
@@ -112,7 +110,7 @@ def test_lowrank_whiten_runs_saves_and_reloads(tmp_path, tiny_llama_dir):
 def test_reconstruct_refits_the_left_factor_of_every_lowrank_role(tmp_path, tiny_llama_dir):
     stages = _lowrank_stages("awsvd", {"roles": ["q", "k", "v", "o", "down"], "damping": 1e-6})
     raw = tiny_recipe(tiny_llama_dir, target=LORAP_TARGET, stages=stages)
-    report = run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     layers = report["stages"]["reconstruct"]["layers"]
     assert set(layers) == {"q", "k", "v", "o", "down"}
     for role in ("q", "k", "v", "o"):
@@ -120,7 +118,7 @@ def test_reconstruct_refits_the_left_factor_of_every_lowrank_role(tmp_path, tiny
             assert result["rank"] < result["of"]
             assert result["error_after"] <= result["error_before"] + 1e-12
     plain = tiny_recipe(tiny_llama_dir, target=raw["target"], stages=_lowrank_stages("awsvd", None))
-    plain_report = run_recipe(validate(plain, "t"), plain, tmp_path / "plain")
+    plain_report = slimkit.run(plain, tmp_path / "plain").report.as_json()
     assert plain_report["params"]["after"] == report["params"]["after"]  # same ranks and widths, refitted values
 
 
@@ -132,12 +130,12 @@ def test_a_lowrank_role_that_was_never_factored_is_refused_or_flagged(tmp_path, 
     target = {"ratio": 0.2, "of": "mlp", "tolerance": 0.1}
     raw = tiny_recipe(tiny_llama_dir, target=target, stages=stages(["q"]))
     with pytest.raises(SlimkitError, match=r"refit q, but no stage .* or made them low-rank") as caught:
-        run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+        slimkit.run(raw, tmp_path / "run")
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "run" / "model").exists()
     # Some roles refitted, others not: the run goes on and the report says which were not.
     raw = tiny_recipe(tiny_llama_dir, target=target, stages=stages(["down", "q", "o"]))
-    report = run_recipe(validate(raw, "t"), raw, tmp_path / "flagged")
+    report = slimkit.run(raw, tmp_path / "flagged").report.as_json()
     assert report["stages"]["reconstruct"]["not_refitted"] == ["q", "o"]
     assert any("q, o refitted in no layer" in note for note in report["notes"])
 
@@ -146,4 +144,4 @@ def test_bias_mean_on_a_lowrank_role_is_refused_in_one_line(tmp_path, tiny_llama
     stages = _lowrank_stages("awsvd", {"roles": ["o"], "bias": "mean"})
     raw = tiny_recipe(tiny_llama_dir, target=LORAP_TARGET, stages=stages)
     with pytest.raises(SlimkitError, match="low-rank pair and bias: mean"):
-        run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+        slimkit.run(raw, tmp_path / "run")

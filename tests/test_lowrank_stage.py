@@ -12,7 +12,6 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.recipes.loading import validate
-from slimkit.recipes.runner import run_recipe
 from tests.test_recipes import tiny_recipe
 
 
@@ -33,7 +32,7 @@ def lorap_recipe(model_dir, **lowrank_args):
 
 def test_lorap_style_run_saves_and_reloads_low_rank_pairs(tmp_path, tiny_llama_dir):
     raw = lorap_recipe(tiny_llama_dir)
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     fraction = report["stages"]["lowrank"]["fraction"]
     assert fraction == report["stages"]["prune_layer"]["unit_fraction"]
     ranks = report["stages"]["lowrank"]["ranks"]["0"]
@@ -54,7 +53,7 @@ def test_layer_ratio_hand_case(tmp_path, tiny_llama_dir):
     # attention 6,144 + mlp 9,216 + norms 96, final norm 48: total 58,848;
     # Ratio_l = 58,848 x 0.2 / (3 x 15,360) = 0.255416...
     raw = lorap_recipe(tiny_llama_dir)
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     assert report["stages"]["lowrank"]["fraction"] == pytest.approx(58_848 * 0.2 / (3 * 15_360))
 
 
@@ -76,7 +75,7 @@ def test_uniform_allocation_of_mlp_projections(tmp_path, tiny_llama_dir):
         }
     ]
     raw = tiny_recipe(tiny_llama_dir, target={"ratio": 0.2, "of": "model", "strict": False}, stages=stages)
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     # up: 48 -> 64, dense 3,072, half = 1,536 -> rank floor(1,536 / 112) = 13
     assert report["stages"]["lowrank"]["ranks"]["2"] == {"up": 13, "down": 13}
 

@@ -16,7 +16,6 @@ from slimkit.primitives.reconstruct import gram_hooks, inverse_hessian, obs_prun
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import DenseConsumer
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.runner import run_recipe
 from slimkit.recipes.stages.obs import ObsPruneLayerArgs, obs_prune_layer
 from tests.test_recipes import tiny_recipe
 from tests.tiny import model_output, tiny_llama
@@ -128,7 +127,7 @@ def test_obs_prune_blocks_remove_the_same_number_from_each_block():
 
 def _run(tmp_path, tiny_llama_dir, stage: dict, target: dict, name: str = "run") -> dict:
     raw = tiny_recipe(tiny_llama_dir, target=target, stages=[{"sequential": [stage]}])
-    return run_recipe(validate(raw, "t"), raw, tmp_path / name)
+    return slimkit.run(raw, tmp_path / name).report.as_json()
 
 
 @pytest.mark.parametrize(("rule", "of"), [("solve", "layers"), ("layer", "model")])
@@ -155,14 +154,14 @@ def test_prune_layer_can_score_with_obs_and_prune_cannot(tmp_path, tiny_llama_di
     assert report["target"]["met"] and report["stages"]["prune_layer"]["scorer"] == "obs"
     raw = tiny_recipe(tiny_llama_dir, stages=[{"stage": "prune", "args": {"scorer": "obs"}}])
     with pytest.raises(SlimkitError, match="scorer obs needs per-layer Grams; use prune_layer"):
-        run_recipe(validate(raw, "t"), raw, tmp_path / "model-scope")
+        slimkit.run(raw, tmp_path / "model-scope")
 
 
 def test_a_consumer_changed_earlier_in_the_block_is_refused(tmp_path, tiny_llama_dir):
     stages = [{"stage": "prune_layer", "args": {"ratio": 0.25}}, {"stage": "obs_prune_layer", "args": {"ratio": 0.25}}]
     raw = tiny_recipe(tiny_llama_dir, stages=[{"sequential": stages}], target={"ratio": 0.44, "of": "mlp"})
     with pytest.raises(SlimkitError, match="layer 0 down was changed by an earlier stage of the block"):
-        run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+        slimkit.run(raw, tmp_path / "run")
 
 
 @pytest.mark.parametrize(

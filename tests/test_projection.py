@@ -34,7 +34,6 @@ from slimkit.primitives.projection import (
     widths_for_params,
 )
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.runner import run_recipe
 from tests.test_recipes import tiny_recipe
 from tests.tiny import assert_scaled_close, model_output, tiny_bert, tiny_llama, tiny_opt
 
@@ -425,7 +424,7 @@ def test_tiny_end_to_end_recipe_run_reloads(tmp_path, tiny_llama_dir):
         name="tiny-sp3",
         stages=[{"stage": "pca_project", "args": {"group_size": 1, "ratio": 0.25, "tokens": 64}}],
     )
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     stage = report["stages"]["pca_project"]
     assert stage["tokens"] == 64 and [g["hidden_size"] for g in stage["groups"]] == [36, 36, 36]
     assert stage["residual_matrices"] == 4  # two group boundaries, the tied embedding's maps (input and head)
@@ -443,14 +442,14 @@ def test_target_solves_hidden_widths_when_ratio_is_not_given(tmp_path, tiny_llam
         stages=[{"stage": "pca_project", "args": {"group_size": "all"}}],
         eval={"perplexity": None},
     )
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     # one hidden dimension is 2.4% of this tiny model, so the closest width is within 1.2 points
     assert report["target"]["achieved"] == pytest.approx(0.1, abs=0.0125)
     stage = report["stages"]["pca_project"]
     assert stage["params"] == stage["params_expected"] == report["params"]["after"]
     raw["target"] = {"ratio": 0.1, "of": "mlp"}
     with pytest.raises(SlimkitError, match=r"target\.of: model"):
-        run_recipe(validate(raw, "tiny"), raw, tmp_path / "run2", run_eval=False)
+        slimkit.run(raw, tmp_path / "run2", evaluate=False)
 
 
 def test_hybrid_rotation_then_llm_pruner_stages_on_a_tiny_model(tmp_path, tiny_llama_dir):
@@ -466,7 +465,7 @@ def test_hybrid_rotation_then_llm_pruner_stages_on_a_tiny_model(tmp_path, tiny_l
         stages=stages,
         eval={"perplexity": None},
     )
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     stage = report["stages"]["pca_project"]
     assert [g["hidden_size"] for g in stage["groups"]] == [48] and stage["residual_matrices"] == 1  # the tied head
     # the rotation's map after the final norm counts: prune removes it on top, so the result meets 20%
@@ -487,7 +486,7 @@ def test_hidden_feature_pruning_refuses_a_model_with_residual_matrices(tmp_path,
         eval={"perplexity": None},
     )
     with pytest.raises(SlimkitError, match="hidden_feature cannot prune a model with residual matrices"):
-        run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+        slimkit.run(raw, tmp_path / "run", evaluate=False)
     assert not (tmp_path / "run" / "model").exists()
 
 
@@ -500,6 +499,6 @@ def test_full_width_projection_of_a_tied_model_says_the_embedding_shares_group_o
         stages=[{"stage": "pca_project", "args": {"group_size": 1, "ratio": 0.0, "tokens": 64}}],
         eval={"perplexity": None},
     )
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     assert report["stages"]["pca_project"]["embedding_basis"].startswith("group 1's")
     assert any("shares group 1's basis" in note for note in report["notes"])

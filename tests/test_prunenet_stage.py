@@ -9,7 +9,6 @@ import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import validate
-from slimkit.recipes.runner import run_recipe
 from tests.test_recipes import tiny_recipe
 
 
@@ -22,7 +21,7 @@ def prunenet_recipe(model_dir, ratio: float, **args):
 
 def test_prunenet_trains_saves_and_reuses_its_policy(tmp_path, tiny_llama_dir):
     raw = prunenet_recipe(tiny_llama_dir, 0.25)
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "first")
+    report = slimkit.run(raw, tmp_path / "first").report.as_json()
     assert report["calibration"] is None
     assert report["stages"]["prunenet"]["policy"]["episodes"] == 2
     assert all(w["intermediate_size"] == 48 for w in report["layers"]["after"])
@@ -31,7 +30,7 @@ def test_prunenet_trains_saves_and_reuses_its_policy(tmp_path, tiny_llama_dir):
     assert (policy_dir / "policy.safetensors").is_file() and (policy_dir / "policy.json").is_file()
 
     reuse = prunenet_recipe(tiny_llama_dir, 0.5, policy=str(policy_dir))
-    second = run_recipe(validate(reuse, "tiny"), reuse, tmp_path / "second")
+    second = slimkit.run(reuse, tmp_path / "second").report.as_json()
     assert second["stages"]["prunenet"]["policy"] == {"loaded_from": str(policy_dir)}
     assert not (tmp_path / "second" / "policy").exists()
     model, _ = slimkit.load(tmp_path / "second" / "model")
@@ -42,7 +41,7 @@ def test_prunenet_trains_saves_and_reuses_its_policy(tmp_path, tiny_llama_dir):
 def test_prunenet_ablations_run(tmp_path, tiny_llama_dir, selection):
     raw = prunenet_recipe(tiny_llama_dir, 0.25, selection=selection, schedule="linear")
     raw["target"]["tolerance"] = 0.01  # the linear schedule rounds every layer of a 64-channel MLP
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     ratios = report["stages"]["prunenet"]["layer_ratios"]
     assert sum(ratios) / len(ratios) == pytest.approx(0.25) and ratios[0] > ratios[-1]
 
@@ -50,7 +49,7 @@ def test_prunenet_ablations_run(tmp_path, tiny_llama_dir, selection):
 def _run(tmp_path, tiny_llama_dir, name: str, seed: int, **args) -> tuple[dict, dict]:
     raw = prunenet_recipe(tiny_llama_dir, 0.25, **args)
     raw["seed"] = seed
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / name, run_eval=False)
+    report = slimkit.run(raw, tmp_path / name, evaluate=False).report.as_json()
     model, _ = slimkit.load(tmp_path / name / "model")
     return report, {name: p.detach().clone() for name, p in model.named_parameters() if "up_proj" in name}
 
@@ -71,7 +70,7 @@ def test_seed_drives_training_and_selection(tmp_path, tiny_llama_dir, selection)
 @pytest.mark.parametrize(("returns", "update", "steps"), [("own", "layer", 2 * 3), ("future", "episode", 2)])
 def test_return_and_update_options_reach_the_policy(tmp_path, tiny_llama_dir, returns, update, steps):
     raw = prunenet_recipe(tiny_llama_dir, 0.25, returns=returns, update=update)
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     policy = report["stages"]["prunenet"]["policy"]
     assert (policy["returns"], policy["update"], policy["optimizer_steps"]) == (returns, update, steps)
 

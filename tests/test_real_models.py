@@ -18,7 +18,6 @@ from slimkit.primitives.evaluate.counting import count_params
 from slimkit.primitives.evaluate.perplexity import perplexity
 from slimkit.primitives.sources import resolve_source
 from slimkit.recipes.loading import load_recipe
-from slimkit.recipes.runner import run_recipe
 
 pytestmark = pytest.mark.real
 
@@ -82,8 +81,8 @@ def test_wanda_channels_end_to_end_on_smollm2(real_cache, monkeypatch, tmp_path)
         "target.of=mlp",
         "stages.0.sequential.0.args.groups=[mlp_channel]",
     ]
-    recipe, raw = load_recipe("wanda-channels", overrides)
-    report = run_recipe(recipe, raw, tmp_path / "run")
+    recipe, _raw = load_recipe("wanda-channels", overrides)
+    report = slimkit.run(recipe, tmp_path / "run").report.as_json()
     assert report["target"]["achieved"] == pytest.approx(0.2, abs=1e-3)
     assert report["params"]["before"] == 134_515_008
     assert report["params"]["after"] == 134_515_008 - 30 * 3 * 576 * (1536 - 1229)
@@ -103,8 +102,8 @@ def test_llm_pruner_meets_the_target_and_reloads(real_cache, monkeypatch, tmp_pa
         "stages.1.args.batch_size=1",
         *SMALL_EVAL,
     ]
-    recipe, raw = load_recipe("llm-pruner", overrides)
-    report = run_recipe(recipe, raw, tmp_path / "run")
+    recipe, _raw = load_recipe("llm-pruner", overrides)
+    report = slimkit.run(recipe, tmp_path / "run").report.as_json()
     assert abs(report["target"]["achieved"] - 0.2) < 0.01
     widths = report["layers"]["after"]
     assert (
@@ -131,8 +130,8 @@ def test_lorap_low_rank_pairs_survive_save_and_load(real_cache, monkeypatch, tmp
         "stages.1.args.steps=0",
         *SMALL_EVAL,
     ]
-    recipe, raw = load_recipe("lorap", overrides)
-    report = run_recipe(recipe, raw, tmp_path / "run")
+    recipe, _raw = load_recipe("lorap", overrides)
+    report = slimkit.run(recipe, tmp_path / "run").report.as_json()
     assert abs(report["target"]["achieved"] - 0.2) < 0.01
     assert report["stages"]["lowrank"]["ranks"]["0"] == {"q": 142, "k": 71, "v": None, "o": None}
     model, tokenizer = slimkit.load(tmp_path / "run" / "model")
@@ -143,13 +142,13 @@ def test_lorap_low_rank_pairs_survive_save_and_load(real_cache, monkeypatch, tmp
 def test_prunenet_is_calibration_free_and_reuses_its_policy(real_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(real_cache))
     evals = SMALL_EVAL
-    recipe, raw = load_recipe("prunenet", ["stages.0.args.episodes=2", *evals])
-    report = run_recipe(recipe, raw, tmp_path / "r20")
+    recipe, _raw = load_recipe("prunenet", ["stages.0.args.episodes=2", *evals])
+    report = slimkit.run(recipe, tmp_path / "r20").report.as_json()
     assert report["calibration"] is None and report["target"]["achieved"] == pytest.approx(0.2, abs=1e-3)
     assert len(report["stages"]["prunenet"]["policy"]["episode_penalty"]) == 2
     policy = tmp_path / "r20" / "policy"
-    recipe, raw = load_recipe("prunenet", ["target.ratio=0.3", f"stages.0.args.policy={policy}", *evals])
-    second = run_recipe(recipe, raw, tmp_path / "r30")
+    recipe, _raw = load_recipe("prunenet", ["target.ratio=0.3", f"stages.0.args.policy={policy}", *evals])
+    second = slimkit.run(recipe, tmp_path / "r30").report.as_json()
     assert second["stages"]["prunenet"]["policy"] == {"loaded_from": str(policy)}
     model, _tokenizer = slimkit.load(tmp_path / "r30" / "model")
     assert {layer.mlp_width for layer in ModelView(model).layers} == {1075}

@@ -13,7 +13,6 @@ import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import apply_override, bundled_recipes, load_recipe, validate
-from slimkit.recipes.runner import run_recipe
 
 
 def tiny_recipe(model_dir, **changes) -> dict:
@@ -93,7 +92,7 @@ def test_stage_argument_rules(tmp_path, stage, args, message):
 def test_end_to_end_tiny_run(tmp_path, tiny_llama_dir):
     recipe = validate(tiny_recipe(tiny_llama_dir), "tiny")
     out = tmp_path / "run"
-    report = run_recipe(recipe, tiny_recipe(tiny_llama_dir), out)
+    report = slimkit.run(recipe, out).report.as_json()
     saved = json.loads((out / "report.json").read_text())
     assert saved == json.loads(json.dumps(report))
     for key in ("recipe", "model", "seed", "timings_s", "peak_rss_mb", "metrics", "versions", "macs"):
@@ -127,14 +126,14 @@ def test_end_to_end_tiny_run(tmp_path, tiny_llama_dir):
 
 def test_calibrating_on_the_evaluation_set_is_noted(tmp_path, tiny_llama_dir):
     raw = tiny_recipe(tiny_llama_dir, calibration={"dataset": "wikitext2", "samples": 2, "seq_len": 16})
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     assert any("both use wikitext2" in note for note in report["notes"])
 
 
 def test_top_level_layer_stage_uses_dense_statistics(tmp_path, tiny_llama_dir):
     raw = tiny_recipe(tiny_llama_dir, stages=[{"stage": "prune_layer", "args": {"scorer": "magnitude"}}])
     raw["eval"] = {"perplexity": None}
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     assert report["calibration"] is None and report["metrics"] == {}
     assert all(w["intermediate_size"] == 48 for w in report["layers"]["after"])
 
@@ -142,7 +141,7 @@ def test_top_level_layer_stage_uses_dense_statistics(tmp_path, tiny_llama_dir):
 def test_zero_shot_evaluation_through_the_runner(tmp_path, tiny_llama_dir):
     raw = tiny_recipe(tiny_llama_dir)
     raw["eval"] = {"perplexity": None, "zeroshot": {"tasks": ["piqa", "boolq"], "limit": 2, "batch_size": 2}}
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     metrics = report["metrics"]
     assert {"piqa_acc", "piqa_acc_norm", "boolq_acc", "zeroshot_mean_acc"} <= set(metrics)
     assert metrics["zeroshot_mean_acc"] == pytest.approx((metrics["piqa_acc"] + metrics["boolq_acc"]) / 2)

@@ -10,7 +10,7 @@ import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.runner import run, run_recipe
+from slimkit.recipes.runner import run
 from slimkit.recipes.stages.reconstruct import ReconstructArgs
 from tests.conftest import saved_tiny_llama
 from tests.test_recipes import tiny_recipe
@@ -32,7 +32,7 @@ def _recipe(model_dir, stages: list, target: dict | None = None) -> dict:
 
 
 def _run(raw: dict, out):
-    return run_recipe(validate(raw, "t"), raw, out)
+    return slimkit.run(raw, out).report.as_json()
 
 
 def _state(folder) -> dict[str, torch.Tensor]:

@@ -9,8 +9,7 @@ import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.layerwise import DenseConsumer
-from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.runner import run_recipe
+from slimkit.recipes.loading import load_recipe
 from slimkit.recipes.stages.reconstruct import _refit_role, matched_columns
 from tests.conftest import saved_tiny_llama
 from tests.test_recipes import tiny_recipe
@@ -39,7 +38,7 @@ def _stages(groups, reconstruct: bool, ratio=None):
 def test_reconstruct_lowers_every_refitted_layers_output_error(tmp_path, tiny_llama_dir, groups):
     of = "attention" if groups == ["attention_head"] else "mlp" if groups == ["mlp_channel"] else "layers"
     raw = tiny_recipe(tiny_llama_dir, target={"ratio": 0.3, "of": of, "tolerance": 0.1}, stages=_stages(groups, True))
-    report = run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     entry = report["stages"]["reconstruct"]
     roles = {"mlp_channel": "down", "attention_head": "o"}
     assert set(entry["layers"]) == {roles[g] for g in groups}
@@ -48,11 +47,9 @@ def test_reconstruct_lowers_every_refitted_layers_output_error(tmp_path, tiny_ll
         for result in per_layer.values():
             assert result["kept"] < result["of"] and result["method"] == "cholesky"
             assert result["error_after"] < result["error_before"]
-    plain = run_recipe(
-        validate(raw := tiny_recipe(tiny_llama_dir, target=raw["target"], stages=_stages(groups, False)), "t"),
-        raw,
-        tmp_path / "plain",
-    )
+    plain = slimkit.run(
+        raw := tiny_recipe(tiny_llama_dir, target=raw["target"], stages=_stages(groups, False)), tmp_path / "plain"
+    ).report.as_json()
     assert plain["params"]["after"] == report["params"]["after"]  # same structure, only refitted values
 
 
@@ -62,7 +59,7 @@ def test_reconstruct_leaves_an_unpruned_layer_unchanged(tmp_path, tiny_llama_dir
         target={"ratio": 0.0, "of": "mlp", "tolerance": 0.01},
         stages=_stages(["mlp_channel"], True, ratio=0.0),
     )
-    report = run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     assert report["stages"]["reconstruct"]["layers"] == {}
     model, _ = slimkit.load(tmp_path / "run" / "model")
     original = slimkit.load(tiny_llama_dir)[0]
@@ -135,13 +132,13 @@ def test_removing_constant_channels_with_mean_bias_is_lossless(tmp_path, tokeniz
     ids = torch.randint(3, 200, (2, 11))
     dense = model_output(slimkit.load(folder)[0], ids)
     raw = _recipe(folder, {"bias": "mean", "refit": refit, "roles": ["down"]})
-    report = run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     for result in report["stages"]["reconstruct"]["layers"]["down"].values():
         assert result["kept"] == 48 and result["error_after"] < 1e-10  # the 16 constant channels went
     pruned = model_output(slimkit.load(tmp_path / "run" / "model")[0], ids)
     torch.testing.assert_close(pruned, dense, rtol=1e-5, atol=1e-5)
     plain = _recipe(folder, None)
-    run_recipe(validate(plain, "t"), plain, tmp_path / "plain")
+    slimkit.run(plain, tmp_path / "plain")
     without = model_output(slimkit.load(tmp_path / "plain" / "model")[0], ids)
     assert (without - dense).abs().max() > 1e-2  # without the bias shift the removal is not lossless
 
@@ -150,7 +147,7 @@ def test_mean_bias_saves_and_reloads_with_slimkit_and_stock_transformers(tmp_pat
     from transformers import AutoModelForCausalLM
 
     raw = _recipe(tiny_llama_dir, {"bias": "mean"}, groups=("mlp_channel", "attention_head"), ratio=0.3, of="layers")
-    report = run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+    report = slimkit.run(raw, tmp_path / "run").report.as_json()
     entry = report["stages"]["reconstruct"]
     assert entry["settings"] == {"bias": "mean", "target": "compressed", "refit": True}
     assert all(r["bias_shift"] > 0 for per_layer in entry["layers"].values() for r in per_layer.values())
@@ -176,7 +173,7 @@ def test_export_keeps_the_new_biases_in_a_plain_folder_and_in_gguf(tmp_path):
     folder = saved_tiny_llama(tmp_path / "model", tokenizer)
 
     raw = _recipe(folder, {"bias": "mean"}, groups=("mlp_channel", "attention_head"), ratio=0.3, of="layers")
-    run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+    slimkit.run(raw, tmp_path / "run")
     ours = slimkit.load(tmp_path / "run" / "model")[0]
     result = write_hf(ours, None, tmp_path / "hf")
     assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff <= 1e-4
@@ -201,7 +198,7 @@ def test_dense_target_equals_compressed_target_where_nothing_upstream_is_compres
         raw = _recipe(
             tiny_llama_dir, {"target": target}, groups=("mlp_channel", "attention_head"), ratio=0.3, of="layers"
         )
-        report = run_recipe(validate(raw, "t"), raw, tmp_path / target)
+        report = slimkit.run(raw, tmp_path / target).report.as_json()
         assert report["stages"]["reconstruct"]["settings"]["target"] == target
         model = slimkit.load(tmp_path / target / "model")[0]
         weights[target] = {
@@ -222,7 +219,7 @@ def test_a_bias_the_architecture_cannot_carry_is_refused(tmp_path, tokenizer):
     tokenizer.save_pretrained(folder)
     raw = _recipe(folder, {"bias": "mean"})
     with pytest.raises(SlimkitError, match="bias: mean needs a bias on down, but mistral models have no config flag"):
-        run_recipe(validate(raw, "t"), raw, tmp_path / "run")
+        slimkit.run(raw, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 

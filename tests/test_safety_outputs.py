@@ -22,8 +22,8 @@ import yaml
 import slimkit
 from slimkit.primitives import paths
 from slimkit.primitives.errors import SlimkitError
-from slimkit.recipes import runner
-from slimkit.recipes.runner import check_output_dir
+from slimkit.recipes import output_safety, runner
+from slimkit.recipes.output_safety import check_output_dir
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_llama
@@ -216,7 +216,7 @@ def test_an_out_filled_during_the_run_is_not_overwritten(monkeypatch, tmp_path, 
             out.mkdir()
             (out / "theirs.txt").write_text("written meanwhile")
 
-    monkeypatch.setattr(runner, "_pause_for_test", someone_writes)
+    monkeypatch.setattr(output_safety, "pause_for_test", someone_writes)
     with pytest.raises(
         SlimkitError, match=r"not empty \(use --force .*\); it changed while this run computed, so nothing was written"
     ):
@@ -260,7 +260,7 @@ def test_leftovers_of_dead_runs_are_removed_and_live_ones_kept(tmp_path, model_d
     assert_complete(out, "new-run")
     assert not dead.exists() and not dead_file.exists()
     assert live.is_dir() and other.is_dir()
-    notes = [note for note in result.report["notes"] if note.startswith("removed")]
+    notes = [note for note in result.report.as_json()["notes"] if note.startswith("removed")]
     assert len(notes) == 2 and dead.name in " ".join(notes) and "did not finish" in notes[0]
 
 
@@ -309,7 +309,7 @@ def test_a_signal_during_a_run_keeps_the_old_result(old_result, model_dir, sig, 
     if sig == signal.SIGKILL:  # nothing could clean up; the next run does
         result = slimkit.run(recipe(model_dir, "new-run"), out=old_result, force=True, evaluate=False)
         assert_complete(old_result, "new-run")
-        left = [note for note in result.report["notes"] if note.startswith("removed")]
+        left = [note for note in result.report.as_json()["notes"] if note.startswith("removed")]
         assert len(left) == (point != "compute") and (not left or f"pid {process.pid}" in left[0])  # a partial folder
     else:  # Ctrl-C and SIGTERM: the run deleted its partial folder and let go of its lock
         assert ("Terminated: terminated (SIGTERM)" if sig == signal.SIGTERM else "KeyboardInterrupt") in err, err

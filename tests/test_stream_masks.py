@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.optim import (
@@ -150,9 +151,7 @@ def test_bad_inputs_raise_one_line_errors():
 
 @pytest.mark.parametrize("tied_head", ["joint", "own"])
 def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama_dir, tied_head):
-    import slimkit
-    from slimkit.recipes.loading import load_recipe, validate
-    from slimkit.recipes.runner import run_recipe
+    from slimkit.recipes.loading import load_recipe
     from tests.test_recipes import tiny_recipe
 
     bundled, _ = load_recipe("sp3-llm")
@@ -167,7 +166,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
         stages=stages,
         eval={"perplexity": None},
     )
-    report = run_recipe(validate(raw, "tiny"), raw, tmp_path / "run", run_eval=False)
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
     stage = report["stages"]["mask_train"]
     assert stage["steps"] == 4 and len(stage["history"]["expected_sparsity"]) == 4
     assert stage["binary_sparsity"] >= 0.3

@@ -1,0 +1,166 @@
+"""Running a model's configured evaluations: perplexity, zero-shot accuracy, GLUE dev metrics, throughput.
+
+One dispatch for ``slimkit recipe run``, ``slimkit eval``, :func:`slimkit.evaluate` and the benchmarks. The
+settings are the recipe schema's ``eval`` section (:class:`EvalSettings` names what this module reads of it);
+progress bars come from any :class:`ProgressTasks` (the CLI's rich tracker, or none). Every bar shows its total.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from slimkit.primitives.errors import SlimkitError
+
+Advance = Callable[[int], None]
+
+
+class ProgressTasks(Protocol):
+    """What evaluation asks of a progress display: a bar with a description and a total."""
+
+    def task(self, description: str, total: int | None) -> AbstractContextManager[Advance]: ...
+
+
+class PerplexitySettings(Protocol):
+    datasets: list[str]
+    seq_len: int
+    max_tokens: int | None
+    batch_size: int
+
+
+class ZeroshotSettings(Protocol):
+    tasks: list[str]
+    limit: int | None
+    batch_size: int
+
+
+class GlueSettings(Protocol):
+    task: str | None
+    limit: int | None
+    batch_size: int
+    max_length: int
+
+
+class EvalSettings(Protocol):
+    """The recipe's ``eval`` section as evaluation reads it (``slimkit.recipes.schema.EvalConfig``)."""
+
+    perplexity: PerplexitySettings | None
+    zeroshot: ZeroshotSettings | None
+    glue: GlueSettings | None
+    speed: bool
+
+
+@dataclass
+class Evaluation:
+    """What :func:`evaluate_model` returns: flat ``metrics`` (``wikitext2_ppl``, ``piqa_acc``, ...),
+    per-evaluation ``details`` and the seconds each evaluation took (``eval:wikitext2``, ``eval:zeroshot``, ...)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, label: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
+
+
+class NoProgress:
+    """A :class:`ProgressTasks` that shows nothing."""
+
+    @contextmanager
+    def task(self, description: str, total: int | None) -> Iterator[Advance]:
+        yield lambda _n=1: None
+
+
+def preflight_eval_data(config: EvalSettings) -> None:
+    """Read every data file the evaluations will need now, so a missing one fails before any compute."""
+    from slimkit.primitives import gluedata, textdata
+
+    if config.perplexity is not None:
+        for dataset in config.perplexity.datasets:
+            textdata.documents(dataset)
+    if config.zeroshot is not None:
+        from slimkit.primitives.evaluate.zeroshot import prepare_task_data
+
+        for task in config.zeroshot.tasks:
+            prepare_task_data(task)
+    if config.glue is not None and config.glue.task is not None:
+        gluedata.read_split(config.glue.task, "dev")
+
+
+def evaluate_model(model, tokenizer, config: EvalSettings, progress: ProgressTasks | None = None) -> Evaluation:
+    """Run the configured evaluations of ``model``."""
+    progress = progress or NoProgress()
+    result = Evaluation()
+    if config.perplexity is not None:
+        evaluate_perplexity(model, tokenizer, config.perplexity, progress, result)
+    if config.zeroshot is not None and config.zeroshot.tasks:
+        evaluate_zeroshot_tasks(model, tokenizer, config.zeroshot, result)
+    if config.glue is not None:
+        evaluate_glue_task(model, tokenizer, config.glue, progress, result)
+    if config.speed:
+        from slimkit.primitives.evaluate.speed import throughput
+
+        with result.timed("eval:speed"):
+            result.details["speed"] = throughput(model, len(tokenizer)).as_dict()
+    return result
+
+
+def evaluate_perplexity(
+    model, tokenizer, settings: PerplexitySettings, progress: ProgressTasks, result: Evaluation
+) -> None:
+    """``<dataset>_ppl`` for each dataset; its bar counts the evaluation windows."""
+    from slimkit.primitives import textdata
+    from slimkit.primitives.evaluate.perplexity import PerplexityResult, corpus_ids, perplexity_of_windows, windows_of
+
+    result.details["perplexity"] = []
+    for dataset in settings.datasets:
+        with result.timed(f"eval:{dataset}"):
+            ids = corpus_ids(tokenizer, textdata.text(dataset), settings.max_tokens)
+            windows = windows_of(ids, settings.seq_len, settings.max_tokens)
+            with progress.task(f"perplexity {dataset}", int(windows.shape[0])) as advance:
+                value = perplexity_of_windows(model, windows, settings.batch_size, advance)
+        measured = PerplexityResult(dataset, value, int(windows.shape[0]), settings.seq_len, int(windows.numel()))
+        result.metrics[f"{dataset}_ppl"] = measured.perplexity
+        result.details["perplexity"].append(measured.as_dict())
+
+
+def evaluate_zeroshot_tasks(model, tokenizer, settings: ZeroshotSettings, result: Evaluation) -> None:
+    """``<task>_acc`` (and ``_acc_norm``) through lm-eval (its own bars count the requests), and
+    ``zeroshot_mean_acc``."""
+    from slimkit.primitives.evaluate.zeroshot import evaluate_zeroshot
+
+    with result.timed("eval:zeroshot"):
+        results = evaluate_zeroshot(
+            model, tokenizer, settings.tasks, limit=settings.limit, batch_size=settings.batch_size
+        )
+    result.details["zeroshot"] = {"limit": settings.limit, "results": results}
+    for task, values in results.items():
+        for key in ("acc", "acc_norm"):
+            if key in values:
+                result.metrics[f"{task}_{key}"] = values[key]
+    result.metrics["zeroshot_mean_acc"] = sum(v["acc"] for v in results.values()) / len(results)
+
+
+def evaluate_glue_task(model, tokenizer, settings: GlueSettings, progress: ProgressTasks, result: Evaluation) -> None:
+    """GLUE dev metrics as ``glue_<task>_<metric>``; the task is the settings', else the one the model records."""
+    from slimkit.primitives import gluedata
+    from slimkit.primitives.evaluate.glue import evaluate_glue
+
+    task = settings.task or getattr(getattr(model, "config", None), "finetuning_task", None)
+    if task is None:
+        raise SlimkitError("eval.glue: no task given and the model records none; name one (e.g. --glue sst2)")
+    total = len(gluedata.load_examples(task, "dev", settings.limit))
+    with result.timed(f"eval:glue_{task}"), progress.task(f"glue {task}", total) as advance:
+        measured = evaluate_glue(
+            model, tokenizer, task, settings.limit, settings.batch_size, settings.max_length, advance
+        )
+    result.details["glue"] = measured
+    result.metrics.update({f"glue_{task}_{key}": measured[key] for key in gluedata.glue_task(task).metrics})

@@ -1,0 +1,123 @@
+"""Checks a run makes before any compute: placement, dtypes, exports, calibration length, evaluation, data files.
+
+Each raises :class:`~slimkit.primitives.errors.SlimkitError` with one line naming the field, what is wrong and what
+is allowed; none changes anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.offload import check_stage_fits, is_offloaded
+from slimkit.primitives.placement import DTYPES, Placement, resolve_device
+from slimkit.recipes.registry import stage_def
+from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
+
+
+def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
+    """Read the calibration data file now, so a missing one fails before any compute."""
+    from slimkit.primitives import gluedata, textdata
+
+    if calibration is None:
+        return
+    task = gluedata.calibration_task(calibration.dataset)
+    if task is not None:
+        gluedata.read_split(task, "train")
+    else:
+        textdata.documents(calibration.dataset)
+
+
+def model_placement(recipe: Recipe, model: Any = None) -> Placement:
+    """Where the run computes: the recipe's ``model`` fields, or the given in-memory model's own device and
+    dtype (a recipe that names another device or dtype for it is refused: nothing is moved silently)."""
+    settings = recipe.model
+    if model is None:
+        return Placement.resolve(settings.device, settings.dtype, settings.max_memory)
+    first = next(model.parameters())
+    if settings.max_memory is not None:
+        raise SlimkitError("model.max_memory applies when slimkit loads the model, not to a model given in memory")
+    for field, wanted, actual in (("device", settings.device, first.device), ("dtype", settings.dtype, first.dtype)):
+        if wanted != "auto":
+            resolved = resolve_device(wanted) if field == "device" else DTYPES[wanted]
+            if resolved != actual and not (field == "device" and resolved.type == actual.type == "cuda"):
+                raise SlimkitError(
+                    f"model.{field}: the recipe asks for {wanted} but the model given has {actual}; "
+                    f"move or cast the model first, or leave model.{field}: auto"
+                )
+    return Placement(first.device, first.dtype)
+
+
+def check_stage_dtypes(recipe: Recipe, dtype: torch.dtype) -> None:
+    """Refuse stages that cannot run with the weights' dtype, before anything is loaded."""
+    if dtype != torch.float16:
+        return
+    for spec in recipe.flat_stages():
+        if stage_def(spec.stage).trains:
+            raise SlimkitError(
+                f"stage '{spec.stage}' trains through the model, which float16 weights cannot do without loss "
+                "scaling (activations and gradients overflow or underflow); use model.dtype bfloat16 or float32"
+            )
+
+
+def check_export_model(recipe: Recipe, model: Any) -> None:
+    """Refuse, before any compression, an ``export:`` item the model's type can never satisfy."""
+    from slimkit.primitives.export import EXPORTABLE_MODEL_TYPES, HF_MODEL_TYPES
+
+    model_type = getattr(model.config, "model_type", None)
+    for index, item in enumerate(recipe.export):
+        allowed = EXPORTABLE_MODEL_TYPES if item.format == "gguf" else HF_MODEL_TYPES
+        if model_type not in allowed or recipe.task is not None:
+            raise SlimkitError(
+                f"export.{index}: format {item.format} writes {', '.join(allowed)} language models; "
+                f"this run's model is {'a GLUE task model' if recipe.task else repr(model_type)}"
+            )
+
+
+def check_calibration_length(recipe: Recipe, model: Any) -> None:
+    """Refuse, before calibrating, a ``calibration.seq_len`` longer than the model's positions
+    (its config's ``max_position_embeddings``, when it has one)."""
+    config = recipe.calibration_config()
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if config is None or not isinstance(limit, int) or config.seq_len <= limit:
+        return
+    raise SlimkitError(
+        f"calibration.seq_len: {config.seq_len} is longer than the model's max_position_embeddings ({limit}); "
+        f"use at most {limit}"
+    )
+
+
+def check_eval_model(recipe: Recipe, model: Any) -> None:
+    """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head)."""
+    from slimkit.primitives.arch.support import task_of
+
+    if recipe.task is not None or task_of(model.config) != "encoder":
+        return
+    wanted = [
+        name for name, config in (("perplexity", recipe.eval.perplexity), ("zeroshot", recipe.eval.zeroshot)) if config
+    ]
+    if wanted:
+        raise SlimkitError(
+            f"eval.{wanted[0]}: needs a causal language model, and this run's model is an encoder; set "
+            f"eval.{wanted[0]}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
+        )
+
+
+def check_offloaded_stages(recipe: Recipe, model: Any) -> None:
+    """Whole-model stages cannot run on an offloaded model: refuse them before any compute."""
+    if not is_offloaded(model):
+        return
+    for item in recipe.stages:
+        if not isinstance(item, SequentialSpec):
+            check_stage_fits(model, item.stage, stage_def(item.stage).scope)
+
+
+def check_save_dtype(recipe: Recipe, placement: Placement, model: Any) -> torch.dtype | None:
+    """The dtype the weights are saved in when it differs from the compute dtype's setting (None: the model's
+    own); an offloaded model is saved in its own dtype, so a ``save_dtype`` for it is refused."""
+    save_dtype = DTYPES[recipe.model.save_dtype] if recipe.model.save_dtype else None
+    if save_dtype is not None and save_dtype != placement.dtype and is_offloaded(model):
+        raise SlimkitError("model.save_dtype: an offloaded model is saved in its own dtype; leave save_dtype unset")
+    return save_dtype
