@@ -521,6 +521,8 @@ class Bench:
                 log(f"  reusing {folder}")
                 return folder, None, None
             log(f"  compressing again: {folder / 'report.json'} is not a run report this code reads")
+        # The old run's row goes with it: --force replaces only a folder holding nothing but a run's output.
+        (folder / ROW_FILE).unlink(missing_ok=True)
         sets = [x for o in overrides for x in ("--set", o)]
         command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", job.recipe, "--out", str(folder)]
         command += ["--no-eval", "--force", *sets]

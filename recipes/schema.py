@@ -317,6 +317,8 @@ class ExportItem(Strict):
             parts = PurePosixPath(self.path).parts
             if not parts or self.path.startswith(("/", "\\")) or ".." in parts or ":" in self.path:
                 raise ValueError(f"path '{self.path}' must be a relative path inside the output folder")
+            if "\x00" in self.path or any(len(part.encode()) > 255 for part in parts):
+                raise ValueError(f"path {self.path[:60]!r} holds a NUL byte or a name longer than 255 bytes")
             if parts[0] in RUN_OWN_NAMES:
                 raise ValueError(
                     f"path '{self.path}' is in the run's own {parts[0]}; choose a path outside it (e.g. export/...)"

@@ -29,13 +29,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
 from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_replaceable_export, write_hf
-from slimkit.primitives.files.guard import check_not_input, protected_reason, terminate_as_interrupt
+from slimkit.primitives.files.guard import (
+    check_not_input,
+    check_path_name,
+    protected_reason,
+    terminate_as_interrupt,
+    write_failure,
+)
 from slimkit.primitives.paths import LockHeld, acquire_lock, remove_leftovers
 from slimkit.primitives.sources import load_source, resolve_source
 
@@ -73,6 +80,7 @@ def check_export_target(
     itself, inside it or holding it); what exists there may be replaced only with ``force`` and only when it is an
     earlier export of the same kind."""
     target = Path(out).expanduser()
+    check_path_name("--out", target)
     reason = protected_reason(target)
     if reason is not None:
         raise SlimkitError(f"--out {target} is {reason}, which an export never replaces; name a file or folder for it")
@@ -146,6 +154,10 @@ def export(
     try:
         with terminate_as_interrupt():
             return _export_claimed(model, target, format, type, tokenizer, force, verify, inputs)
+    except OSError as error:  # a full disk, a file-size limit, a folder that became unwritable
+        raise write_failure(f"--out {target}", error) from None
+    except SafetensorError as error:  # the same, met while safetensors wrote the weights
+        raise SlimkitError(f"--out {target}: cannot write the weights ({error}); nothing was replaced") from None
     finally:
         lock.release()
 

@@ -5,6 +5,9 @@
   it (:func:`protected_reason`).
 * Never an input: an output that is an input of the command, lies inside one, or holds one is refused
   (:func:`overlap_reason`, :func:`check_not_input`), so no command replaces or writes into what it reads.
+* A small file (``eval --json``) is written to a hidden sibling and renamed into place (:func:`write_text_file`):
+  never through a symbolic link, never half-written; a write that fails (full disk, file-size limit, no
+  permission) is one line naming the file and the reason.
 * SIGTERM is handled like Ctrl-C while a command writes (:func:`terminate_as_interrupt`): the command's
   ``finally`` blocks run, so its hidden partial file or folder and its lock are deleted on the way out.
 """
@@ -19,6 +22,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from slimkit.primitives.errors import SlimkitError
+
+NAME_MAX_BYTES = 255
+"""The longest file name (one path component, in bytes) Linux and macOS file systems take."""
+
+
+def check_path_name(option: str, path: Path) -> None:
+    """One :class:`SlimkitError` line for a path no file system takes: a NUL byte, or a component longer than
+    :data:`NAME_MAX_BYTES` bytes (checked before any work, not when the result is written)."""
+    text = str(path)
+    if "\x00" in text:
+        raise SlimkitError(f"{option} {text!r}: a path cannot hold a NUL byte")
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX_BYTES:
+            raise SlimkitError(
+                f"{option} {part[:40]}...: a file name is at most {NAME_MAX_BYTES} bytes, this one "
+                f"{len(os.fsencode(part))}"
+            )
 
 
 def protected_reason(out: Path) -> str | None:
@@ -68,6 +88,31 @@ def check_not_input(option: str, out: Path, inputs: Iterable[str | os.PathLike])
         )
 
 
+def write_failure(what: str, error: OSError) -> SlimkitError:
+    """One line for a write that failed: ``what`` (``--json results.json``), the reason, the file."""
+    where = f" ({error.filename})" if error.filename else ""
+    return SlimkitError(f"{what}: cannot write it: {error.strerror or error}{where}; nothing was replaced")
+
+
+def write_text_file(path: Path, text: str, option: str) -> None:
+    """Write ``text`` to ``path`` through a hidden sibling renamed into place (never through a symbolic link at
+    ``path``); a failure is one :class:`SlimkitError` line (``option`` names the setting) and leaves ``path`` as
+    it was."""
+    from slimkit.primitives.paths import staging_file
+
+    staging = None
+    try:
+        staging = staging_file(path)
+        with open(staging, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(staging, path)
+    except OSError as error:
+        raise write_failure(f"{option} {path}", error) from None
+    finally:
+        if staging is not None:
+            staging.unlink(missing_ok=True)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM while a command writes, raised like Ctrl-C so the command cleans up before exiting."""
 
@@ -90,4 +135,14 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["Terminated", "check_not_input", "overlap_reason", "protected_reason", "terminate_as_interrupt"]
+__all__ = [
+    "NAME_MAX_BYTES",
+    "Terminated",
+    "check_not_input",
+    "check_path_name",
+    "overlap_reason",
+    "protected_reason",
+    "terminate_as_interrupt",
+    "write_failure",
+    "write_text_file",
+]
