@@ -7,18 +7,25 @@ replaced, no partial file left). The class numbers are the issue's:
 
 1. files slimkit did not write must not be clobbered (export half here);
 2. no output is an input, inside one or a folder holding one (export half here);
-3. a model must never be read wrong: exactly the weight files the checkpoint names;
+3. a model must never be read wrong: exactly the weight files the checkpoint names, perplexity windows within
+   the model's positions;
 4. hangs and unbounded resources: YAML aliases and nesting, FIFOs and devices, sizes from input bounded by the
    weight files before anything is allocated;
 5. bad input must not end in a traceback (YAML keys and tags, deep JSON, architectures, zero sizes,
-   quantisation configs, ``--set`` paths).
+   quantisation configs, ``--set`` paths), and what a run will write is proven writable and saveable before it
+   computes (mount points, file names, export paths, seeds, recipe values);
+6. unwritable targets (a device, a symbolic link, a file-size limit) are one line and damage nothing;
+7. ``~`` is expanded by the Python API as by the CLI; SIGTERM during an export cleans its partial file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +39,7 @@ from slimkit.primitives import paths
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
 from slimkit.primitives.export.gguf_file import place_file
+from slimkit.recipes.output_safety import RUN_MARKER
 from tests.hostile import (
     copy_model,
     edit_json,
@@ -45,6 +53,7 @@ from tests.hostile import (
     write_weights,
 )
 from tests.test_cli import run_cli
+from tests.test_recipes import tiny_recipe
 
 TIME_LIMIT_S = 20.0
 """No refusal may take longer (a billion-laughs document or a FIFO would take forever)."""
@@ -355,6 +364,118 @@ def export_over_the_root(tmp: Path, m: Models) -> list[str]:
     return ["export", str(m.plain), "--out", "/", "--format", "hf", "--force"]
 
 
+def _run(tmp: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    return ["recipe", "run", str(recipe_file(tmp, model)), "--model", str(model), "--out", str(out), *extra]
+
+
+def run_over_its_model(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp)
+    return _run(tmp, folder, folder, "--force")
+
+
+def run_into_its_model(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp)
+    return _run(tmp, folder, folder / "compressed")
+
+
+def run_over_a_parent_of_its_model(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp / "work")
+    return _run(tmp, folder, tmp / "work", "--force")
+
+
+def eval_json_inside_the_model(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp)
+    return ["eval", str(folder), "--json", str(folder / "config.json")]
+
+
+def eval_json_new_file_in_the_model(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.plain, tmp)
+    return ["eval", str(folder), "--json", str(folder / "results.json")]
+
+
+# --- class 1 (recipe run): locks and --force ---------------------------------------------------------------
+
+
+def lock_is_a_symlink(tmp: Path, m: Models) -> list[str]:
+    (tmp / "victim.txt").write_text("the user's file")
+    (tmp / ".out.lock").symlink_to(tmp / "victim.txt")
+    return _run(tmp, m.plain, tmp / "out")
+
+
+def lock_named_user_file(tmp: Path, m: Models) -> list[str]:
+    (tmp / ".out.lock").write_text("my notes, named oddly")
+    return _run(tmp, m.plain, tmp / "out")
+
+
+def force_over_a_folder_with_a_report(tmp: Path, m: Models) -> list[str]:
+    out = tmp / "project"
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    (out / "thesis.tex").write_text("\\documentclass{article}")
+    return _run(tmp, m.plain, out, "--force")
+
+
+def force_over_a_run_with_a_user_file(tmp: Path, m: Models) -> list[str]:
+    out = tmp / "out"
+    (out / "model").mkdir(parents=True)
+    (out / "report.json").write_text("{}")
+    (out / RUN_MARKER).write_text(json.dumps({"files": ["model", "report.json", "report.md"]}))
+    (out / "notes.txt").write_text("mine")
+    return _run(tmp, m.plain, out, "--force")
+
+
+# --- class 5 (before compute): what a run will write is proven writable and saveable ------------------------
+
+
+def out_is_a_mount_point(tmp: Path, m: Models) -> list[str]:
+    return _run(tmp, m.plain, Path("/proc"), "--force")
+
+
+def export_path_with_nul(tmp: Path, m: Models) -> list[str]:
+    path = recipe_file(tmp, m.plain)
+    path.write_text(path.read_text() + 'export: [{path: "export/a\\0b.gguf"}]\n')
+    return ["recipe", "validate", str(path)]
+
+
+def export_name_too_long(tmp: Path, m: Models) -> list[str]:
+    return ["export", str(m.plain), "--out", str(tmp / ("m" * 300 + ".gguf"))]
+
+
+def export_path_inside_model(tmp: Path, m: Models) -> list[str]:
+    return ["recipe", "validate", str(recipe_file(tmp, m.plain)), "--set", "export=[{path: model/m.gguf}]"]
+
+
+def seed_beyond_64_bits(tmp: Path, m: Models) -> list[str]:
+    return ["recipe", "validate", str(recipe_file(tmp, m.plain)), "--set", f"seed={2**70}"]
+
+
+def endless_calibration(tmp: Path, m: Models) -> list[str]:
+    return [
+        "recipe",
+        "validate",
+        str(recipe_file(tmp, m.plain)),
+        "--set",
+        "calibration.samples=10000000000000000000000000",
+    ]
+
+
+def eval_window_beyond_positions(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(m.plain), "--seq-len", "100000", "--max-tokens", "0"]
+
+
+# --- class 6: unwritable targets ---------------------------------------------------------------------------
+
+
+def eval_json_to_a_device(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(m.plain), "--json", "/dev/full"]
+
+
+def eval_json_through_a_symlink(tmp: Path, m: Models) -> list[str]:
+    (tmp / "precious.json").write_text("{}")
+    (tmp / "r.json").symlink_to(tmp / "precious.json")
+    return ["eval", str(m.plain), "--json", str(tmp / "r.json")]
+
+
 CASES = [
     Case("stray-weights-copy", 3, stray_weights_copy, "holds 2 weight files (backup.safetensors, model.safetensors)"),
     Case("stray-shard-beside-index", 3, stray_shard_beside_index, "model-extra.safetensors is a weights file"),
@@ -398,6 +519,24 @@ CASES = [
     Case("export-into-its-input", 2, export_into_its_input, "is inside the input"),
     Case("export-over-input-parent", 2, export_over_a_parent_of_its_input, "is a folder holding the input"),
     Case("export-through-link", 2, export_through_a_link_to_its_input, "is inside the input"),
+    Case("run-over-its-model", 2, run_over_its_model, "is the input"),
+    Case("run-into-its-model", 2, run_into_its_model, "is inside the input"),
+    Case("run-over-model-parent", 2, run_over_a_parent_of_its_model, "is a folder holding the input"),
+    Case("eval-json-over-config", 2, eval_json_inside_the_model, "config.json is inside the input"),
+    Case("eval-json-into-model", 2, eval_json_new_file_in_the_model, "is inside the input"),
+    Case("lock-is-a-symlink", 1, lock_is_a_symlink, ".out.lock is a symbolic link where slimkit keeps its lock"),
+    Case("lock-named-user-file", 1, lock_named_user_file, ".out.lock is not a slimkit lock file"),
+    Case("force-over-report-folder", 1, force_over_a_folder_with_a_report, "project is not a slimkit output"),
+    Case("force-over-run-and-notes", 1, force_over_a_run_with_a_user_file, "holds notes.txt, which slimkit did not"),
+    Case("out-is-a-mount-point", 5, out_is_a_mount_point, "is a mount point"),
+    Case("export-path-with-nul", 5, export_path_with_nul, "holds a NUL byte or a name longer than 255 bytes"),
+    Case("export-name-too-long", 5, export_name_too_long, "a file name is at most 255 bytes, this one 305"),
+    Case("export-path-inside-model", 5, export_path_inside_model, "is in the run's own model"),
+    Case("seed-beyond-64-bits", 5, seed_beyond_64_bits, "seed: "),
+    Case("endless-calibration", 4, endless_calibration, "calibration.samples: "),
+    Case("eval-window-beyond-positions", 3, eval_window_beyond_positions, "--seq-len: 100000 is longer than"),
+    Case("eval-json-to-a-device", 6, eval_json_to_a_device, "/dev/full is not a regular file"),
+    Case("eval-json-through-a-symlink", 6, eval_json_through_a_symlink, "is a symbolic link; slimkit never writes"),
 ]
 
 
@@ -500,6 +639,66 @@ def test_sigterm_during_an_export_deletes_its_partial_file(models, tmp_path, mon
         export(models.plain, tmp_path / "m.gguf")
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+FILE_SIZE_LIMIT = 48 * 1024
+"""Bytes a process may write to one file in the file-size-limit tests (the tiny model's weights are larger)."""
+
+
+def _limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+
+
+@pytest.mark.parametrize("kind", ["export-gguf", "export-hf", "recipe-run"])
+def test_a_file_size_limit_while_writing_is_one_line_and_damages_nothing(kind, models, tmp_path):
+    """Class 6: a write that fails (here RLIMIT_FSIZE: EFBIG, as a full disk gives ENOSPC) is one line, exit 2, and
+    leaves the tree as it was: no partial file or folder, no lock."""
+    args = {
+        "export-gguf": ["export", str(models.plain), "--out", str(tmp_path / "m.gguf"), "--type", "f32"],
+        "export-hf": ["export", str(models.plain), "--out", str(tmp_path / "hf"), "--format", "hf"],
+        "recipe-run": _run(tmp_path, models.plain, tmp_path / "out", "--no-eval", "--no-dense"),
+    }[kind]
+    before = tree_checksum(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    result = subprocess.run(
+        [sys.executable, "-m", "slimkit.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=_limit_file_size,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:], result.stderr  # after a run's progress lines, one error line and nothing else
+    assert "cannot write" in errors[0] and "nothing was replaced" in errors[0], errors[0]
+    assert any(reason in errors[0] for reason in ("File too large", "a full disk or a file-size limit")), errors[0]
+    assert tree_checksum(tmp_path) == before
+
+
+def test_run_expands_home_in_out(models, tmp_path, monkeypatch):
+    """Class 7: ``slimkit.run(out="~/x")`` writes under the home folder, never a literal ``./~``."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    recipe = tiny_recipe(models.plain)
+    slimkit.run(recipe, out="~/x", evaluate=False)
+    assert (tmp_path / "home" / "x" / "report.json").is_file() and not (tmp_path / "~").exists()
+    written = json.loads((tmp_path / "home" / "x" / RUN_MARKER).read_text())["files"]
+    assert set(written) == {p.name for p in (tmp_path / "home" / "x").iterdir()} - {RUN_MARKER}
+
+
+def test_a_recipe_value_recipe_yaml_cannot_hold_is_refused_before_loading(models, tmp_path):
+    """Class 5 (after compute before this fix): a numpy scalar from the Python API validates but cannot be saved."""
+    import numpy
+
+    recipe = tiny_recipe(models.plain)
+    recipe["target"]["ratio"] = numpy.float64(0.25)
+    with pytest.raises(SlimkitError, match=r"recipe target.ratio: a numpy.float64 \(0.25\) cannot be saved"):
+        slimkit.run(recipe, out=tmp_path / "out", evaluate=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_intact_models_of_every_kind_still_load(models):

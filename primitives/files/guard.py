@@ -91,7 +91,8 @@ def check_not_input(option: str, out: Path, inputs: Iterable[str | os.PathLike])
 def write_failure(what: str, error: OSError) -> SlimkitError:
     """One line for a write that failed: ``what`` (``--json results.json``), the reason, the file."""
     where = f" ({error.filename})" if error.filename else ""
-    return SlimkitError(f"{what}: cannot write it: {error.strerror or error}{where}; nothing was replaced")
+    reason = error.strerror or f"{error} (a full disk or a file-size limit)"
+    return SlimkitError(f"{what}: cannot write it: {reason}{where}; nothing was replaced")
 
 
 def write_text_file(path: Path, text: str, option: str) -> None:
