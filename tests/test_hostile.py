@@ -470,6 +470,16 @@ def eval_json_to_a_device(tmp: Path, m: Models) -> list[str]:
     return ["eval", str(m.plain), "--json", "/dev/full"]
 
 
+def export_under_a_file(tmp: Path, m: Models) -> list[str]:
+    (tmp / "notes.txt").write_text("a file, not a folder")
+    return ["export", str(m.plain), "--out", str(tmp / "notes.txt" / "m.gguf")]
+
+
+def run_under_a_file(tmp: Path, m: Models) -> list[str]:
+    (tmp / "notes.txt").write_text("a file, not a folder")
+    return _run(tmp, m.plain, tmp / "notes.txt" / "out")
+
+
 def eval_json_through_a_symlink(tmp: Path, m: Models) -> list[str]:
     (tmp / "precious.json").write_text("{}")
     (tmp / "r.json").symlink_to(tmp / "precious.json")
@@ -536,6 +546,8 @@ CASES = [
     Case("endless-calibration", 4, endless_calibration, "calibration.samples: "),
     Case("eval-window-beyond-positions", 3, eval_window_beyond_positions, "--seq-len: 100000 is longer than"),
     Case("eval-json-to-a-device", 6, eval_json_to_a_device, "/dev/full is not a regular file"),
+    Case("export-under-a-file", 6, export_under_a_file, "notes.txt is not a writable folder"),
+    Case("run-under-a-file", 6, run_under_a_file, "notes.txt is a file, not a folder"),
     Case("eval-json-through-a-symlink", 6, eval_json_through_a_symlink, "is a symbolic link; slimkit never writes"),
 ]
 
