@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.files.guard import check_not_input, check_path_name, protected_reason
+from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.paths import LockHeld, acquire_lock, remove_leftovers, swap_in
 from slimkit.recipes.progress import Tracker
 
@@ -63,15 +63,7 @@ def check_output_dir(out: Path, force: bool, inputs: Iterable[str | os.PathLike]
 
 
 def _check_output_path(out: Path, force: bool, inputs: Iterable[str | os.PathLike]) -> None:
-    check_path_name("--out", out)
-    reason = protected_reason(out)
-    if reason is not None:
-        raise SlimkitError(f"--out {out} is {reason}, which a run never replaces; name a folder for its output")
-    check_not_input("--out", out, inputs)
-    if out.name in ("", ".", ".."):
-        raise SlimkitError(f"--out {out}: end the path with the output folder's own name, not . or ..")
-    if out.is_symlink():
-        raise SlimkitError(f"--out {out} is a symbolic link; name the folder itself, or a new one")
+    check_output_location("--out", out, inputs, "a run")
     if out.exists() and not out.is_dir():
         raise SlimkitError(f"--out {out} exists and is not a directory")
     if out.is_dir() and os.path.ismount(out):

@@ -36,13 +36,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_replaceable_export, write_hf
-from slimkit.primitives.files.guard import (
-    check_not_input,
-    check_path_name,
-    protected_reason,
-    terminate_as_interrupt,
-    write_failure,
-)
+from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.paths import LockHeld, acquire_lock, remove_leftovers
 from slimkit.primitives.sources import load_source, resolve_source
 
@@ -80,15 +74,7 @@ def check_export_target(
     itself, inside it or holding it); what exists there may be replaced only with ``force`` and only when it is an
     earlier export of the same kind."""
     target = Path(out).expanduser()
-    check_path_name("--out", target)
-    reason = protected_reason(target)
-    if reason is not None:
-        raise SlimkitError(f"--out {target} is {reason}, which an export never replaces; name a file or folder for it")
-    check_not_input("--out", target, inputs)
-    if target.name in ("", ".", ".."):
-        raise SlimkitError(f"--out {target}: end the path with the output's own name, not . or ..")
-    if target.is_symlink():
-        raise SlimkitError(f"--out {target} is a symbolic link; slimkit never writes through one: name the file itself")
+    check_output_location("--out", target, inputs, "an export")
     if format == "gguf":
         if target.is_dir():
             raise SlimkitError(f"--out {target} is a folder; give a file name such as {target / 'model.gguf'}")

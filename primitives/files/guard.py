@@ -114,6 +114,23 @@ def write_text_file(path: Path, text: str, option: str) -> None:
             staging.unlink(missing_ok=True)
 
 
+def check_output_location(option: str, out: Path, inputs: Iterable[str | os.PathLike], writer: str) -> None:
+    """The checks every output path gets before any work (``writer``, e.g. "a run", names who writes it): a name
+    file systems take, not a protected folder, not an input, a name of its own (not ``.`` or ``..``), not a
+    symbolic link."""
+    check_path_name(option, out)
+    reason = protected_reason(out)
+    if reason is not None:
+        raise SlimkitError(f"{option} {out} is {reason}, which {writer} never replaces; name a new file or folder")
+    check_not_input(option, out, inputs)
+    if out.name in ("", ".", ".."):
+        raise SlimkitError(f"{option} {out}: end the path with the output's own name, not . or ..")
+    if out.is_symlink():
+        raise SlimkitError(
+            f"{option} {out} is a symbolic link; slimkit never writes through one: name the file or folder itself"
+        )
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM while a command writes, raised like Ctrl-C so the command cleans up before exiting."""
 
@@ -140,6 +157,7 @@ __all__ = [
     "NAME_MAX_BYTES",
     "Terminated",
     "check_not_input",
+    "check_output_location",
     "check_path_name",
     "overlap_reason",
     "protected_reason",
