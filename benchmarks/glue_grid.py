@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.grid import BenchError, parse_ratios, pct
-from benchmarks.run import OFFLINE_ENV, QUIET_ENV, _last_line, machine_info, via_launcher
+from benchmarks.run import OFFLINE_ENV, QUIET_ENV, last_line, machine_info, via_launcher
 
 RESULTS = Path(__file__).parent / "results"
 TASKS = ("sst2", "rte", "mrpc", "stsb")
@@ -78,7 +78,7 @@ def _run(recipe: str, folder: Path, sets: list[str], threads: int | None) -> tup
         done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        return None, wall, f"exited with {done.returncode}: {_last_line(log_path)}"
+        return None, wall, f"exited with {done.returncode}: {last_line(log_path)}"
     return json.loads((folder / "report.json").read_text()), wall, ""
 
 

@@ -129,7 +129,7 @@ def plan_rows(
     settings: Settings, jobs: list[Job], runs: Path | None = None, results: Path = RESULTS
 ) -> list[dict[str, Any]]:
     """One estimate per row, dense first: ``id, compress_s, eval_s, speed_s, total_s, source``."""
-    from benchmarks.run import _slug
+    from benchmarks.run import row_slug
 
     known = history(results)
     speed = speed_estimate(settings)
@@ -140,7 +140,7 @@ def plan_rows(
     for job in jobs:
         compress, source = compress_estimate(job, known)
         job_settings = settings.for_job(job)
-        done = _done(runs / _slug(job.id), job_settings) if runs is not None else None
+        done = _done(runs / row_slug(job.id), job_settings) if runs is not None else None
         evaluate = eval_estimate(job_settings)
         row = {"id": job.id, "compress_s": compress, "eval_s": evaluate, "speed_s": speed, "source": source}
         row["zeroshot"] = job_settings.zeroshot_on

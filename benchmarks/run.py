@@ -291,11 +291,11 @@ def _normalised(stored: Any) -> Any:
         return stored
 
 
-def _slug(row_id: str) -> str:
+def row_slug(row_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", row_id.replace("@", "-r"))
 
 
-def _last_line(path: Path) -> str:
+def last_line(path: Path) -> str:
     try:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
@@ -515,17 +515,19 @@ class Bench:
     def compress(self, job: Job, overrides: list[str], raw: dict[str, Any]) -> tuple[Path, float | None, str | None]:
         """Run the recipe in its own process; ``(run folder, wall seconds or None if reused, error)``."""
 
-        folder = self.runs / _slug(job.id)
+        folder = self.runs / row_slug(job.id)
         if self.reusable(folder, raw):
             if read_report(folder) is not None:
                 log(f"  reusing {folder}")
                 return folder, None, None
             log(f"  compressing again: {folder / 'report.json'} is not a run report this code reads")
+        # The old run's row goes with it: --force replaces only a folder holding nothing but a run's output.
+        (folder / ROW_FILE).unlink(missing_ok=True)
         sets = [x for o in overrides for x in ("--set", o)]
         command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", job.recipe, "--out", str(folder)]
         command += ["--no-eval", "--force", *sets]
         command = via_launcher(command)
-        log_path = self.runs / f"{_slug(job.id)}.log"
+        log_path = self.runs / f"{row_slug(job.id)}.log"
         start = time.perf_counter()
         with log_path.open("w") as handle:
             handle.write(shlex.join(command) + "\n")
@@ -534,7 +536,7 @@ class Bench:
             done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
         wall = time.perf_counter() - start
         if done.returncode != 0:
-            return folder, wall, f"slimkit recipe run exited with {done.returncode}: {_last_line(log_path)}"
+            return folder, wall, f"slimkit recipe run exited with {done.returncode}: {last_line(log_path)}"
         return folder, wall, None
 
     def run_job(self, job: Job) -> dict[str, Any]:
@@ -548,11 +550,11 @@ class Bench:
         settings = self.settings.for_job(job)  # without zero-shot for a `zeroshot: false` entry
         if not job.zeroshot:
             row["zeroshot"] = "skipped (zeroshot: false in the grid)"
-        stored = self.stored_row(self.runs / _slug(job.id), raw, settings)
+        stored = self.stored_row(self.runs / row_slug(job.id), raw, settings)
         if stored is not None:
-            log(f"  reusing the row measured on {self.runs / _slug(job.id)}")
+            log(f"  reusing the row measured on {self.runs / row_slug(job.id)}")
             if "placement" not in stored:  # rows stored before rows recorded it: their run's report has it
-                report = read_report(self.runs / _slug(job.id))
+                report = read_report(self.runs / row_slug(job.id))
                 stored["placement"] = report.placement.model_dump() if report is not None else None
             speed = stored.get("speed") or {}
             if speed.get("dense_prefill_tokens_per_s") and speed.get("dense_decode_tokens_per_s"):

@@ -61,8 +61,8 @@ from benchmarks.run import (
     OFFLINE_ENV,
     QUIET_ENV,
     RESULTS,
-    _last_line,
     bench_main,
+    last_line,
     log,
     machine_info,
     via_launcher,
@@ -544,9 +544,9 @@ def run_one(
         row["load_average_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         if timed_out:
             reason = f"not finished within {timeout_s:.0f} s (what was left of --budget-s); last output: "
-            return {**row, "status": "timeout", "reason": (reason + _last_line(log_path))[:400]}
+            return {**row, "status": "timeout", "reason": (reason + last_line(log_path))[:400]}
         if done.returncode != 0:
-            reason = _last_line(log_path)
+            reason = last_line(log_path)
             status = "oom" if out_of_memory(log_path.read_text(errors="replace")) else "failed"
             if _killed(done.returncode):
                 status, reason = "oom", "killed (SIGKILL): out of memory on this machine"

@@ -122,7 +122,7 @@ def recipe_run(
     import slimkit
     from slimkit.primitives.io.describe import saved_structure
     from slimkit.recipes.loading import load_recipe
-    from slimkit.recipes.output_safety import check_output_dir
+    from slimkit.recipes.output_safety import check_output_dir, source_inputs
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.report_files import markdown
 
@@ -130,7 +130,7 @@ def recipe_run(
     settings = {"source": model, "device": device, "dtype": dtype, "max_memory": max_memory, "save_dtype": save_dtype}
     all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
     parsed, _raw = load_recipe(recipe, all_overrides)
-    check_output_dir(out, force)
+    check_output_dir(out, force, source_inputs(parsed.model.source))
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
     typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
 
@@ -389,7 +389,8 @@ def eval_command(
     from rich.table import Table
 
     from slimkit.primitives.evaluate.counting import count_params
-    from slimkit.primitives.evaluate.run import evaluate_model, preflight_eval_data
+    from slimkit.primitives.evaluate.run import check_eval_length, evaluate_model, preflight_eval_data
+    from slimkit.primitives.files.guard import check_not_input, write_text_file
     from slimkit.primitives.sources import check_source, load_source
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.schema import eval_options
@@ -402,7 +403,9 @@ def eval_command(
         "slimkit eval", _split_csv(ppl), _split_csv(zeroshot), limit, glue, speed, seq_len, max_tokens or None
     )
     # The folder is checked (config, custom code, weight headers) and its task known before any data is read.
-    _folder, source = check_source(model)
+    folder, source = check_source(model)
+    if json_out is not None:
+        check_not_input("--json", json_out, [folder])
     if source.task == "encoder":
         wanted = [("perplexity", eval_config.perplexity), ("zero-shot accuracy", eval_config.zeroshot)]
         needs_lm = [name for name, config in wanted if config is not None]
@@ -413,6 +416,7 @@ def eval_command(
             )
     preflight_eval_data(eval_config)
     loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
+    check_eval_length(eval_config, loaded)
     evaluation = evaluate_model(loaded, tokenizer, eval_config, RichTracker())
     metrics, details = evaluation.metrics, evaluation.details
     table = Table("metric", "value")
@@ -430,15 +434,23 @@ def eval_command(
         table.add_row("decode tokens/s", f"{details['speed']['decode_tokens_per_s']:.1f}")
     _console().print(table)
     if json_out is not None:
-        json_out.write_text(json.dumps({"model": info.name, "metrics": metrics, "details": details}, indent=2) + "\n")
+        text = json.dumps({"model": info.name, "metrics": metrics, "details": details}, indent=2) + "\n"
+        write_text_file(json_out, text, "--json")
 
 
 def _check_json_target(path: Path) -> None:
     """Refuse an ``--json`` path that cannot be written, before any evaluation runs (nothing is created)."""
     import os
 
+    from slimkit.primitives.files.guard import check_path_name
+
+    check_path_name("--json", path)
+    if path.is_symlink():
+        raise SlimkitError(f"--json {path} is a symbolic link; slimkit never writes through one: name the file itself")
     if path.is_dir():
         raise SlimkitError(f"--json {path}: is a folder; give a file path such as {path / 'results.json'}")
+    if path.exists() and not path.is_file():
+        raise SlimkitError(f"--json {path} is not a regular file; give a file path")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
         raise SlimkitError(f"--json {path}: folder {parent} does not exist")

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import yaml
+from safetensors import SafetensorError
 
 import slimkit
 from slimkit.primitives.arch import ModelView
@@ -19,6 +20,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import Evaluation, evaluate_model
 from slimkit.primitives.files.atomic import staging_dir
+from slimkit.primitives.files.guard import write_failure
 from slimkit.primitives.io import versions
 from slimkit.primitives.io.save import non_finite_tensors
 from slimkit.recipes import output_safety
@@ -125,8 +127,9 @@ def finish(
 ) -> Result:
     """Check, save, export, evaluate, report and publish; returns the run's :class:`Result`."""
     outcome = check_result(ctx, start, shares, save_dtype)
-    staging = staging_dir(out_path) if out_path is not None else None
+    staging = None
     try:
+        staging = staging_dir(out_path) if out_path is not None else None
         exports = save_model(ctx, start, staging, timings) if staging is not None else []
         evaluation, dense = Evaluation(), None
         if options.evaluate:
@@ -149,6 +152,10 @@ def finish(
             write_report(report, staging)
             output_safety.pause_for_test("replace")
             output_safety.publish(staging, out_path, force)
+    except OSError as error:  # a full disk, a file-size limit, a folder that became unwritable
+        raise write_failure(f"--out {out_path}", error) from None
+    except SafetensorError as error:  # the same, met while safetensors wrote the weights
+        raise SlimkitError(f"--out {out_path}: cannot write the weights ({error}); nothing was replaced") from None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -1,8 +1,10 @@
 """Finding, parsing and overriding recipes.
 
-A recipe argument is a bundled name (``wanda-channels``) or a path to a YAML file. YAML is read
-with ``yaml.safe_load`` only. Overrides are ``dotted.path=value`` pairs whose value is parsed as
-YAML (``target.ratio=0.3``, ``stages.0.args.scorer=magnitude``, ``eval.zeroshot=null``).
+A recipe argument is a bundled name (``wanda-channels``) or a path to a YAML file (a regular file of at most
+:data:`MAX_RECIPE_BYTES`). YAML is read with :func:`~slimkit.recipes.safe_yaml.load_yaml` only: PyYAML's safe
+loader with bounded alias expansion and nesting, string keys, no repeated keys and plain values. Overrides are
+``dotted.path=value`` pairs whose value is parsed the same way (``target.ratio=0.3``,
+``stages.0.args.scorer=magnitude``, ``eval.zeroshot=null``); a list index is ASCII digits.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from slimkit.primitives.errors import SlimkitError, unknown
+from slimkit.recipes.safe_yaml import load_yaml
 from slimkit.recipes.schema import Recipe, format_validation_error
+
+MAX_RECIPE_BYTES = 1 << 20
+"""The largest recipe file read (a bundled recipe is 1 to 3 KiB)."""
 
 
 def bundled_recipes() -> dict[str, Path]:
@@ -29,8 +34,10 @@ def recipe_path(name_or_file: str) -> Path:
         return bundled[name_or_file]
     path = Path(name_or_file)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise SlimkitError(f"recipe file not found: {path}")
+        if not path.is_file() or path.is_fifo():
+            raise SlimkitError(f"recipe {path} is not a regular file; give a .yaml file")
         return path
     raise SlimkitError(
         unknown("recipe", name_or_file, sorted(bundled), label="bundled", tail=", or a path to a .yaml file")
@@ -38,8 +45,13 @@ def recipe_path(name_or_file: str) -> Path:
 
 
 def read_recipe_text(path: Path) -> str:
-    """A recipe file's text (UTF-8); an unreadable or non-UTF-8 file is one :class:`SlimkitError` line."""
+    """A recipe file's text (UTF-8); an unreadable, oversized or non-UTF-8 file is one :class:`SlimkitError` line."""
     try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise SlimkitError(
+                f"recipe {path}: {size:,} bytes, more than the {MAX_RECIPE_BYTES >> 10} KiB a recipe may hold"
+            )
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise SlimkitError(
@@ -51,13 +63,7 @@ def read_recipe_text(path: Path) -> str:
 
 
 def parse_yaml(text: str, origin: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise SlimkitError(f"{origin}:{where}: YAML syntax error: {problem}") from None
+    data = load_yaml(text, origin)
     if not isinstance(data, dict):
         raise SlimkitError(f"{origin}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data
@@ -67,16 +73,13 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
         raise SlimkitError(f"--set '{assignment}': expected key=value, e.g. target.ratio=0.3")
     key, _, raw = assignment.partition("=")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise SlimkitError(f"--set {key}: cannot parse value '{raw}'") from None
+    value = load_yaml(raw, f"--set {key}")
     parts = key.strip().split(".")
     node: Any = data
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
+            if not (part.isascii() and part.isdigit()) or int(part) >= len(node):
                 raise SlimkitError(f"--set {key}: '{part}' is not an index of a list of {len(node)}")
             if last:
                 node[int(part)] = value

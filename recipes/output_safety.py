@@ -3,8 +3,11 @@
 The output folder ``OUT`` (``--out``) is handled safely:
 
 * it is checked before the model is loaded (:func:`check_output_dir`): never the filesystem root, the home
-  folder, the working directory or one of its parents; its parent must be writable; a non-empty ``OUT`` needs
-  ``force``, which replaces only a slimkit output;
+  folder, the working directory or one of its parents, nor the model it reads, a folder inside it or one holding
+  it (:mod:`slimkit.primitives.files.guard`), nor a mount point (it could not be replaced in one rename); its
+  parent must be writable; a non-empty ``OUT`` needs ``force``, which replaces only an earlier run's output:
+  a folder holding :data:`RUN_MARKER` (written into every output just before it is published, listing what the
+  run wrote) and nothing the marker does not list;
 * one run at a time writes ``OUT``: the run holds the lock ``.OUT.lock`` beside it (:func:`claimed_output`);
   a second run fails at once, naming the first one's pid;
 * everything is written to a hidden sibling ``.OUT.partial-PID-XXXX`` and put in place at the end in one step
@@ -17,71 +20,60 @@ Test hook: ``SLIMKIT_TEST_PAUSE_AT`` (see :func:`pause_for_test`).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, swap_in
+from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
-from slimkit.primitives.io.save import MANIFEST_NAME
 from slimkit.recipes.progress import Tracker
 
+RUN_MARKER = ".slimkit-run.json"
+"""The file a run writes into its output folder just before publishing it: the names it wrote (``files``)."""
 
-def check_output_dir(out: Path, force: bool) -> None:
+
+def source_inputs(source: str) -> list[Path]:
+    """What a run reading ``source`` reads from disk that its output must not overlap: a local model folder (a named
+    source lives in the installed package or the cache)."""
+    local = Path(source).expanduser()
+    return [local] if local.exists() else []
+
+
+def check_output_dir(out: Path, force: bool, inputs: Iterable[str | os.PathLike] = ()) -> None:
     """Refuse, before anything is loaded or computed, an ``--out`` this run must not or cannot write.
 
     Never the filesystem root, the home folder, the working directory or one of its parents (see
-    :func:`protected_reason`), nor a symbolic link or a file; the folder it is written in must be writable. A
-    non-empty ``out`` needs ``force``, and ``force`` replaces only a slimkit output (:func:`is_slimkit_output`).
+    :func:`~slimkit.primitives.files.guard.protected_reason`), nor one of ``inputs`` (the model folder: itself,
+    inside it or holding it), a symbolic link, a mount point or a file; the folder it is written in must be
+    writable. A non-empty ``out`` needs ``force``, and ``force`` replaces only a run's output
+    (:func:`check_replaceable`).
     """
     try:
-        _check_output_path(out, force)
+        _check_output_path(out, force, inputs)
     except OSError as error:
         raise SlimkitError(f"--out {out}: cannot inspect it ({error.strerror})") from None
 
 
-def _check_output_path(out: Path, force: bool) -> None:
-    reason = protected_reason(out)
-    if reason is not None:
-        raise SlimkitError(f"--out {out} is {reason}, which a run never replaces; name a folder for its output")
-    if out.name in ("", ".", ".."):
-        raise SlimkitError(f"--out {out}: end the path with the output folder's own name, not . or ..")
-    if out.is_symlink():
-        raise SlimkitError(f"--out {out} is a symbolic link; name the folder itself, or a new one")
+def _check_output_path(out: Path, force: bool, inputs: Iterable[str | os.PathLike]) -> None:
+    check_output_location("--out", out, inputs, "a run")
     if out.exists() and not out.is_dir():
         raise SlimkitError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and os.path.ismount(out):
+        raise SlimkitError(
+            f"--out {out} is a mount point, which a run cannot replace in one rename; name a folder inside it"
+        )
     check_writable(out, force)
     if out.is_dir() and any(out.iterdir()):
         check_replaceable(out, force)
-
-
-def protected_reason(out: Path) -> str | None:
-    """Why ``out`` may never be a run's output folder, or None: it resolves to the filesystem root, the home
-    folder, the current working directory or a parent of it."""
-    resolved = out.resolve()
-    if resolved == Path(resolved.anchor):
-        return "the filesystem root"
-    try:
-        if resolved == Path.home().resolve():
-            return "the home folder"
-    except (RuntimeError, KeyError):  # no home folder known
-        pass
-    try:
-        cwd = Path.cwd().resolve()
-    except FileNotFoundError:  # the working directory was deleted
-        return None
-    if resolved == cwd:
-        return "the current working directory"
-    if cwd.is_relative_to(resolved):
-        return "a parent of the current working directory"
-    return None
 
 
 def check_writable(out: Path, force: bool) -> None:
@@ -98,44 +90,44 @@ def check_writable(out: Path, force: bool) -> None:
         raise SlimkitError(f"--out {out}: no permission to replace it (the folder is not writable)")
 
 
-def is_slimkit_output(folder: Path) -> bool:
-    """Whether ``folder`` holds what slimkit writes: a run's output (``report.json`` or
-    ``model/slimkit_manifest.json``) or a saved model (``slimkit_manifest.json``)."""
-    return any((folder / name).is_file() for name in ("report.json", f"model/{MANIFEST_NAME}", MANIFEST_NAME))
+def written_by_run(folder: Path) -> set[str] | None:
+    """The names ``folder``'s :data:`RUN_MARKER` lists (what a run wrote there), or None without a readable one."""
+    marker = folder / RUN_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = record.get("files") if isinstance(record, dict) else None
+    return {str(name) for name in files} if isinstance(files, list) else None
 
 
 def check_replaceable(out: Path, force: bool) -> None:
-    """A non-empty ``out`` is replaced only with ``force`` and only when it is a slimkit output."""
+    """A non-empty ``out`` is replaced only with ``force`` and only when it is a run's output: it holds
+    :data:`RUN_MARKER` and nothing the marker does not list (the user's own files are never replaced)."""
     if not force:
         raise SlimkitError(f"--out {out}: output directory exists and is not empty (use --force to replace it)")
-    if not is_slimkit_output(out):
-        example = min(entry.name for entry in out.iterdir())
+    written = written_by_run(out)
+    entries = sorted(entry.name for entry in out.iterdir() if entry.name != RUN_MARKER)
+    if written is None:
         raise SlimkitError(
-            f"--out {out} is not a slimkit output (it holds {example}, and no report.json or "
-            f"model/{MANIFEST_NAME}); --force replaces only slimkit outputs and empty folders"
+            f"--out {out} is not a slimkit output (it holds {entries[0] if entries else RUN_MARKER}, and no readable "
+            f"{RUN_MARKER}); --force replaces only slimkit run outputs and empty folders"
+        )
+    other = [name for name in entries if name not in written]
+    if other:
+        raise SlimkitError(
+            f"--out {out} holds {other[0]}, which slimkit did not write; --force replaces only a folder holding "
+            "nothing but an earlier run's output"
         )
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during a run, raised like Ctrl-C so the run cleans up (partial folder, lock) before exiting."""
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """While a run writes, SIGTERM raises :class:`Terminated` as Ctrl-C raises KeyboardInterrupt: only when the
-    process has no SIGTERM handler of its own, and only in the main thread (where Python runs handlers)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def _raise(_signum, _frame):
-        raise Terminated("terminated (SIGTERM)")
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def write_run_marker(staging: Path) -> None:
+    """Record in ``staging``'s :data:`RUN_MARKER` every name in it (what this run wrote)."""
+    files = sorted(entry.name for entry in staging.iterdir() if entry.name != RUN_MARKER)
+    record = {"written_by": "slimkit recipe run", "files": files}
+    (staging / RUN_MARKER).write_text(json.dumps(record, indent=2) + "\n")
 
 
 @contextmanager
@@ -159,7 +151,9 @@ def signals_deferred() -> Iterator[None]:
 
 
 @contextmanager
-def claimed_output(out: Path, force: bool, tracker: Tracker) -> Iterator[list[str]]:
+def claimed_output(
+    out: Path, force: bool, tracker: Tracker, inputs: Iterable[str | os.PathLike] = ()
+) -> Iterator[list[str]]:
     """Hold ``out``'s lock for the whole run (released however it ends); then clean what killed runs left
     beside ``out`` and check ``out`` again, now that no other run writes it. Yields the clean-up notes."""
     try:
@@ -175,7 +169,7 @@ def claimed_output(out: Path, force: bool, tracker: Tracker) -> Iterator[list[st
         for note in notes:
             tracker.log(note)
         try:
-            check_output_dir(out, force)
+            check_output_dir(out, force, inputs)
         except SlimkitError as error:
             raise SlimkitError(f"{error} ({'; '.join(notes)})" if notes else str(error)) from None
         yield notes
@@ -190,6 +184,7 @@ def publish(staging: Path, out: Path, force: bool) -> None:
         check_output_dir(out, force)
     except SlimkitError as error:
         raise SlimkitError(f"{error}; it changed while this run computed, so nothing was written") from None
+    write_run_marker(staging)
     aside = None
     try:
         with signals_deferred():

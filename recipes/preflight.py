@@ -30,6 +30,40 @@ def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
         textdata.documents(calibration.dataset)
 
 
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _unsaveable(data: Any) -> tuple[str, Any] | None:
+    """The dotted path and value of the first thing in ``data`` that YAML's safe dumper and JSON cannot both
+    write (numpy scalars, dates, sets, objects, non-string keys), or None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if type(key) is not str:
+                    return f"{path}.{key!r}".lstrip("."), key
+                stack.append((f"{path}.{key}".lstrip("."), item))
+        elif type(value) is list:
+            stack.extend((f"{path}.{index}".lstrip("."), item) for index, item in enumerate(value))
+        elif type(value) not in _PLAIN_SCALARS:
+            return path, value
+    return None
+
+
+def check_recipe_saveable(recipe: Recipe) -> None:
+    """The recipe's mapping is saved as ``recipe.yaml`` and in the manifest's JSON once the run is done: refuse,
+    before any compute, a value neither can hold (a numpy scalar or a tuple from the Python API, a date)."""
+    found = _unsaveable(recipe.source())
+    if found is not None:
+        path, value = found
+        kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+        raise SlimkitError(
+            f"recipe {path or 'mapping'}: a {kind} ({str(value)[:40]}) cannot be saved in recipe.yaml; give plain "
+            "values (str, int, float, bool, None, lists and mappings with string keys)"
+        )
+
+
 def model_placement(recipe: Recipe, model: Any = None) -> Placement:
     """Where the run computes: the recipe's ``model`` fields, or the given in-memory model's own device and
     dtype (a recipe that names another device or dtype for it is refused: nothing is moved silently)."""
@@ -90,9 +124,12 @@ def check_calibration_length(recipe: Recipe, model: Any) -> None:
 
 
 def check_eval_model(recipe: Recipe, model: Any) -> None:
-    """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head)."""
+    """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head),
+    and perplexity windows longer than the model's positions."""
     from slimkit.primitives.arch.support import task_of
+    from slimkit.primitives.evaluate.run import check_eval_length
 
+    check_eval_length(recipe.eval, model, "eval.perplexity.seq_len")
     if recipe.task is not None or task_of(model.config) != "encoder":
         return
     wanted = [

@@ -23,6 +23,7 @@ from slimkit.primitives.device.settings import Placement, dtype_name, reset_peak
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import preflight_eval_data
+from slimkit.primitives.files.guard import terminate_as_interrupt
 from slimkit.primitives.sources import load_source
 from slimkit.recipes import finish, output_safety, preflight
 from slimkit.recipes.context import Context
@@ -56,9 +57,11 @@ def run(
         if recipe.export:
             raise SlimkitError("export: writes inside the run's output folder; give the run an output folder")
         return _execute(recipe, None, False, [], model, tokenizer, options, tracker)
-    out_path = Path(out)
-    output_safety.check_output_dir(out_path, force)
-    with output_safety.terminate_as_interrupt(), output_safety.claimed_output(out_path, force, tracker) as notes:
+    out_path = Path(out).expanduser()
+    preflight.check_recipe_saveable(recipe)
+    inputs = output_safety.source_inputs(recipe.model.source) if model is None else []
+    output_safety.check_output_dir(out_path, force, inputs)
+    with terminate_as_interrupt(), output_safety.claimed_output(out_path, force, tracker, inputs) as notes:
         return _execute(recipe, out_path, force, notes, model, tokenizer, options, tracker)
 
 

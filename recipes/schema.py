@@ -116,12 +116,18 @@ def check_calibration_dataset(name: str) -> str:
     raise ValueError(unknown("dataset", name, allowed, tail=" (glue: the recipe's task)", suggest=suggest))
 
 
+MAX_COUNT = 65_536
+"""The most calibration samples, tokens per sample or samples per batch a recipe may ask for."""
+MAX_EXAMPLES = 1_000_000
+"""The most GLUE training examples a recipe may draw for calibration."""
+
+
 class CalibrationConfig(Strict):
     dataset: str = "c4"
-    samples: int = Field(32, ge=1)
-    seq_len: int = Field(128, ge=2)
-    batch_size: int = Field(8, ge=1)
-    examples: int = Field(512, ge=1)
+    samples: int = Field(32, ge=1, le=MAX_COUNT)
+    seq_len: int = Field(128, ge=2, le=MAX_COUNT)
+    batch_size: int = Field(8, ge=1, le=MAX_COUNT)
+    examples: int = Field(512, ge=1, le=MAX_EXAMPLES)
     """GLUE datasets only: training examples drawn and packed before the windows are cut (SP3: 512)."""
 
     _dataset = field_validator("dataset")(check_calibration_dataset)
@@ -284,6 +290,10 @@ def eval_options(
         raise SlimkitError(f"{origin}: {format_validation_error(error)}") from None
 
 
+RUN_OWN_NAMES = ("model", "report.json", "report.md")
+"""What a run writes at the top of its output folder; an ``export:`` path never goes there."""
+
+
 class ExportItem(Strict):
     """One export of the saved model (``slimkit export``), written inside the run's output folder."""
 
@@ -302,6 +312,12 @@ class ExportItem(Strict):
             parts = PurePosixPath(self.path).parts
             if not parts or self.path.startswith(("/", "\\")) or ".." in parts or ":" in self.path:
                 raise ValueError(f"path '{self.path}' must be a relative path inside the output folder")
+            if "\x00" in self.path or any(len(part.encode()) > 255 for part in parts):
+                raise ValueError(f"path {self.path[:60]!r} holds a NUL byte or a name longer than 255 bytes")
+            if parts[0] in RUN_OWN_NAMES:
+                raise ValueError(
+                    f"path '{self.path}' is in the run's own {parts[0]}; choose a path outside it (e.g. export/...)"
+                )
         return self
 
     def target(self) -> str:
@@ -379,7 +395,8 @@ class Recipe(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: str | None = None
     """A GLUE task (sst2, mrpc, rte, stsb): the model becomes a sequence classifier for it (see above)."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**64)
+    """Seeds torch's generators, which take 64-bit seeds."""
     calibration: CalibrationConfig | None = None
     target: Target
     stages: list[StageItem] = Field(min_length=1)

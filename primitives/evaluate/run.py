@@ -95,6 +95,18 @@ def preflight_eval_data(config: EvalSettings) -> None:
         gluedata.read_split(config.glue.task, "dev")
 
 
+def check_eval_length(config: EvalSettings, model: Any, setting: str = "--seq-len") -> None:
+    """Refuse perplexity windows longer than the model's positions (its ``max_position_embeddings``), which would
+    print a number without a word; ``setting`` names the setting in the line."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if config.perplexity is None or not isinstance(limit, int) or config.perplexity.seq_len <= limit:
+        return
+    raise SlimkitError(
+        f"{setting}: {config.perplexity.seq_len} is longer than the model's max_position_embeddings ({limit}); "
+        f"use at most {limit}"
+    )
+
+
 def evaluate_model(model, tokenizer, config: EvalSettings, progress: ProgressTasks | None = None) -> Evaluation:
     """Run the configured evaluations of ``model``."""
     progress = progress or NoProgress()

@@ -11,24 +11,35 @@ Both merge low-rank pairs and SP3's embedding / final-norm maps into dense weigh
 is then larger than the slimkit model; the result says by how much) and refuse what has no exact
 merge in one line (:mod:`.dense`). Every check on the arguments and the output path runs before the
 model is loaded; outputs are written to a hidden sibling and renamed into place, so nothing
-half-written is left. ``force`` replaces only an existing GGUF file (by its magic bytes) or an existing
-model folder (one with a ``config.json``), never anything else.
+half-written is left. ``force`` replaces only an existing GGUF file (by its magic bytes) or a folder an
+earlier hf export wrote (its marker lists everything in it: :func:`~.hf_folder.check_replaceable_export`), never
+anything else; without ``force`` nothing existing is replaced, even a file another export wrote meanwhile. An
+``out`` that is a symbolic link, a protected folder (the filesystem root, the home folder, the working directory
+or a parent of it) or the input model folder (itself, inside it or a folder holding it) is refused. One export at
+a time writes a given ``out`` (the lock ``.NAME.lock`` beside it); a second one is refused in one line. SIGTERM
+during an export is handled like Ctrl-C: the hidden partial file or folder and the lock are deleted on the way
+out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
 from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
-from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, write_hf
+from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_replaceable_export, write_hf
 from slimkit.primitives.files.atomic import remove_leftovers
+from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
+from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.sources import load_source, resolve_source
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"
@@ -57,10 +68,14 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
-def check_export_target(format: str, out: str | os.PathLike, force: bool) -> Path:
-    """The output path, checked before any work: what exists there may be replaced only with ``force``
-    and only when it is an earlier export of the same kind."""
-    target = Path(out)
+def check_export_target(
+    format: str, out: str | os.PathLike, force: bool, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """The output path, checked before any work: never a protected folder or one of ``inputs`` (the model folder:
+    itself, inside it or holding it); what exists there may be replaced only with ``force`` and only when it is an
+    earlier export of the same kind."""
+    target = Path(out).expanduser()
+    check_output_location("--out", target, inputs, "an export")
     if format == "gguf":
         if target.is_dir():
             raise SlimkitError(f"--out {target} is a folder; give a file name such as {target / 'model.gguf'}")
@@ -75,10 +90,7 @@ def check_export_target(format: str, out: str | os.PathLike, force: bool) -> Pat
         if target.is_dir() and any(target.iterdir()):
             if not force:
                 raise SlimkitError(f"--out {target} exists and is not empty; pass --force to replace it")
-            if not (target / "config.json").is_file():
-                raise SlimkitError(
-                    f"--out {target} is not a model folder (no config.json); --force replaces only model folders"
-                )
+            check_replaceable_export(target)
     parent = target.resolve().parent
     while not parent.exists():
         parent = parent.parent
@@ -116,16 +128,46 @@ def export(
     or a structure with no exact merge; nothing is left at ``out`` then.
     """
     type = check_export_args(format, type)
-    target = check_export_target(format, out, force)
-    remove_leftovers(target)  # what a killed export left beside it
-    if not isinstance(model, nn.Module):
-        from slimkit.primitives.sources import load_source
+    inputs = [] if isinstance(model, nn.Module) else [resolve_source(str(model))[0]]
+    target = check_export_target(format, out, force, inputs)
+    try:
+        lock = acquire_lock(target)
+    except LockHeld as held:
+        raise SlimkitError(
+            f"--out {target} is being written by another slimkit export (pid {held.pid or 'unknown'})"
+        ) from None
+    except OSError as error:
+        raise SlimkitError(f"--out {target}: cannot create the lock file beside it ({error.strerror})") from None
+    try:
+        with terminate_as_interrupt():
+            return _export_claimed(model, target, format, type, tokenizer, force, verify, inputs)
+    except OSError as error:  # a full disk, a file-size limit, a folder that became unwritable
+        raise write_failure(f"--out {target}", error) from None
+    except SafetensorError as error:  # the same, met while safetensors wrote the weights
+        raise SlimkitError(f"--out {target}: cannot write the weights ({error}); nothing was replaced") from None
+    finally:
+        lock.release()
 
+
+def _export_claimed(
+    model: nn.Module | str | os.PathLike,
+    target: Path,
+    format: str,
+    type: str | None,
+    tokenizer: Any,
+    force: bool,
+    verify: bool,
+    inputs: list[Path],
+) -> GgufResult | HfResult:
+    """The export once this process holds ``target``'s lock."""
+    remove_leftovers(target)  # what a killed export left beside it
+    check_export_target(format, target, force, inputs)  # again, now that no other export writes it
+    if not isinstance(model, nn.Module):
         model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
     if tokenizer is None and format == "gguf":
         raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
     if format == "gguf":
-        return write_gguf(model, tokenizer, target, type=type or "f16")
+        return write_gguf(model, tokenizer, target, type=type or "f16", replace=force)
     return write_hf(model, tokenizer, target, verify=verify, replace=force)
 
 

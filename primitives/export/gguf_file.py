@@ -32,11 +32,15 @@ Llama's optional biases (``attention_bias``: q/k/v/o, ``mlp_bias``: gate/up/down
 ``bias: mean``) are written as ``blk.N.attn_{q,k,v,output}.bias`` / ``blk.N.ffn_{gate,up,down}.bias``, which
 llama.cpp's ``llama`` and ``deci`` loaders read as optional tensors (q/k biases get the RoPE permutation too).
 
-The file is written to a temporary sibling and renamed into place.
+The file is written to a temporary sibling and put in place in one step: renamed over an existing file only when
+the caller asked to replace it (``replace``); otherwise hard-linked to the name, which fails if anything took the
+name meanwhile (where the file system has no hard links, the name is claimed with ``O_CREAT | O_EXCL |
+O_NOFOLLOW`` first), so an export never silently replaces another's file.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from dataclasses import dataclass, field
@@ -261,13 +265,47 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
 
 
+def place_file(staging: Path, target: Path, replace: bool) -> None:
+    """Put the finished ``staging`` file at ``target`` in one step; without ``replace`` never over an existing
+    name (one :class:`SlimkitError` line then, ``staging`` left for the caller to delete)."""
+    if replace:
+        os.replace(staging, target)
+        return
+    try:
+        os.link(staging, target, follow_symlinks=False)
+    except FileExistsError:
+        raise SlimkitError(
+            f"{target} appeared while this export ran (another process wrote it); it was left as it is: pass "
+            "--force to replace it"
+        ) from None
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        try:
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+        except FileExistsError:
+            raise SlimkitError(
+                f"{target} appeared while this export ran (another process wrote it); it was left as it is: pass "
+                "--force to replace it"
+            ) from None
+        os.replace(staging, target)
+        return
+    staging.unlink()
+
+
 def write_gguf(
-    model: nn.Module, tokenizer: Any, path: str | os.PathLike, type: str = "f16", name: str | None = None
+    model: nn.Module,
+    tokenizer: Any,
+    path: str | os.PathLike,
+    type: str = "f16",
+    name: str | None = None,
+    replace: bool = False,
 ) -> GgufResult:
     """Write ``model`` (a loaded Llama-family decoder) and its tokenizer to ``path`` as GGUF.
 
     Every check that can fail (model type, merges, tokenizer, type) runs before anything is written;
-    the file appears at ``path`` only when complete.
+    the file appears at ``path`` only when complete, over an existing file only with ``replace``
+    (:func:`place_file`).
     """
     if type not in GGUF_TYPES:
         raise SlimkitError(f"GGUF type '{type}' is not one of {', '.join(GGUF_TYPES)}")
@@ -309,7 +347,7 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(staging, target)
+        place_file(staging, target, replace)
     finally:
         writer.close()
         staging.unlink(missing_ok=True)

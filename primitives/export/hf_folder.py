@@ -11,10 +11,16 @@ The model is rebuilt from the new config on the meta device and its weights assi
 dense tensors, so the caller's model is never modified. The written folder is checked before it is
 moved into place: loaded back with stock ``from_pretrained`` (no slimkit code) and compared with
 the compressed model on a fixed batch of token ids (``verify``; max abs logit difference).
+
+The folder also holds :data:`EXPORT_MARKER`, a small JSON file listing every file the export wrote. It is what
+lets ``--force`` replace the folder later: :func:`check_replaceable_export` accepts only a folder that holds the
+marker and nothing the marker does not list, so a project folder that merely has a ``config.json`` is never
+replaced.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -31,6 +37,43 @@ from slimkit.primitives.export.dense import dense_tensors
 from slimkit.primitives.files.atomic import staging_dir, swap_in
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+EXPORT_MARKER = ".slimkit-export.json"
+"""The file an hf export writes last into its folder: which files it wrote (``files``)."""
+
+
+def write_marker(folder: Path) -> None:
+    """Record, in ``folder``'s :data:`EXPORT_MARKER`, every file now in it (what this export wrote)."""
+    files = sorted(entry.name for entry in folder.iterdir() if entry.name != EXPORT_MARKER)
+    record = {"written_by": "slimkit export", "format": "hf", "files": files}
+    (folder / EXPORT_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def check_replaceable_export(folder: Path) -> None:
+    """One line unless ``folder`` is an earlier hf export: it holds a ``config.json`` and the export marker, and
+    nothing the marker does not list (another program's or the user's files)."""
+    if not (folder / "config.json").is_file():
+        raise SlimkitError(
+            f"--out {folder} is not a model folder (no config.json); --force replaces only model folders that "
+            "slimkit export wrote"
+        )
+    try:
+        record = json.loads((folder / EXPORT_MARKER).read_text())
+        written = set(record["files"]) if isinstance(record, dict) and isinstance(record.get("files"), list) else None
+    except (OSError, ValueError, TypeError, KeyError):
+        written = None
+    if written is None:
+        raise SlimkitError(
+            f"--out {folder} was not written by slimkit export (no readable {EXPORT_MARKER}); --force replaces only "
+            "model folders that slimkit export wrote"
+        )
+    other = sorted(
+        entry.name for entry in folder.iterdir() if entry.name != EXPORT_MARKER and entry.name not in written
+    )
+    if other:
+        raise SlimkitError(
+            f"--out {folder} holds {other[0]}, which slimkit export did not write; --force replaces only a folder "
+            "holding nothing but an earlier export"
+        )
 
 
 @dataclass
@@ -80,8 +123,9 @@ def write_hf(
     model: nn.Module, tokenizer: Any, directory: str | os.PathLike, verify: bool = True, replace: bool = False
 ) -> HfResult:
     """Write ``model`` as a plain Hugging Face folder at ``directory``: one that does not exist or is empty, or
-    with ``replace`` any folder, swapped out in one step (:func:`~slimkit.primitives.files.atomic.swap_in`) once the new
-    one is complete; the old one is deleted afterwards."""
+    with ``replace`` an earlier export (:func:`check_replaceable_export`, checked again just before the swap),
+    swapped out in one step (:func:`~slimkit.primitives.files.atomic.swap_in`) once the new one is complete; the old
+    one is deleted afterwards. A symbolic link at ``directory`` is never written through."""
     model_type = getattr(model.config, "model_type", None)
     if model_type not in HF_MODEL_TYPES:
         raise SlimkitError(
@@ -109,20 +153,30 @@ def write_hf(
     if dense.tied:
         plain.tie_weights()
     target = Path(directory)
-    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not replace)):
-        raise SlimkitError(f"{target} exists and is not an empty folder")
+    _check_target(target, replace)
     staging = staging_dir(target)
     try:
         plain.save_pretrained(staging, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        write_marker(staging)
         difference = _verify(model, staging) if verify else None
+        _check_target(target, replace)
         aside = swap_in(staging, target)
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return HfResult(target, dense.merged, dense.added_params, difference)
+
+
+def _check_target(target: Path, replace: bool) -> None:
+    if target.is_symlink():
+        raise SlimkitError(f"{target} is a symbolic link; slimkit never writes through one: name the folder itself")
+    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not replace)):
+        raise SlimkitError(f"{target} exists and is not an empty folder")
+    if replace and target.is_dir() and any(target.iterdir()):
+        check_replaceable_export(target)
 
 
 def _verify(model: nn.Module, folder: Path) -> float:
@@ -146,4 +200,12 @@ def _verify(model: nn.Module, folder: Path) -> float:
     return difference
 
 
-__all__ = ["HF_MODEL_TYPES", "HfResult", "plain_config", "write_hf"]
+__all__ = [
+    "EXPORT_MARKER",
+    "HF_MODEL_TYPES",
+    "HfResult",
+    "check_replaceable_export",
+    "plain_config",
+    "write_hf",
+    "write_marker",
+]

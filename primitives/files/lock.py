@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -59,6 +61,35 @@ def _still_named(fd: int, path: Path) -> bool:
     return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
+_LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, created with ``O_EXCL`` or, when one is there, opened without following a symbolic link; an
+    existing one is taken over only when it is what a lock is (a regular file with one link holding a process id or
+    nothing), so a file of the user's named like the lock is never truncated."""
+    while True:
+        try:
+            return os.open(path, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, _LOCK_FLAGS)
+            break
+        except FileNotFoundError:  # its holder deleted it in between: create it again
+            continue
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise SlimkitError(f"{path} is a symbolic link where slimkit keeps its lock; remove it") from None
+            raise
+    status = os.fstat(fd)
+    text = os.pread(fd, 64, 0).decode(errors="replace").strip() if stat.S_ISREG(status.st_mode) else "?"
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1 or not (text == "" or text.isdigit()):
+        os.close(fd)
+        raise SlimkitError(f"{path} is not a slimkit lock file (it is named like one); move it away")
+    return fd
+
+
 def acquire_lock(target: Path) -> SiblingLock:
     """Claim ``target`` for this process: an exclusive, non-blocking ``flock`` on ``.NAME.lock`` beside it.
 
@@ -69,7 +100,7 @@ def acquire_lock(target: Path) -> SiblingLock:
     path = lock_path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ from torch import nn
 
 from slimkit.primitives.arch import ARCH_SPECS, LINEAR_ROLES, ArchSpec, ModelView
 from slimkit.primitives.io.compat import SLIMKIT_MODEL_TYPE, is_marked, structure_reasons, unmark_config
+from slimkit.primitives.io.folder import read_json_object
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
 from slimkit.primitives.lowrank.module import lowrank_entries
@@ -159,7 +159,7 @@ def model_structure(model: nn.Module) -> Structure:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json_object(path) if os.path.lexists(path) else None
 
 
 def saved_structure(directory: str | os.PathLike) -> Structure | None:

@@ -12,42 +12,39 @@ residual / basis-change matrices are attached with their hooks, each layer's att
 attributes are re-synced from its projection shapes, and the weights are loaded strictly. The
 materialised widths (per-layer hidden sizes included) are then checked against ``per_layer_config``.
 
-Before transformers sees the folder, :func:`check_model_folder` validates it: ``config.json`` is a JSON
-object with a supported ``model_type``; no custom code (``auto_map`` or ``*.py``, see
-:func:`~slimkit.primitives.arch.support.check_no_custom_code`); safetensors weights only (a folder with
-only pickle weights is refused) whose headers read. The saved tensor shapes (headers, no weights read)
-are then compared with what the config builds (for a plain folder on the meta device), with the
-manifest's ``modules`` entries and with its ``layer_widths``. Every disagreement is one
-:class:`SlimkitError` line naming the file and the entry; transformers is always called with
-``trust_remote_code=False`` (and ``use_safetensors=True``).
+Before transformers sees the folder, :func:`~slimkit.primitives.io.folder.check_model_folder` validates it:
+regular files only; bounded JSON; a supported ``model_type``, no custom code (``auto_map`` or ``*.py``), no
+quantisation; safetensors weights only, exactly the files the checkpoint names (a stray or duplicate weights file
+is refused), whose headers read; a layer count and widths that fit the weights. The saved tensor shapes (headers,
+no weights read) are then compared with what the config builds (for a plain folder on the meta device, where
+every parameter it builds must be saved: transformers would initialise a missing one at random), with the
+manifest's ``modules`` entries (bounded by the saved dimensions before anything is allocated) and with its
+``layer_widths``. Every disagreement is one :class:`SlimkitError` line naming the file and the entry;
+transformers is always called with ``trust_remote_code=False`` (and ``use_safetensors=True``) and reads the same
+weight files slimkit checked.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from slimkit.primitives.arch import ModelView, check_supported
-from slimkit.primitives.arch.support import check_no_custom_code, task_of
+from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
+from slimkit.primitives.io.folder import ModelFolder, check_model_folder, read_json_object
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
 from slimkit.primitives.lowrank.module import materialise_lowrank
 from slimkit.primitives.projection.adapters import KIND as BASIS_CHANGE_KIND
 from slimkit.primitives.projection.adapters import NAME as BASIS_CHANGE_NAME
 from slimkit.primitives.projection.manifest import RMS_NORM_KIND, materialise_basis_changes, materialise_rms_norms
-
-PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
-"""Weight files slimkit never reads: unpickling them can run code."""
 
 _MODULE_FIELDS = {
     LOW_RANK_KIND: ("rank", "in_features", "out_features"),
@@ -57,29 +54,12 @@ _MODULE_FIELDS = {
 """The integer fields each kind of manifest ``modules`` entry must have."""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file, or one :class:`SlimkitError` line naming the file and what is wrong."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise SlimkitError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except OSError as error:
-        raise SlimkitError(f"cannot read {path}: {error.strerror or error}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        raise SlimkitError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise SlimkitError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     """The folder's ``slimkit_manifest.json`` (None without one); a damaged one raises one line."""
     path = Path(directory) / MANIFEST_NAME
     if not path.is_file():
         return None
-    manifest = _read_json(path)
+    manifest = read_json_object(path)
     modules = manifest.get("modules")
     if modules is not None and not (isinstance(modules, list) and all(isinstance(e, dict) for e in modules)):
         raise SlimkitError(f"{path}: 'modules' must be a list of objects, got {json.dumps(modules)[:80]}")
@@ -87,88 +67,6 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     if widths is not None and not (isinstance(widths, list) and all(isinstance(w, dict) for w in widths)):
         raise SlimkitError(f"{path}: 'layer_widths' must be a list of objects, got {json.dumps(widths)[:80]}")
     return manifest
-
-
-@dataclass(frozen=True)
-class ModelFolder:
-    """A model folder whose files passed :func:`check_model_folder`."""
-
-    path: Path
-    config: dict[str, Any]
-    """``config.json`` as saved (still marked for a slimkit-only folder)."""
-    task: str
-    shapes: dict[str, tuple[int, ...]]
-    """Every saved tensor's shape, from the safetensors headers (no weights are read)."""
-    files: dict[str, str]
-    """The weight file that holds each tensor."""
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.json"
-
-
-def _weight_files(directory: Path) -> list[Path]:
-    files = sorted(directory.glob("*.safetensors"))
-    if files:
-        for index in sorted(directory.glob("*.safetensors.index.json")):
-            weight_map = _read_json(index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise SlimkitError(f"{index}: no 'weight_map' object")
-            missing = sorted({str(v) for v in weight_map.values()} - {f.name for f in files})
-            if missing:
-                raise SlimkitError(f"{index}: names weight file(s) the folder lacks: {', '.join(missing[:3])}")
-        return files
-    pickles = sorted({p.name for pattern in PICKLE_PATTERNS for p in directory.glob(pattern)})
-    if pickles:
-        raise SlimkitError(
-            f"{directory} holds only pickle weights ({', '.join(pickles[:3])}); slimkit reads safetensors only "
-            "(unpickling can run code): convert them to model.safetensors with a tool you trust"
-        )
-    raise SlimkitError(f"{directory} holds no weights (no *.safetensors file)")
-
-
-def _read_headers(files: list[Path]) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    where: dict[str, str] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as handle:
-                for key in handle.keys():
-                    shapes[key] = tuple(handle.get_slice(key).get_shape())
-                    where[key] = file.name
-        except (SafetensorError, OSError) as error:
-            reason = " ".join(str(error).split()) or type(error).__name__
-            raise SlimkitError(
-                f"{file}: not a readable safetensors file ({reason}); it is truncated or damaged: save or copy it again"
-            ) from None
-    return shapes, where
-
-
-def check_model_folder(directory: str | os.PathLike, task: str | None = None) -> ModelFolder:
-    """Validate a model folder before transformers reads any of it; one :class:`SlimkitError` line otherwise.
-
-    Checks, in order: ``config.json`` is a JSON object; the folder needs no code of its own
-    (:func:`~slimkit.primitives.arch.support.check_no_custom_code`); the config names a supported
-    ``model_type`` for ``task`` (default: from the config); the weights are safetensors (pickle-only
-    folders are refused), every shard an index names is there, and every file's header reads.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise SlimkitError(f"model folder {directory} does not exist")
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise SlimkitError(f"{directory} is not a model folder (no config.json)")
-    config = _read_json(config_path)
-    check_no_custom_code(directory, config)
-    if not config.get("model_type"):
-        raise SlimkitError(f'{config_path}: no model_type (a Hugging Face config names its architecture, e.g. "llama")')
-    task = task or task_of(config)
-    try:
-        check_supported(config, task)
-    except SlimkitError as error:
-        raise SlimkitError(f"{config_path}: {error}") from None
-    shapes, files = _read_headers(_weight_files(directory))
-    return ModelFolder(directory, config, task, shapes, files)
 
 
 def _model_class(config: transformers.PretrainedConfig, task: str) -> type:
@@ -179,11 +77,12 @@ def _model_class(config: transformers.PretrainedConfig, task: str) -> type:
     return transformers.AutoModel if task == "encoder" else transformers.AutoModelForCausalLM
 
 
-def _load_state(directory: Path) -> dict[str, torch.Tensor]:
+def _load_state(folder: ModelFolder) -> dict[str, torch.Tensor]:
+    """The tensors of exactly the weight files the checkpoint names (:attr:`ModelFolder.weight_files`)."""
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
-    for file in sorted(directory.glob("*.safetensors")):
+    for file in folder.weight_files:
         state.update(load_file(str(file)))
     return state
 
@@ -197,7 +96,7 @@ def _from_config_file(folder: ModelFolder, build: Any) -> Any:
     """``build()`` (a transformers config or model from config.json), its errors as one line naming the file."""
     try:
         return build()
-    except (ValueError, TypeError, KeyError, AttributeError) as error:
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError) as error:
         raise SlimkitError(
             f"{folder.config_path}: transformers cannot build a model from it ({_first_line(error)})"
         ) from None
@@ -234,6 +133,19 @@ def _check_shapes(
             )
 
 
+def _check_all_saved(folder: ModelFolder, model: nn.Module, prefix: str | None) -> None:
+    """Every parameter the config-built ``model`` has (tied ones once) is in the weight files: transformers would
+    otherwise initialise it at random and load without an error."""
+    for name, _param in model.named_parameters():
+        candidates = [name] + ([f"{prefix}.{name}", name.removeprefix(f"{prefix}.")] if prefix else [])
+        if not any(k in folder.shapes for k in candidates):
+            files = ", ".join(p.name for p in folder.weight_files)
+            raise SlimkitError(
+                f"{folder.config_path}: the config builds {name}, which no weight file ({files}) holds; "
+                "transformers would initialise it at random"
+            )
+
+
 def _check_layer_widths(folder: ModelFolder, model: nn.Module, manifest: dict[str, Any]) -> None:
     """The manifest's ``layer_widths`` (what save recorded) agree with the widths the weights give."""
     recorded = manifest.get("layer_widths")
@@ -266,6 +178,13 @@ def _check_module_entries(folder: ModelFolder, model: nn.Module, modules: list[d
         bad = [f for f in _MODULE_FIELDS[kind] if type(entry.get(f)) is not int or entry[f] < 1]
         if bad:
             raise SlimkitError(f"{where} ({kind} at {target}) needs positive integer {', '.join(bad)}")
+        largest = folder.largest_dimension
+        too_large = [f"{f} {entry[f]}" for f in _MODULE_FIELDS[kind] if entry[f] > largest]
+        if too_large:
+            raise SlimkitError(
+                f"{where} ({kind} at {target}): {', '.join(too_large)} larger than any dimension of the saved "
+                f"weights (at most {largest})"
+            )
         if kind == BASIS_CHANGE_KIND:
             if not target.endswith("." + BASIS_CHANGE_NAME):
                 raise SlimkitError(f"{where} ({kind}) path {target} does not end in .{BASIS_CHANGE_NAME}")
@@ -416,7 +335,7 @@ def load(
     from slimkit.primitives.device.settings import Placement
 
     placement = Placement.resolve(device, dtype, max_memory)
-    directory = Path(directory)
+    directory = Path(directory).expanduser()
     folder = check_model_folder(directory, task)
     task = folder.task
     marked = is_marked(folder.config)
@@ -438,7 +357,9 @@ def load(
         cls = _model_class(config, task)
         with torch.device("meta"):
             skeleton = _from_config_file(folder, lambda: _instantiate(cls, config))
-        _check_shapes(folder, skeleton, config_dict, getattr(cls, "base_model_prefix", None), _SHAPE_HINT)
+        prefix = getattr(cls, "base_model_prefix", None)
+        _check_shapes(folder, skeleton, config_dict, prefix, _SHAPE_HINT)
+        _check_all_saved(folder, skeleton, prefix)
         _check_layer_widths(folder, skeleton, manifest)
         del skeleton
         if placement.max_memory is not None:
@@ -483,7 +404,7 @@ def load(
     model.to(dtype=placement.dtype)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    state = _load_state(directory)
+    state = _load_state(folder)
     missing, unexpected = model.load_state_dict(state, strict=False)
     head = view.spec.head
     tied = {k for k in missing if view.tied and head is not None and k.startswith(head + ".")}

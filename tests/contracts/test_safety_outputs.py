@@ -24,7 +24,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files import atomic as paths
 from slimkit.primitives.files.lock import acquire_lock
 from slimkit.recipes import output_safety, runner
-from slimkit.recipes.output_safety import check_output_dir
+from slimkit.recipes.output_safety import RUN_MARKER, check_output_dir
 from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_llama
@@ -130,18 +130,30 @@ def test_force_refuses_a_folder_that_is_not_a_slimkit_output(tmp_path, model_dir
 
 
 def test_force_replaces_slimkit_outputs_and_empty_folders(tmp_path):
+    """A run's output is what its marker lists (issue 28: a report.json alone no longer makes a folder a run's)."""
+    marker = {"written_by": "slimkit recipe run", "files": ["model", "report.json", "report.md"]}
     for name, files in [
-        ("run", ["report.json"]),
-        ("run-model-only", ["model/slimkit_manifest.json"]),
-        ("saved-model", ["slimkit_manifest.json", "config.json"]),
+        ("run", ["report.json", RUN_MARKER]),
+        ("run-model-only", ["model/slimkit_manifest.json", RUN_MARKER]),
         ("empty", []),
     ]:
         folder = tmp_path / name
         folder.mkdir()
         for file in files:
             (folder / file).parent.mkdir(exist_ok=True)
-            (folder / file).write_text("{}")
+            (folder / file).write_text(json.dumps(marker) if file == RUN_MARKER else "{}")
         check_output_dir(folder, force=True)
+    for name, files, message in [
+        ("report-only", ["report.json"], "is not a slimkit output"),
+        ("saved-model", ["slimkit_manifest.json", "config.json"], "is not a slimkit output"),
+        ("run-and-notes", ["report.json", RUN_MARKER, "notes.txt"], "holds notes.txt, which slimkit did not write"),
+    ]:
+        folder = tmp_path / name
+        folder.mkdir()
+        for file in files:
+            (folder / file).write_text(json.dumps(marker) if file == RUN_MARKER else "{}")
+        with pytest.raises(SlimkitError, match=message):
+            check_output_dir(folder, force=True)
 
 
 def test_an_unwritable_out_is_refused_before_loading(monkeypatch, tmp_path, model_dir, no_loading):

@@ -93,7 +93,7 @@ def test_budget_below_the_plan_is_refused_before_loading(tiny_llama_dir, tmp_pat
 def test_an_offload_budget_below_the_weights_is_left_to_the_offload_rules(tiny_llama_dir):
     stages = [{"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}]}]
     recipe = Recipe.model_validate(_recipe(str(tiny_llama_dir), stages, max_memory="200KB"))
-    from slimkit.primitives.placement import Placement
+    from slimkit.primitives.device.settings import Placement
     from slimkit.recipes.memory_plan import check_memory_plan
 
     placement = Placement.resolve("cpu", "float32", "200KB")

@@ -1,0 +1,167 @@
+"""Where a command may write, and how it stops: the rules every slimkit command that writes follows
+(``recipe run``, ``export``, ``eval --json``, ``slimkit.run``, ``slimkit.export``).
+
+* Never a protected folder: the filesystem root, the home folder, the current working directory or a parent of
+  it (:func:`protected_reason`).
+* Never an input: an output that is an input of the command, lies inside one, or holds one is refused
+  (:func:`overlap_reason`, :func:`check_not_input`), so no command replaces or writes into what it reads.
+* A small file (``eval --json``) is written to a hidden sibling and renamed into place (:func:`write_text_file`):
+  never through a symbolic link, never half-written; a write that fails (full disk, file-size limit, no
+  permission) is one line naming the file and the reason.
+* SIGTERM is handled like Ctrl-C while a command writes (:func:`terminate_as_interrupt`): the command's
+  ``finally`` blocks run, so its hidden partial file or folder and its lock are deleted on the way out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from slimkit.primitives.errors import SlimkitError
+
+NAME_MAX_BYTES = 255
+"""The longest file name (one path component, in bytes) Linux and macOS file systems take."""
+
+
+def check_path_name(option: str, path: Path) -> None:
+    """One :class:`SlimkitError` line for a path no file system takes: a NUL byte, or a component longer than
+    :data:`NAME_MAX_BYTES` bytes (checked before any work, not when the result is written)."""
+    text = str(path)
+    if "\x00" in text:
+        raise SlimkitError(f"{option} {text!r}: a path cannot hold a NUL byte")
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX_BYTES:
+            raise SlimkitError(
+                f"{option} {part[:40]}...: a file name is at most {NAME_MAX_BYTES} bytes, this one "
+                f"{len(os.fsencode(part))}"
+            )
+
+
+def protected_reason(out: Path) -> str | None:
+    """Why ``out`` may never be an output, or None: it resolves to the filesystem root, the home folder, the
+    current working directory or a parent of it."""
+    resolved = out.expanduser().resolve()
+    if resolved == Path(resolved.anchor):
+        return "the filesystem root"
+    try:
+        if resolved == Path.home().resolve():
+            return "the home folder"
+    except (RuntimeError, KeyError):  # no home folder known
+        pass
+    try:
+        cwd = Path.cwd().resolve()
+    except FileNotFoundError:  # the working directory was deleted
+        return None
+    if resolved == cwd:
+        return "the current working directory"
+    if cwd.is_relative_to(resolved):
+        return "a parent of the current working directory"
+    return None
+
+
+def overlap_reason(out: Path, inputs: Iterable[str | os.PathLike]) -> str | None:
+    """Why ``out`` would overwrite an input, or None: it is one of ``inputs`` (files or folders, symbolic links
+    resolved), lies inside one, or is a folder holding one."""
+    resolved = out.expanduser().resolve()
+    for source in inputs:
+        source_path = Path(source).expanduser()
+        read = source_path.resolve()
+        if resolved == read:
+            return f"the input {source_path} itself"
+        if resolved.is_relative_to(read):
+            return f"inside the input {source_path}"
+        if read.is_relative_to(resolved):
+            return f"a folder holding the input {source_path}"
+    return None
+
+
+def check_not_input(option: str, out: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    """One :class:`SlimkitError` line when ``out`` (given as ``option``) overlaps an input (:func:`overlap_reason`)."""
+    reason = overlap_reason(out, inputs)
+    if reason is not None:
+        raise SlimkitError(
+            f"{option} {out} is {reason}; a command never writes over or into what it reads: choose another path"
+        )
+
+
+def write_failure(what: str, error: OSError) -> SlimkitError:
+    """One line for a write that failed: ``what`` (``--json results.json``), the reason, the file."""
+    where = f" ({error.filename})" if error.filename else ""
+    reason = error.strerror or f"{error} (a full disk or a file-size limit)"
+    return SlimkitError(f"{what}: cannot write it: {reason}{where}; nothing was replaced")
+
+
+def write_text_file(path: Path, text: str, option: str) -> None:
+    """Write ``text`` to ``path`` through a hidden sibling renamed into place (never through a symbolic link at
+    ``path``); a failure is one :class:`SlimkitError` line (``option`` names the setting) and leaves ``path`` as
+    it was."""
+    from slimkit.primitives.files.atomic import staging_file
+
+    staging = None
+    try:
+        staging = staging_file(path)
+        with open(staging, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(staging, path)
+    except OSError as error:
+        raise write_failure(f"{option} {path}", error) from None
+    finally:
+        if staging is not None:
+            staging.unlink(missing_ok=True)
+
+
+def check_output_location(option: str, out: Path, inputs: Iterable[str | os.PathLike], writer: str) -> None:
+    """The checks every output path gets before any work (``writer``, e.g. "a run", names who writes it): a name
+    file systems take, not a protected folder, not an input, a name of its own (not ``.`` or ``..``), not a
+    symbolic link."""
+    check_path_name(option, out)
+    reason = protected_reason(out)
+    if reason is not None:
+        raise SlimkitError(f"{option} {out} is {reason}, which {writer} never replaces; name a new file or folder")
+    check_not_input(option, out, inputs)
+    if out.name in ("", ".", ".."):
+        raise SlimkitError(f"{option} {out}: end the path with the output's own name, not . or ..")
+    if out.is_symlink():
+        raise SlimkitError(
+            f"{option} {out} is a symbolic link; slimkit never writes through one: name the file or folder itself"
+        )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while a command writes, raised like Ctrl-C so the command cleans up before exiting."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While a command writes, SIGTERM raises :class:`Terminated` as Ctrl-C raises KeyboardInterrupt: only when the
+    process has no SIGTERM handler of its own, and only in the main thread (where Python runs handlers)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(_signum, _frame):
+        raise Terminated("terminated (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = [
+    "NAME_MAX_BYTES",
+    "Terminated",
+    "check_not_input",
+    "check_output_location",
+    "check_path_name",
+    "overlap_reason",
+    "protected_reason",
+    "terminate_as_interrupt",
+    "write_failure",
+    "write_text_file",
+]
