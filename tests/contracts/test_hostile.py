@@ -35,7 +35,7 @@ import pytest
 import torch
 
 import slimkit
-from slimkit.primitives import paths
+from slimkit.primitives.files import lock
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
 from slimkit.primitives.export.gguf_file import place_file
@@ -329,11 +329,11 @@ def out_is_a_symlink(tmp: Path, m: Models) -> list[str]:
 
 
 def export_already_running(tmp: Path, m: Models) -> list[str]:
-    _HELD.append(paths.acquire_lock(tmp / "m.gguf"))  # as another export would hold it (released after the case)
+    _HELD.append(lock.acquire_lock(tmp / "m.gguf"))  # as another export would hold it (released after the case)
     return ["export", str(m.plain), "--out", str(tmp / "m.gguf")]
 
 
-_HELD: list[paths.SiblingLock] = []
+_HELD: list[lock.SiblingLock] = []
 
 
 # --- class 2: no output is an input, inside one, or a folder holding one --------------------------------------
