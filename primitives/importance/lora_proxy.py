@@ -62,8 +62,10 @@ class BatchGradients:
     report: dict = field(default_factory=dict)
 
     def of(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gradient, its square)`` of ``weight`` on ``weight``'s device (a gradient kept on ``stats_device`` moves
+        over when it is read)."""
         value = self.tensors[id(weight)]
-        grad = value() if callable(value) else value
+        grad = (value() if callable(value) else value).to(weight.device)
         return grad, grad * grad
 
     def __contains__(self, weight: torch.Tensor) -> bool:

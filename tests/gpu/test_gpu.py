@@ -145,5 +145,6 @@ def test_lean_gradient_sums_on_cuda_match_and_use_less_memory():
     assert lean_peak < full_peak, (lean_peak, full_peak)
     on_host = accumulate_gradients(model, batches, tensors=scored, squares=False, stats_device="cpu")
     for tensor in scored:
-        assert on_host.of(tensor)[0].device.type == "cpu"
-        torch.testing.assert_close(on_host.of(tensor)[0], full_sums[id(tensor)].cpu())
+        assert on_host.grad[id(tensor)].device.type == "cpu"  # where the sums live
+        assert on_host.of(tensor)[0].is_cuda  # read on the scored tensor's device
+        torch.testing.assert_close(on_host.of(tensor)[0], full_sums[id(tensor)])
