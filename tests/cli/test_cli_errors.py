@@ -109,7 +109,6 @@ def test_unknown_model_source_suggests_the_closest():
 # --- the command line --------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_unknown_option_names_it_and_the_command():
     line = one_error_line(slimkit("recipe", "run", "lorap", "--out", "o", "--bogus"))
     assert line == "error: no such option '--bogus' for 'slimkit recipe run'"
@@ -117,7 +116,6 @@ def test_unknown_option_names_it_and_the_command():
     assert line == "error: no such option '--froce' for 'slimkit recipe run'; did you mean '--force'?"
 
 
-@pytest.mark.slow
 def test_typod_subcommand_suggests_the_command():
     assert one_error_line(slimkit("recipe", "rnu")) == "error: no such command 'rnu'; did you mean 'run'?"
     assert one_error_line(slimkit("evl")) == "error: no such command 'evl'; did you mean 'eval'?"
@@ -125,19 +123,16 @@ def test_typod_subcommand_suggests_the_command():
     assert line.startswith("error: no such command 'zzzz'; commands of 'slimkit': ") and "recipe" in line
 
 
-@pytest.mark.slow
 def test_missing_option_and_argument():
     assert one_error_line(slimkit("recipe", "run", "lorap")) == "error: missing option '--out' for 'slimkit recipe run'"
     assert one_error_line(slimkit("recipe", "show")) == "error: missing argument 'NAME' for 'slimkit recipe show'"
 
 
-@pytest.mark.slow
 def test_bad_option_value():
     line = one_error_line(slimkit("eval", "smollm2-135m", "--seq-len", "abc"))
     assert line.startswith("error: invalid value for option '--seq-len' of 'slimkit eval': ")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("args", [(), ("recipe",), ("stage",)])
 def test_bare_group_prints_help_and_exits_2(args):
     result = slimkit(*args)
@@ -147,7 +142,6 @@ def test_bare_group_prints_help_and_exits_2(args):
     assert "error:" not in result.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("args", [("--help",), ("recipe", "--help"), ("recipe", "run", "--help"), ("stage", "--help")])
 def test_help_exits_0(args):
     result = slimkit(*args)

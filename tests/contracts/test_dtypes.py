@@ -213,7 +213,6 @@ def _case_recipe(case: str, changes: dict) -> dict:
     }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("case", list(CASES))
 def test_stage_runs_in_the_models_dtype(case, dtype, tokenizer):

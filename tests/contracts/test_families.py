@@ -303,7 +303,6 @@ RECIPES: dict[str, tuple[list[dict], dict]] = {
 QKV_BIAS = {("qwen2", "q"), ("qwen2", "k"), ("qwen2", "v")}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", LOSSLESS)
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_recipe_kind_runs_on_the_family(family, recipe, tmp_path):

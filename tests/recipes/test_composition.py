@@ -86,7 +86,6 @@ def _recipe(model_dir, first: dict, second: dict) -> dict:
 PAIRS = list(itertools.product(KINDS, KINDS))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("first", "second"), PAIRS, ids=[f"{a}-then-{b}" for a, b in PAIRS])
 def test_stage_pair_validates_and_lands_on_target_or_is_refused(tiny_llama_dir, first, second):
     # Before a stage that removes nothing, the first stage derives its share itself.
