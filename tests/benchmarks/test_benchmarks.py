@@ -385,6 +385,7 @@ def test_bad_grid_file_is_one_line(tmp_path):
         load_grid(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -637,9 +638,10 @@ def test_plots_are_written(tmp_path):
 
 @pytest.mark.real
 def test_quick_benchmark_smoke(tmp_path):
-    """The whole quick grid (`make bench-quick`), as CI's smoke run: every row is produced and finite."""
+    """The whole quick grid (`make bench-quick`) at the smallest evaluation budgets, as CI's smoke run: every row is
+    produced and finite."""
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path), "--name", "smoke"]
-    command += ["--speed-rounds", "1"]
+    command += ["--speed-rounds", "1", "--ppl-tokens", "512", "--zeroshot-limit", "2"]  # one window, two examples
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     [path] = tmp_path.glob("*-smoke.json")

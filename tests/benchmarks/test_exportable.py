@@ -15,6 +15,7 @@ from benchmarks.exportable import EXPORTABLE, TOLERANCE, Row, run, table
 from slimkit.recipes.loading import bundled_recipes
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
+pytestmark = pytest.mark.slow  # one run of every LLM recipe (about a minute of CPU)
 
 BERT_RECIPES = {"sp3-bert", "cofi-bert", "glue-finetune"}
 

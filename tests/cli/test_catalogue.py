@@ -79,6 +79,7 @@ def test_reflow_joins_paragraph_lines_and_keeps_items():
     assert _reflow(text) == ["One line continued.", "* item one more\n* item two", "    L = a + b\n    M = c"]
 
 
+@pytest.mark.slow
 def test_stage_list_lists_every_stage():
     result = slimkit("stage", "list")
     assert result.returncode == 0, result.stderr
@@ -87,6 +88,7 @@ def test_stage_list_lists_every_stage():
     assert " layer " in result.stdout and " model " in result.stdout
 
 
+@pytest.mark.slow
 def test_stage_show_prune_lists_its_arguments():
     result = slimkit("stage", "show", "prune", columns=250)
     assert result.returncode == 0, result.stderr
@@ -98,6 +100,7 @@ def test_stage_show_prune_lists_its_arguments():
     assert "ratio" in out and "float | None, >= 0, < 1" in out
 
 
+@pytest.mark.slow
 def test_stage_show_narrow_terminal_still_lists_arguments():
     result = slimkit("stage", "show", "lora", columns=80)
     assert result.returncode == 0, result.stderr
@@ -105,6 +108,7 @@ def test_stage_show_narrow_terminal_still_lists_arguments():
         assert field in result.stdout, field
 
 
+@pytest.mark.slow
 def test_stage_show_calibration_follows_the_arguments():
     out = slimkit("stage", "show", "pca_project").stdout
     assert "calibration data: yes\n" in out
@@ -112,6 +116,7 @@ def test_stage_show_calibration_follows_the_arguments():
     assert "calibration data: no\n" in out
 
 
+@pytest.mark.slow
 def test_stage_show_unknown_name_suggests():
     result = slimkit("stage", "show", "prnue")
     assert result.returncode == 2

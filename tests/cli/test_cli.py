@@ -159,6 +159,7 @@ def test_interrupted_run_leaves_nothing_that_loads(monkeypatch, capsys, tmp_path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".o")]
 
 
+@pytest.mark.slow
 def test_console_script_prints_no_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "slimkit.cli.main", "recipe", "validate", str(tmp_path / "missing.yaml")],

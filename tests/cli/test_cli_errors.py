@@ -149,6 +149,7 @@ def test_help_exits_0(args):
     assert "Usage:" in result.stdout
 
 
+@pytest.mark.slow
 def test_input_errors_keep_their_one_line():
     line = one_error_line(slimkit("recipe", "validate", "wanda-chanels"))
     assert line.startswith("error: unknown recipe 'wanda-chanels'; did you mean 'wanda-channels'? bundled: ")

@@ -310,6 +310,7 @@ def wait_for_pause(process: subprocess.Popen, point: str) -> None:
     pytest.fail(f"the run ended (status {process.returncode}) before pausing at {point}:\n{''.join(seen)}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["compute", "save", "replace"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["INT", "TERM", "KILL"])
 def test_a_signal_during_a_run_keeps_the_old_result(old_result, model_dir, sig, point):
@@ -329,6 +330,7 @@ def test_a_signal_during_a_run_keeps_the_old_result(old_result, model_dir, sig, 
     assert siblings(old_result) == []
 
 
+@pytest.mark.slow
 def test_two_runs_to_the_same_out_one_succeeds(tmp_path, model_dir):
     out = tmp_path / "out"
     file = tmp_path / "r.yaml"

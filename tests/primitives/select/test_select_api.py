@@ -23,6 +23,7 @@ def test_plan_api_is_exported_with_docstrings():
     assert select.plan.__module__ == "slimkit.primitives.select.plan"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "first", ["slimkit.primitives.select.plan", "slimkit.primitives.select.iterative", "slimkit.primitives.select"]
 )
