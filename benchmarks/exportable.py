@@ -2,48 +2,7 @@
 
     python -m benchmarks.exportable [--json PATH] [--only wanda-channels,lorap]
 
-Every bundled LLM recipe (``recipes/*.yaml`` without a ``task:`` and not on ``minilm-l6``: the
-BERT/GLUE recipes have no decoder to export) is run on a **tiny random Llama** (4 layers, hidden 48,
-6 query heads over 2 KV heads of 8, MLP 64, the 262-token BPE tokenizer of ``tests.tiny``), shrunk
-so each run takes seconds (:func:`shrink`: 4 calibration samples of 32 tokens, 1-2 training steps,
-no evaluation, ``target.strict: false``). Its saved folder is exported with
-:func:`slimkit.primitives.export.export` to GGUF (f32) and to a plain Hugging Face folder; every GGUF
-is loaded in llama.cpp (llama-cpp-python) and its logits on fixed token ids compared with the
-``slimkit.load``-ed model's (max abs difference over ``max(1, max |logit|)``, at most
-:data:`TOLERANCE`). A refused export is recorded with its one-line message.
-
-The table says, per recipe: ``hf + gguf llama`` (uniform widths), ``gguf llama (merged)`` /
-``hf + gguf llama (merged)`` (low-rank pairs or SP3's embedding / final-norm maps merged into dense
-weights, from the result's ``merged`` list), ``gguf deci`` (per-layer widths, llama.cpp's ``deci``
-architecture) or ``no`` (refused, with why).
-
-What this measures is **structure only**: which widths vary across layers, which projections are
-low-rank pairs, where residual / basis-change maps sit. The weights are random and the runs tiny, so
-nothing here says anything about quality, and a tiny model's rounding may differ from smollm2's:
-
-* widths are rounded on a 48-wide model with 6 heads over 2 KV groups and 64 MLP channels, so a
-  width that comes out uniform on smollm2 (576 wide, 9 heads over 3 KV groups, 1536 channels) could
-  vary here, or the reverse (compare with the verdicts of the real 20% runs: cce -> gguf llama;
-  llm-pruner, llm-pruner+wanda -> gguf deci (per-layer intermediate_size, num_attention_heads);
-  lorap, lorap+cce -> llama with low-rank pairs merged, hf too; sp3-oneshot (group_size 4) -> refused
-  (residual matrices between layer groups); sp3+lorap -> llama merged (pairs and one output map));
-* two settings count layers and would mean something else on 4 layers, so they are scaled
-  (:data:`LAYER_SCALED`, noted in the table): LLM-Pruner's ``skip_first: 3`` / ``skip_last: 2``
-  (of 30 layers) would leave no layer of 4 to prune and become 1 / 1; SP3's ``group_size: 4`` (8
-  groups of 30 layers) would be one group of 4, with no residual matrix, and becomes 2 (two groups,
-  one residual matrix), so the structure that decides the verdict is kept.
-
-Observed on the tiny model against those real results: no GGUF verdict differs. cce keeps its heads
-here too (6; smollm2 9) and cuts MLP channels 64 -> 55 and features 48 -> 41 uniformly (smollm2:
-1536 -> 1333, 576 -> 500): gguf llama; llm-pruner and llm-pruner+wanda vary intermediate_size and
-num_attention_heads per layer: gguf deci; lorap's and lorap+cce's low-rank pairs are q and k in
-every layer (8 = 2 x 4 here, 60 = 2 x 30 on smollm2; v and o stay dense); sp3+lorap merges them and
-the final norm's map; sp3-oneshot's residual matrix is refused. A hidden size that is not a
-multiple of the head count (cce's 41 and llm-pruner-channel's 38 over 6 heads here) is refused by
-``--format hf`` (transformers' config class rejects it), so those are ``gguf llama`` without hf;
-smollm2's cce (500 over 9 heads) fails the same check (inferred, not run here).
-
-Writes JSON with ``--json`` (every row, the export results and the one-line refusals).
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

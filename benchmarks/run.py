@@ -2,40 +2,8 @@
 
     python -m benchmarks.run                       # the full grid of benchmarks/grid.yaml (hours)
     python -m benchmarks.run --quick               # the smoke-sized grid (minutes)
-    python -m benchmarks.run --only lorap,llm-pruner --ratios 20 --name lorap-vs-llmpruner
-    python -m benchmarks.run --grid benchmarks/grid-claims.yaml --plan   # rows and a rough time, no run
 
-For each row of the grid (benchmarks/grid.yaml, see :mod:`benchmarks.grid`):
-
-1. compression: ``slimkit recipe run RECIPE --no-eval`` as its own process (started through a small
-   launcher process, because Linux hands a forking process's peak RSS on to an exec'd child), so the
-   peak resident memory in its report.json is that run's alone (and a crash cannot take the benchmark down);
-   ``--set target.ratio=R``, ``target.strict=false`` (a missed target is measured and flagged, not fatal), the
-   entry's overrides, and ``stages.I.args.steps=0`` on every top-level
-   ``lora`` or ``distill`` stage for the rows without recovery;
-2. evaluation, in this process, of the saved run folder (``RUN/model``): perplexity and zero-shot
-   accuracy with the same budgets for every row (:func:`slimkit.primitives.evaluate.run.evaluate_model`,
-   the code behind ``slimkit eval``);
-3. speed: the compressed model and the dense one, loaded once at the start, measured interleaved in
-   this process (:func:`benchmarks.speed.measure`); the ratios are per pair, so a machine that gets
-   busier during a long run shifts both sides of each ratio.
-
-Seeded rows (``seeds:`` in the grid, :mod:`benchmarks.grid`) are one compression per seed, each kept and
-resumed like any other row (``ROW:seedN``); the JSON's ``seed_groups`` and the quality tables hold their
-mean and spread (:mod:`benchmarks.seeds`), and the claims are decided on them (:mod:`benchmarks.claims`).
-Zero-shot rows get ``zeroshot_mean_acc_norm`` (acc_norm where lm-eval defines it, else acc).
-
-A recipe that does not exist (yet) gives a "not run" row with the reason; a run that fails gives a
-"failed" row with the last line of its log; neither stops the benchmark. The dense row comes first.
-The paper claims of the grid file are then decided from the rows (:mod:`benchmarks.claims`).
-
-Writes ``OUT/<date>-<name>.json`` (rewritten after every row, so an interrupted run keeps what it
-measured), ``.md`` and the plots ``-quality.png`` and ``-widths-rPCT.png``. Run folders live in a
-temporary folder, or under ``--keep DIR`` (with ``--resume``, a row whose folder already holds a
-finished run of the same recipe and overrides is not compressed again, and not measured again when
-its folder also holds the row measured under the same settings: an interrupted grid continues).
-
-Bad options, an unknown ``--only`` name or a bad grid file print one ``error: ...`` line and exit 2.
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

@@ -2,41 +2,8 @@
 
     python -m benchmarks.scale                      # the real shapes + depth/width sweeps + offload rows
     python -m benchmarks.scale --quick              # tiny shapes only (the smoke test; under a minute)
-    python -m benchmarks.scale --configs smollm2-135m,llama-3.2-1b --recipes lorap,wanda-channels
-    python -m benchmarks.scale --device cuda        # adds llama-3.2-3b and llama-3.1-8b to the defaults
 
-**Random weights: this benchmark measures cost (time, memory) only, never quality.** Every model is
-built from a config of a published model's shape (hidden size, MLP width, layers, heads, KV heads,
-head_dim, vocabulary, tied embeddings, rope theta, Qwen2's q/k/v biases) with weights drawn from
-N(0, 0.02) (norms 1, biases 0), so perplexity would be meaningless and is not measured.
-
-1. Models: each shape is built once per dtype on the meta device, materialised with ``to_empty`` and
-   initialised in place, and saved (safetensors + config + the smollm2-135m tokenizer, whose 49,152
-   ids are valid in every vocabulary here) into ``--models-dir`` (default: the slimkit cache,
-   ``scale-models/``). Loading is therefore measured from disk, as a user sees it.
-2. Runs: each (shape, recipe) is ``slimkit recipe run RECIPE.yaml --model FOLDER --device D --dtype T
-   --no-eval`` in its own process (through :func:`benchmarks.run.via_launcher`, so peak RSS is the
-   run's own), with ``target.ratio=0.2``, ``target.strict=false``, the calibration budget of
-   ``--samples`` x ``--seq-len`` and, for recipes with a LoRA recovery stage (lorap, llm-pruner), that
-   stage dropped (no recovery). From each report.json: seconds per stage (load, calibration, each
-   stage, save), compression seconds (calibration + stages), seconds per layer (compression seconds /
-   decoder layers), peak RSS, peak GPU memory, parameters, achieved ratio.
-3. Growth: a depth sweep (SmolLM2-135M's width at several layer counts) and a width sweep (several
-   hidden sizes at a fixed depth, MLP width 8/3 x hidden, 64-wide heads, 4 query heads per KV head)
-   are fitted per recipe by least squares on logs: ``cost ~ layers^a``, ``cost ~ hidden^b`` (with R^2);
-   the real shapes are fitted against their non-embedding parameters, ``cost ~ params^c``. Memory
-   exponents are fitted on peak RSS above the baseline (a run of a tiny model: Python, torch,
-   transformers and slimkit themselves), since the baseline does not grow with the model.
-4. Offload: a shape whose weights exceed ``--offload-memory`` (default: Llama-3.2-1B's shape with a
-   1.5 GiB budget) is compressed with ``--max-memory`` by the layer-wise recipes (wanda-channels and
-   lorap without recovery; whole-model stages are refused on an offloaded model), its peak RSS shown
-   next to the weights' size, the budget and the baseline, with the peak anonymous and file-backed
-   memory (sampled from /proc) apart: ``ru_maxrss`` also counts the memory-mapped offloaded weights.
-
-A run that fails (for instance killed for memory) is a row with its reason, not a crash: what does not
-fit on the machine is a result. Writes ``OUT/<date>-scale.{json,md}`` (rewritten after every row).
-Timings are for this machine and its load at the time (other processes may share the cores); compare
-rows of one results file, and prefer the fitted exponents and ratios to absolute seconds.
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,8 @@
 """GLUE tasks from the shipped TSV files: examples, tokenised batches, calibration windows.
 
-Tasks (``data/glue``, see its SOURCE.md), each with train and dev splits:
+Tasks come from ``data/glue`` (see its SOURCE.md), each with train and dev splits.
 
-``sst2``
-    ``SST-2/{train,dev}.tsv``: ``sentence``, ``label`` (0 negative, 1 positive); 67,349 / 872.
-``mrpc``
-    ``MRPC/dev.tsv`` (408). Train is rebuilt as the GLUE download script builds it: every pair of
-    ``msr_paraphrase_train.txt`` whose ``(#1 ID, #2 ID)`` is not in ``dev_ids.tsv``, in file order
-    (3,668 pairs, as the Hugging Face and TFDS loaders have; the shipped ``train.tsv`` lacks one).
-    Label ``Quality`` (0 not equivalent, 1 equivalent); texts ``#1 String``, ``#2 String``.
-``rte``
-    ``RTE/{train,dev}.tsv``: ``sentence1``, ``sentence2``, ``label`` with the GLUE label order
-    (0 ``entailment``, 1 ``not_entailment``); 2,490 / 277.
-``stsb``
-    ``STS-B/{train,dev}.tsv``: ``sentence1``, ``sentence2``, ``score`` in [0, 5] (a regression
-    target, ``num_labels=1``); 5,749 / 1,500.
-
-Files are read with ``csv`` (tab separated, ``QUOTE_NONE``, ``utf-8-sig`` for the BOM), and every row
-must have the header's column count. Subsets (:func:`load_examples`): the first ``count`` examples
-in file order without a seed, or ``count`` examples drawn without replacement by ``seed`` (in drawn
-order).
-
-Tokenisation (:func:`encode`): one sentence or a sentence pair through the model's own tokenizer,
-with its special tokens (BERT: ``[CLS] a [SEP] b [SEP]`` and token types 0/1), truncated to
-``max_length`` tokens (default 128, longest-first for pairs), padded to the longest example of the
-batch with an attention mask; the labels come back as ``labels`` (long, or float for STS-B).
-
-Calibration (:func:`calibration_ids`, calibration dataset ``glue-<task>``): SP3 (section 4.1) draws
-512 training examples per task, concatenates them and takes 4,096 tokens. Here ``examples`` training
-examples are drawn by the seed, each encoded as the model sees it (with its special tokens, truncated
-to 128 tokens, no padding), concatenated into one stream, the stream cut into non-overlapping windows
-of ``seq_len`` tokens, and ``samples`` of those windows drawn by the seed (``samples x seq_len`` tokens,
-e.g. 32 x 128 = 4,096). The windows carry no padding, so layer statistics need no attention mask; the
-price is that a window may cross example boundaries (attention spans two examples) and token types
-are all 0 (the second sentence of a pair is typed 1 at fine-tuning time). Both are small shifts for
-activation statistics and keep calibration the plain ``[samples, seq_len]`` id tensor every stage uses.
+Method note: docs/methods/glue.md.
 """
 
 from __future__ import annotations

@@ -1,45 +1,9 @@
 """Zero-shot multiple-choice accuracy through lm-evaluation-harness, on slimkit's shipped data only.
 
-:func:`evaluate_zeroshot` scores a model with ``lm_eval.simple_evaluate`` and an ``HFLM`` wrapped around
-the model object, using task YAMLs that reproduce lm-eval's own default tasks (prompt, choices, gold index
-and metrics) but read local JSONL files instead of downloading from the Hugging Face hub. Nothing touches
-the network: the data comes from :func:`slimkit.primitives.data_paths.data_root`, lm-eval's default task index
-is not loaded, and the metrics (``acc``, ``acc_norm``) are lm-eval's built-in ones.
+:func:`evaluate_zeroshot` runs lm-eval on the model object with task YAMLs that read local JSONL files; nothing
+touches the network.
 
-Tasks (lm-eval 0.4.x YAML each follows; ``acc_norm`` is the accuracy of the choice with the highest
-log-likelihood divided by its length in characters, lm-eval's definition):
-
-``piqa``
-    ``tasks/piqa/piqa.yaml``. Prompt ``"Question: {goal}\\nAnswer:"``, choices ``[sol1, sol2]``; ``acc``,
-    ``acc_norm``. Data ``piqa/valid.jsonl`` with the labels from ``piqa/valid-labels.lst`` (1,838).
-``hellaswag``
-    ``tasks/hellaswag/hellaswag.yaml`` with its ``utils.process_docs`` applied while preparing the data:
-    prompt ``preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize())``, choices the
-    preprocessed endings; ``acc``, ``acc_norm``. Data ``hellaswag/hellaswag_val_sample1000.jsonl``, a
-    1,000-record sample of the validation split, so numbers are estimates of the standard metric.
-``arc_easy``, ``arc_challenge``
-    ``tasks/arc/arc_easy.yaml`` / ``arc_challenge.yaml``. Prompt ``"Question: {question}\\nAnswer:"``,
-    choices every ``choices.text`` (3, 4 or 5), gold ``choices.label.index(answerKey)`` (letters or digits);
-    ``acc``, ``acc_norm``. Data ``arc/ARC-{Easy,Challenge}-Test.jsonl`` (2,376 / 1,172, the test splits).
-``boolq``
-    ``tasks/super_glue/boolq/default.yaml``. Prompt ``"{passage}\\nQuestion: {question}?\\nAnswer:"``,
-    choices ``["no", "yes"]`` (label "false" -> 0, "true" -> 1); ``acc`` only. Data ``boolq/val.jsonl``
-    (3,270, SuperGLUE layout).
-``winogrande``
-    ``tasks/winogrande/default.yaml`` (partial evaluation): the two contexts are the sentence up to the
-    blank with each option filled in, each scored on the rest of the sentence; ``acc`` only. Data
-    ``winogrande/winogrande_dev_llmfoundry.jsonl`` (1,267, dev split), whose ``context_options`` /
-    ``continuation`` / ``gold`` are exactly those pieces; ``gold`` is checked against ``dev-labels.lst``.
-``openbookqa``
-    ``tasks/openbookqa/openbookqa.yaml``. Prompt the bare ``question_stem``, choices the four answers;
-    ``acc``, ``acc_norm``. Data ``openbookqa/openbook_qa_test_llmfoundry.jsonl`` (500, test split; its
-    query, choices and gold agree with the original ``test.tsv`` for all 500 rows).
-
-Each task's data is normalised into one JSONL under ``cache_root() / "lm_eval_data"``, named after a hash
-of the source files' paths, sizes and mtimes (so an edited source is re-prepared) and written atomically.
-The YAML templates shipped in ``lm_eval_tasks/`` are rendered with absolute paths into a temporary
-folder that the ``TaskManager`` indexes on its own (``include_defaults=False``). Internal task names are
-``slimkit_<task>``; results are keyed by the plain names.
+Method note: docs/methods/evaluate-zeroshot.md.
 """
 
 from __future__ import annotations

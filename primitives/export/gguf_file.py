@@ -1,41 +1,9 @@
 """Write a compressed Llama-family decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
 
-Architecture:
+Uniform and per-layer widths, low-rank pairs and optional biases; what has no exact GGUF form is refused in one line.
+The file is put in place in one step and never silently replaces another's file.
 
-* **uniform widths** (every layer has the same head, KV-head and MLP widths): llama.cpp's ``llama``
-  architecture, written as its own converter writes a Hugging Face Llama: scalar
-  ``head_count`` / ``head_count_kv`` / ``feed_forward_length``; the q and k rows of each head
-  reordered from Hugging Face's half-split RoPE layout to llama.cpp's interleaved one
-  (:func:`rope_permute`); a tied head is not written (llama.cpp reads ``token_embd`` instead).
-* **per-layer widths** (LLM-Pruner, CCE, PruneNet results): llama.cpp's ``deci`` architecture (the
-  one it uses for Nemotron-NAS models), whose loader reads ``head_count``, ``head_count_kv`` and
-  ``feed_forward_length`` as per-layer arrays; ``llama`` rejects arrays. Same tensors, same permutation
-  per layer with that layer's head counts; ``key_length`` / ``value_length`` carry the head dimension.
-
-What llama.cpp has no tensor for is merged into dense weights first, where that is exact, or refused
-in one line (:func:`~slimkit.primitives.export.dense.dense_tensors`).
-
-Types: ``f32``, ``f16``, ``bf16`` or ``q8_0`` for the 2-D weights (norm vectors stay f32, as
-llama.cpp's converter keeps them), quantised with the ``gguf`` package's own quantisers. ``q8_0``
-blocks hold 32 values of a row, so a matrix whose rows (input width) are not a multiple of 32 — a
-pruned MLP width feeding ``ffn_down``, for instance — falls back to ``f16`` for that tensor, and
-:attr:`GgufResult.fallbacks` lists each.
-
-RoPE: the base frequency and, for Llama 3.x, the ``llama3`` frequency factors (``rope_freqs``) and
-``linear`` scaling are written; other scaling types are refused.
-
-Models: ``llama`` and ``mistral`` as above (a Mistral sliding window is not written, as llama.cpp's
-converter does not: the result says so); ``qwen2`` (q/k/v biases) and ``qwen3`` (q/k norms) with
-uniform widths as llama.cpp's ``qwen2`` / ``qwen3`` architectures (NEOX RoPE, so no permutation).
-Per-layer widths of Qwen models are refused: ``deci`` has neither biases nor q/k norms.
-Llama's optional biases (``attention_bias``: q/k/v/o, ``mlp_bias``: gate/up/down, e.g. from ``reconstruct``'s
-``bias: mean``) are written as ``blk.N.attn_{q,k,v,output}.bias`` / ``blk.N.ffn_{gate,up,down}.bias``, which
-llama.cpp's ``llama`` and ``deci`` loaders read as optional tensors (q/k biases get the RoPE permutation too).
-
-The file is written to a temporary sibling and put in place in one step: renamed over an existing file only when
-the caller asked to replace it (``replace``); otherwise hard-linked to the name, which fails if anything took the
-name meanwhile (where the file system has no hard links, the name is claimed with ``O_CREAT | O_EXCL |
-O_NOFOLLOW`` first), so an export never silently replaces another's file.
+Method note: docs/methods/export-gguf.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """Recovery by distillation: LoRA adapters trained against a dense teacher's logits instead of the LM loss.
 
-The training run is :func:`~slimkit.primitives.finetune.lora.train_lora` with its loss hook: same data
-(``steps * batch_size`` windows of ``seq_len`` tokens of ``LoraConfig.dataset``, seeded), same adapters,
-optimizer, seeding, divergence checks and merge; only the loss differs, so a ``distill`` run and a ``lora``
-run with the same :class:`LoraConfig` see the same tokens in the same order.
+The run is :func:`~slimkit.primitives.finetune.lora.train_lora` with a distillation loss; everything else is the
+same.
 
-The loss of a batch (:class:`DistillObjective`):
-
-* ``distill_loss``: token-level forward KL(teacher || student) of the next-token distributions at
-  temperature ``T`` (both logits divided by ``T``), summed over the vocabulary, averaged over the tokens of
-  the batch (every position of every window: the training windows are cut from text and hold no padding, so
-  no mask is used; :func:`distill_loss` takes one for other callers), times ``T**2`` so the gradient scale
-  does not shrink as ``T`` grows (Hinton et al. 2015). Computed in float32 whatever the models' dtype.
-* plus ``hidden_weight * hidden_mse`` when ``hidden_weight > 0``: the squared error between the student's
-  and the teacher's hidden states after each decoder layer (``hidden_states[1:]`` of a Hugging Face forward;
-  the embedding output is left out, LoRA does not change it), each layer's error divided by the mean squared
-  norm of the teacher's hidden state at that layer (so deep layers with large residual streams do not
-  dominate), averaged over layers. It needs the student's hidden states in the teacher's basis: same width
-  and layer count (a mismatch is one :class:`SlimkitError` line).
-
-The teacher runs under ``no_grad`` on every step's batch (its logits are not cached: a 49k vocabulary at
-4 x 128 tokens is 100 MB of float32 per batch). It is never changed; it must sit on the student's device.
-
-Reported (:func:`distill_recover`): LoRA's report (``loss_first``/``loss_last``/``losses`` now being the
-distillation loss) plus ``kl_first``, ``kl_last``, ``kls`` (the KL term per step, before the step's update),
-``kl_after`` (the KL on the last batch after the last update, eval mode), ``hidden_first``/``hidden_last``/
-``hiddens`` when the hidden term is on, ``temperature`` and ``hidden_weight``.
+Method note: docs/methods/finetune-lora-distill.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,9 @@
 """GLUE task models: a sequence classifier built from an encoder, and full fine-tuning on a task.
 
-:func:`task_model` turns an encoder (``BertModel``, e.g. the ``minilm-l6`` source) into the
-Hugging Face ``...ForSequenceClassification`` model of its ``model_type`` with the task's label
-count (2, or 1 for STS-B regression). The encoder module itself is put in place (not copied), so
-an encoder of any per-layer widths works. The pooler (``dense`` + tanh on ``[CLS]``) and the
-classifier are newly initialised (the model's ``initializer_range``) under ``torch.manual_seed(seed)``,
-leaving the global RNG untouched: all-MiniLM-L6-v2 was trained by sentence-transformers with mean
-pooling, so its shipped pooler was never trained for anything (bias all zero, weight std 0.009
-against the 0.02 of a fresh init), and it is replaced rather than kept. The config records
-``num_labels``, ``id2label``, ``problem_type`` (``single_label_classification`` or ``regression``),
-``finetuning_task`` (the GLUE task name, which evaluation reads when no task is given) and
-``architectures``, so :func:`slimkit.save` writes a folder that :func:`slimkit.load` (and plain
-``AutoModelForSequenceClassification.from_pretrained``) reads back as the same classifier. A model
-that already is a sequence classifier is returned as it is when its label count and recorded task
-fit the task.
+:func:`task_model` builds the task model around an encoder of any per-layer widths; the fine-tuning trains every
+weight.
 
-:func:`finetune_glue` trains every parameter on the task's train split (paper D.2: fine-tune to a
-task model first; also a recovery stage after compression). Settings follow the Hugging Face
-``Trainer`` defaults the paper keeps: AdamW (betas 0.9/0.999, eps 1e-8; weight decay, when set,
-only on matrices, not on biases and LayerNorm weights), linear decay of the learning rate to 0 over
-the run after ``warmup_ratio`` of linear warm-up (default none), gradient-norm clipping at 1.0,
-dropout on. Each epoch visits the (optionally seeded-subset) train examples in a permutation seeded
-by ``(seed, epoch)``, in batches padded to their longest example; the run stops after
-``epochs`` epochs or ``max_steps`` optimizer steps, whichever comes first. The paper fine-tunes for
-3 epochs at batch 32 with lr 1e-5 on GLUE; the CPU default here caps the run at 250 steps, and the
-default lr is 2e-5 (the paper's SQuAD rate), which suits the shorter run. Dropout and data order are
-seeded; the global RNG state is left as it was. The model is trained in place and returned in eval
-mode; a non-finite loss stops the run with an error (checked at every step before the update, and after
-the last update: every trained weight, and the loss on the last batch in eval mode). The model trains
-where it is and in its dtype: batches go to its input device, the loss is float32, and bfloat16/float16
-weights are stepped through float32 master copies (:class:`~slimkit.primitives.finetune.loop.FloatMaster`), so
-AdamW's state is float32.
-A new classifier head is created in the encoder's dtype and on its device.
-
-Reported: ``task``, ``steps``, ``epochs`` (examples seen / train examples), ``train_examples``,
-``examples_seen``, ``tokens`` (non-padding tokens seen), ``loss_first``, ``loss_last``,
-``loss_tail`` (mean of the last 10% of steps), ``losses`` (one per step), ``seconds``,
-``seconds_per_step`` and ``config``.
+Method note: docs/methods/glue.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,9 @@
 """LoRA recovery fine-tuning: train low-rank adapters on a compressed model, then merge them in.
 
-What is trained: LoRA adapters (peft) on the Linear layers named in ``LoraConfig.target_modules``
-(by default every attention and MLP projection of a llama-style layer); all base weights stay
-frozen. Each wrapped Linear gets adapters of its own shape, so pruned models whose layers differ
-in width need no special handling.
+Adapters (peft) on the attention and MLP projections, base weights frozen; the data, steps and seeding come from
+:class:`LoraConfig`.
 
-On what: ``steps * batch_size`` windows of ``seq_len`` tokens drawn from the slimkit corpus
-``LoraConfig.dataset`` with :func:`calibration_batches` (seeded by ``LoraConfig.seed``), with the
-causal-LM loss (labels are the input ids; the model shifts them). AdamW over the adapter
-parameters only, constant learning rate, one optimizer step per batch. Adapter initialisation,
-dropout and data are all seeded, so a run is reproducible; the global RNG state is left untouched.
-
-After training the adapters are merged into the base weights (peft ``merge_and_unload``), so the
-model holds plain ``nn.Linear`` layers again, is modified in place and can be saved with
-:func:`slimkit.save`. If training fails, the adapters are removed without merging and the model is
-left as it was. Divergence is checked at every step (the loss, before the update) and after the
-last update: the adapters, the loss on the last batch after its update (one forward pass, eval
-mode), and each wrapped layer's merged weight (base weight plus the adapters'
-update in the base dtype, computed one layer at a time before anything is merged) must be finite; a
-non-finite value raises :class:`SlimkitError` ("lora training diverged at step N: ...; lower
-learning_rate") and nothing is merged, so no report of a diverged run is returned.
-
-Reported: ``steps``, ``tokens`` (trained tokens), ``loss_first``, ``loss_last``, ``losses`` (one
-per step), ``trainable_params`` (adapter parameters), ``seconds`` (training and merge) and
-``config`` (the :class:`LoraConfig` as a dict).
-
-The loss is a hook: ``train_lora(..., loss_fn=...)`` replaces the causal-LM loss by any scalar
-``loss_fn(peft_model, batch)`` (distillation against a teacher, :mod:`.distill`) with everything else
-(data, steps, seeding, optimizer, divergence checks, merge) unchanged; ``what`` names the run in its
-errors. The loss is called in train mode for each step and once more in eval mode under ``no_grad``
-for the after-update check, so a hook can tell the two apart by ``peft_model.training``.
-
-Devices and dtypes: the model is trained where it is; token batches go to its input device. The
-adapters are float32 (peft's ``autocast_adapter_dtype``) on their base layer's device whatever the
-base weights' dtype, so AdamW's state is float32 and the loss is float32; merging adds the float32
-update to the frozen base weights in their own dtype (a bfloat16 model stays bfloat16).
+Method note: docs/methods/finetune-lora-distill.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """Coupling groups: the units that must be removed together.
 
-One :class:`Group` type. A group is a tuple of :class:`Member` s, each a parameter (module path
-inside the model, parameter name), the dimension its units run along, and an index matrix
-``indices[u]`` giving the positions unit ``u`` occupies in that dimension. Removing unit ``u``
-removes ``indices[u]`` along ``dim`` of every member; scoring unit ``u`` sums over every member.
+One :class:`Group` type: the parameters (:class:`Member` s) a unit occupies and where, so removing or scoring unit
+``u`` acts on every member at once.
 
-Kinds built from a :class:`ModelView` (:func:`build_groups`):
-
-* ``mlp_channel``: one intermediate channel: rows of gate/up (or fc1) and their biases, the
-  column of down (fc2).
-* ``attention_head``: one query head: its ``head_dim`` rows of q (+bias) and columns of o. Under
-  GQA heads must be removed evenly across KV groups (``extra["kv_groups"]``, see ``select``);
-  without GQA the head also owns its k and v rows.
-* ``kv_group``: a KV head with the query heads sharing it: those rows of q, k, v (+biases) and
-  columns of o; without GQA this is one head.
-* ``qk_dim``: dimension j of every head's query and key: row j of each head in q and k (with
-  RoPE, j and j + head_dim/2 rotate together and form one unit). Refused for models with per-head
-  q/k norms (Qwen3's ``q_norm``/``k_norm``, an RMSNorm over ``head_dim``): removing dimensions
-  inside a head changes the norm's mean square, so no slicing of q/k rows is exact there.
-* ``vo_dim``: dimension j of every head's value and output: row j of each KV head in v, column j
-  of each query head in o.
-* ``hidden_feature``: one residual-stream feature: the embedding columns (token, position, type),
-  input columns of every q/k/v/gate/up, output rows (+bias) of every o/down, every norm weight
-  (+bias), the final norm and the head column; a tied head is one parameter.
-
-``qk_dim`` and ``vo_dim`` are groups for scoring (CCE, SP3); HF attention modules keep one
-``head_dim`` for q, k and v, so physically removing them is left to later issues.
-
-Alternatively :mod:`slimkit.primitives.groups.torch_pruning` builds groups from torch-pruning's
-``DependencyGraph`` for models with no adapter, returning the same type.
+Method note: docs/methods/groups.md.
 """
 
 from __future__ import annotations

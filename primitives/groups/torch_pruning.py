@@ -1,47 +1,9 @@
 """Coupling groups from torch-pruning's ``DependencyGraph``, for models with no slimkit adapter.
 
-:func:`dependency_graph_groups` traces the model once with torch-pruning, asks it for the pruning group
-of every root ``nn.Linear``'s output dimension and turns each into a slimkit :class:`Group`: its members
-are the parameters that dependency group touches (module path, ``weight``/``bias``, the dimension, and
-``indices[u]``: the positions unit ``u`` occupies there). Unit ``u`` is output channel ``u`` of the root
-module; torch-pruning carries that root index with every position (``_HybridIndex.root_idx``), which is
-what maps each unit to its positions in every member, through concatenations and splits too.
+:func:`dependency_graph_groups` traces the model once and turns torch-pruning's dependency groups into slimkit
+:class:`~slimkit.primitives.groups.Group` s.
 
-Kinds. A group is ``hidden_feature`` when it holds an embedding's feature dimension (the residual stream),
-``mlp_channel`` when its output members are MLP input projections (gate/up, fc1, ...) of one layer with
-a single input member (down, fc2, ...), and ``dependency`` otherwise. ``layer`` is the layer index when
-every member's path has the same ``.layers.N.`` (``.layer.N.``, ``.h.N.``, ``.blocks.N.``), else None.
-
-What torch-pruning gives, against the exact builder (:func:`slimkit.primitives.groups.build_groups`):
-
-* MLP channels and hidden features agree with it member for member and unit for unit on Llama (GQA) and
-  OPT. The hidden feature group also lists the output head's input columns; when the head is tied to the
-  embedding that is the same parameter and appears once, under the embedding's name.
-* Attention: torch-pruning treats ``q @ k^T`` and ``softmax(.) @ v`` (and SDPA) as element-wise, so it
-  couples channel ``c`` of q, k, v and o, and it knows nothing of heads. Under grouped-query attention
-  (k and v narrower than q) that coupling is wrong: rooted at ``k_proj`` it gives 16 of q's 48 rows,
-  rooted at ``q_proj`` it gives positions beyond v's 16 rows, and torch-pruning's own head pruning fails
-  (``RuntimeError: shape '[9, -1]' is invalid for input of size 192``). Such groups fail the checks below
-  and are skipped with a warning: do not build head groups through torch-pruning under GQA; use
-  ``build_groups(model, "attention_head" | "kv_group")``. Without GQA (OPT) the attention group is
-  kept as a ``dependency`` group coupling channel ``c`` of q, k, v and o, which is shape-consistent but
-  not a head (removing it breaks the ``num_heads * head_dim`` reshape unless whole heads go).
-
-Checks: a group is skipped (or, with ``strict=True``, raises) when some position has no root index
-(torch-pruning's GQA index mapping drops it), lies outside its dimension, is claimed by two units, when
-units do not all get the same number of positions in a member, or when, with no index mapping anywhere
-in the group, a member's positions do not cover its whole dimension (two dimensions of different widths
-coupled one to one: the GQA case). A projection fused and split with ``chunk`` (e.g. a single
-``gate_up_proj``) is skipped too: torch-pruning merges the two halves' positions in the consumer and
-keeps only the first half's root index, so the unit (row j with row j + width) cannot be recovered.
-
-RoPE. While the graph is traced, every ``apply_rotary_pos_emb`` in the modules defining the model's
-classes is replaced by an identity (module globals, which is what the attention ``forward`` looks up at
-call time; ``@use_kernelized_func(apply_rotary_pos_emb)`` only stores the function in the instance's
-``_hidden_kernels`` dict when the ``kernels`` package is installed, and is a no-op otherwise; those
-entries are replaced too). Tracing through RoPE's ``rotate_half`` slices and concatenation can make
-``get_pruning_group`` run for ever, and RoPE mixes positions only within a head, so no channel coupling
-is lost. The patch is process-wide for the duration of the trace (not thread-safe).
+Method note: docs/methods/groups.md.
 """
 
 from __future__ import annotations

@@ -1,77 +1,9 @@
 """Coupled-component importance (CCE, ../shared/papers/cce-coupled-components-elimination.md, Eqs. 2-6, 8).
 
-Kernels, features, components. A *kernel* reads or writes the whole word vector: a row of q, k, v,
-gate, up (fc1) or a column of o, down (fc2). A *feature* is one index of the hidden dimension across
-every matrix (the ``hidden_feature`` group). The effective parameters of attention head h are the
-two d_m x d_m products
+Scores of kernels, features and components of attention heads and MLPs that are removed together, from weights,
+activations and gradients (the ``coupled`` scorer).
 
-    W_QK = Q_h^T K_g    and    W_VO = O_h V_g        (g: the KV head that h reads)
-
-and each is a sum of rank-one *coupled components* C_i = l_i r_i over the head's d_k kernels:
-l_i = q_{h,i} (row i of Q_h, as a column) with r_i = k_{g,i}; l_i = o_{h,i} (column i of O_h) with
-r_i = v_{g,i}. MLP channel i is the component d_i u_i (down column d_i, up/fc1 row u_i); a gated
-channel (d_i, g_i, u_i) is scored as the sum of its two sub-components d_i g_i and d_i u_i (Eq. 4).
-
-Importance of a component (Eq. 6): I_C = | sum_c G_c c - 1/2 (G_c c)^2 | over the d_m^2 elements c
-of C, where G = dL/dW is the gradient on the *product*, shared by every component of that product.
-For C = l r the two sums are closed forms: sum_c G_c c = l^T G r^T and
-sum_c (G_c c)^2 = (l*l)^T (G*G) (r*r)^T.
-
-The gradient on the product. Only the factors are parameters, so only their gradients exist; the
-chain rule ties them to G: for W = L R, dL/dL = G R^T and dL/dR = L^T G. G (d_m^2 numbers) is not
-identifiable from them, so we take the *smallest* G satisfying the chain-rule equations:
-
-* attention (per KV group, any GQA layout): query head h reads KV head g = ``h // (heads / kv_heads)``
-  (HF ``repeat_kv`` layout), so q_{h,i} is paired with k_{g,i} and o_{h,i} with v_{g,i}. Each query
-  head's own equation (G_h R^T = dL/dL_h, with L_h = Q_h^T or O_h and R = K_g or V_g) is exact for
-  that head, while the shared k/v kernels only see the sum over the group's heads
-  (sum_h L_h^T G_h = dL/dR). :func:`head_product_gradients` gives the minimum-norm set {G_h}
-  satisfying all of them (closed form, no d_m^2 solve); when RoPE makes the shared equation
-  inconsistent with the per-head ones, only its part outside R's row space is used. Without GQA this
-  is the two-sided :func:`product_gradient`. Using the q/o equations alone (``grad_k``/``grad_v``
-  None) gives the same head scores to first order but worse feature scores (the column terms of
-  Eq. 8 need the k/v side): on smollm2-135m, removing 76 of 576 features by Eq. 8 gave WikiText-2
-  perplexity 969 with both sides and 1605 with the q/o side only (4k tokens, full gradients,
-  ``feature_scope: query_head``).
-* MLP channel: both factors belong to the channel, so both equations are used; their shared core
-  l^T G r^T (seen by both) is the mean of the two when they disagree (they agree for d_i u_i, a
-  bilinear product once the gate is fixed; the activation makes them differ for d_i g_i and fc1).
-
-Consequences worth knowing: the first-order term of a component is exact whenever the chain rule
-holds (for q_{h,i} k_{g,i} it equals q_{h,i} . dL/dq_{h,i}); summing per-weight Taylor scores of q
-and k would count it twice and square single weights' saliences instead of the product's elements,
-so the two differ (see tests). With RoPE, Q_h^T K_g is the bilinear form at relative offset 0; we
-treat it as the effective parameter, as the paper does for LLaMA. Biases are not scored.
-
-Feature importance (Eq. 8): I_f = sum over the products W of | sum over c in row f and column f of
-W of (G_c c - 1/2 (G_c c)^2) | (the MLP is ignored, as in the paper). The paper's products are "Q^t K
-and V^t O^t for each attention head in each layer"; under GQA ``feature_scope`` says which product the
-absolute value is taken over (QK and VO are always pooled separately and added):
-
-* ``query_head``: each query head's product Q_h^T K_g, O_h V_g, with G_h the minimum-norm split above.
-* ``kv_group`` (default): the sum over a KV group's query heads. Why: the row terms of head h,
-  sum_j G_h[f, j] W_h[f, j] = L_h[f] . (dL/dL_h)[f], are exact per head, but the column terms,
-  sum_i G_h[i, f] W_h[i, f] = (L_h^T G_h)[:, f] . R[:, f], are known only summed over the group
-  (sum_h L_h^T G_h = dL/dR_g); per query head the split of dL/dR_g is a guess, and taking |.| of
-  each share adds up terms that cancel in the group's sum (a test builds a case where the true
-  first-order change is 0 and per-query-head scores are not). Only the diagonal element G_h[f, f]
-  and the second-order term still rely on the minimum-norm G_h. Without GQA (one query head per KV
-  head) this is exactly the paper's per-head reading.
-* ``layer``: the sum over all heads of the layer (one |.| per layer and product kind).
-
-Measured on smollm2-135m (10 C4 sentences of 64 tokens, full gradients, PLATON over 5 batches, 76 of
-576 features removed at once, WikiText-2 perplexity on 4k tokens): Eq. 8 per query head 771;
-per-weight Taylor over every member of the feature (``taylor``, embeddings and MLP included) 163.
-
-A head's score is the sum of its QK and VO component scores (its Q, K, V, O kernels); a KV group's
-score sums its query heads; neither depends on ``feature_scope``. Measurements on smollm2-135m are
-in recipes/cce.yaml.
-
-The registered scorer ``coupled`` reads ``stats["gradients"].of(weight)[0]`` (a
-:class:`~slimkit.primitives.calibration.gradients.GradientStats` or a per-batch equivalent) and
-needs the gradients of the layers' projection weights (:func:`gradient_weights`). Per-layer attention
-results are memoised in ``stats["coupled"]`` so heads and features scored from one ``stats`` share
-the work.
+Method note: docs/methods/cce-coupled-scores.md.
 """
 
 from __future__ import annotations

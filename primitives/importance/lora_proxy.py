@@ -1,40 +1,9 @@
 """Per-batch weight gradients for scoring: the true gradient, or LoRAPrune's LoRA-gradient proxy.
 
-Both yield one :class:`BatchGradients` per calibration batch (the causal-LM loss of that batch,
-model in eval mode), looked up like :class:`~slimkit.primitives.calibration.gradients.GradientStats`
-with ``of(weight) -> (g, g*g)``, so any gradient scorer (``taylor``, ``coupled``) reads either.
+Both yield one :class:`BatchGradients` per calibration batch, read like
+:class:`~slimkit.primitives.calibration.gradients.GradientStats` by any gradient scorer (``taylor``, ``coupled``).
 
-* :func:`full_gradients`: back-propagation into the requested weights only (every other parameter
-  is frozen for the pass, so no gradient buffer is held for it). Holds one gradient per weight.
-* :func:`lora_gradients` (CCE section 4.1, after LoRAPrune, Zhang et al. 2023): LoRA adapters (peft,
-  rank r, no dropout) are attached to the Linear layers owning the weights, trained for ``steps``
-  AdamW steps on the batches (step s on batch s mod n; the paper: 5 iterations on its 10
-  sentences, because B starts at zero), then each batch is back-propagated into the adapters only.
-  The full gradient of W is estimated from the adapter factors by LoRAPrune's Eq. 9,
-
-      dL/d(BA) ~ grad_B A + B grad_A - lr grad_B grad_A        (lr = 1 as in LoRAPrune),
-
-  applied to the adapter's actual product (B scaled by peft's alpha/r, so BA is exactly what the
-  adapter adds to W). Only the small factors and their gradients are stored per batch; each
-  estimate is formed when a scorer asks for it (one matrix at a time). Afterwards the adapters are
-  removed *without* merging, so the evaluate-and-prune loop does not fine-tune the model (CCE keeps
-  fine-tuning to one final stage); the scored magnitudes are the untouched weights W.
-
-What the proxy is: with A fixed, grad_B A = G A^T A, the true gradient G seen through the r-dim row
-space of A (at peft's random init, a random sketch), plus B B^T G through B's column space. It is
-proportional to G exactly when A^T A is a multiple of the identity and B = 0, e.g. r >= d_in with
-orthogonal rows; otherwise its direction only correlates with G (tests measure both), and its scale
-carries the factor |A|^2, which makes the second-order term of Eq. 6 negligible.
-
-``state_bytes`` in each function's report counts the gradient state the path holds: every
-requested weight's gradient (full); adapters, their gradients and AdamW moments plus the stored
-per-batch factors (lora).
-
-Devices and dtypes: batches go to the model's input device and the loss is float32. peft creates the
-adapters in float32 on the base layer's device (``autocast_adapter_dtype``, its default) whatever the
-base weights' dtype, so the proxy's factors, their gradients and the AdamW moments are float32 while
-the frozen base stays in its own dtype; the full-gradient path yields gradients in the weights' dtype
-(the scorers upcast them to float32 before any arithmetic).
+Method note: docs/methods/cce-coupled-scores.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,9 @@
 """Which loaders can read a saved folder, and the config mark that keeps stock loaders out.
 
-A folder written by :func:`slimkit.save` is one of two kinds:
+A folder stock transformers would build differently (low-rank pairs, residual matrices, per-layer widths) has its
+``config.json`` marked ``slimkit_compressed``, so stock loaders refuse it instead of misreading it.
 
-* **standard**: uniform widths the config class accepts and nothing in the manifest's ``modules``.
-  ``config.json`` is the model's own, and a plain ``AutoModelForCausalLM.from_pretrained(dir)``
-  (or ``AutoModel``, or the model class) builds the model exactly.
-* **slimkit-only**: low-rank pairs, residual / basis-change matrices, LayerNorms converted to
-  RMSNorm (the manifest's ``modules``) or per-layer widths (``per_layer_config``). Stock
-  transformers would build a *different* model from such a folder: for a low-rank pair it only
-  prints MISSING / UNEXPECTED keys and leaves the dense projection randomly initialised. So
-  ``config.json`` is **marked**: its ``model_type`` becomes :data:`SLIMKIT_MODEL_TYPE`
-  (``"slimkit_compressed"``) and its ``architectures`` ``[SLIMKIT_ARCHITECTURE]``, the original
-  values are kept under :data:`BASE_MODEL_TYPE_KEY` / :data:`BASE_ARCHITECTURES_KEY`, and
-  :data:`NOTE_KEY` says in words what the folder holds and to use ``slimkit.load``.
-
-What stock transformers 5.23 does with a marked folder (checked against the installed version):
-
-* ``AutoConfig.from_pretrained(dir)``, ``AutoModel*.from_pretrained(dir)`` and
-  ``pipeline(model=dir)`` raise ``ValueError: The checkpoint you are trying to load has model type
-  `slimkit_compressed` but Transformers does not recognize this architecture. ...`` (the model
-  type is not in ``CONFIG_MAPPING``);
-* ``AutoTokenizer.from_pretrained(dir)`` still works: it falls back to the base config class when
-  ``AutoConfig`` refuses, and takes the tokenizer class from ``tokenizer_config.json`` (which
-  :func:`slimkit.save` makes sure names it); it logs a "model of type `slimkit_compressed`" warning;
-* a model class called directly (``LlamaForCausalLM.from_pretrained(dir)``) only logs "You are using
-  a model of type `slimkit_compressed` to instantiate a model of type `llama`": transformers never
-  refuses a config there. With per-layer widths it then fails (``per_layer_config`` makes the width
-  attributes per-layer); with only low-rank pairs or residual maps it loads, with the load report
-  listing the MISSING / UNEXPECTED keys. So the weights of a slimkit-only folder are also renamed
-  (``slimkit-model.safetensors``, :func:`~slimkit.primitives.io.save.rename_weight_files`): the
-  model class then fails with "does not appear to have a file named model.safetensors", and so do
-  vLLM and other loaders that read the standard file names.
-
-:func:`slimkit.load` reads both kinds, and also folders saved before the mark existed (the
-original ``model_type`` with manifest ``modules``): it restores the marked fields first
-(:func:`unmark_config`).
+Method note: docs/methods/saved-folders.md.
 """
 
 from __future__ import annotations

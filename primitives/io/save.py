@@ -1,42 +1,9 @@
 """`save(model, tokenizer, dir, manifest)`: a folder another program can read.
 
-Layout of ``dir``: ``model.safetensors`` and ``config.json`` (written by ``save_pretrained``),
-the tokenizer files, and ``slimkit_manifest.json``.
+Weights, config and tokenizer as ``save_pretrained`` writes them, plus ``slimkit_manifest.json`` recording what the
+config cannot (per-layer widths, low-rank pairs, residual matrices).
 
-Per-layer widths. The config's global width fields keep values Hugging Face accepts. When every
-layer has the same widths and the config class validates them, those become the global values and
-no ``per_layer_config`` is written, so a plain ``AutoModelForCausalLM.from_pretrained(dir)`` loads
-the model. Otherwise the global fields keep the dense values and ``per_layer_config`` (the
-standard transformers field, a mapping from layer index to overrides) lists every layer's widths;
-transformers 5.23 parses that field but its Llama modeling does not build from it, so
-:func:`slimkit.load` materialises the widths itself.
-
-Per-layer hidden sizes. After hidden-dimension projection (SP3 group PCA) the layers of different
-groups may have different hidden widths (a layer's hidden width is its q projection's input width);
-then every layer's ``per_layer_config`` entry also holds ``hidden_size``. A uniform config is only
-written when a model built from it has every saved parameter's shape (checked on the meta device):
-OPT, for instance, derives its attention width from ``hidden_size``, so a narrower hidden size
-there must stay per-layer.
-
-Folders stock transformers cannot build exactly (manifest ``modules`` or ``per_layer_config``) get
-a marked ``config.json`` (``model_type`` ``slimkit_compressed``, the original kept in
-``slimkit_base_model_type``), so ``AutoConfig`` / ``AutoModel*.from_pretrained`` refuse them
-instead of loading random weights where the low-rank pairs are; see :mod:`.compat`. Such a
-folder's ``tokenizer_config.json`` always names its tokenizer class, so ``AutoTokenizer`` reads
-it without the model config.
-
-The manifest records what the HF config cannot express (low-rank pairs, residual / basis-change
-matrices, LayerNorms converted to RMSNorm), the per-layer widths, and whatever the caller passes
-(recipe, seed, data slices); library versions are added here. The folder is written to a
-temporary sibling and renamed into place, so an interrupted save never leaves a folder that loads.
-
-Finite weights only: before anything is written every floating-point tensor of the state dict
-``save_pretrained`` receives is checked with ``torch.isfinite`` (in row chunks, so the check holds at
-most a small boolean tensor besides the weights, on whatever device and in whatever dtype they are).
-A tensor an accelerate-offloaded model keeps on the meta device is read from its weights map, one at a
-time, as ``save_pretrained`` itself reads it. A model holding NaN or inf (a diverged training run, an
-overflowing ``save_dtype``) is refused with :class:`~slimkit.primitives.errors.SlimkitError` and nothing
-is written.
+Method note: docs/methods/saved-folders.md.
 """
 
 from __future__ import annotations

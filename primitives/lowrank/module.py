@@ -1,38 +1,9 @@
 """`LowRankLinear`: a Linear replaced by two thinner Linears, ``y = L (R x) + b`` (LoRAP Eq. 3).
 
-Structure (state-dict keys relative to the module's path):
+Two inner Linears, ``first`` (``R``) and ``second`` (``L``, with the original bias); no dense weight is
+materialised.
 
-* ``first``: ``nn.Linear(d_in, r, bias=False)``, weight ``R`` (``r x d_in``), key ``<path>.first.weight``;
-* ``second``: ``nn.Linear(r, d_out, bias=b is not None)``, weight ``L`` (``d_out x r``), keys
-  ``<path>.second.weight`` and ``<path>.second.bias`` (the original Linear's bias, if any).
-
-There is no ``weight`` attribute: nothing materialises the dense ``L R`` in the forward pass, and
-code that needs a dense weight fails loudly instead of silently reading a stale one (use
-:meth:`LowRankLinear.to_dense`). ``in_features``, ``out_features`` and ``rank`` are read from the
-inner Linears' shapes, so they stay right after surgery slices the factors; ``bias`` is
-``second.bias``.
-
-How other parts of slimkit see it:
-
-* ``ModelView`` / ``LayerView``: widths come from ``out_features``/``in_features`` (head counts of a
-  low-rank q/k read correctly); ``set_linear(role, LowRankLinear.from_linear(...))`` installs one.
-* Counting: parameters and MACs are counted from ``named_parameters`` ending in ``weight``, i.e.
-  ``r·d_in + d_out·r`` per token for a pair, which is what it costs.
-* Surgery / groups: a unit along the output dimension (rows: heads, MLP channels, residual rows of
-  o/down) lives in ``second.weight`` (dim 0) and ``second.bias``; a unit along the input dimension
-  (columns: residual features of q/k/v/gate/up, heads of o, channels of down) lives in
-  ``first.weight`` (dim 1). :func:`member_target` maps ``(module, "weight"|"bias", dim)`` to that
-  inner ``(sub-path, parameter)``; with it, ``slimkit.primitives.surgery.remove_units`` slices the
-  factors (the rank is unchanged) and the result equals slicing the dense ``L R``.
-* LoRA (peft): peft wraps ``nn.Linear`` modules chosen by name. A ``LowRankLinear`` itself is not a
-  Linear, so a target such as ``q_proj`` must not match it; target its inner Linears by their names
-  ``first`` and ``second`` instead (e.g. ``target_modules=("first", "second", "gate_proj", ...)``,
-  or a regex such as ``r".*\\.(q_proj|k_proj)\\.(first|second)"``). ``merge_and_unload`` merges the
-  adapters into ``first``/``second`` and keeps the low-rank structure.
-* Saving / loading: :meth:`manifest_entry` (or :func:`lowrank_entries` for a whole model) gives the
-  records for the manifest's ``modules`` list; a loader builds the dense model from its config,
-  calls :func:`materialise_lowrank` with those records (replacing each dense Linear at ``path`` by
-  an empty :class:`LowRankLinear` of the saved shapes), then loads the state dict strictly.
+Method note: docs/methods/lorap-awsvd.md.
 """
 
 from __future__ import annotations

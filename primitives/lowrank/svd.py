@@ -1,36 +1,9 @@
 """Truncated SVD and activation-weighted SVD (AWSVD) factorisations of a weight matrix.
 
-Notation follows LoRAP (Li et al., 2024, arXiv:2404.09695), §2.4 and §3.2. A Linear computes
-``y = W x`` with ``W`` of shape ``d_out x d_in`` (``nn.Linear.weight``); a rank-``r`` factorisation
-replaces it by ``y ≈ L R x`` (Eq. 3) with ``L: d_out x r`` and ``R: r x d_in``.
+A Linear ``y = W x`` replaced by ``y ≈ L R x`` (LoRAP Eq. 3): plain truncated SVD, LoRAP's AWSVD, and whitened
+SVD.
 
-* :func:`truncated_svd` is Eq. 4: ``SVD(W) = U Σ Vᵀ``, ``L = U_r Σ_r``, ``R = V_rᵀ``; by
-  Eckart–Young–Mirsky it minimises ``||W − L R||`` (Frobenius and spectral) over rank-``r`` pairs.
-* :func:`activation_weighted_svd` is AWSVD, Eqs. 5–7: ``D = diag(||X_1||₂, …, ||X_{d_in}||₂)`` from
-  the layer's calibration inputs (Eq. 5; :class:`~slimkit.primitives.calibration.capture.InputNormAccumulator`
-  gives exactly these norms), ``SVD(W D) = U Σ Vᵀ``, ``L = U_r Σ_r``, ``R = V_rᵀ D⁻¹``, which minimises
-  ``||(W − L R) D||`` (Eq. 7).
-
-Reading of the paper: Eq. 6 writes the weighted error as ``Σ_ij (W_ij − (LR)_ij)² ||X_j||₂`` (norm
-to the first power), but Eq. 7 and its closed-form solution use ``D = diag(||X_j||₂)`` inside the
-norm, i.e. they weight the squared error by ``||X_j||₂²``. We implement Eq. 7 and its closed form
-(the algorithm the paper states); with ``||X_j||₂²`` weights the objective is the output error
-``||(W − LR) Xᵀ||_F²`` under the approximation that input features are uncorrelated.
-
-The paper writes ``SVD(W) = U Σ V`` with ``V`` already transposed; here ``Vᵀ`` is explicit.
-
-* :func:`whitened_svd` is SVD-LLM's truncation-aware data whitening (Wang et al. 2024, arXiv:2403.07378,
-  §3.1): with the full Gram ``G = X Xᵀ = S Sᵀ`` (Cholesky), ``SVD(W S) = U Σ Vᵀ``, ``L = U_r Σ_r``,
-  ``R = V_rᵀ S⁻¹``. It minimises the output error ``||(W − L R) X||_F`` itself, with no assumption on
-  how input features correlate (AWSVD is the special case of a diagonal ``G``), and the error it leaves
-  is the discarded singular values of ``W S``: ``Σ_{i>r} σ_i²``. Not in LoRAP: the ``lowrank`` stage's
-  ``method: whiten`` (issue #17). On smollm2's q/k at 20% it did worse than AWSVD (59.16 vs 57.34 WikiText-2,
-  benchmarks/results/2026-11-25-reconstruct-limits.md), so no bundled recipe uses it.
-
-Σ is folded into ``L`` as in the paper (``L = U_r Σ_r``), so ``R`` has orthonormal rows (before
-``D⁻¹``). Factors are computed in ``compute_dtype`` (float64 by default, for accuracy at a
-negligible cost for attention-sized matrices; never below float32) on ``W``'s device and returned in
-``W``'s dtype and device.
+Method note: docs/methods/lorap-awsvd.md.
 """
 
 from __future__ import annotations

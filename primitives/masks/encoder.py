@@ -1,60 +1,8 @@
 """SP3's learned masks on a post-norm encoder (BERT) for a GLUE task: train, binarise, fuse (§3.2, §3.3, App. C, D.2).
 
-:func:`train_encoder_masks` is the BERT analogue of
-:func:`~slimkit.primitives.masks.stream.train_stream_masks`. Two hidden modes:
+:func:`train_encoder_masks` is the BERT analogue of :func:`~slimkit.primitives.masks.stream.train_stream_masks`.
 
-* ``per_norm`` (SP3): the model was projected by
-  :func:`slimkit.primitives.projection.project_post_norm` at full width, so every hidden LayerNorm j
-  is an RMSNorm over the coordinates of its own PCA basis and the residual matrices W_R sit on
-  ``input_tensor``. One gate ``z_j`` per hidden norm masks that norm's input and output
-  (:class:`~.mask_set.MaskSet` ``hidden="per_norm"``, ``norm`` placement with ``ends``), which is what
-  slicing the projected model does (:func:`~slimkit.primitives.projection.slice_post_norm_hidden`):
-  the fused model equals the masked one (tested).
-* ``shared`` (the CoFi-style masks-only baseline of Table 2): the model is *not* projected; one
-  ``(d,)`` gate masks the input and output of every LayerNorm. At the end the LayerNorms are sliced
-  directly (CoFi does the same), together with every matrix touching the stream
-  (``hidden_feature`` surgery). This is **not** output-preserving: a masked LayerNorm computes its
-  mean and variance over all d features (zeros included), the sliced one over the kept ones only.
-  The report gives the agreement of the masked and the fused model on the batches it was given
-  (``masked_vs_fused``: prediction agreement and largest logit difference).
-
-* ``none``: no hidden gates (filters, heads, layers only); no residual matrices are counted, so use
-  it on the unprojected model.
-
-Besides the hidden gates: FFN filter gates ``z_f`` and (optionally) head gates ``z_head`` and layer
-gates ``z_MHA``, ``z_FFN``; no masks inside heads (the MHA intermediate / DRONE projections of
-Eq. 13 are not implemented for BERT here).
-
-Each optimiser step minimises (Eq. 14)
-
-    L = L_task + λ₁ (ŝ − t) + λ₂ (ŝ − t)²  [+ distill · (KL(teacher ‖ student), or MSE for regression)]
-
-``L_task`` is the GLUE loss the Hugging Face model computes from ``labels`` (cross-entropy, or MSE for
-STS-B), as :func:`slimkit.primitives.finetune.glue.finetune_glue`. ``ŝ = 1 − size / M`` with ``size``
-Eq. 30 (:func:`~.sparsity.expected_size`) on the gates' keep probabilities: the attention and FFN
-weight matrices of every block, plus, in ``per_norm`` mode, the dense residual matrices
-(``|z_j| × |z_{j+1}|`` per block, exactly the projected model's W_R); embeddings, norms, biases,
-pooler and classifier are not counted (CoFi, Table 1's note). ``M`` is the same count of the dense
-unprojected model (:func:`~.sparsity.dense_size`); the target ``t`` is a sparsity of that count. At
-full width the residual matrices make ``ŝ`` negative (``−2L d² / M``; −1/6 for BERT-like widths).
-
-Optimisers: the weights AdamW (``learning_rate``; the paper prunes with the fine-tuning settings,
-2e-5 for BERT), the gates' ``log α`` AdamW (``mask_learning_rate``), the multipliers ascend
-(:func:`~.sparsity.lagrangian_optimizer`). Steps follow :meth:`~.schedule.MaskSchedule.sp3` counted
-in optimiser steps: ``finetune_steps`` (task loss only), ``dimension_steps`` (hidden and filter gates),
-``joint_steps`` (plus head and layer gates). ``warmup_steps``: the target rises linearly from 0.
-
-Binarising and fusing. At the end the gates trained in the last stage are binarised at the lowest
-``log α`` threshold whose 0/1 Eq. 30 count meets the target (:func:`~.sparsity.binarize`, §3.2).
-Hidden masks are used as 0/1 (slicing keeps the coordinates, nothing is folded); filter, head and
-layer masks keep CoFi's value ``σ(0.8 log α / β)`` (:func:`~.gates.kept_value`, never 0) where
-kept: ``z_f`` scales down's columns, ``z_head`` o's columns of the head, ``z_MHA`` o's weight and
-bias, ``z_FFN`` down's weight and bias, then zeroed filters and heads are removed
-(:func:`slimkit.primitives.surgery.prune_layer`).
-A block left with no head (or no filter) keeps one placeholder head (filter) whose output columns
-are zero, so the layer still runs (HF attention needs a head); the report lists them and their
-weights (``placeholder_params``), which the 0/1 count does not include. A hidden norm left with no
-coordinate keeps its highest-scoring one (reported in ``forced_hidden``).
+Method note: docs/methods/sp3-mask-training.md.
 """
 
 from __future__ import annotations

@@ -1,44 +1,9 @@
 """Masks applied to a Hugging Face model by hooks (SP3 Eq. 9, Appendix F).
 
-Applying masks to a Hugging Face model (:func:`apply_masks`) never copies a forward pass: forward
-hooks and pre-hooks multiply module inputs and outputs. Two placements of the hidden masks:
+:func:`apply_masks` multiplies module inputs and outputs by forward hooks and pre-hooks (never a copied forward pass),
+with the hidden masks in the ``norm``, ``linear`` or ``stream`` placement.
 
-* ``"norm"`` (default for post-norm models, i.e. BERT; the paper's Eq. 9): ``*_in`` multiplies the
-  *output* of the LayerNorm that produces the block's input (the embeddings' LayerNorm for layer 0,
-  the previous block's LayerNorm otherwise), so it masks both the block's Linears and the residual;
-  ``*_out`` multiplies the *input* of the block's own LayerNorm (branch plus residual). Deleting the
-  masked features then equals masking only in the PCA-projected model, where the LayerNorm's
-  centring has moved into ``P_in = Uᵀ R`` (Eq. 8) and the norm is a plain ``x / ||x||`` scaled by a
-  constant (the pruned norm's ``√(d/n)`` folds into the next weights); on an untouched LayerNorm
-  the mean and variance run over all ``d`` features, zeros included. ``ends`` (default: on for a
-  ``per_norm`` mask set) also multiplies the *input* of the first hidden norm by ``mha_in[0]`` and
-  the *output* of the last one by ``ffn_out[L−1]``, so that every hidden norm's input and output are
-  masked: then masking a projected model equals
-  :func:`~slimkit.primitives.projection.slice_post_norm_hidden` with the kept coordinates.
-* ``"linear"`` (default for pre-norm models, i.e. llama, OPT; Appendix F / Fig. 5): ``*_in``
-  multiplies the inputs of q/k/v (resp. gate/up/fc1), ``*_out`` the outputs of o (resp. down/fc2);
-  the residual stream itself is not masked (count it with ``residual="none"``, or only at Group PCA
-  boundaries).
-
-* ``"stream"`` (pre-norm models with ``hidden="per_group"`` or ``"shared"``; SP3's LLM setting):
-  the group's gate multiplies the residual stream where the group starts (a pre-hook on its first
-  layer, after any residual matrix there) and the outputs of every o and down/fc2 in the group, so
-  the stream stays zero outside the kept coordinates throughout the group (a group's last down/fc2
-  in Eq. 34's form, :mod:`slimkit.primitives.projection.fuse`, writes the next group's stream: the
-  next group's gate at its start covers it, so it gets no ``ffn_out`` gate). Slicing those
-  coordinates away (:func:`slimkit.primitives.projection.slice_stream`) then gives the same outputs
-  (up to the norms' ε). A head tied to the embeddings reads the embedding's coordinates, i.e. the
-  first group's: its input (the final norm's output) is multiplied by the first group's gate.
-
-The other masks sit on the Linears in every placement: ``q, k, v`` on the outputs of q/k/v per head
-slice; ``head`` and ``o`` on the input of o per head slice (so o's bias is not gated by heads, as in
-Eq. 3); ``mha`` on the output of o (bias included: ``z_MHA · MHA(x)``); ``f`` on the input of
-down/fc2; ``ffn`` on the output of down/fc2. With a :class:`MaskSet` as source, masks are drawn once
-per call of the root model (a forward pre-hook on it): training-mode samples or eval-mode
-deterministic values, according to the *mask set's* ``training`` flag.
-
-Masks inside heads (``q, k, v, o``) need one KV head per query head and no RoPE: SP3 does not use
-them with RoPE models (Appendix F), and with GQA the query and key dimensions are not paired.
+Method note: docs/methods/masks-hard-concrete.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,9 @@
 """SP3's three levels of structured masks (Eqs. 3, 9, 13; §3.2 "Multi-stage Pruning").
 
-Three levels, each a family of per-layer gates (:data:`MASK_FIELDS`, :data:`LEVEL_OF`):
+The mask fields of every layer (dimension, head and layer levels), their shapes, and the set of hard-concrete gates
+that samples them (:class:`MaskSet`).
 
-* **dimension**: hidden-dimension masks of every block, one on the block's input side and one on
-  its output side (``mha_in``, ``mha_out``, ``ffn_in``, ``ffn_out``, each ``(d,)``), the FFN
-  intermediate mask ``f`` (``(d_f,)``, the paper's ``z_f``) and the masks inside heads ``q``, ``k``,
-  ``v``, ``o`` (the paper's ``z_Q, z_K, z_V, z_O``, Eq. 13; ``(H, d_h)``, ``k`` and ``v`` with one
-  row per KV head);
-* **head**: ``head`` (``(H,)``, ``z_head``);
-* **layer**: ``mha`` and ``ffn`` (scalars, ``z_MHA``, ``z_FFN``).
-
-The hidden masks are named by the block they touch, not by the LayerNorm they surround as in the
-paper (Eq. 9 puts ``z_in`` before and ``z_out`` after each block's LayerNorm). The mapping, for
-layer ``i`` (paper blocks ``MHA,i`` and ``FFN,i``; ``FFN,0`` is the embeddings):
-
-==============  ========================  =======================================================
-here            paper (Eq. 9 / Eq. 30)    what it masks
-==============  ========================  =======================================================
-``mha_in[i]``   ``z_out`` of ``FFN,i−1``  features that ``W_Q, W_K, W_V`` (and ``W_R``) read
-``mha_out[i]``  ``z_in`` of ``MHA,i``     features that ``W_O`` (and ``W_R``) write
-``ffn_in[i]``   ``z_out`` of ``MHA,i``    features that ``W_U`` (``fc1``; gate and up) read
-``ffn_out[i]``  ``z_in`` of ``FFN,i``     features that ``W_D`` (``fc2``/down) writes
-==============  ========================  =======================================================
-
-so every weight matrix of a block is masked by its own block's ``*_in`` and ``*_out`` and the
-residual matrix ``W_R`` of a block (Eq. 18) maps its ``*_in`` features to its ``*_out`` features.
-``hidden="shared"`` uses one ``(d,)`` gate in all four places (CoFi's single hidden mask, the
-masks-only baseline of Table 2); ``hidden="none"`` has no hidden masks. ``hidden="per_group"``
-(SP3 on LLMs, Appendix F.1 / Fig. 5) has one ``(d,)`` gate per group of consecutive decoder layers
-(``groups``; the layers that share one Group PCA basis), used in all four places of every layer of
-the group. ``hidden="per_norm"`` (SP3 on post-norm encoders, BERT; Eq. 9 with the projected model
-of :func:`slimkit.primitives.projection.project_post_norm`) has one ``(d,)`` gate ``z_j`` per hidden
-norm ``j = 0 .. 2L`` (the embeddings' LayerNorm, then per layer the attention-output and the output
-LayerNorm), on the fields ``mha_in[i] = z_{2i}``, ``mha_out[i] = ffn_in[i] = z_{2i+1}``,
-``ffn_out[i] = z_{2i+2}``: with the ``norm`` placement every norm's input and output are masked by
-the same gate (the projected norm j's coordinates are one basis, so ``z_in`` and ``z_out`` of Eq. 9
-around one norm must agree for slicing to be exact), and the residual matrix of block ``i`` maps
-``z_j``'s kept coordinates to ``z_{j+1}``'s, as Eq. 30's dense residual count has it.
+Method note: docs/methods/masks-hard-concrete.md.
 """
 
 from __future__ import annotations

@@ -1,75 +1,9 @@
 """SP3's expected sparsity (Appendix C, Eq. 30), the Lagrangian pruning loss (Eq. 14) and final binarisation.
 
-The count (Eq. 30)
-------------------
+The expected parameter count of a masked model, the Lagrangian term that pulls it toward the target, and the one
+threshold that binarises every mask to meet it.
 
-:func:`expected_size` is the sum inside Eq. 30, a pure function of one value per mask entry. Given
-keep probabilities ``P(z ≠ 0)`` (:meth:`MaskSet.keep_probs`) it is the expected number of weights
-left (every term is a product of independent gates, so the expectation factorises); given 0/1 masks
-it is exactly the number of weights of the pruned, fused model. With the block-centric names of
-:mod:`~slimkit.primitives.masks.mask_set` (``a = mha_in``, ``c = mha_out``, ``a' = ffn_in``,
-``c' = ffn_out``), per layer::
-
-    W_Q:  z_MHA Σ_j z_head_j · Σ_k a_k · Σ_l z_Q[j,l]      (likewise W_K with z_K, W_V with z_V)
-    W_O:  z_MHA Σ_j z_head_j · Σ_k c_k · Σ_l z_O[j,l]
-    W_U:  z_FFN · Σ_k a'_k · Σ_l z_f[l]                    (and W_gate, for gated MLPs)
-    W_D:  z_FFN · Σ_k c'_k · Σ_l z_f[l]
-    W_R:  (Σ_k a_k)(Σ_l c_l) + (Σ_k a'_k)(Σ_l c'_l)        the residual matrices (Eq. 18)
-
-Readings of the paper (what is done here and why)
--------------------------------------------------
-
-* **Residual matrices.** Eq. 30 prints the residual terms with one index, ``Σ_k z_out^k z_in^k``
-  (a diagonal), but the matrix that fusing adds, ``W_R = Pr(diag(z_in) P_in P_out diag(z_out))``
-  (Eq. 18), is dense: ``|z_in| × |z_out|`` weights. ``residual="dense"`` (default) counts the dense
-  matrix, so the binary count equals the fused model; ``residual="diagonal"`` is Eq. 30 as printed;
-  ``residual="none"`` counts none (CoFi's masks-only model, a shared hidden mask, or Group PCA
-  inside a group where ``U' = U`` needs no matrix, Appendix F.1). ``residual_blocks`` limits the
-  count to some blocks (order ``mha_0, ffn_0, mha_1, ...``; e.g. Group PCA boundaries). A block
-  with neither hidden mask (absent, or its level inactive) has no residual matrix: without hidden
-  masks the projections can be folded back and nothing is added.
-* **Projection matrices inside heads.** ``P_Q, P_K, P_V, P_O`` are fused into ``W_Q, W_K, W_V, W_O``
-  (Eq. 15), so they add no weights: a head's projected ``W_Q`` has ``|z_Q|`` rows. Likewise
-  ``P_in, P_out`` are fused into the block weights and ``W_R``. Nothing else is counted for them.
-* **Which hidden mask masks which matrix.** Eq. 30 (not Eq. 15, whose ``M``/``F`` superscripts are
-  shifted by one block) is followed: Q, K, V read the previous block's ``z_out``, O writes into this
-  block's ``z_in``.
-* **Masks inside heads are counted separately.** Like Eq. 30, ``W_Q`` rows follow ``z_Q`` and
-  ``W_K`` rows ``z_K``; a runnable model needs the same QK (and VO) dimensions on both sides, so
-  :func:`couple_intermediate` (used by :func:`binarize`) keeps a dimension in both only when both
-  masks keep it; the count then equals the runnable model's.
-* **Scope and ``M``.** Like CoFi (and Table 1's note), only the weight matrices of the attention
-  and MLP blocks (plus residual matrices) are counted: no embeddings, norms, pooler or head, and no
-  biases unless ``include_bias`` (then each kept output row of a Linear adds one). ``M`` is the same
-  count for the dense model without masks and without residual matrices (:func:`dense_size`),
-  unless ``total`` is given.
-* **Sparsity vs density.** Eq. 30 as printed is the *kept* fraction ``size / M``; the paper's ``t``
-  is a target *sparsity* (e.g. "94% sparsity"). Like CoFi, ``ŝ = 1 − size / M``
-  (:func:`expected_sparsity`), so ``ŝ − t`` in Eq. 14 is negative while too few weights are gone.
-  With residual matrices, unpruned masks give ``ŝ < 0``.
-* **GQA.** With fewer KV heads, a KV head is kept when any query head of its group is: its
-  probability is ``1 − Π_j (1 − z_head_j)`` (exact for 0/1 masks, the expectation for independent
-  gates).
-
-The Lagrangian (Eq. 14)
------------------------
-
-``L = λ₁ (ŝ − t) + λ₂ (ŝ − t)²`` with ``λ₁, λ₂`` (start at 0) maximised while the masks and weights
-minimise (Wang et al. 2020; CoFi). :func:`lagrangian_optimizer` gives an AdamW with
-``maximize=True`` for the multipliers; :func:`negate_gradients` instead flips their gradients so one
-minimising optimiser can hold every parameter. After a step with ``ŝ < t``, ``λ₁ < 0`` and
-``λ₂ > 0``, so the loss pushes ``ŝ`` up.
-
-Binarisation (§3.2)
--------------------
-
-"Mask variables falling below a certain threshold — set in accordance with the desired sparsity
-level — are converted to 0": :func:`binarize` takes one score per mask entry (``log α`` by default;
-the deterministic value and ``P(z ≠ 0)`` are monotone in it, so they select the same entries, but
-``log α`` has no ties where the deterministic value clamps at 0 or 1) and finds the *lowest* global
-threshold ``τ`` whose kept set ``{score ≥ τ}`` reaches sparsity ``≥ t`` under the 0/1 count (the
-count is monotone in every mask, so a binary search over the distinct scores finds it). Entries
-tied at ``τ`` are kept or dropped together.
+Method note: docs/methods/masks-sparsity-lagrangian.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
 """Training SP3's masks with the weights, then binarising and fusing them (SP3 §3.2, §3.3, Appendix F).
 
-:func:`train_stream_masks` is the LLM setting of SP3 (Appendix F, Fig. 5): on a pre-norm decoder
-whose residual stream is in Group PCA coordinates (:func:`slimkit.primitives.projection.project_hidden_dimension`
-at full width), one hard-concrete gate per group masks the stream's coordinates and one per FFN
-filter masks the filters (:class:`~.mask_set.MaskSet`, ``hidden="per_group"``, ``stream`` placement).
-Each optimiser step minimises
+:func:`train_stream_masks` is the LLM setting: one gate per Group PCA group on the residual stream and the FFN filter
+gates, trained with the Lagrangian, then binarised to the target and sliced away.
 
-    L = L_task + λ₁ (ŝ − t) + λ₂ (ŝ − t)²                       (Eq. 14)
-        [+ distill · KL(teacher ‖ student) on the next-token distributions, optional, as CoFi]
-
-over the weights (AdamW, ``learning_rate``; the paper's LLM runs update both weights and masks) and
-the masks' ``log α`` (AdamW, ``mask_learning_rate``), while ``λ₁, λ₂`` ascend
-(:func:`~.sparsity.lagrangian_optimizer`). ``L_task`` is the causal-LM loss on the given token
-batches. ``ŝ`` is the expected sparsity of the *whole model* (:func:`~.sparsity.stream_model_size`
-on the gates' keep probabilities, residual matrices and embeddings included) against
-``total`` (the dense model's parameter count), so a target is a fraction of the model like every
-other slimkit recipe (Eq. 30 counts only the blocks, following CoFi; with Group PCA the embeddings
-shrink with the first group's width, and they are a fifth of a small LLM).
-
-``rank_prior`` (our addition, off by default) starts the hidden gates of low-variance principal
-components lower than those of high-variance ones: after Group PCA the stream's coordinates are in
-decreasing order of explained variance, which is the ranking one-shot truncation uses; with a
-short training budget the masks then refine that ranking instead of starting from none.
-
-The steps follow :class:`~.schedule.MaskSchedule` (fine-tune only, then the dimension masks; SP3's
-LLM setting has no head or layer masks, so its third stage is absent), counted in optimiser steps
-rather than epochs. With ``warmup_steps`` the target rises linearly from 0 (CoFi's Lagrangian
-warm-up). At the end the masks are binarised at the lowest ``log α`` threshold whose 0/1 count
-meets the target (:func:`~.sparsity.binarize`, §3.2), kept entries take CoFi's value
-``σ(0.8 log α / β)`` (:func:`~.gates.kept_value`: close to the mean the model was trained with, and
-never 0, unlike Louizos' clamped deterministic value), and
-:func:`~.fusing.fuse_stream_masks` folds them into a smaller model with the masked model's outputs.
+Method note: docs/methods/sp3-mask-training.md.
 """
 
 from __future__ import annotations

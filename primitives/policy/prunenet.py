@@ -1,77 +1,9 @@
 """PruneNet's calibration-free policy learner ("You Only Prune Once", Sengupta et al.; §4, Appendix B Algorithm 1).
 
-One small network scores the rows of every layer's FFN1 weight ``W ∈ R^{n×d}`` (rows are the MLP's
-intermediate channels: ``up_proj`` of a llama MLP, ``fc1`` of OPT). Rows are sampled from those
-scores, the kept rows' singular values are compared with the full matrix's (KS distance, Eq. 6),
-and the policy is trained with REINFORCE to keep the spectrum's distribution (§4.2–4.3). The kept
-row indices are applied to FFN1's rows, FFN2's columns and the biases together (§4.1, last
-paragraph), which is exactly one ``mlp_channel`` :class:`~slimkit.primitives.groups.Group` per
-layer: ``remove_units(model, group, keep)``.
+A small network scores the rows of every layer's FFN1 weight and is trained with REINFORCE so the kept rows keep the
+spectrum's distribution (KS distance, Eq. 6); no calibration data is read.
 
-Readings of the paper (where it is ambiguous, what is done here and why)
-------------------------------------------------------------------------
-
-* **Importance scores, Eq. 3.** ``W' = W W_interᵀ`` is ``n×n``; the paper writes
-  ``W_imp = σ(W_proj W')`` with ``W_proj ∈ R^{1×n}``. Taken literally, entry ``j`` of that product
-  is ``<Σ_i p_i W_i, W_inter_j>``: it is tied to row ``j`` of ``W_inter`` (a learned per-position
-  vector), not to row ``j`` of ``W``, so permuting the rows of ``W`` would not permute the scores.
-  The text says ``W_imp`` holds "importance scores for each row" and that ``W'`` captures the
-  interaction of all rows, so each row ``i`` is scored from its own row of ``W'``:
-  ``W_imp = σ(W_proj W'ᵀ)``, i.e. ``W_imp_i = σ(Σ_j W'_ij W_proj_j)``. This is also what the authors'
-  released code computes (``sigmoid(Linear(W) @ row_sparsities)``). By associativity
-  ``W' W_projᵀ = W (W_interᵀ W_projᵀ)``, so ``W'`` is never materialised: the logits are ``W v`` with
-  ``v = W_interᵀ W_projᵀ ∈ R^d`` (the same numbers up to float rounding, ``O(nd)`` instead of
-  ``O(n²d)``). No bias, as §4.1 says (the released code has one on ``W_inter``).
-* **Reparameterised scores, Eq. 4.** ``W̃ = σ(log ε − log(1−ε) + log W_imp − log(1−W_imp))``; the last
-  two terms are the pre-sigmoid logit of ``W_imp``, which is used directly (no ``log σ`` round
-  trip, so saturated scores stay finite). ``ε ~ U(0,1)`` per row, clamped away from 0 and 1.
-  Appendix C.3: thresholding ``W̃`` at 0.5 is a Bernoulli(``W_imp``) draw (:func:`reparameterize`).
-* **Sampling.** ``W̃`` is normalised to probabilities ``p = W̃ / Σ W̃`` (footnote 5) and
-  ``k = round((1−r)·n)`` distinct rows are drawn from the multinomial without replacement
-  (Algorithm 1 line 11), sequentially: each draw picks among the rows not drawn yet with
-  probability proportional to ``p``. The draw uses the Gumbel-top-k construction, which has exactly
-  that distribution (Vieira 2014; Kool et al. 2019) and works in log space, so rows whose
-  probability underflows can still be drawn when ``k`` needs them.
-* **log P(S_l | W_l).** The log-probability of the drawn *ordered* sequence ``s_1..s_k`` under that
-  sequential process: ``Σ_t [log p_{s_t} − log Σ_{i not in s_1..s_{t-1}} p_i]`` (Plackett–Luce). The
-  penalty depends only on the set, and the probability of the set (a sum over its ``k!`` orders)
-  is intractable; the ordered sequence is the action that was actually sampled, so its score
-  function gives an unbiased REINFORCE gradient. The gradient flows through ``W̃`` into
-  ``W_imp`` with ``ε`` held fixed (it does not depend on the parameters). The released code uses
-  ``Σ_{i∈S} log W̃_i`` (unnormalised, no without-replacement terms) instead.
-* **Return G_l (``returns``).** Three readings, because the paper and the released code disagree:
-
-  - ``future``: Eq. 7 and Algorithm 1 line 19 as printed, the discounted *future* penalty
-    ``G_l = Σ_{k≥0} γ^k D_{l+k+1}``, with ``D_j = 0`` past the last layer, so ``G_l = D_{l+1} + γ G_{l+1}``
-    and ``G_L = 0``. The layers' actions are sampled independently and layer ``l``'s action changes
-    no other layer's state or penalty, so ``G_l`` is independent of ``S_l`` and
-    ``E[∇ log P(S_l|W_l) · G_l] = 0``: the expected update is zero and training is a random walk.
-  - ``own``: Algorithm 1 lines 17–18 define ``D_l`` as layer ``l``'s own KS distance, and the
-    authors' released code (LCS2-IIITD/PruneNet, ``experiments/prunenet_utils.py``,
-    ``_discount_rewards``) weights each layer by its own reward only: ``γ^i · reward_i`` with ``i``
-    the 0-based layer index. Here ``G_l = γ^l D_l`` (``l`` 0-based). The code's reward is ``1/KS``,
-    maximised; the paper's penalty ``D = KS`` (Eq. 6: "the distance measure as the penalty to
-    minimize") is kept, which orders actions the same way (a smaller ``D`` is a larger ``1/D``) but
-    scales the signal differently (``1/KS`` weights layers with small ``D`` more).
-  - ``to_go``: the usual reward-to-go ``G_l = Σ_{k≥0} γ^k D_{l+k}`` (own penalty plus Eq. 7's future
-    ones); the future terms add variance but, as above, no expected signal.
-* **Update (``update``).** ``episode``: ``loss = Σ_l log P(S_l|W_l) · G_l`` (Algorithm 1 line 22;
-  descending it lowers the expected penalty), one AdamW step per episode after all layers are
-  sampled. ``layer``: what the released code does (``_training``): all layers are sampled first,
-  then one AdamW step per layer on ``log P(S_l|W_l) · G_l``, in layer order; each layer's
-  ``log P`` is recomputed with the parameters as the previous layers' steps left them, with the
-  episode's sampling noise ``ε`` and drawn order held fixed (the released code redraws ``ε`` there).
-  The optional baseline subtracts from ``G_l`` the mean of ``G_l`` over the previous episodes (per
-  layer, so it does not depend on the current action; nothing is subtracted in the first episode).
-* **Spectrum.** ``torch.linalg.svdvals`` gives ``min(n, d)`` singular values for both ``W`` and
-  ``W[S]`` (the released code does the same); the spectrum of the full ``W`` is computed once.
-* **FFN2 (Table 19).** The policy takes whatever ``n×d`` matrix it is given with rows = channels;
-  to learn from FFN2 pass ``down.weight.T`` (:func:`ffn_weights` with ``source="down"``).
-* **Initialisation** (not in the paper): ``W_inter ~ U(±1/√d)``, ``W_proj ~ U(±1/√n)`` (the
-  ``nn.Linear`` default bound), which starts every ``W_imp`` near 0.5.
-
-Selections (Tables 16, 17): ``policy`` (stochastic, Eq. 4 then the multinomial), ``random``
-(uniform random rows) and ``deterministic`` (top-k of ``W_imp``).
+Method note: docs/methods/prunenet-policy.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
 """`BasisChange`: a residual matrix (SP3 Eq. 18) carried by hooks, never by a copied forward pass.
 
-When the hidden basis changes between two groups of layers, the residual stream must be mapped
-from the old basis to the new one: ``x̂⁽ⁱ⁾ = W_R x̂⁽ⁱ⁻¹⁾`` with ``W_R = P_in⁽ⁱ⁾ P_out⁽ⁱ⁻¹⁾``. A Hugging
-Face decoder layer adds its residual inside its own forward, so slimkit maps the layer's *input*
-instead: a :class:`BasisChange` module is attached as a child (named ``basis_change``) of the
-first decoder layer of the new group, and a forward pre-hook on that layer replaces its
-``hidden_states`` (positional or keyword) by ``W_R hidden_states``. The layer's norm input and
-its residual are then both in the new basis, which is exactly Eq. 17 with the matrix moved before
-the block. The same module attached with ``hook="output"`` maps a module's output instead (used
-on the final norm of a tied-embedding model, see :mod:`.fuse`). With ``hook="residual"`` it maps
-the host's *second* argument ``input_tensor`` (positional or keyword): a post-norm BERT block adds
-its residual inside ``BertSelfOutput`` / ``BertOutput`` (``LN(dense(h) + input_tensor)``), so the
-matrix sits exactly where Eq. 17 puts it, on the residual term only (see :mod:`.postnorm`).
+Attached to the first decoder layer of a group, it maps the residual stream from the previous group's basis to the
+new one.
 
-With ``hook="branch"`` (SP3 Eq. 34 at a group boundary of a pre-norm decoder) the host is the last
-decoder layer of a group and ``writer`` names the module whose output the layer adds to its
-residual (``mlp`` in llama-style layers, ``fc2`` in OPT), whose weights already write the *next*
-basis ``U'``. Eq. 34 wants ``U'ᵀ Block(·) + U'ᵀ U x̂``: the block's output in ``U'`` once, and
-``W = U'ᵀ U`` on the residual branch only. The layer adds its residual inside its own forward, so
-a forward hook on the writer holds its output aside (on the writer, as ``_basis_change_held``) and
-returns a 0-d zero, so the layer's sum is its residual alone (exactly), and a forward hook on the
-layer returns ``W · residual + held``. The writer's output width may differ from the layer's (k'
-vs k). A missing held output (the layer's sum computed without its writer) raises. Hooks on the
-``mlp`` module's ``down_proj`` (masks) act before its output is held; OPT's dropout after ``fc2``
-acts on the zero, so there the held output skips it (training mode only).
-
-State-dict keys: ``<host>.basis_change.weight`` (``out x in``) and ``<host>.basis_change.bias``
-when it has one. The hooks are module-level functions that look the adapter up on their host,
-so models with adapters deep-copy and pickle. :func:`basis_change_entries` gives the manifest
-records and :func:`materialise_basis_changes` re-attaches empty adapters on load (see
-:mod:`slimkit.primitives.io`).
-
-``BasisChange`` is deliberately not an ``nn.Linear``: peft, torch-pruning and the ModelView treat
-Linears as prunable/adaptable projections, and a residual matrix is neither.
+Method note: docs/methods/sp3-residual-matrix.md.
 """
 
 from __future__ import annotations

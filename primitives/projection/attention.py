@@ -1,49 +1,9 @@
 """MHA intermediate-dimension PCA projections (SP3 §3.1 "MHA Intermediate Dimension PCA Projection", Eqs. 10–13).
 
-Per head ``h`` and calibration features ``X`` (the attention block's input), SP3 inserts projections
-inside the head so that masks on the projected dimensions prune the head's intermediate width:
+Per head, projections inside the head (V/O by SVD, Q/K by DRONE) so that masks on the projected dimensions prune the
+head's intermediate width.
 
-* **V/O** (Eq. 10): ``U_V, Σ_V, V_Vᵀ = SVD(W_V X)`` and ``P_V = U_Vᵀ``, ``P_O = U_V``. The value
-  features are rotated onto their principal components and rotated back after the mask, so
-  ``W_Oᵀ P_Oᵀ P_V W_V = W_Oᵀ W_V`` exactly (``U_V`` is square orthogonal).
-* **Q/K** by DRONE (Chen et al. 2021; Eqs. 11–12): with ``X_Q = W_Q X = U_1 Σ_1 V_1ᵀ``,
-  ``X_K = W_K X = U_2 Σ_2 V_2ᵀ``, ``Z = Σ_1 U_1ᵀ U_2 Σ_2 = U_Z Σ_Z V_Zᵀ``:
-  ``P_Q = Σ_Z^{1/2} U_Zᵀ Σ_1⁻¹ U_1ᵀ`` and ``P_K = Σ_Z^{1/2} V_Zᵀ Σ_2⁻¹ U_2ᵀ``. The scores become
-  ``X_Qᵀ P_Qᵀ P_K X_K``; keeping the first ``k`` rows of both gives ``M_k = P_Q[:k]ᵀ P_K[:k]``, the
-  rank-``k`` ``M`` that minimises ``||X_Qᵀ X_K − X_Qᵀ M X_K||_F`` (Appendix A; the minimum is
-  ``sqrt(Σ_{i>k} σ_Z,i²)``).
-
-Conventions and choices
------------------------
-
-* Weights are ``nn.Linear`` weights: ``W_Q, W_K, W_V`` are ``(H·d_h, d)`` with head ``h`` in rows
-  ``h·d_h : (h+1)·d_h``; ``W_O`` is ``(d, H·d_h)`` with head ``h`` in those columns. Calibration
-  features ``x`` are ``(N, d)`` token rows (the paper's ``Xᵀ``). Projections are returned per head as
-  ``(H, d_h, d_h)`` tensors, rows ordered by importance (``Σ_V`` resp. ``Σ_Z`` descending), so a
-  mask or a truncation keeps leading rows. Biases, when given, are part of the features
-  (``W x + b``), as the module computes them; the SVDs are of the raw (uncentred) features, as in
-  Eq. 10 and Algorithm 1.
-* Eq. 11 prints ``P_K = Σ_Z^{1/2} V_Z Σ_2⁻¹ U_2ᵀ``; Eq. 26 needs ``V_Zᵀ`` there (the rows of
-  ``V_Zᵀ`` pair with the columns of ``U_Z``), which is what is computed.
-* **The ``Σ⁻¹`` guard.** Singular values of ``X_Q`` / ``X_K`` at or below ``rtol · σ_max`` (per head)
-  are treated as zero: their directions carry no calibration signal and are dropped (a pseudo-inverse),
-  instead of being divided by a near-zero number. ``P_Q`` / ``P_K`` then have fewer useful rows than
-  ``d_h``; they are padded with zero rows to stay ``(d_h, d_h)`` (those dimensions are free to mask).
-  With full-rank features (``N ≥ d_h``, the usual case) nothing is dropped and
-  ``P_Qᵀ P_K = I``: the scores are unchanged for any input, not only the calibration tokens.
-* SVDs run in float64 and the projections stay float64; fused weights come back in the weights' dtype.
-* **Not for RoPE models** (SP3 Appendix F): RoPE rotates ``q`` and ``k`` by position between the
-  projection and the dot product, so ``P_Qᵀ P_K`` would no longer meet. Also one KV head per query
-  head is required (Q/K and V/O pair per head); both are refused with a :class:`SlimkitError` by
-  :func:`attention_projection` when given a ``rope``/GQA flag.
-* **Not for per-head Q/K norms** (Qwen3's ``q_norm``/``k_norm``, RMSNorm over ``d_h``): the norm sits
-  between the projection and the dot product and its mean square is not invariant under ``P_Q``/``P_K``
-  (nor under dropping rows), so the fused scores would differ; ``qk_norm=True`` is refused likewise
-  (pass ``view.spec.qk_norms``).
-* Fusing (Eq. 15; :func:`project_attention_weights`): ``W_Q ← P_Q W_Q``, ``b_Q ← P_Q b_Q`` (and K, V
-  alike), ``W_O ← W_O P_O`` per head. After masking or truncating the head width to ``k < d_h``, the
-  softmax scale a module derives from its head size changes from ``1/√d_h`` to ``1/√k``: whoever
-  shrinks the modules must fold ``√(k/d_h)`` into ``W_Q`` (not done here, where shapes stay ``d_h``).
+Method note: docs/methods/sp3-attention-drone.md.
 """
 
 from __future__ import annotations

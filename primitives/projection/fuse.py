@@ -1,46 +1,9 @@
 """Fusing hidden-dimension projections into the weights (SP3 §3.3, Eqs. 15–18; group PCA, F.1).
 
-The model must be pre-RMSNorm (LayerNorm models go through :func:`.norms.layernorm_to_rmsnorm`
-first). Layers are split into consecutive groups; group g has an orthonormal basis ``Q_g`` (d x k_g,
-the first k_g principal components) and its residual stream is represented by ``x̂ = Q_gᵀ x``
-(k_g numbers per token). With ``P_in = Q_gᵀ`` and ``P_out = Q_g`` (γ already folded into the
-readers; any γ left in a norm is folded here):
+Each group of a pre-RMSNorm decoder carries its residual stream in its own basis; the readers and writers of the
+stream are rewritten in it, with a residual matrix where the basis changes.
 
-* embeddings (token and position): ``E ← E Q_E``;
-* every layer of group g: readers (q, k, v, gate/up or fc1) ``W ← W diag(γ) Q_g``; writers (o,
-  down or fc2) ``W ← Q_gᵀ W``, ``b ← Q_gᵀ b``; the two norms become k_g wide;
-* where group g−1 ends and group g starts, the residual matrix ``W_R = Q_gᵀ Q_{g-1}`` (Eq. 18,
-  k_g x k_{g-1}); inside a group the bases agree, so no matrix is needed (Eq. 34 with ``U' = U``).
-  Where it sits (``residual``):
-
-  - ``"eq34"`` (default, Appendix F.1 Eq. 34 ``x̂⁽ⁱ⁾ = U'ᵀ Block(U · RMSNorm(x̂⁽ⁱ⁻¹⁾)) + U'ᵀ U x̂⁽ⁱ⁻¹⁾``):
-    the boundary block is the last MLP of group g−1; it reads in ``U = Q_{g-1}`` and its writer
-    (down / fc2) writes ``W ← Q_gᵀ W`` straight into ``U' = Q_g``, and ``W_R`` multiplies only the
-    residual branch of that sum (a ``"branch"`` :class:`~.adapters.BasisChange` on the layer). The
-    block's output is truncated once, by the basis of the stream it writes.
-  - ``"input"`` (SliceGPT-like, the form before issue 18): every writer of group g−1 writes
-    ``Q_{g-1}`` and ``W_R`` maps the whole stream at the input of group g's first layer, so the
-    boundary block's output is truncated by ``Q_{g-1}`` and again by ``Q_g``;
-* final norm k_G wide; an untied head ``W ← W diag(γ_F) Q_G``. A head tied to the embeddings
-  already reads ``E Q_E``, so the final norm's output is mapped by ``M = Q_Eᵀ diag(γ_F) Q_G``
-  (k_E x k_G, an output :class:`~.adapters.BasisChange` on the final norm; omitted when it is the
-  identity). This keeps the tie (the alternative, untying, costs a vocabulary x k matrix).
-* the embeddings' basis ``Q_E`` is the first group's unless given: a tied matrix serves both the
-  first layer's input and the head, so it may get its own basis (see :mod:`.hidden`); the token
-  embedding's output is then mapped by ``Q_1ᵀ Q_E`` (an output :class:`~.adapters.BasisChange` on
-  the embedding module, not on layer 0: layer 0's input is where calibration captures inputs,
-  and a map there would be applied again when the captured inputs are replayed).
-
-RMSNorm over a sliced width: a norm of width k computes ``rms = sqrt(||x̂||² / k)``, while the full
-stream's is ``sqrt(||x||² / d)`` and ``||x̂|| ≈ ||x||`` when the dropped components are small. So a
-sliced norm's weight is set to ``sqrt(d / k)``, which makes it compute ``x̂ / sqrt(||x̂||² / d + ε k/d)``,
-the full norm's value up to ε (the ε stays as configured; its effective value shrinks by k/d,
-negligible next to ``||x||²/d``). At k = d every step is an orthogonal change of basis and the
-model's outputs are unchanged (the invariant tests check this).
-
-Everything is computed in float64 on the parameters' device (bases given elsewhere are moved there)
-and cast back to the parameters' dtype: a bfloat16 model stays bfloat16 (its outputs then match the
-unprojected model's to bfloat16 round-off, not exactly).
+Method note: docs/methods/sp3-projection.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,9 @@
 """One-shot hidden-dimension reduction by group PCA (SP3 Algorithm 1 + F.1), layer by layer.
 
-:func:`project_hidden_dimension` does, on a pre-norm decoder:
+:func:`project_hidden_dimension` folds the norms, computes one PCA basis per group of consecutive layers on the
+calibration stream and fuses the projections into the weights (:mod:`.fuse`).
 
-1. LayerNorm models: :func:`~.norms.layernorm_to_rmsnorm`; then :func:`~.norms.fold_rms_norms`.
-2. Statistics, running the model one decoder layer at a time on captured calibration inputs (only
-   one layer's activations alive): for every group of ``group_size`` consecutive layers, the Gram
-   matrix of every residual stream that is represented in the group's basis, each distinct stream
-   once: the group's input, every layer's mid-layer stream (after its attention block) and every
-   layer's output (after its MLP block; the last group's last output is the final norm's input).
-   Algorithm 1 collects the stream after each block (X_M, X_F: a block's output with its
-   residual) and Eq. 34 writes a block's output in the basis of that output. With the Eq. 34
-   boundary (``residual="eq34"``, default) a non-final group's last output is written in the next
-   group's basis, whose statistics hold it as their input, so it is left out of this group's;
-   with ``residual="input"`` every output of the group is written in its basis and all are
-   counted. (Before issue 18 only the norms' inputs were collected, so with ``"input"`` the last
-   down projection of every group wrote into a basis that never saw its output.)
-3. Widths per group (:mod:`.allocation`), bases ``Q_g`` = the first k_g components, fusing
-   (:mod:`.fuse`) with residual matrices at group boundaries (``residual``: Eq. 34's form on the
-   boundary block's residual branch, or the whole stream at the next group's input).
-
-A tied embedding matrix (``tied_head``) is both the first layer's input and the head. ``"shared"``
-slices it with the first group's basis, so the logits lose whatever part of the final stream lies
-outside that early subspace; ``"joint"`` (default) gives it its own basis, the top components of
-the sum of two unit-trace Gram matrices, the embedding outputs' and the head inputs'
-(``γ_F ⊙ x / rms(x)`` of the final stream), at the price of a k x k map on the embedding output (on smollm2 at
-10% this took WikiText-2 perplexity from 152 to 83; untying gave 72 but adds a vocabulary x k
-matrix, 28M parameters). At full width nothing is sliced and ``joint`` uses the first group's basis;
-``"own"`` builds the embedding's basis at full width too (an exact re-representation with a d x d map after
-the embedding), so that a later slicing of the stream (SP3's trained masks, :func:`slice_stream`) can
-truncate the embedding in its own basis instead of group 1's.
-
-Which model the statistics come from (``statistics``):
-
-* ``"dense"`` (default, as Algorithm 1): every group's Gram comes from one pass of the dense model,
-  then all groups are fused. Needed for ``allocation="variance"``, which compares all groups'
-  spectra before any width is fixed.
-* ``"projected"`` (as SliceGPT): groups are processed in order; group g's Gram is taken on the
-  stream produced by the already-projected groups before it (mapped back to the original
-  coordinates by ``Q_{g-1}``), so its basis accounts for the earlier truncation errors. Widths must
-  be known up front (uniform or given).
-
-A group is made of whole decoder layers: the paper's "block" is a sub-layer (MHA or FFN, so its
-gs = 8 is four decoder layers), but a basis change between a layer's attention and its MLP would
-need a matrix on the residual inside the layer's forward, which slimkit does not copy; residual
-matrices sit at decoder-layer inputs (see :mod:`.adapters`).
+Method note: docs/methods/sp3-projection.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """Streamed PCA of hidden features (SP3 §3.1, Algorithm 1): principal components from a Gram matrix.
 
-SP3 takes the feature matrix X (d x T, T sampled tokens, about 4,096) of a block and computes
-``U, Σ, Vᵀ = SVD(X − X̄)``. The left singular vectors of X are the eigenvectors of the Gram matrix
-``X Xᵀ = Σ_t x_t x_tᵀ``, which can be summed batch by batch, so :class:`GramAccumulator` never
-stores the tokens: it keeps one d x d float64 sum (and the token count), and
-:func:`principal_components` diagonalises it. :func:`pca` is the reference on concatenated
-features (an SVD), used by tests to check the streamed result.
+:class:`GramAccumulator` sums ``X Xᵀ`` batch by batch (no token is stored); :func:`principal_components` diagonalises
+it.
 
-Choices recorded here:
-
-* Centring. X̄ in the paper broadcasts each *column's* (token's) mean, i.e. the LayerNorm centring
-  ``R x`` with ``R = I − 11ᵀ/d`` (Eq. 7): ``centre="token"``, used by the LayerNorm form. For a
-  pre-RMSNorm residual stream (group PCA, F.1) the default is ``centre="none"``: the stream itself
-  is sliced, and what slicing loses is the uncentred second moment ``Σ_t (u·x_t)²`` of the dropped
-  directions, so the components are ranked by it (as SliceGPT does); per-feature mean centring
-  would rank by variance and could drop a direction carrying a large constant offset.
-* ``normalise=True`` divides every token by its RMS before accumulating (the RMSNorm's view of the
-  stream: every reader sees ``x / rms(x)``), so a few huge-norm tokens do not dominate the basis.
-  Off by default (the paper uses the raw block inputs); the ``pca_project`` stage exposes it.
-* ``max_tokens`` stops accumulating after that many tokens (the paper's T); tokens are taken in
-  order, which with randomly drawn calibration windows is a random sample.
-* Precision and device: features of any dtype are upcast to float64 and the Gram matrix and its
-  eigendecomposition stay on the features' device (the model's); callers cast the bases they fuse
-  into weights back to the weights' dtype.
-* Eigenvalues are the Gram's eigenvalues divided by the token count (second moments per token),
-  sorted descending; each component's sign is fixed so its largest-magnitude entry is positive, so
-  the streamed and the concatenated computation give the same U, not just the same subspace.
+Method note: docs/methods/sp3-projection.md.
 """
 
 from __future__ import annotations

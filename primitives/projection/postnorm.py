@@ -1,58 +1,9 @@
 """Hidden-dimension PCA projection for post-LayerNorm encoders (BERT; SP3 §3.1 Eqs. 5–9, §3.3 Eqs. 15–18).
 
-In a post-norm BERT the residual stream is the output of a chain of LayerNorms, the *hidden norms*,
-numbered ``j = 0 .. 2L`` (:func:`hidden_norms`): the embeddings' LayerNorm (j = 0), then per layer l
-the attention-output LayerNorm (j = 2l+1, input ``y = dense(ctx) + input_tensor``) and the output
-LayerNorm (j = 2l+2, input ``y = dense(ffn) + input_tensor``). Every norm j gets its own basis U_j
-(d x d, the principal components of its centred input ``R y`` by decreasing variance, ``R = I − 11ᵀ/d``,
-Eq. 7), and by Eq. 8
+Every hidden LayerNorm gets its own PCA basis; the model is re-represented in those bases (at full width or reduced),
+with residual matrices between them.
 
-    LN_j(y) = diag(γ_j) U_j norm(U_jᵀ R y) + β_j,     norm(z) = z / sqrt(||z||² / d + ε),
-
-so the stream after norm j is carried as ``x̂_j = norm(U_jᵀ R y_j)`` (k_j numbers per token, U_j cut to
-its first k_j columns), with ``x_j = diag(γ_j) U_j x̂_j + β_j`` (P_in = U_jᵀ R, P_out = diag(γ_j) U_j).
-:func:`project_post_norm` fuses this into the weights (Eqs. 15, 16):
-
-* writers of norm j's input: the embedding tables for j = 0 (rows ``e ← U_0ᵀ R e``), the attention
-  ``output.dense`` (j odd) or the FFN ``output.dense`` (j even): ``W ← U_jᵀ R W``, ``b ← U_jᵀ R b``;
-* readers of stream j: the next layer's q, k, v (j even), the FFN's ``intermediate.dense`` (j odd),
-  the pooler's dense (j = 2L): ``W ← W diag(γ_j) U_j``, ``b ← b + W β_j`` (original W);
-* the residual: ``y_{j+1} = x_j + block(x_j)``, so ``input_tensor`` of ``BertSelfOutput`` /
-  ``BertOutput`` is mapped by ``W_R = U_{j+1}ᵀ R diag(γ_j) U_j`` (k_{j+1} x k_j, Eq. 18), a
-  :class:`~.adapters.BasisChange` with ``hook="residual"``, and the constant ``U_{j+1}ᵀ R β_j`` is added
-  to that block's ``output.dense`` bias;
-* every LayerNorm j becomes a bias-free ``torch.nn.RMSNorm`` of width k_j with weight ``sqrt(d/k_j)``
-  and ε ``ε_LN · d/k_j``. It then computes ``x̂ / sqrt(||x̂||²/d + ε_LN)``: the RMS over the *original*
-  width d with the LayerNorm's own ε, so it is exact at k = d (ε included) and equals Eq. 8's ``norm``
-  applied to the zero-padded vector when k < d. (The pre-norm fuser keeps ε and lets its effective
-  value shrink by k/d; here ε is scaled so that truncation and slicing are exactly masking.)
-
-``widths=None`` keeps every component: an exact re-representation (outputs unchanged to float32
-round-off). ``widths[j] < d`` truncates norm j to its top k_j components (one-shot SP3 without
-masks). :func:`slice_post_norm_hidden` later removes coordinates of an already projected model
-(the ``Pr`` of Eqs. 15–18 after mask training): slicing equals multiplying the input and the
-output of norm j by a 0/1 mask.
-
-The model's output. The final stream x_{2L} is left in its projected coordinates x̂_{2L} and the
-pooler reads it (so ``BertForSequenceClassification`` / ``BertForMultipleChoice`` /
-``BertForNextSentencePrediction`` logits and ``BertModel.pooler_output`` are unchanged, but
-``last_hidden_state`` holds x̂_{2L}). With ``restore_output=True`` an output
-:class:`~.adapters.BasisChange` ``diag(γ_{2L}) U_{2L}`` (+ β_{2L}) is put after the last norm, which
-restores ``last_hidden_state`` (d x k_{2L} extra parameters; any head, e.g. token classification
-or mean pooling for sentence embeddings, then works) and the pooler is left alone.
-
-Statistics. The Gram matrices of all 2L+1 norm inputs are accumulated in one forward pass per batch
-of the dense model (eval mode), through forward pre-hooks on the LayerNorms, streamed in float64
-(:class:`~.pca.GramAccumulator`, ``centre="token"``: the Gram of ``R y``); tokens are never stored.
-Padding tokens (``attention_mask == 0``) are excluded. As in the paper, T should exceed d: with
-fewer tokens the Gram is rank-deficient, the components past its rank are arbitrary, and the report
-flags ``rank_deficient`` (every explained fraction then reads 1.0). The whole model is run per batch rather than
-layer by layer: a BERT batch's activations are small, and one pass feeds every norm at once.
-
-Saving and loading need nothing new: the RMSNorms are ``rms_norm`` manifest entries (width and
-the scaled ε), the residual matrices are ``basis_change`` entries with ``hook: "residual"``, every
-other width follows from the saved weights' shapes (:func:`slimkit.load` materialises them), and
-``per_layer_config`` records each layer's input width k_{2l} as its ``hidden_size``.
+Method note: docs/methods/sp3-postnorm.md.
 """
 
 from __future__ import annotations

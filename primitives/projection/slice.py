@@ -1,34 +1,9 @@
 """Slicing kept coordinates of a grouped residual stream: SP3's fusing of trained hidden masks (§3.3, F.1).
 
-After Group PCA (:mod:`.hidden`, :mod:`.fuse`) a pre-norm decoder carries its residual stream in one
-basis per group of consecutive layers, with a residual matrix (:class:`~.adapters.BasisChange`) where
-each group starts (on the residual branch of the previous group's last layer, Eq. 34, or on the input
-of the group's first layer). A hidden mask per group (the ``stream`` placement of
-:func:`slimkit.primitives.masks.hooks.apply_masks`) zeroes the stream outside the kept coordinates of
-the group; :func:`slice_stream` removes them, which is Eqs. 15–18 restricted to the hidden
-dimension (``Pr`` drops the zero rows and columns). With ``scale`` (a mask's deterministic values),
-kept coordinates keep their fractional value too: it is folded into whatever writes the group's
-stream (the embedding columns for the first group, the residual matrix's rows otherwise, and
-every o/down row of the group), so the sliced model equals the masked one.
+:func:`slice_stream` removes the coordinates a per-group hidden mask zeroed, optionally folding the masks' fractional
+values into the weights.
 
-Per group ``g`` with kept coordinates ``S_g``:
-
-* embeddings (token, and position tables): columns ``S_1`` (a tied head follows the embedding); a tied
-  embedding in its own basis (``tied_head="own"`` or ``"joint"``, a map ``M`` into group 1's coordinates on
-  its output) instead keeps its first ``|S_1|`` coordinates (its top components) and ``M`` keeps rows
-  ``S_1`` and those columns, with group 1's scale on its rows;
-* every layer of the group: q/k/v and gate/up (fc1) columns ``S_g``; o and down (fc2) rows ``S_g``
-  (and their biases); both norms keep ``S_g``;
-* the residual matrix at the group's start: rows ``S_g``, columns ``S_{g−1}`` (in Eq. 34's form it
-  sits on the previous layer's residual branch, and that layer's down / fc2 rows keep ``S_g``);
-* the final norm keeps ``S_G``; an untied head keeps columns ``S_G``; the map after the final norm
-  of a tied model (its rows are the embedding's coordinates): rows ``S_1`` (or the embedding's kept
-  coordinates), columns ``S_G``.
-
-A sliced RMSNorm of width ``n`` keeping ``k`` entries gets the weight ``w[S] · sqrt(n / k)``, so it
-keeps dividing by the RMS over the ``n`` coordinates it had (zeros included), as the masked model
-does; only ε's effective size changes (by ``k / n``), far below float32 tolerance on real streams.
-Scales are applied in float64 on each weight's device and the results keep the weights' dtype.
+Method note: docs/methods/sp3-projection.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
 """Least-squares refit of a consumer matrix from the inputs that remain after units are removed.
 
-When input units of a consumer ``W`` (``d_out x d_in``) are removed (MLP channels: columns of
-``down_proj``; heads: blocks of columns of ``o_proj``), the kept columns ``K`` can be refitted so
-the layer's output on calibration data stays as close as possible to the dense output:
+The kept columns of ``down_proj`` / ``o_proj`` refitted so the layer's output on calibration data stays as close as
+possible to the dense output, with a ridge.
 
-    W' = argmin_{W'} ||W X − W' X_K||_F² + λ ||W'||_F²
-       = W G[:, K] (G[K, K] + λI)⁻¹,          G = X Xᵀ,
-
-(normal equations: ``W' (X_K X_Kᵀ + λI) = W X X_Kᵀ``). :func:`refit_least_squares` computes it from
-the streamed Gram matrix alone.
-
-:func:`refit_to_dense` is the variant for inputs that differ from the dense ones, e.g. inside a
-``sequential`` run, where the consumer's input ``X_c`` comes from the already compressed layers
-while the target is the dense model's output ``W X_d`` on the same tokens:
-
-    W' = argmin ||W X_d − W' X_c,K||² + λ||W'||² = W C[:, K] (G_c[K, K] + λI)⁻¹,
-    C = X_d X_cᵀ (cross term, d_in x d_in_c),   G_c = X_c X_cᵀ.
-
-:func:`refit_affine` refits the bias with the weights (``b'`` free, the ridge on ``W'`` only) by solving on
-centred statistics; with the weights kept it is FLAP's mean compensation (:mod:`.bias`).
-
-Choices recorded here:
-
-* ``λ = damping · mean(diag(G[K, K]))`` (relative, so the token count does not matter); the default
-  :data:`~.solve.DEFAULT_DAMPING` is tiny because this ridge pulls ``W'`` towards zero (see there).
-  Cholesky solve, escalating the damping x10 on failure, then minimum-norm ``lstsq``
-  (:func:`~.solve.damped_solve`); :class:`Refit` reports the damping and method used.
-* Passing ``G + μI`` as the Gram with ``damping=0`` instead regularises towards the dense weight
-  (``+ μ||W' − W_K||²``): that is exactly the OBS update of :mod:`.obs` with damping ``μ``.
-* With nothing removed (``K`` = every column, in order) :func:`refit_least_squares` returns ``W``
-  unchanged: the dense weight is the exact solution at ``λ = 0`` and the ridge is there for
-  conditioning, not to shrink an intact layer.
-* ``K`` keeps the caller's order: column ``i`` of ``W'`` multiplies input ``K[i]``.
-* float64 on the Gram's device; ``W'`` is returned in ``W``'s dtype and on ``W``'s device.
+Method note: docs/methods/reconstruct-least-squares.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
 """Optimal-brain-surgeon structured selection and update (ZipLM, SlimGPT style).
 
-A consumer ``W`` (``d_out x d_in``) reads inputs ``X`` (``d_in x T``); its layer-wise loss is
-``E(W') = ||W X − W' X||_F²`` with Hessian (per output row) ``H = X Xᵀ + λI``. Removing a *group*
-``S`` of input columns (one column per MLP channel; ``head_dim`` columns per attention head; a
-KV group's heads in GQA) means forcing ``W'[:, S] = 0``. The optimal compensation of the other
-columns and its cost are closed-form in the inverse Hessian ``Hinv = H⁻¹`` (Hassibi & Stork's
-OBS with a block constraint, ZipLM Eqs. 2-3):
+Greedy removal of input groups of a consumer by their OBS cost, with the optimal update of the remaining columns.
 
-    cost(S)  = tr(W_S (Hinv_SS)⁻¹ W_Sᵀ)                     (increase of E, ≥ 0)
-    W       <- W − W_S (Hinv_SS)⁻¹ Hinv_{S,:}                (so W[:, S] becomes 0)
-    Hinv    <- Hinv − Hinv_{:,S} (Hinv_SS)⁻¹ Hinv_{S,:}      (Schur-complement downdate)
-
-where ``W_S = W[:, S]``. After the downdate ``Hinv``'s rows and columns ``S`` are zero and the rest
-is the inverse of ``H`` with ``S`` deleted, so the steps chain. Removing groups one at a time,
-each time the cheapest under the *current* ``W`` and ``Hinv`` (greedy), is ZipLM's / SlimGPT's
-structured OBS; the sum of the step costs is the final increase of ``E``.
-
-* :func:`inverse_hessian`: ``(H + λI)⁻¹`` with ``λ = damping · mean(diag(H))`` (Cholesky, damping
-  escalated x10 on failure; see :mod:`.solve`). Default damping 0.01 (SparseGPT's ``percdamp``).
-* :func:`obs_costs`: every group's one-shot cost (a saliency score); :func:`obs_remove`: one step;
-  :func:`obs_order`: the greedy order and per-step costs (the scorer); :func:`obs_prune`: all of it
-  from ``H``, returning the kept groups, kept columns and the compact updated ``W``.
-* With ``λ = 0`` the result equals the least-squares refit of :mod:`.least_squares` on the same
-  kept columns (both minimise ``||W X − W'_K X_K||²``). With ``λ > 0``, OBS minimises
-  ``E(W') + λ||W' − W||²`` (damping pulls towards the dense ``W``), i.e. the least-squares refit on
-  the Gram ``G + λI`` with zero ridge.
-
-Choices: float64 throughout; costs are clamped at 0 (round-off); a block whose ``Hinv_SS`` fails
-Cholesky is inverted with the pseudo-inverse; ties go to the lower group index; groups must be
-non-empty and disjoint but need not cover every column (uncovered columns are always kept) nor
-share a size (groups are batched by size). ``obs_remove`` returns ``W`` and ``Hinv`` in their input
-dtypes (build ``Hinv`` with :func:`inverse_hessian`, float64, so chained steps stay exact);
-``obs_prune`` returns ``W`` in its dtype and on its device.
+Method note: docs/methods/reconstruct-obs.md.
 """
 
 from __future__ import annotations

@@ -1,50 +1,9 @@
 """``reconstruct`` at the top level of a recipe: refit down_proj / o_proj after a model-scope stage removed units.
 
-Inside ``sequential`` the block's statistics pass sees each dense layer before a stage changes it. A model-scope
-stage (``prune`` with LLM-Pruner's Taylor scores, ``cce``) removes MLP channels and attention heads from every layer
-at once, so when ``reconstruct`` follows it at the top level no dense layer is left to take statistics from. This form
-brings the dense layers back and runs its own layer-by-layer pass (issue #17, "llm-pruner+reconstruct"):
+The dense layers are brought back one at a time (:mod:`slimkit.recipes.stages.dense_source`) and the in-block refit
+runs on the compressed stream's inputs.
 
-1. the recipe's model source is loaded again (:func:`~slimkit.recipes.stages.dense_source.reload_dense`, as
-   ``distill`` loads its teacher) into CPU memory, in the compressed model's dtype;
-2. the calibration batches are embedded by the compressed model and go through it layer by layer, as in
-   ``sequential``: layer ``i`` receives the outputs of the already refitted layers before it;
-3. for each layer whose ``down`` / ``o`` lost inputs, dense layer ``i`` is moved to the compute device and run on those
-   (compressed-stream) inputs, with :func:`~slimkit.primitives.reconstruct.gram_hooks` on its consumers: their dense
-   weights and the Gram matrices of their full-width inputs make the same
-   :class:`~slimkit.primitives.reconstruct.consumer.DenseConsumer` the in-block pass makes;
-4. the compressed layer's consumers are refitted by the in-block code
-   (:func:`~slimkit.primitives.reconstruct.refit.refit_role`: kept columns matched, then
-   ``W' = argmin ||W X - W' X_K||² + ridge`` with the stage's ``damping``, ``toward``, ``bias``, ``refit``), so with
-   the same kept columns and the same inputs the result equals the in-block refit;
-5. the stream advances through the refitted compressed layer, and dense layer ``i`` is freed.
-
-``target: dense`` works as in ``sequential``: a second stream (the dense model's hidden states on the same batches,
-equal to the compressed one at the embeddings) advances through every dense layer, and the refit matches the dense
-model's output (:func:`~slimkit.primitives.reconstruct.consumer.paired_pass` gives the cross term). Layers that lost
-nothing are left as they are and listed per role under ``unchanged`` in the report (LLM-Pruner's skipped first and
-last layers).
-
-Cost. Memory: the dense model in CPU memory beside the compressed one for the whole stage (dense parameters x the
-dtype's bytes: 0.54 GB for smollm2-135m in float32, about 16 GB for an 8B model and 140 GB for a 70B one in bfloat16;
-a source stored in another dtype is cast when loaded); on a GPU one dense layer at a time on the device, each freed
-once its layer is refitted; one set of calibration hidden states (tokens x hidden size; ``target: dense``: two) and,
-per refitted role, a ``d_in x d_in`` float64 Gram (as in ``sequential``). Time: loading the source once, then per layer
-one forward of the compressed layer, plus one of the dense layer where a role is refitted (``target: dense``: three
-of every dense layer), plus the solves. Where the memory for a second model is not there, put ``prune_layer`` and
-``reconstruct`` in one ``sequential`` block instead (no second model; the in-block statistics are taken before the
-layer is pruned).
-
-Refused in one line (nothing is written). Before the source is loaded: reconstruct first in the recipe or right
-after layer-scope work (a top-level layer stage or a ``sequential`` block: it belongs inside that block, where it needs
-no second model and refits each layer before the next one is pruned); roles other than down and o (the others are
-refitted only as low-rank pairs, inside ``sequential``); a low-rank pair in a role it would refit; a ``bias: mean``
-the architecture cannot carry; a model given in memory (no source to reload). After it is loaded, before any layer
-runs: a model whose hidden size or layer count differs from its source's (CCE's ``hidden_feature`` removal: the dense
-layers cannot read the narrower residual stream) or whose head size differs (the compressed model's rotary tables do
-not fit the dense attention); roles whose inputs lost no unit in any layer, when none of them did (when only some
-did not, as after LLM-Pruner at 10%, which removes no heads, the report lists them under ``not_refitted`` and in its
-notes, as in ``sequential``).
+Method note: docs/methods/reconstruct-least-squares.md.
 """
 
 from __future__ import annotations
