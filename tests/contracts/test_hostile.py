@@ -35,10 +35,10 @@ import pytest
 import torch
 
 import slimkit
-from slimkit.primitives.files import lock
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
 from slimkit.primitives.export.gguf_file import place_file
+from slimkit.primitives.files import lock
 from slimkit.recipes.output_safety import RUN_MARKER
 from tests.cli.test_cli import run_cli
 from tests.contracts.hostile import (
