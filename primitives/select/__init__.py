@@ -20,6 +20,8 @@ Plans (in :mod:`.plan`): from scored groups and a budget to the kept units of ev
 * :func:`solve_fraction`: the removal fraction that removes a wanted number of parameters of a part
   (``part`` is a recipe target name, ``model``/``layers``/``mlp``/``attention``, or a parameter-count
   name such as ``total``; see :data:`.plan.PART_NAMES`).
+* :func:`solve_target`: the same within a tolerance, one fraction per kind when a coarse kind (GQA heads)
+  jumps over the target; :class:`TargetOutOfReach` when no plan of the groups lands.
 * :func:`plan`: kept unit indices for every group, validated before anything changes.
 
 The plan module imports the rules from :mod:`.rules` (never from this package), so importing
@@ -28,7 +30,16 @@ either module first is safe.
 
 from __future__ import annotations
 
-from slimkit.primitives.select.plan import SelectionRules, check_shapes, kept_counts, plan, solve_fraction
+from slimkit.primitives.select.plan import (
+    Fraction,
+    SelectionRules,
+    TargetOutOfReach,
+    check_shapes,
+    kept_counts,
+    plan,
+    solve_fraction,
+    solve_target,
+)
 from slimkit.primitives.select.rules import (
     eligible_layers,
     global_keep,
@@ -41,7 +52,9 @@ from slimkit.primitives.select.rules import (
 )
 
 __all__ = [
+    "Fraction",
     "SelectionRules",
+    "TargetOutOfReach",
     "check_shapes",
     "eligible_layers",
     "global_keep",
@@ -54,4 +67,5 @@ __all__ = [
     "protect_lowest",
     "round_kept",
     "solve_fraction",
+    "solve_target",
 ]
