@@ -141,7 +141,7 @@ def fraction_before_scores(ctx: Context, name: str, args: PruneArgs, groups: lis
         return args.ratio
     if args.ratio_rule == "layer":
         return ctx.layer_rule_ratio()
-    if args.selection == "uniform":
+    if args.rules().mode == "uniform":
         return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
     return None
 
@@ -214,12 +214,16 @@ def _removed_at(ctx: Context, args: PruneLayerArgs, groups: list[Group], fractio
     return removed_params(ctx.model, groups, counts, ctx.recipe.target.part, param_parts(ctx.model))
 
 
-def layer_fraction(ctx: Context, args: PruneLayerArgs) -> Fraction:
+def layer_fraction(ctx: Context, args: PruneLayerArgs, name: str = "prune_layer") -> Fraction:
     """The unit fraction of every eligible layer: the explicit ratio, LoRAP's layer ratio, or solved so
-    the block's removals meet what is left of the target (on the shapes when the block started)."""
-    fraction = fraction_before_scores(ctx, "prune_layer", args, _layer_groups(ctx, args))
-    assert fraction is not None  # prune_layer's selection is uniform
-    return fraction
+    the block's removals meet what is left of the target (on the shapes when the block started); ``name``:
+    the stage a refusal names."""
+    if args.ratio is not None:
+        return args.ratio
+    if args.ratio_rule == "layer":
+        return ctx.layer_rule_ratio()
+    groups = _layer_groups(ctx, args)
+    return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
 
 
 def planned_layer_removal(ctx: Context, args: PruneLayerArgs) -> int:

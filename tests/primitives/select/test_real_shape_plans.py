@@ -37,7 +37,11 @@ def _plan(shape: str, recipe: str):
     fraction = solve_target(model, groups, scores, SelectionRules(), "model", wanted, round(0.005 * total))
     counts = kept_counts(groups, scores, fraction, SelectionRules())
     achieved = removed_params(model, groups, counts, "model", param_parts(model)) / total
-    return fraction, {kind: sorted({c for g, c in zip(groups, counts) if g.kind == kind}) for kind in kinds}, achieved
+    return (
+        fraction,
+        {kind: sorted({c for g, c in zip(groups, counts, strict=True) if g.kind == kind}) for kind in kinds},
+        achieved,
+    )
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ def _groups(model, kinds):
 def test_the_tiny_shape_is_as_the_docstring_counts():
     model = tiny_llama()
     assert params_by_part(model)["total"] == TOTAL
-    heads, scores = _groups(model, ["attention_head"])
+    heads, _ = _groups(model, ["attention_head"])
     assert removed_params(model, heads, [4, 4, 4], "model", param_parts(model)) == 4_608
 
 
