@@ -8,7 +8,16 @@ Method note: docs/methods/selection.md.
 
 from __future__ import annotations
 
-from slimkit.primitives.select.plan import SelectionRules, check_shapes, kept_counts, plan, solve_fraction
+from slimkit.primitives.select.plan import (
+    Fraction,
+    SelectionRules,
+    TargetOutOfReach,
+    check_shapes,
+    kept_counts,
+    plan,
+    solve_fraction,
+    solve_target,
+)
 from slimkit.primitives.select.rules import (
     eligible_layers,
     global_keep,
@@ -21,7 +30,9 @@ from slimkit.primitives.select.rules import (
 )
 
 __all__ = [
+    "Fraction",
     "SelectionRules",
+    "TargetOutOfReach",
     "check_shapes",
     "eligible_layers",
     "global_keep",
@@ -34,4 +45,5 @@ __all__ = [
     "protect_lowest",
     "round_kept",
     "solve_fraction",
+    "solve_target",
 ]

@@ -36,6 +36,9 @@ from slimkit.primitives.select.rules import (
     round_kept,
 )
 
+Fraction = float | dict[str, float]
+"""A removal fraction: one shared by every group, or one per group kind (see :func:`solve_target`)."""
+
 TARGET_PARTS: dict[str, str] = {"model": "total", "layers": "layers", "mlp": "mlp", "attention": "attention"}
 """Recipe target names (``target.of``) and the parameter count each one is a ratio of."""
 COUNT_PARTS: tuple[str, ...] = ("total", "layers", *PARTS)
@@ -77,21 +80,35 @@ def _where(group: Group) -> str:
     return f"layer {group.layer} {group.kind}" if group.layer is not None else group.kind
 
 
+def fraction_of(fraction: Fraction, kind: str) -> float:
+    """The removal fraction of one group kind (the shared one, or the kind's own)."""
+    return fraction[kind] if isinstance(fraction, dict) else fraction
+
+
+def describe(fraction: Fraction) -> str:
+    if isinstance(fraction, dict):
+        return ", ".join(f"{kind} {value:.1%}" for kind, value in fraction.items())
+    return f"{fraction:.1%}"
+
+
 def multiple_for(group: Group, rules: SelectionRules) -> int:
     multiple = rules.round_to.get(group.kind, 1)
     blocks = group.extra.get("kv_groups", 1)
     return multiple * blocks // math.gcd(multiple, blocks)
 
 
-def kept_counts(groups: list[Group], scores: list[torch.Tensor], fraction: float, rules: SelectionRules) -> list[int]:
-    """Kept units per group for removing ``fraction`` of its units (uniform) or of each kind's pooled
-    units (global), rounded to the group's multiple and clamped to the rules' minimum and the group size.
+def kept_counts(
+    groups: list[Group], scores: list[torch.Tensor], fraction: Fraction, rules: SelectionRules
+) -> list[int]:
+    """Kept units per group for removing ``fraction`` (shared, or per kind) of its units (uniform) or of
+    each kind's pooled units (global), rounded to the group's multiple and clamped to the rules' minimum
+    and the group size.
     """
-    raw: list[float] = [g.size * (1.0 - fraction) for g in groups]
+    raw: list[float] = [g.size * (1.0 - fraction_of(fraction, g.kind)) for g in groups]
     if rules.mode == "global":  # one threshold per kind: scores of different kinds do not compare
         for kind in dict.fromkeys(g.kind for g in groups):
             members = [i for i, g in enumerate(groups) if g.kind == kind]
-            counts = global_keep([scores[i] for i in members], fraction, rules.min_keep)
+            counts = global_keep([scores[i] for i in members], fraction_of(fraction, kind), rules.min_keep)
             for i, count in zip(members, counts, strict=True):
                 raw[i] = count
     return [
@@ -114,15 +131,16 @@ def check_shapes(groups: list[Group], rules: SelectionRules) -> None:
             )
 
 
-def validate_counts(groups: list[Group], counts: list[int], fraction: float, rules: SelectionRules) -> None:
+def validate_counts(groups: list[Group], counts: list[int], fraction: Fraction, rules: SelectionRules) -> None:
     check_shapes(groups, rules)
     for group, count in zip(groups, counts, strict=True):
         multiple = multiple_for(group, rules)
         floor = min_kept(multiple, rules.min_keep)
-        wanted = group.size * (1.0 - fraction) if rules.mode == "uniform" else count
+        removing = fraction_of(fraction, group.kind)
+        wanted = group.size * (1.0 - removing) if rules.mode == "uniform" else count
         if round(wanted / multiple) * multiple < floor:
             raise SlimkitError(
-                f"{_where(group)}: removing {fraction:.1%} of {group.size} units would leave "
+                f"{_where(group)}: removing {removing:.1%} of {group.size} units would leave "
                 f"{max(round(wanted / multiple) * multiple, 0)}, fewer than the minimum {floor}"
             )
 
@@ -170,8 +188,68 @@ def solve_fraction(
     return bisect_fraction(removed, wanted, steps=50)
 
 
-def bisect_fraction(removed: Callable[[float], int], wanted: int, steps: int) -> float:
-    """The fraction in [0, 1] whose ``removed(fraction)`` (non-decreasing) is closest to ``wanted``."""
+class TargetOutOfReach(SlimkitError):
+    """No plan of the groups removes ``wanted`` parameters within ``tolerance``. ``below`` and ``above``: the
+    nearest removals the tried plans reach on either side of ``wanted`` (None where none does)."""
+
+    def __init__(self, wanted: int, tolerance: int, below: int | None, above: int | None) -> None:
+        self.wanted, self.tolerance, self.below, self.above = wanted, tolerance, below, above
+        super().__init__(
+            f"no plan of these groups removes {wanted:,} parameters within {tolerance:,}; the nearest remove "
+            f"{below if below is None else format(below, ',')} and {above if above is None else format(above, ',')}"
+        )
+
+
+def solve_target(
+    model: nn.Module,
+    groups: list[Group],
+    scores: list[torch.Tensor],
+    rules: SelectionRules,
+    part: str,
+    wanted: int,
+    tolerance: int,
+) -> Fraction:
+    """The removal fraction whose plan removes ``wanted`` parameters of ``part`` within ``tolerance`` parameters.
+
+    The one shared fraction of :func:`solve_fraction` when its plan lands within the tolerance (so plans that
+    land stay exactly as they are). Otherwise a coarse kind jumps over the target as the shared fraction grows
+    (GQA heads go one query head per KV group at a time): the kinds whose counts change at the jump keep the
+    step just below it (or, failing that, just above), and one fraction shared by the other kinds is solved so
+    the total lands. Returns ``{kind: fraction}`` then. Raises :class:`TargetOutOfReach` when no tried plan
+    lands, before anything is selected.
+    """
+    part = count_part(part)
+    parts = param_parts(model)
+
+    def removed(fraction: Fraction) -> int:
+        return removed_params(model, groups, kept_counts(groups, scores, fraction, rules), part, parts)
+
+    shared = solve_fraction(model, groups, scores, rules, part, wanted)
+    if abs(removed(shared) - wanted) <= tolerance:
+        return shared
+    low, high = bracket_fraction(removed, wanted, steps=50)
+    at_low, at_high = kept_counts(groups, scores, low, rules), kept_counts(groups, scores, high, rules)
+    kinds = list(dict.fromkeys(g.kind for g in groups))
+    jumped = {g.kind for g, a, b in zip(groups, at_low, at_high, strict=True) if a != b}
+    reached = [removed(low), removed(high)]
+    if jumped and len(jumped) < len(kinds):
+        for step in (low, high):
+
+            def split(fine: float, step: float = step) -> dict[str, float]:
+                return {kind: step if kind in jumped else fine for kind in kinds}
+
+            candidate = split(bisect_fraction(lambda fine: removed(split(fine)), wanted, steps=50))
+            reached.append(removed(candidate))
+            if abs(reached[-1] - wanted) <= tolerance:
+                return candidate
+    below = [r for r in reached if r < wanted]
+    above = [r for r in reached if r > wanted]
+    raise TargetOutOfReach(wanted, tolerance, max(below, default=None), min(above, default=None))
+
+
+def bracket_fraction(removed: Callable[[float], int], wanted: int, steps: int) -> tuple[float, float]:
+    """Fractions ``low < high`` in [0, 1], ``steps`` halvings apart, with ``removed(low) < wanted <=
+    removed(high)`` where the range allows (``removed`` non-decreasing)."""
     low, high = 0.0, 1.0
     for _ in range(steps):
         middle = (low + high) / 2
@@ -179,7 +257,12 @@ def bisect_fraction(removed: Callable[[float], int], wanted: int, steps: int) ->
             low = middle
         else:
             high = middle
-    return min((low, high), key=lambda f: abs(removed(f) - wanted))
+    return low, high
+
+
+def bisect_fraction(removed: Callable[[float], int], wanted: int, steps: int) -> float:
+    """The fraction in [0, 1] whose ``removed(fraction)`` (non-decreasing) is closest to ``wanted``."""
+    return min(bracket_fraction(removed, wanted, steps), key=lambda f: abs(removed(f) - wanted))
 
 
 def keep_indices(group: Group, scores: torch.Tensor, count: int, rules: SelectionRules) -> torch.Tensor:
@@ -191,8 +274,10 @@ def keep_indices(group: Group, scores: torch.Tensor, count: int, rules: Selectio
     return keep_top(scores, count)
 
 
-def plan(groups: list[Group], scores: list[torch.Tensor], fraction: float, rules: SelectionRules) -> list[torch.Tensor]:
-    """Kept unit indices (sorted, into each group's units) for removing ``fraction``.
+def plan(
+    groups: list[Group], scores: list[torch.Tensor], fraction: Fraction, rules: SelectionRules
+) -> list[torch.Tensor]:
+    """Kept unit indices (sorted, into each group's units) for removing ``fraction`` (shared, or per kind).
 
     Every group is checked first (:func:`check_shapes`, and that no group would fall below its
     minimum), so a plan that cannot hold raises :class:`SlimkitError` before anything is selected.

@@ -170,7 +170,9 @@ def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, sta
         return
     key = f"obs_prune_layer:{'+'.join(args.groups)}"
     if key not in ctx.block_cache:  # solved once per block, on the shapes the block started with
-        ctx.block_cache[key] = layer_fraction(ctx, args)  # prune_layer's budget, with these args' rules
+        ctx.block_cache[key] = layer_fraction(
+            ctx, args, "obs_prune_layer"
+        )  # prune_layer's budget, with these args' rules
     fraction = ctx.block_cache[key]
     groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
     rules = args.rules()

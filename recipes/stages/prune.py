@@ -37,12 +37,15 @@ from slimkit.primitives.importance.obs import OBS_CONSUMERS
 from slimkit.primitives.projection.adapters import basis_change_params
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import (
+    Fraction,
     SelectionRules,
+    TargetOutOfReach,
     check_shapes,
     kept_counts,
     plan,
     removed_params,
     solve_fraction,
+    solve_target,
 )
 from slimkit.primitives.surgery import remove_units
 from slimkit.recipes.context import Context
@@ -100,28 +103,76 @@ class PruneLayerArgs(PruneArgs):
         return frozenset(OBS_CONSUMERS[k] for k in self.groups if k in OBS_CONSUMERS)
 
 
+def solve_on_target(
+    ctx: Context, name: str, args: PruneArgs, groups: list[Group], scores: list[torch.Tensor]
+) -> Fraction:
+    """The fraction (shared, or per kind where a coarse kind jumps over the target) whose plan removes what is
+    left of the target within its tolerance. A strict target no plan of these units can meet is refused in one
+    line naming the stage, the nearest achievable ratios and what to change; a non-strict one keeps the nearest
+    shared fraction (the run is flagged when it ends)."""
+    target = ctx.recipe.target
+    dense = ctx.params_before[target.part]
+    wanted = ctx.params_to_remove()
+    rules = args.rules()
+    check_shapes(groups, rules)
+    try:
+        return solve_target(ctx.model, groups, scores, rules, target.part, wanted, round(target.tolerance * dense))
+    except TargetOutOfReach as miss:
+        if not target.strict:
+            return solve_fraction(ctx.model, groups, scores, rules, target.part, wanted)
+        nearest = " or ".join(
+            f"{target.ratio + (removed - wanted) / dense:.2%}"
+            for removed in (miss.below, miss.above)
+            if removed is not None
+        )
+        raise SlimkitError(
+            f"{name}: groups {', '.join(args.groups)} (skip_first {args.skip_first}, skip_last {args.skip_last}) "
+            f"cannot remove {target.ratio:.1%} of {target.of} within target.tolerance {target.tolerance:.1%}: the "
+            f"nearest plans remove {nearest}; widen target.tolerance, add a finer group kind (e.g. mlp_channel), "
+            "or change skip_first/skip_last"
+        ) from None
+
+
+def fraction_before_scores(ctx: Context, name: str, args: PruneArgs, groups: list[Group]) -> Fraction | None:
+    """The fraction known before any score: the explicit ratio, LoRAP's layer ratio, or, for uniform selection
+    (whose plan depends only on the shapes), solved on the target; None for global selection (solved on the
+    scores)."""
+    if args.ratio is not None:
+        return args.ratio
+    if args.ratio_rule == "layer":
+        return ctx.layer_rule_ratio()
+    if args.rules().mode == "uniform":
+        return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
+    return None
+
+
 def _score_and_prune(
-    ctx: Context, args: PruneArgs, groups: list[Group], stats: Iterable[dict], fraction: float | None
-) -> float:
+    ctx: Context, args: PruneArgs, groups: list[Group], stats: Iterable[dict], fraction: Fraction | None
+) -> Fraction:
     scores = score_groups(args.scorer_spec(), groups, ctx.model, stats, generator=ctx.generator, **args.scorer_args())
     rules = args.rules()
     check_shapes(groups, rules)
-    if fraction is None and args.ratio_rule == "layer":
-        fraction = ctx.layer_rule_ratio()
     if fraction is None:
-        fraction = solve_fraction(ctx.model, groups, scores, rules, ctx.recipe.target.part, ctx.params_to_remove())
+        fraction = solve_on_target(ctx, "prune", args, groups, scores)
     keeps = plan(groups, scores, fraction, rules)  # validated before any weight changes
     for group, keep in zip(groups, keeps, strict=True):
         remove_units(ctx.model, group, keep)
     return fraction
 
 
-def _record(ctx: Context, name: str, fraction: float, args: PruneArgs, layers: list[int] | None = None) -> None:
-    """One report per stage and block (``prune``, ``prune#2``, ... when a recipe prunes twice)."""
+def _record(ctx: Context, name: str, fraction: Fraction, args: PruneArgs, layers: list[int] | None = None) -> None:
+    """One report per stage and block (``prune``, ``prune#2``, ... when a recipe prunes twice). ``fraction_mode``:
+    ``shared`` (one unit fraction for every kind) or ``per_kind`` (``unit_fraction`` by kind: a coarse kind
+    jumped over the target, so it keeps the nearest step and the other kinds land the total)."""
     key = f"{name}:{'+'.join(args.groups)}:report"
     if key in ctx.block_cache:
         return
-    entry = {"unit_fraction": fraction, "groups": list(args.groups), "scorer": args.scorer_name()}
+    entry = {
+        "unit_fraction": fraction,
+        "fraction_mode": "per_kind" if isinstance(fraction, dict) else "shared",
+        "groups": list(args.groups),
+        "scorer": args.scorer_name(),
+    }
     if layers is not None:
         entry["layers"] = layers
     ctx.block_cache[key] = ctx.report_stage(name, entry)
@@ -147,8 +198,9 @@ def prune(ctx: Context, args: PruneArgs) -> None:
     groups: list[Group] = []
     for kind in args.groups:
         groups += build_groups(ctx.model, kind, None if kind == "hidden_feature" else layers)
+    fraction = fraction_before_scores(ctx, "prune", args, groups)  # a target out of reach is refused here
     stats = evaluations(ctx.model, args.scorer_spec(), ctx.calibration_batches(), groups, args)  # one at a time
-    fraction = _score_and_prune(ctx, args, groups, stats, args.ratio)
+    fraction = _score_and_prune(ctx, args, groups, stats, fraction)
     _record(ctx, "prune", fraction, args, layers)
 
 
@@ -157,22 +209,21 @@ def _layer_groups(ctx: Context, args: PruneLayerArgs) -> list[Group]:
     return [g for kind in args.groups for g in build_groups(ctx.model, kind, eligible)]
 
 
-def _removed_at(ctx: Context, args: PruneLayerArgs, groups: list[Group], fraction: float) -> int:
+def _removed_at(ctx: Context, args: PruneLayerArgs, groups: list[Group], fraction: Fraction) -> int:
     counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, args.rules())
     return removed_params(ctx.model, groups, counts, ctx.recipe.target.part, param_parts(ctx.model))
 
 
-def layer_fraction(ctx: Context, args: PruneLayerArgs) -> float:
+def layer_fraction(ctx: Context, args: PruneLayerArgs, name: str = "prune_layer") -> Fraction:
     """The unit fraction of every eligible layer: the explicit ratio, LoRAP's layer ratio, or solved so
-    the block's removals meet what is left of the target (on the shapes when the block started)."""
+    the block's removals meet what is left of the target (on the shapes when the block started); ``name``:
+    the stage a refusal names."""
     if args.ratio is not None:
         return args.ratio
     if args.ratio_rule == "layer":
         return ctx.layer_rule_ratio()
     groups = _layer_groups(ctx, args)
-    check_shapes(groups, args.rules())
-    scores = [torch.zeros(g.size) for g in groups]
-    return solve_fraction(ctx.model, groups, scores, args.rules(), ctx.recipe.target.part, ctx.params_to_remove())
+    return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
 
 
 def planned_layer_removal(ctx: Context, args: PruneLayerArgs) -> int:

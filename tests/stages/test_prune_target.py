@@ -1,0 +1,73 @@
+"""The prune stage lands on the target when GQA heads jump over it, and refuses, before scoring, a target its units
+cannot meet. Counts of the tiny llama: tests/primitives/select/test_solve_target.py (60,816 parameters; a head step
+4,608, an MLP channel step 432)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import slimkit
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import params_by_part
+from slimkit.recipes.context import Context
+from slimkit.recipes.stages import prune as prune_module
+from slimkit.recipes.stages.prune import PruneArgs, prune
+from tests.recipes.test_recipes import tiny_recipe
+from tests.tiny import tiny_llama
+
+
+def _context(ratio: float) -> Context:
+    model = tiny_llama()
+    recipe = slimkit.Recipe(**tiny_recipe("unused", target={"ratio": ratio, "of": "model"}))
+    return Context(
+        recipe=recipe,
+        model=model,
+        tokenizer=None,
+        source={},
+        generator=torch.Generator().manual_seed(0),
+        params_before=params_by_part(model),
+    )
+
+
+def test_heads_keep_the_step_below_and_channels_land_the_target():
+    ctx = _context(0.10)
+    prune(ctx, PruneArgs(groups=["attention_head", "mlp_channel"], scorer="magnitude"))
+    report = ctx.stage_report["prune"]
+    assert report["fraction_mode"] == "per_kind"
+    assert set(report["unit_fraction"]) == {"attention_head", "mlp_channel"}
+    achieved = 1 - params_by_part(ctx.model)["total"] / ctx.params_before["total"]
+    assert achieved == pytest.approx(6_048 / 60_816)  # 14 channels per layer, every head kept
+    assert ctx.recipe.target.met(achieved)
+
+
+def test_a_shared_fraction_that_lands_is_reported_as_shared():
+    ctx = _context(0.20)
+    prune(ctx, PruneArgs(groups=["attention_head", "mlp_channel"], scorer="magnitude"))
+    assert ctx.stage_report["prune"]["fraction_mode"] == "shared"
+    assert isinstance(ctx.stage_report["prune"]["unit_fraction"], float)
+
+
+def test_a_target_the_units_cannot_meet_is_refused_in_one_line_before_scoring(monkeypatch):
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("scores computed before the refusal")
+
+    monkeypatch.setattr(prune_module, "evaluations", no_scoring)
+    monkeypatch.setattr(prune_module, "score_groups", no_scoring)
+    ctx = _context(0.10)
+    with pytest.raises(SlimkitError) as refused:
+        prune(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("prune: groups attention_head (skip_first 0, skip_last 0) cannot remove 10.0% of model")
+    assert "nearest plans remove 7.58% or 15.15%" in message  # 10% - (6,082 - 4,608) / 60,816; + (9,216 - 6,082)
+    assert "target.tolerance" in message and "skip_first/skip_last" in message
+    assert params_by_part(ctx.model) == ctx.params_before  # nothing removed
+
+
+def test_a_non_strict_target_keeps_the_nearest_shared_plan():
+    ctx = _context(0.10)
+    ctx.recipe.target.strict = False
+    prune(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
+    assert ctx.stage_report["prune"]["fraction_mode"] == "shared"
+    assert not ctx.recipe.target.met(1 - params_by_part(ctx.model)["total"] / ctx.params_before["total"])
