@@ -463,6 +463,51 @@ def eval_window_beyond_positions(tmp: Path, m: Models) -> list[str]:
     return ["eval", str(m.plain), "--seq-len", "100000", "--max-tokens", "0"]
 
 
+def _added_tokens(tmp: Path, m: Models, count: int = 3) -> Path:
+    """A plain model whose tokenizer gained ``count`` tokens the embedding has no rows for."""
+    from transformers import AutoTokenizer
+
+    folder = copy_model(m.plain, tmp)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([f"<extra-{i}>" for i in range(count)])
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tokenizer_beyond_vocabulary_eval(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(_added_tokens(tmp, m))]
+
+
+def tokenizer_beyond_vocabulary_run(tmp: Path, m: Models) -> list[str]:
+    return _run(tmp, _added_tokens(tmp, m, 1), tmp / "out")
+
+
+def tokenizer_id_far_beyond_vocabulary(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.low_rank, tmp)
+    edit_json(folder / "tokenizer.json", lambda t: t["model"]["vocab"].update({"zzz": 10**6}))
+    return ["eval", str(folder), "--json", str(tmp / "r.json")]
+
+
+def max_memory_beyond_any_machine(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(m.plain), "--max-memory", "1e40GiB"]
+
+
+def max_memory_of_400_digits(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(m.plain), "--max-memory", "9" * 400]
+
+
+def max_memory_negative(tmp: Path, m: Models) -> list[str]:
+    return _run(tmp, m.plain, tmp / "out", "--max-memory", "-1")
+
+
+def max_memory_infinite_in_recipe(tmp: Path, m: Models) -> list[str]:
+    return ["recipe", "validate", str(recipe_file(tmp, m.plain)), "--set", "model.max_memory=inf"]
+
+
+def max_memory_of_400_digits_in_recipe(tmp: Path, m: Models) -> list[str]:
+    return ["recipe", "validate", str(recipe_file(tmp, m.plain)), "--set", "model.max_memory=" + "9" * 400]
+
+
 # --- class 6: unwritable targets ---------------------------------------------------------------------------
 
 
@@ -545,6 +590,14 @@ CASES = [
     Case("seed-beyond-64-bits", 5, seed_beyond_64_bits, "seed: "),
     Case("endless-calibration", 4, endless_calibration, "calibration.samples: "),
     Case("eval-window-beyond-positions", 3, eval_window_beyond_positions, "--seq-len: 100000 is longer than"),
+    Case("tokenizer-beyond-vocab-eval", 5, tokenizer_beyond_vocabulary_eval, "has token ids up to"),
+    Case("tokenizer-beyond-vocab-run", 5, tokenizer_beyond_vocabulary_run, "but the model's embedding has"),
+    Case("tokenizer-id-far-beyond-vocab", 5, tokenizer_id_far_beyond_vocabulary, "ids up to 1000000 ('zzz')"),
+    Case("max-memory-1e40GiB", 5, max_memory_beyond_any_machine, "max_memory: expected a size like 20GiB"),
+    Case("max-memory-400-digits", 5, max_memory_of_400_digits, "(400 characters) is larger than 1024 TiB"),
+    Case("max-memory-negative", 5, max_memory_negative, "max_memory"),
+    Case("max-memory-inf-in-recipe", 5, max_memory_infinite_in_recipe, "model.max_memory"),
+    Case("max-memory-digits-in-recipe", 5, max_memory_of_400_digits_in_recipe, "is larger than 1024 TiB"),
     Case("eval-json-to-a-device", 6, eval_json_to_a_device, "/dev/full is not a regular file"),
     Case("export-under-a-file", 6, export_under_a_file, "notes.txt is not a writable folder"),
     Case("run-under-a-file", 6, run_under_a_file, "notes.txt is a file, not a folder"),
