@@ -35,10 +35,11 @@ import pytest
 import torch
 
 import slimkit
-from slimkit.primitives.files import lock
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
 from slimkit.primitives.export.gguf_file import place_file
+from slimkit.primitives.files import lock
+from slimkit.primitives.sources import SOURCES, NamedSource
 from slimkit.recipes.output_safety import RUN_MARKER
 from tests.cli.test_cli import run_cli
 from tests.contracts.hostile import (
@@ -508,6 +509,65 @@ def max_memory_of_400_digits_in_recipe(tmp: Path, m: Models) -> list[str]:
     return ["recipe", "validate", str(recipe_file(tmp, m.plain)), "--set", "model.max_memory=" + "9" * 400]
 
 
+GGUF_SOURCE = "hostile-gguf"
+"""A named GGUF model source registered for one case (its package a folder under ``tmp``, its cache too)."""
+
+
+def _gguf_source(tmp: Path) -> Path:
+    """Register :data:`GGUF_SOURCE` (undone after the case) and return the cache folder its conversion writes."""
+    import importlib
+
+    packages, cache = tmp / "packages", tmp / "cache"
+    (packages / "hostile_gguf_source").mkdir(parents=True)
+    (packages / "hostile_gguf_source" / "model.gguf").write_bytes(b"GGUF never read: refused before")
+    (cache / "models").mkdir(parents=True)
+    SOURCES[GGUF_SOURCE] = NamedSource(GGUF_SOURCE, "hostile_gguf_source", "none", "a test", gguf_file="model.gguf")
+    sys.path.insert(0, str(packages))
+    importlib.invalidate_caches()
+    previous_cache = os.environ.get("SLIMKIT_CACHE_DIR")
+    os.environ["SLIMKIT_CACHE_DIR"] = str(cache)
+
+    def undo() -> None:
+        SOURCES.pop(GGUF_SOURCE, None)
+        sys.path.remove(str(packages))
+        if previous_cache is None:
+            os.environ.pop("SLIMKIT_CACHE_DIR", None)
+        else:
+            os.environ["SLIMKIT_CACHE_DIR"] = previous_cache
+
+    _UNDO.append(undo)
+    return cache / "models" / GGUF_SOURCE
+
+
+def cache_conversion_running(tmp: Path, m: Models) -> list[str]:
+    _HELD.append(lock.acquire_lock(_gguf_source(tmp)))  # as another process converting it would hold it
+    return ["eval", GGUF_SOURCE]
+
+
+def cache_folder_is_a_symlink(tmp: Path, m: Models) -> list[str]:
+    (tmp / "elsewhere").mkdir()
+    (tmp / "elsewhere" / "mine.txt").write_text("the user's file")
+    _gguf_source(tmp).symlink_to(tmp / "elsewhere")
+    return ["eval", GGUF_SOURCE]
+
+
+def cache_folder_of_user_files(tmp: Path, m: Models) -> list[str]:
+    folder = _gguf_source(tmp)
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not a conversion")
+    return ["recipe", "run", str(recipe_file(tmp, GGUF_SOURCE)), "--out", str(tmp / "out")]
+
+
+def cache_lock_is_a_symlink(tmp: Path, m: Models) -> list[str]:
+    folder = _gguf_source(tmp)
+    (tmp / "victim.txt").write_text("the user's file")
+    lock.lock_path(folder).symlink_to(tmp / "victim.txt")
+    return ["eval", GGUF_SOURCE]
+
+
+_UNDO: list[Callable[[], None]] = []
+
+
 # --- class 6: unwritable targets ---------------------------------------------------------------------------
 
 
@@ -598,6 +658,10 @@ CASES = [
     Case("max-memory-negative", 5, max_memory_negative, "max_memory"),
     Case("max-memory-inf-in-recipe", 5, max_memory_infinite_in_recipe, "model.max_memory"),
     Case("max-memory-digits-in-recipe", 5, max_memory_of_400_digits_in_recipe, "is larger than 1024 TiB"),
+    Case("cache-conversion-running", 1, cache_conversion_running, "is being converted by another process (pid"),
+    Case("cache-folder-is-a-symlink", 1, cache_folder_is_a_symlink, "is a symbolic link to no converted model"),
+    Case("cache-folder-of-user-files", 1, cache_folder_of_user_files, "exists without a config.json"),
+    Case("cache-lock-is-a-symlink", 1, cache_lock_is_a_symlink, "is a symbolic link where slimkit keeps its lock"),
     Case("eval-json-to-a-device", 6, eval_json_to_a_device, "/dev/full is not a regular file"),
     Case("export-under-a-file", 6, export_under_a_file, "notes.txt is not a writable folder"),
     Case("run-under-a-file", 6, run_under_a_file, "notes.txt is a file, not a folder"),
@@ -657,6 +721,45 @@ def test_load_refuses_a_stray_weights_file_and_expands_home(models, tmp_path, mo
     write_weights(folder / "zz-stray.safetensors", weights_of(folder / "model.safetensors"))
     with pytest.raises(SlimkitError, match="holds 2 weight files"):
         slimkit.load("~/model")
+
+
+def _save_through_a_link(tmp: Path) -> tuple[Path, type[Exception], str]:
+    (tmp / "elsewhere").mkdir()
+    (tmp / "out").symlink_to(tmp / "elsewhere")
+    return tmp / "out", SlimkitError, "is a symbolic link; slimkit never writes through one"
+
+
+def _save_while_another_saves(tmp: Path) -> tuple[Path, type[Exception], str]:
+    _HELD.append(lock.acquire_lock(tmp / "out"))
+    return tmp / "out", lock.LockHeld, r"out is being written by another process \(pid \d+\)"
+
+
+def _save_with_a_linked_lock(tmp: Path) -> tuple[Path, type[Exception], str]:
+    (tmp / "victim.txt").write_text("the user's file")
+    lock.lock_path(tmp / "out").symlink_to(tmp / "victim.txt")
+    return tmp / "out", SlimkitError, "is a symbolic link where slimkit keeps its lock"
+
+
+@pytest.mark.parametrize("build", [_save_through_a_link, _save_while_another_saves, _save_with_a_linked_lock])
+def test_save_takes_the_lock_and_never_writes_through_a_link(build, models, tmp_path):
+    """``slimkit.save`` follows the output rules of every command that writes: one writer per folder (the lock),
+    never through a symbolic link (the folder's or the lock's); refused in one line with the tree unchanged."""
+    model, tokenizer = slimkit.load(models.plain)
+    target, error, message = build(tmp_path)
+    before = tree_checksum(tmp_path)
+    try:
+        with pytest.raises(error, match=message) as raised:
+            slimkit.save(model, tokenizer, target)
+        after = tree_checksum(tmp_path)  # before the other writer's lock is released
+    finally:
+        while _HELD:
+            _HELD.pop().release()
+    assert len(str(raised.value).splitlines()) == 1
+    assert after == before
+    if build is _save_while_another_saves:
+        assert list(tmp_path.iterdir()) == []
+        slimkit.save(model, tokenizer, target)  # once the other writer is gone, the save goes through
+        assert (target / "config.json").is_file() and not lock.lock_path(target).exists()
 
 
 def test_a_sharded_folder_loads_from_exactly_its_shards(models):
