@@ -568,6 +568,21 @@ def cache_lock_is_a_symlink(tmp: Path, m: Models) -> list[str]:
 _UNDO: list[Callable[[], None]] = []
 
 
+def _short_context(tmp: Path, m: Models, positions: int) -> Path:
+    folder = copy_model(m.plain, tmp)
+    edit_json(folder / "config.json", lambda c: c.update(max_position_embeddings=positions))
+    return folder
+
+
+def zeroshot_choice_beyond_context(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(_short_context(tmp, m, 4)), "--ppl", "", "--zeroshot", "hellaswag", "--limit", "2"]
+
+
+def zeroshot_choice_beyond_context_json(tmp: Path, m: Models) -> list[str]:
+    folder = _short_context(tmp, m, 2)
+    return ["eval", str(folder), "--ppl", "", "--zeroshot", "piqa", "--limit", "2", "--json", str(tmp / "r.json")]
+
+
 # --- class 6: unwritable targets ---------------------------------------------------------------------------
 
 
@@ -662,6 +677,8 @@ CASES = [
     Case("cache-folder-is-a-symlink", 1, cache_folder_is_a_symlink, "is a symbolic link to no converted model"),
     Case("cache-folder-of-user-files", 1, cache_folder_of_user_files, "exists without a config.json"),
     Case("cache-lock-is-a-symlink", 1, cache_lock_is_a_symlink, "is a symbolic link where slimkit keeps its lock"),
+    Case("zeroshot-choice-beyond-context", 3, zeroshot_choice_beyond_context, "longer than the model's context of 4"),
+    Case("zeroshot-choice-beyond-ctx-json", 3, zeroshot_choice_beyond_context_json, "zero-shot task piqa: a choice is"),
     Case("eval-json-to-a-device", 6, eval_json_to_a_device, "/dev/full is not a regular file"),
     Case("export-under-a-file", 6, export_under_a_file, "notes.txt is not a writable folder"),
     Case("run-under-a-file", 6, run_under_a_file, "notes.txt is a file, not a folder"),
