@@ -779,6 +779,19 @@ def test_save_takes_the_lock_and_never_writes_through_a_link(build, models, tmp_
         assert (target / "config.json").is_file() and not lock.lock_path(target).exists()
 
 
+@pytest.mark.parametrize(
+    "budget", ["1e40GiB", -1, "-1", "inf", float("inf"), float("nan"), "9" * 400, 10**400, 1e300, "1025TiB", True]
+)
+def test_load_refuses_an_overflowing_memory_budget_in_one_line(budget, models, tmp_path, monkeypatch):
+    """``slimkit.load(max_memory=...)`` bounds the budget as ``--max-memory`` and ``model.max_memory`` do: one
+    :class:`SlimkitError` line naming the field, before the folder is read (nothing written to the cache)."""
+    monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(SlimkitError, match=r"^max_memory: ") as raised:
+        slimkit.load(models.plain, max_memory=budget)
+    assert len(str(raised.value).splitlines()) == 1 and len(str(raised.value)) < 200
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sharded_folder_loads_from_exactly_its_shards(models):
     model, _ = slimkit.load(models.sharded)
     reference, _ = slimkit.load(models.plain)
