@@ -433,6 +433,8 @@ def eval_command(
         table.add_row("prefill tokens/s", f"{details['speed']['prefill_tokens_per_s']:.1f}")
         table.add_row("decode tokens/s", f"{details['speed']['decode_tokens_per_s']:.1f}")
     _console().print(table)
+    for note in evaluation.notes:
+        _console().print(f"note: {note}")
     if json_out is not None:
         text = json.dumps({"model": info.name, "metrics": metrics, "details": details}, indent=2) + "\n"
         write_text_file(json_out, text, "--json")

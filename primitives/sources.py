@@ -25,6 +25,7 @@ from slimkit.primitives.arch.support import task_of
 from slimkit.primitives.data_paths import cache_root
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
+from slimkit.primitives.files.lock import LockHeld, SiblingLock, acquire_lock
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,44 @@ def _package_dir(source: NamedSource) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _claim_cache_folder(source: NamedSource, target: Path) -> SiblingLock:
+    """The lock on writing the cache folder ``target`` (the output rules of every command that writes): one
+    converting process at a time, never through a symbolic link, never over a folder of files slimkit did not
+    finish converting. One :class:`SlimkitError` line otherwise, before the GGUF is read."""
+    where = f"model source '{source.name}': the cache folder {target}"
+    if target.is_symlink():
+        raise SlimkitError(
+            f"{where} is a symbolic link to no converted model; slimkit never writes through one: remove the link"
+        )
+    try:
+        held = acquire_lock(target)
+    except LockHeld as error:
+        raise SlimkitError(
+            f"{where} is being converted by another process (pid {error.pid or 'unknown'}); run again when it "
+            "has finished"
+        ) from None
+    if (target / "config.json").is_file():
+        return held  # another process finished it while this one looked
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        held.release()
+        raise SlimkitError(
+            f"{where} exists without a config.json (not a conversion slimkit finished); move it away to convert again"
+        )
+    return held
+
+
 def _convert_gguf(source: NamedSource, package_dir: Path, target: Path) -> None:
-    """Dequantise the GGUF once into a plain safetensors folder; atomic (temp dir + rename)."""
+    """Dequantise the GGUF once into a plain safetensors folder; atomic (temp dir + rename), under the lock of
+    :func:`_claim_cache_folder`."""
+    held = _claim_cache_folder(source, target)
+    try:
+        if not (target / "config.json").is_file():
+            _write_converted(source, package_dir, target)
+    finally:
+        held.release()
+
+
+def _write_converted(source: NamedSource, package_dir: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -136,6 +136,7 @@ def finish(
             evaluation = evaluate_model(ctx.model, ctx.tokenizer, ctx.recipe.eval, ctx.tracker)
             for label, seconds in evaluation.seconds.items():
                 timings.add(label, seconds)
+            ctx.notes.extend(evaluation.notes)
             if options.compare_dense:
                 dense = compare_with_dense(ctx, start.placement, save_dtype or start.placement.dtype, timings)
         report = build_report(ctx, start, outcome, evaluation, save_dtype, timings)

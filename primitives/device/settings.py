@@ -13,6 +13,7 @@ Every bad value raises :class:`SlimkitError` with one line naming the field and 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,9 @@ _UNITS = {
     **{"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12},
     **{"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40},
 }
+MAX_SIZE = 2**50
+"""The largest size :func:`parse_size` accepts: a larger budget is a typo, never a machine."""
+MAX_SIZE_TEXT = "1024 TiB"
 
 
 def check_device_name(name: str, field: str = "device") -> str:
@@ -77,20 +81,35 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def parse_size(value: Any, field: str = "max_memory") -> int:
-    """Bytes from ``"20GiB"``, ``"512MB"``, ``"1.5GB"`` or an integer; one-line error otherwise."""
+    """Bytes from ``"20GiB"``, ``"512MB"``, ``"1.5GB"`` or a number, from 1 byte to :data:`MAX_SIZE`; one-line
+    error otherwise (infinite, NaN, negative, or beyond the bound, however many digits it is written with)."""
+    shown = _shown(value)
     if isinstance(value, bool):
-        raise SlimkitError(f"{field}: expected a size like 20GiB or 512MB, got {value!r}")
+        raise SlimkitError(f"{field}: expected a size like 20GiB or 512MB, got {shown}")
     if isinstance(value, int | float):
-        size = int(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SlimkitError(f"{field}: must be a finite size like 20GiB, got {shown}")
+        size: int | float = value
     else:
         match = _SIZE.match(str(value))
         if match is None:
-            raise SlimkitError(f"{field}: expected a size like 20GiB or 512MB, got '{value}'")
+            raise SlimkitError(f"{field}: expected a size like 20GiB or 512MB, got {shown}")
         number, unit = match.groups()
-        size = int(float(number) * _UNITS[(unit or "b").lower()])
-    if size <= 0:
-        raise SlimkitError(f"{field}: must be positive, got '{value}'")
-    return size
+        size = float(number) * _UNITS[(unit or "b").lower()]  # inf for hundreds of digits: refused below
+    if not size > 0:
+        raise SlimkitError(f"{field}: must be positive, got {shown}")
+    if size > MAX_SIZE:
+        raise SlimkitError(f"{field}: {shown} is larger than {MAX_SIZE_TEXT}, the most a size may be")
+    return int(size)
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """``value`` quoted for an error line, cut to ``limit`` characters (a 400-digit number stays one short line)."""
+    try:
+        text = str(value)
+    except ValueError:  # an integer beyond Python's digit limit for str()
+        return f"an integer of {value.bit_length()} bits"
+    return f"'{text}'" if len(text) <= limit else f"'{text[:limit]}...' ({len(text)} characters)"
 
 
 def format_size(size: int | float) -> str:

@@ -61,6 +61,8 @@ class Evaluation:
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """What a reader of the numbers must know (e.g. contexts lm-eval cut to fit the model): the report's notes."""
 
     @contextmanager
     def timed(self, label: str) -> Iterator[None]:
@@ -155,6 +157,11 @@ def evaluate_zeroshot_tasks(model, tokenizer, settings: ZeroshotSettings, result
         )
     result.details["zeroshot"] = {"limit": settings.limit, "results": results}
     for task, values in results.items():
+        if values.get("cut_contexts"):
+            result.notes.append(
+                f"zero-shot {task}: {values['cut_contexts']} requests were longer than the model's context; lm-eval "
+                "cut their contexts from the left, so the accuracy is not lm-eval's standard one"
+            )
         for key in ("acc", "acc_norm"):
             if key in values:
                 result.metrics[f"{task}_{key}"] = values[key]

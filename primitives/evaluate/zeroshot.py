@@ -9,6 +9,7 @@ Method note: docs/methods/evaluate-zeroshot.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ from unittest import mock
 from slimkit.primitives.data_paths import cache_root, data_file
 from slimkit.primitives.errors import SlimkitError
 
-__all__ = ["ZEROSHOT_TASKS", "evaluate_zeroshot", "prepare_task_data"]
+__all__ = ["ZEROSHOT_TASKS", "check_request_lengths", "evaluate_zeroshot", "prepare_task_data"]
 
 ZEROSHOT_TASKS: tuple[str, ...] = (
     "piqa",
@@ -307,6 +308,14 @@ def _quiet() -> Iterator[None]:
             for name, stub in (("get_git_commit_hash", lambda: None), ("add_env_info", lambda storage: None)):
                 if hasattr(lm_eval.evaluator, name):
                     stack.enter_context(mock.patch.object(lm_eval.evaluator, name, stub))
+            # The bar of building each task's prompts (the requests' own bar stays): a refusal of a request
+            # (check_request_lengths) is then one line, not a line after a finished bar.
+            import lm_eval.api.task
+            import tqdm
+
+            if getattr(lm_eval.api.task, "tqdm", None) is tqdm.tqdm:
+                silent = functools.partial(tqdm.tqdm, disable=True)
+                stack.enter_context(mock.patch.object(lm_eval.api.task, "tqdm", silent))
             yield
     finally:
         logger.setLevel(old_level)
@@ -337,6 +346,14 @@ def _make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
     from lm_eval.models.huggingface import HFLM
 
     class _LocalHFLM(HFLM):
+        cut_contexts: dict[str, int]
+        """Per task, the requests whose context lm-eval cuts from the left to fit the model's context."""
+
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+            # Before any request is scored: a choice longer than the context is refused, a cut context counted.
+            self.cut_contexts = check_request_lengths(self, requests)
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
         def get_model_info(self) -> dict:
             # HFLM's version asks the hub for the model's SHA; a model object has none.
             info: dict[str, Any] = {"model_num_parameters": sum(p.numel() for p in self._model.parameters())}
@@ -344,6 +361,32 @@ def _make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
             return info
 
     return _LocalHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+
+
+def check_request_lengths(lm: Any, requests: list[Any]) -> dict[str, int]:
+    """Per task, how many of lm-eval's ``(context, choice)`` requests are longer than the model's context
+    (``lm.max_length``): lm-eval cuts those contexts from the left with only a log warning, so the count is
+    returned for the report's notes. A choice longer than the context by itself cannot be scored at all (lm-eval
+    would stop on an assertion in the middle of the evaluation): refused here in one :class:`SlimkitError` line,
+    before any request is scored. Tokenised as lm-eval's ``loglikelihood`` does (an empty context is one token)."""
+    limit = int(lm.max_length)
+    cut: dict[str, int] = {}
+    for request in requests:
+        context, choice = request.args
+        if context:
+            context_ids, choice_ids = lm._encode_pair(context, choice)  # lm-eval's own split of the pair
+        else:
+            context_ids, choice_ids = [lm.prefix_token_id], lm.tok_encode(choice, add_special_tokens=False)
+        task = str(request.task_name).removeprefix(_TASK_PREFIX)
+        if len(choice_ids) > limit:
+            raise SlimkitError(
+                f"zero-shot task {task}: a choice is {len(choice_ids)} tokens, longer than the model's context of "
+                f"{limit} tokens; lm-eval cannot score it: drop {task} from the zero-shot tasks or use a model "
+                "with a longer context"
+            )
+        if len(context_ids) + len(choice_ids) > limit + 1:
+            cut[task] = cut.get(task, 0) + 1
+    return cut
 
 
 def evaluate_zeroshot(
@@ -366,10 +409,12 @@ def evaluate_zeroshot(
     Returns:
         ``{task: {"acc": ..., "acc_norm": ..., "n": ...}}`` keyed by the plain task names, in the order
         given; ``acc_norm`` is present for the tasks where lm-eval defines it (not boolq, winogrande),
-        ``n`` is the number of records scored.
+        ``n`` is the number of records scored, ``cut_contexts`` (only when not 0) the number of requests whose
+        context lm-eval cut from the left to fit the model's context (:func:`check_request_lengths`).
 
     Raises:
-        SlimkitError: an unknown task, a bad ``limit``/``batch_size``, or a missing data file.
+        SlimkitError: an unknown task, a bad ``limit``/``batch_size``, a missing data file, or a choice longer
+            than the model's context (before any request is scored).
     """
     names = _check_tasks(tasks)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
@@ -424,5 +469,8 @@ def evaluate_zeroshot(
         if "acc" not in entry or not all(math.isfinite(v) for v in entry.values()):
             raise SlimkitError(f"lm-eval gave no finite accuracy for {name}: {metrics}")
         entry["n"] = int(counts.get("effective", 0))
+        cut = getattr(lm, "cut_contexts", {}).get(name)
+        if cut:
+            entry["cut_contexts"] = cut
         results[name] = entry
     return results

@@ -362,6 +362,7 @@ def load(
         _check_all_saved(folder, skeleton, prefix)
         _check_layer_widths(folder, skeleton, manifest)
         del skeleton
+        tokenizer = _load_tokenizer(directory, config)  # before the weights: its ids are checked against the rows
         if placement.max_memory is not None:
             model = _load_offloaded(cls, directory, config, placement, offload_folder)
         else:
@@ -369,7 +370,7 @@ def load(
             model = cls.from_pretrained(
                 directory, dtype=placement.dtype, trust_remote_code=False, use_safetensors=True, **on_gpu
             )
-        return model.eval(), _load_tokenizer(directory, config)
+        return model.eval(), tokenizer
     if placement.max_memory is not None:
         raise SlimkitError(
             f"{directory}: max_memory offloads plain Hugging Face folders; this one has per-layer widths or "
@@ -404,6 +405,7 @@ def load(
     model.to(dtype=placement.dtype)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
+    tokenizer = _load_tokenizer(directory, config)
     state = _load_state(folder)
     missing, unexpected = model.load_state_dict(state, strict=False)
     head = view.spec.head
@@ -413,7 +415,6 @@ def load(
             f"{directory}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]})"
         )
-    tokenizer = _load_tokenizer(directory, config)
     return model.to(placement.device).eval(), tokenizer
 
 
@@ -435,13 +436,35 @@ def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, off
 
 
 def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> Any:
+    """The folder's tokenizer (None when it has none), loaded before the weights and refused in one line when
+    it can produce an id the model's embedding has no row for (:func:`check_token_ids`)."""
     if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
         return None
     # The config is passed so the tokenizer never parses config.json (whose per_layer_config
     # transformers would turn into a heterogeneous config, and whose marked model_type it does not know).
     try:
-        return transformers.AutoTokenizer.from_pretrained(directory, config=config, trust_remote_code=False)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, config=config, trust_remote_code=False)
     except Exception as error:  # a damaged tokenizer file: tokenizers raises plain Exceptions
         raise SlimkitError(
             f"{directory}: cannot load the tokenizer ({type(error).__name__}: {_first_line(error)})"
         ) from None
+    check_token_ids(directory, tokenizer, config)
+    return tokenizer
+
+
+def check_token_ids(directory: Path, tokenizer: Any, config: transformers.PretrainedConfig) -> None:
+    """One-line error when ``tokenizer`` has a token whose id is at or beyond the embedding's rows (the config's
+    ``vocab_size``, which the weights' shapes are checked against): text holding that token would index past
+    the embedding in the middle of a run. Fewer tokens than rows (padded vocabularies) are fine."""
+    rows = getattr(config.get_text_config(), "vocab_size", None)
+    ids = tokenizer.get_vocab().values()
+    if not isinstance(rows, int) or not ids:
+        return
+    largest = max(ids)
+    if largest >= rows:
+        token = tokenizer.convert_ids_to_tokens(largest)
+        raise SlimkitError(
+            f"{directory}: the tokenizer has token ids up to {largest} ({token!r}) but the model's embedding has "
+            f"{rows} rows (config vocab_size {rows}); every id must be below {rows}: use the tokenizer saved with "
+            "these weights"
+        )

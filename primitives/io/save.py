@@ -21,6 +21,8 @@ from torch import nn
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
+from slimkit.primitives.files.guard import check_output_location
+from slimkit.primitives.files.lock import acquire_lock
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.projection.manifest import projection_entries
@@ -192,15 +194,37 @@ def save(
     """Write ``model`` (and ``tokenizer`` if given) to ``directory`` atomically; returns the path.
 
     ``directory`` must not exist or must be empty; it is replaced in one rename. A model with a NaN or
-    inf weight raises :class:`SlimkitError` before anything is written.
+    inf weight raises :class:`SlimkitError` before anything is written. The output rules of every command that
+    writes apply: never through a symbolic link, never a protected folder (root, home, the working folder or a
+    parent of it), and one writer at a time (the lock ``.NAME.lock`` beside ``directory``: a second save to the
+    same folder is refused in one line while the first runs).
     """
-    target = Path(directory)
+    target = Path(directory).expanduser()
+    check_output_location("slimkit.save", target, (), "slimkit.save")
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
     check_finite(model)
     global_widths, per_layer = width_config(model)
     view = ModelView(model)
 
+    held = acquire_lock(target)
+    try:
+        _write_folder(model, tokenizer, target, view, global_widths, per_layer, manifest)
+    finally:
+        held.release()
+    return target
+
+
+def _write_folder(
+    model: nn.Module,
+    tokenizer: Any,
+    target: Path,
+    view: ModelView,
+    global_widths: dict[str, Any],
+    per_layer: dict[str, dict[str, int]] | None,
+    manifest: dict[str, Any] | None,
+) -> None:
+    """The body of :func:`save`, run while it holds the lock on ``target``: build in a hidden sibling, rename."""
     remove_leftovers(target)  # what a killed earlier write left beside it
     tmp = staging_dir(target)
     try:
@@ -237,4 +261,3 @@ def save(
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -39,6 +39,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
 from slimkit.primitives.export.gguf_file import place_file
 from slimkit.primitives.files import lock
+from slimkit.primitives.sources import SOURCES, NamedSource
 from slimkit.recipes.output_safety import RUN_MARKER
 from tests.cli.test_cli import run_cli
 from tests.contracts.hostile import (
@@ -463,6 +464,125 @@ def eval_window_beyond_positions(tmp: Path, m: Models) -> list[str]:
     return ["eval", str(m.plain), "--seq-len", "100000", "--max-tokens", "0"]
 
 
+def _added_tokens(tmp: Path, m: Models, count: int = 3) -> Path:
+    """A plain model whose tokenizer gained ``count`` tokens the embedding has no rows for."""
+    from transformers import AutoTokenizer
+
+    folder = copy_model(m.plain, tmp)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([f"<extra-{i}>" for i in range(count)])
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tokenizer_beyond_vocabulary_eval(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(_added_tokens(tmp, m))]
+
+
+def tokenizer_beyond_vocabulary_run(tmp: Path, m: Models) -> list[str]:
+    return _run(tmp, _added_tokens(tmp, m, 1), tmp / "out")
+
+
+def tokenizer_id_far_beyond_vocabulary(tmp: Path, m: Models) -> list[str]:
+    folder = copy_model(m.low_rank, tmp)
+    edit_json(folder / "tokenizer.json", lambda t: t["model"]["vocab"].update({"zzz": 10**6}))
+    return ["eval", str(folder), "--json", str(tmp / "r.json")]
+
+
+def max_memory_beyond_any_machine(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(m.plain), "--max-memory", "1e40GiB"]
+
+
+def max_memory_of_400_digits(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(m.plain), "--max-memory", "9" * 400]
+
+
+def max_memory_negative(tmp: Path, m: Models) -> list[str]:
+    return _run(tmp, m.plain, tmp / "out", "--max-memory", "-1")
+
+
+def max_memory_infinite_in_recipe(tmp: Path, m: Models) -> list[str]:
+    return ["recipe", "validate", str(recipe_file(tmp, m.plain)), "--set", "model.max_memory=inf"]
+
+
+def max_memory_of_400_digits_in_recipe(tmp: Path, m: Models) -> list[str]:
+    return ["recipe", "validate", str(recipe_file(tmp, m.plain)), "--set", "model.max_memory=" + "9" * 400]
+
+
+GGUF_SOURCE = "hostile-gguf"
+"""A named GGUF model source registered for one case (its package a folder under ``tmp``, its cache too)."""
+
+
+def _gguf_source(tmp: Path) -> Path:
+    """Register :data:`GGUF_SOURCE` (undone after the case) and return the cache folder its conversion writes."""
+    import importlib
+
+    packages, cache = tmp / "packages", tmp / "cache"
+    (packages / "hostile_gguf_source").mkdir(parents=True)
+    (packages / "hostile_gguf_source" / "model.gguf").write_bytes(b"GGUF never read: refused before")
+    (cache / "models").mkdir(parents=True)
+    SOURCES[GGUF_SOURCE] = NamedSource(GGUF_SOURCE, "hostile_gguf_source", "none", "a test", gguf_file="model.gguf")
+    sys.path.insert(0, str(packages))
+    importlib.invalidate_caches()
+    previous_cache = os.environ.get("SLIMKIT_CACHE_DIR")
+    os.environ["SLIMKIT_CACHE_DIR"] = str(cache)
+
+    def undo() -> None:
+        SOURCES.pop(GGUF_SOURCE, None)
+        sys.path.remove(str(packages))
+        if previous_cache is None:
+            os.environ.pop("SLIMKIT_CACHE_DIR", None)
+        else:
+            os.environ["SLIMKIT_CACHE_DIR"] = previous_cache
+
+    _UNDO.append(undo)
+    return cache / "models" / GGUF_SOURCE
+
+
+def cache_conversion_running(tmp: Path, m: Models) -> list[str]:
+    _HELD.append(lock.acquire_lock(_gguf_source(tmp)))  # as another process converting it would hold it
+    return ["eval", GGUF_SOURCE]
+
+
+def cache_folder_is_a_symlink(tmp: Path, m: Models) -> list[str]:
+    (tmp / "elsewhere").mkdir()
+    (tmp / "elsewhere" / "mine.txt").write_text("the user's file")
+    _gguf_source(tmp).symlink_to(tmp / "elsewhere")
+    return ["eval", GGUF_SOURCE]
+
+
+def cache_folder_of_user_files(tmp: Path, m: Models) -> list[str]:
+    folder = _gguf_source(tmp)
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not a conversion")
+    return ["recipe", "run", str(recipe_file(tmp, GGUF_SOURCE)), "--out", str(tmp / "out")]
+
+
+def cache_lock_is_a_symlink(tmp: Path, m: Models) -> list[str]:
+    folder = _gguf_source(tmp)
+    (tmp / "victim.txt").write_text("the user's file")
+    lock.lock_path(folder).symlink_to(tmp / "victim.txt")
+    return ["eval", GGUF_SOURCE]
+
+
+_UNDO: list[Callable[[], None]] = []
+
+
+def _short_context(tmp: Path, m: Models, positions: int) -> Path:
+    folder = copy_model(m.plain, tmp)
+    edit_json(folder / "config.json", lambda c: c.update(max_position_embeddings=positions))
+    return folder
+
+
+def zeroshot_choice_beyond_context(tmp: Path, m: Models) -> list[str]:
+    return ["eval", str(_short_context(tmp, m, 4)), "--ppl", "", "--zeroshot", "hellaswag", "--limit", "2"]
+
+
+def zeroshot_choice_beyond_context_json(tmp: Path, m: Models) -> list[str]:
+    folder = _short_context(tmp, m, 2)
+    return ["eval", str(folder), "--ppl", "", "--zeroshot", "piqa", "--limit", "2", "--json", str(tmp / "r.json")]
+
+
 # --- class 6: unwritable targets ---------------------------------------------------------------------------
 
 
@@ -545,6 +665,20 @@ CASES = [
     Case("seed-beyond-64-bits", 5, seed_beyond_64_bits, "seed: "),
     Case("endless-calibration", 4, endless_calibration, "calibration.samples: "),
     Case("eval-window-beyond-positions", 3, eval_window_beyond_positions, "--seq-len: 100000 is longer than"),
+    Case("tokenizer-beyond-vocab-eval", 5, tokenizer_beyond_vocabulary_eval, "has token ids up to"),
+    Case("tokenizer-beyond-vocab-run", 5, tokenizer_beyond_vocabulary_run, "but the model's embedding has"),
+    Case("tokenizer-id-far-beyond-vocab", 5, tokenizer_id_far_beyond_vocabulary, "ids up to 1000000 ('zzz')"),
+    Case("max-memory-1e40GiB", 5, max_memory_beyond_any_machine, "max_memory: expected a size like 20GiB"),
+    Case("max-memory-400-digits", 5, max_memory_of_400_digits, "(400 characters) is larger than 1024 TiB"),
+    Case("max-memory-negative", 5, max_memory_negative, "max_memory"),
+    Case("max-memory-inf-in-recipe", 5, max_memory_infinite_in_recipe, "model.max_memory"),
+    Case("max-memory-digits-in-recipe", 5, max_memory_of_400_digits_in_recipe, "is larger than 1024 TiB"),
+    Case("cache-conversion-running", 1, cache_conversion_running, "is being converted by another process (pid"),
+    Case("cache-folder-is-a-symlink", 1, cache_folder_is_a_symlink, "is a symbolic link to no converted model"),
+    Case("cache-folder-of-user-files", 1, cache_folder_of_user_files, "exists without a config.json"),
+    Case("cache-lock-is-a-symlink", 1, cache_lock_is_a_symlink, "is a symbolic link where slimkit keeps its lock"),
+    Case("zeroshot-choice-beyond-context", 3, zeroshot_choice_beyond_context, "longer than the model's context of 4"),
+    Case("zeroshot-choice-beyond-ctx-json", 3, zeroshot_choice_beyond_context_json, "zero-shot task piqa: a choice is"),
     Case("eval-json-to-a-device", 6, eval_json_to_a_device, "/dev/full is not a regular file"),
     Case("export-under-a-file", 6, export_under_a_file, "notes.txt is not a writable folder"),
     Case("run-under-a-file", 6, run_under_a_file, "notes.txt is a file, not a folder"),
@@ -604,6 +738,58 @@ def test_load_refuses_a_stray_weights_file_and_expands_home(models, tmp_path, mo
     write_weights(folder / "zz-stray.safetensors", weights_of(folder / "model.safetensors"))
     with pytest.raises(SlimkitError, match="holds 2 weight files"):
         slimkit.load("~/model")
+
+
+def _save_through_a_link(tmp: Path) -> tuple[Path, type[Exception], str]:
+    (tmp / "elsewhere").mkdir()
+    (tmp / "out").symlink_to(tmp / "elsewhere")
+    return tmp / "out", SlimkitError, "is a symbolic link; slimkit never writes through one"
+
+
+def _save_while_another_saves(tmp: Path) -> tuple[Path, type[Exception], str]:
+    _HELD.append(lock.acquire_lock(tmp / "out"))
+    return tmp / "out", lock.LockHeld, r"out is being written by another process \(pid \d+\)"
+
+
+def _save_with_a_linked_lock(tmp: Path) -> tuple[Path, type[Exception], str]:
+    (tmp / "victim.txt").write_text("the user's file")
+    lock.lock_path(tmp / "out").symlink_to(tmp / "victim.txt")
+    return tmp / "out", SlimkitError, "is a symbolic link where slimkit keeps its lock"
+
+
+@pytest.mark.parametrize("build", [_save_through_a_link, _save_while_another_saves, _save_with_a_linked_lock])
+def test_save_takes_the_lock_and_never_writes_through_a_link(build, models, tmp_path):
+    """``slimkit.save`` follows the output rules of every command that writes: one writer per folder (the lock),
+    never through a symbolic link (the folder's or the lock's); refused in one line with the tree unchanged."""
+    model, tokenizer = slimkit.load(models.plain)
+    target, error, message = build(tmp_path)
+    before = tree_checksum(tmp_path)
+    try:
+        with pytest.raises(error, match=message) as raised:
+            slimkit.save(model, tokenizer, target)
+        after = tree_checksum(tmp_path)  # before the other writer's lock is released
+    finally:
+        while _HELD:
+            _HELD.pop().release()
+    assert len(str(raised.value).splitlines()) == 1
+    assert after == before
+    if build is _save_while_another_saves:
+        assert list(tmp_path.iterdir()) == []
+        slimkit.save(model, tokenizer, target)  # once the other writer is gone, the save goes through
+        assert (target / "config.json").is_file() and not lock.lock_path(target).exists()
+
+
+@pytest.mark.parametrize(
+    "budget", ["1e40GiB", -1, "-1", "inf", float("inf"), float("nan"), "9" * 400, 10**400, 1e300, "1025TiB", True]
+)
+def test_load_refuses_an_overflowing_memory_budget_in_one_line(budget, models, tmp_path, monkeypatch):
+    """``slimkit.load(max_memory=...)`` bounds the budget as ``--max-memory`` and ``model.max_memory`` do: one
+    :class:`SlimkitError` line naming the field, before the folder is read (nothing written to the cache)."""
+    monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(SlimkitError, match=r"^max_memory: ") as raised:
+        slimkit.load(models.plain, max_memory=budget)
+    assert len(str(raised.value).splitlines()) == 1 and len(str(raised.value)) < 200
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_sharded_folder_loads_from_exactly_its_shards(models):

@@ -212,3 +212,32 @@ def test_evaluate_tiny_model_all_tasks():
     assert "tie_weights" not in vars(model)
     after = model.state_dict()
     assert all(before[k].equal(after[k]) for k in before)
+
+
+def test_contexts_cut_to_fit_the_model_are_counted_and_noted():
+    """lm-eval cuts a context longer than the model's positions from the left with only a log warning: the count
+    is in the results (``cut_contexts``) and a note of the evaluation, never silent; a fitting task has neither."""
+    from types import SimpleNamespace
+
+    from slimkit.primitives.evaluate.run import Evaluation, evaluate_zeroshot_tasks
+
+    model, tokenizer = _tiny_model_and_tokenizer()
+    model.config.max_position_embeddings = 120  # boolq passages are longer; "no"/"yes" fit
+    result = Evaluation()
+    settings = SimpleNamespace(tasks=["boolq", "winogrande"], limit=3, batch_size=4)
+    evaluate_zeroshot_tasks(model, tokenizer, settings, result)
+    results = result.details["zeroshot"]["results"]
+    assert 0 < results["boolq"]["cut_contexts"] <= 3 * 2  # two choices per record
+    assert "cut_contexts" not in results["winogrande"]
+    (note,) = result.notes
+    assert note.startswith(f"zero-shot boolq: {results['boolq']['cut_contexts']} requests were longer than")
+
+
+def test_a_choice_longer_than_the_context_is_refused_before_scoring():
+    model, tokenizer = _tiny_model_and_tokenizer()
+    model.config.max_position_embeddings = 3
+    scored = []
+    model.register_forward_hook(lambda *args: scored.append(1))
+    with pytest.raises(SlimkitError, match=r"^zero-shot task hellaswag: a choice is \d+ tokens, longer than"):
+        evaluate_zeroshot(model, tokenizer, ["hellaswag"], limit=2)
+    assert scored == []
