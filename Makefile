@@ -30,9 +30,10 @@ install: $(CORE) $(LLAMACPP)
 # What the library, the CLI and the demo need (no llama.cpp build).
 install-core: $(CORE)
 
-# The demo: LoRAP at 20% of smollm2-135m without the LoRA recovery stage (about 2 minutes here).
+# The demo: LoRAP at 20% of smollm2-135m without the LoRA recovery stage, WikiText-2 beside the dense model.
 demo: install-core
-	$(VENV)/bin/slimkit recipe run lorap --out runs/demo --force --set stages.1.args.steps=0
+	$(VENV)/bin/slimkit recipe run lorap --out runs/demo --force --set stages.1.args.steps=0 \
+		--set 'eval.perplexity.datasets=[wikitext2]'
 
 # Everything that runs on a CPU: the real-model tier (tests/real/) included, the GPU tier (tests/gpu/) skipped.
 test: install
