@@ -625,6 +625,7 @@ def test_mean_accuracy_without_one_task():
     assert "zeroshot_mean_acc_without_boolq" not in rows[1]["metrics"]  # arc_easy missing: no mean
 
 
+@pytest.mark.slow
 def test_plots_are_written(tmp_path):
     rows = _result()["rows"]
     assert plot_quality(rows, tmp_path / "t-quality.png").stat().st_size > 1000

@@ -103,6 +103,7 @@ def test_output_directory_not_empty(monkeypatch, capsys, tmp_path, tiny_llama_di
     assert (out / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_recipe_run_prints_its_report_ending_with_the_dense_comparison(monkeypatch, capsys, tmp_path, tiny_llama_dir):
     """The printed report is rendered from the run's typed report (the same text as OUT/report.md), its last line
     the run's perplexity beside the dense model's; ``--no-dense`` leaves the comparison out."""

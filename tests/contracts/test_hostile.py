@@ -847,6 +847,7 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["export-gguf", "export-hf", "recipe-run"])
 def test_a_file_size_limit_while_writing_is_one_line_and_damages_nothing(kind, models, tmp_path):
     """Class 6: a write that fails (here RLIMIT_FSIZE: EFBIG, as a full disk gives ENOSPC) is one line, exit 2, and

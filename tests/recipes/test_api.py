@@ -61,6 +61,7 @@ def test_run_compresses_a_model_in_memory_and_saves_it(tmp_path, tiny_llama_dir,
     )
 
 
+@pytest.mark.slow
 def test_the_report_compares_with_the_dense_model_measured_once(tmp_path, tiny_llama_dir):
     """The dense model's metrics (same settings) sit beside the run's; the second run reads them from the cache and
     compresses exactly as the first; ``compare_dense=False`` leaves them out."""

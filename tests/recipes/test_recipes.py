@@ -124,6 +124,7 @@ def test_end_to_end_tiny_run(tmp_path, tiny_llama_dir):
     assert manifest["calibration"]["tokens"] == 128 and manifest["seed"] == 0
 
 
+@pytest.mark.slow
 def test_calibrating_on_the_evaluation_set_is_noted(tmp_path, tiny_llama_dir):
     raw = tiny_recipe(tiny_llama_dir, calibration={"dataset": "wikitext2", "samples": 2, "seq_len": 16})
     report = slimkit.run(raw, tmp_path / "run").report.as_json()
@@ -138,6 +139,7 @@ def test_top_level_layer_stage_uses_dense_statistics(tmp_path, tiny_llama_dir):
     assert all(w["intermediate_size"] == 48 for w in report["layers"]["after"])
 
 
+@pytest.mark.slow
 def test_zero_shot_evaluation_through_the_runner(tmp_path, tiny_llama_dir):
     raw = tiny_recipe(tiny_llama_dir)
     raw["eval"] = {"perplexity": None, "zeroshot": {"tasks": ["piqa", "boolq"], "limit": 2, "batch_size": 2}}

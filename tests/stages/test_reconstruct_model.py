@@ -44,6 +44,7 @@ def _weights(folder, index: int) -> dict[str, torch.Tensor]:
     return {role: layer.linear(role).weight.detach().clone() for role in ("down", "o")}
 
 
+@pytest.mark.slow
 def test_top_level_reconstruct_lowers_every_layers_error_and_changes_only_down_and_o(tmp_path, tiny_llama_dir):
     report = _run(_recipe(tiny_llama_dir, [_prune(), {"stage": "reconstruct"}]), tmp_path / "refit")
     entry = report["stages"]["reconstruct"]
@@ -66,6 +67,7 @@ def test_top_level_reconstruct_lowers_every_layers_error_and_changes_only_down_a
             assert torch.equal(refit[name], tensor), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["compressed", "dense"])
 def test_with_only_layer_0_pruned_the_top_level_refit_equals_the_in_block_refit(tmp_path, tiny_llama_dir, target):
     """Layer 0 reads the embeddings in both forms and loses the same units (magnitude scores), so the refits agree;
@@ -93,6 +95,7 @@ def test_with_only_layer_0_pruned_the_top_level_refit_equals_the_in_block_refit(
     assert _weights(tmp_path / "top" / "model", 0)["down"].shape[1] < original["down"].shape[1]
 
 
+@pytest.mark.slow
 def test_the_dense_target_differs_downstream_of_refitted_layers(tmp_path, tiny_llama_dir):
     weights = {}
     for target in ("compressed", "dense"):
@@ -113,6 +116,7 @@ def test_the_saved_model_loads_with_the_logits_it_had_in_memory(tmp_path, tiny_l
     torch.testing.assert_close(model_output(loaded, ids), model_output(result.model, ids), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_a_role_with_nothing_removed_is_flagged_when_another_was_refitted(tmp_path, tiny_llama_dir):
     # As LLM-Pruner at 10% (MLP channels, no heads): roles [down, o] refits down and names o in the report.
     target = {"ratio": 0.25, "of": "mlp", "tolerance": 0.05}

@@ -34,6 +34,7 @@ def _stages(groups, reconstruct: bool, ratio=None):
     return [{"sequential": children}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("groups", [["mlp_channel"], ["attention_head"], ["mlp_channel", "attention_head"]])
 def test_reconstruct_lowers_every_refitted_layers_output_error(tmp_path, tiny_llama_dir, groups):
     of = "attention" if groups == ["attention_head"] else "mlp" if groups == ["mlp_channel"] else "layers"
@@ -127,6 +128,7 @@ def _constant_channel_llama(folder, tokenizer, channels: int = 16):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refit", [False, True])
 def test_removing_constant_channels_with_mean_bias_is_lossless(tmp_path, tokenizer, refit):
     folder = _constant_channel_llama(tmp_path / "constant", tokenizer)
@@ -192,6 +194,7 @@ def test_export_keeps_the_new_biases_in_a_plain_folder_and_in_gguf(tmp_path):
         export(qwen3, tmp_path / "q.gguf", "gguf", "f32", tokenizer=tokenizer)
 
 
+@pytest.mark.slow
 def test_dense_target_equals_compressed_target_where_nothing_upstream_is_compressed(tmp_path, tiny_llama_dir):
     """Layer 0 sees the embeddings in both streams, so its refit is the same; later layers differ."""
     weights = {}

@@ -25,6 +25,7 @@ def test_input_norm_accumulator_hand_case():
     assert acc.tokens == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["wikitext2", "c4", "ptb", "alpaca"])
 def test_calibration_batches_shape_and_seed(tokenizer, dataset):
     spec = CalibrationSpec(dataset=dataset, samples=3, seq_len=16, seed=1)

@@ -133,6 +133,7 @@ def _kl_to(teacher, model, batch) -> float:
         return distill_loss(model(input_ids=batch).logits, teacher(input_ids=batch).logits).item()
 
 
+@pytest.mark.slow
 def test_distill_stage_brings_the_pruned_model_closer_to_the_teacher(sharp_llama_dir, tokenizer, tmp_path):
     teacher, _ = slimkit.load(sharp_llama_dir)
     held_out = calibration_batches(tokenizer, CalibrationSpec("alpaca", 4, 32, seed=123))  # not the training windows

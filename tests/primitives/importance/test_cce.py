@@ -426,6 +426,7 @@ def cce_recipe(model_dir, ratio: float = 0.3, **args) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_end_to_end_tiny_cce_keeps_a_valid_gqa_model_that_reloads(tmp_path, tiny_llama_dir):
     raw = cce_recipe(tiny_llama_dir, ratio=0.4)
     raw["stages"].append({"stage": "lora", "args": {"steps": 2, "batch_size": 2, "seq_len": 24, "dataset": "c4"}})

@@ -107,6 +107,7 @@ def test_lowrank_whiten_runs_saves_and_reloads(tmp_path, tiny_llama_dir):
     assert torch.isfinite(model_output(model, ids)).all()
 
 
+@pytest.mark.slow
 def test_reconstruct_refits_the_left_factor_of_every_lowrank_role(tmp_path, tiny_llama_dir):
     stages = _lowrank_stages("awsvd", {"roles": ["q", "k", "v", "o", "down"], "damping": 1e-6})
     raw = tiny_recipe(tiny_llama_dir, target=LORAP_TARGET, stages=stages)

@@ -249,6 +249,7 @@ def test_lagrangian_gradients_ascend_the_multipliers():
         assert torch.allclose(other.lambda_1, lag.lambda_1) and torch.allclose(other.lambda_2, lag.lambda_2)
 
 
+@pytest.mark.slow
 def test_lagrangian_pushes_expected_sparsity_toward_target():
     shape = MaskShape.from_view(ModelView(tiny_bert()))
     for target in (0.6, -0.2):  # start is about -0.1 (all-ones masks: -0.29): below, then above t

@@ -106,6 +106,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("returns", "update"), [("to_go", "episode"), ("own", "episode"), ("own", "layer")])
 def test_reinforce_learns_to_keep_the_row_that_lowers_the_penalty(one_thread, returns, update):
     weights = _toy_weights()
