@@ -159,13 +159,19 @@ class MemoryPlan:
         return self.weights + (stage.total if stage is not None else 0)
 
     def describe(self) -> dict[str, Any]:
-        """What the report records (GiB, two decimals)."""
+        """What the report records (GiB, two decimals): the weights, the peak, the stage that sets it, and each
+        stage's total and parts."""
+        peak_stage = self.peak_stage
         return {
             "weights_gib": round(self.weights / GIB, 2),
             "peak_gib": round(self.peak / GIB, 2),
+            "peak_stage": peak_stage.stage if peak_stage is not None and peak_stage.total > 0 else None,
             "stages": [
-                {"stage": s.stage, "total_gib": round(s.total / GIB, 2)}
-                | {name: round(value / GIB, 2) for name, value in s.parts.items()}
+                {
+                    "stage": s.stage,
+                    "total_gib": round(s.total / GIB, 2),
+                    "parts_gib": {name: round(value / GIB, 2) for name, value in s.parts.items()},
+                }
                 for s in self.stages
             ],
         }

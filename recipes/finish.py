@@ -23,6 +23,7 @@ from slimkit.primitives.files.atomic import staging_dir
 from slimkit.primitives.files.guard import write_failure
 from slimkit.primitives.io import versions
 from slimkit.primitives.io.save import non_finite_tensors
+from slimkit.primitives.memory_plan import MemoryPlan
 from slimkit.recipes import output_safety
 from slimkit.recipes.context import Context
 from slimkit.recipes.dense_comparison import compare_with_dense
@@ -66,6 +67,7 @@ class RunStart:
     widths_before: list[dict[str, int]]
     macs_before: int
     calibration: dict[str, Any] | None
+    memory_plan: MemoryPlan | None = None
 
 
 def target_outcome(
@@ -256,6 +258,7 @@ def build_report(
         metrics=evaluation.metrics,
         evaluation=evaluation.details,
         calibration=start.calibration,
+        memory_plan=start.memory_plan.describe() if start.memory_plan is not None else None,
         stages=stage_reports(ctx, start.calibration),
         layers={"before": start.widths_before, "after": ModelView(ctx.model).layer_widths()},
         notes=ctx.notes,

@@ -171,6 +171,24 @@ class PlacementReport(Record):
     save_dtype: str | None = None
 
 
+class StagePlanReport(ReportModel):
+    """One stage's planned peak beside the weights (GiB): its total and its parts (gradient sums, activations, ...)."""
+
+    stage: str
+    total_gib: float
+    parts_gib: dict[str, float]
+
+
+class MemoryPlanReport(ReportModel):
+    """The memory plan the preflight checked before loading (:class:`~slimkit.primitives.memory_plan.MemoryPlan`):
+    the weights, each stage's extra, and the peak (weights plus the largest stage), in GiB."""
+
+    weights_gib: float
+    peak_gib: float
+    peak_stage: str | None
+    stages: list[StagePlanReport]
+
+
 class DenseComparison(ReportModel):
     """The dense model's metrics under the same evaluation settings, computed once and cached."""
 
@@ -203,6 +221,7 @@ class RunReport(ReportModel):
     notes: list[str]
     versions: dict[str, Any]
     dense: DenseComparison | None = None
+    memory_plan: MemoryPlanReport | None = None
     loaders: list[dict[str, str]] | None = None
     export: list[dict[str, Any]] | None = None
 

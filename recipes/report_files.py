@@ -9,7 +9,7 @@ from typing import Any
 
 from slimkit.primitives.export import result_lines
 from slimkit.primitives.io.describe import Structure, saved_structure
-from slimkit.recipes.report import PlacementReport, RunReport
+from slimkit.recipes.report import MemoryPlanReport, PlacementReport, RunReport
 
 _ROLE_COLOURS = {
     "q": "#1f77b4",
@@ -116,6 +116,8 @@ def markdown(report: RunReport, plot_name: str | None, structure: Structure | No
     lines += [f"| {k} | {v:.1f} |" for k, v in report.timings_s.stages.items()]
     lines += [f"| total | {report.timings_s.total:.1f} |", "", f"Peak resident memory: {report.peak_rss_mb:.0f} MB."]
     lines.append(_placement_line(report.placement))
+    if report.memory_plan is not None:
+        lines.append(_memory_plan_line(report.memory_plan))
     if structure is not None and not structure.empty:
         lines += ["", f"Structure: {structure.summary()}."]
     for note in report.notes:
@@ -155,6 +157,18 @@ def _metric_table(report: RunReport) -> list[str]:
         )
     origin = "cached from an earlier run" if report.dense.cached else "measured in this run before compression"
     return [*lines, "", f"Dense metrics: the uncompressed model, same evaluation settings ({origin})."]
+
+
+def _memory_plan_line(plan: MemoryPlanReport) -> str:
+    """``Memory plan (checked before loading): about 6.0 GiB at its peak: weights 2.3 + prune 3.7 (gradient sums
+    ..., activations ...).``"""
+    line = f"Memory plan (checked before loading): about {plan.peak_gib:.1f} GiB at its peak: weights "
+    line += f"{plan.weights_gib:.1f}"
+    stage = next((s for s in plan.stages if s.stage == plan.peak_stage), None)
+    if stage is not None:
+        parts = ", ".join(f"{name.replace('_', ' ')} {value:.1f}" for name, value in stage.parts_gib.items() if value)
+        line += f" + {stage.stage} {stage.total_gib:.1f}" + (f" ({parts})" if parts else "")
+    return line + "."
 
 
 def _placement_line(placement: PlacementReport) -> str:

@@ -24,6 +24,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import preflight_eval_data
 from slimkit.primitives.files.guard import terminate_as_interrupt
+from slimkit.primitives.memory_plan import MemoryPlan
 from slimkit.primitives.sources import load_source
 from slimkit.recipes import finish, output_safety, preflight
 from slimkit.recipes.context import Context
@@ -67,7 +68,7 @@ def run(
 
 def _execute(recipe, out_path, force, notes, model, tokenizer, options: RunOptions, tracker: Tracker) -> Result:
     """The run itself, once ``out_path`` (if any) is checked and claimed; ``notes`` start the report's notes."""
-    placement = _preflight(recipe, model, options)
+    placement, memory_plan = _preflight(recipe, model, options)
     timings = Timings()
     reset_peak_memory(placement.device)
     with timings.stage("load"):
@@ -81,20 +82,21 @@ def _execute(recipe, out_path, force, notes, model, tokenizer, options: RunOptio
         calibration = _calibrate(ctx)
     output_safety.pause_for_test("compute")
     shares = run_stages(ctx, timings)
-    start = finish.RunStart(placement, widths_before, macs_before, calibration)
+    start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
     return finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
 
 
-def _preflight(recipe: Recipe, model: Any, options: RunOptions) -> Placement:
-    """Everything checked before the model is loaded: data files, placement, stage dtypes."""
+def _preflight(recipe: Recipe, model: Any, options: RunOptions) -> tuple[Placement, MemoryPlan | None]:
+    """Everything checked before the model is loaded: data files, placement, stage dtypes, the memory plan (returned
+    for the report; None where no plan is made)."""
     preflight.preflight_calibration_data(recipe.calibration_config())
     if options.evaluate:
         preflight_eval_data(recipe.eval)
     torch.manual_seed(recipe.seed)
     placement = preflight.model_placement(recipe, model)
     preflight.check_stage_dtypes(recipe, placement.dtype)
-    check_memory_plan(recipe, placement, model)  # refuses before loading when the plan does not fit
-    return placement
+    memory_plan = check_memory_plan(recipe, placement, model)  # refuses before loading when the plan does not fit
+    return placement, memory_plan
 
 
 def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptions) -> Context:

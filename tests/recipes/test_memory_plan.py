@@ -125,3 +125,19 @@ def test_out_of_memory_mid_stage_is_one_line_and_nothing_is_written(
     assert message.startswith(f"0:{'sequential[prune_layer]' if stage == 'prune_layer' else stage} ran out of {where}")
     assert "stats_device: cpu" in message
     assert not out.exists()
+
+
+def test_the_plan_is_in_the_report(tiny_llama_dir, tmp_path):
+    recipe = _recipe(str(tiny_llama_dir), [TAYLOR])
+    result = slimkit.run(recipe, out=tmp_path / "out")
+    from transformers import AutoConfig
+
+    expected = recipe_memory_plan(
+        Recipe.model_validate(recipe), AutoConfig.from_pretrained(tiny_llama_dir), torch.float32
+    )
+    plan = result.report.memory_plan
+    assert plan is not None and plan.model_dump() == expected.describe()
+    assert plan.peak_stage == "prune" and plan.stages[0].parts_gib.keys() == expected.stages[0].parts.keys()
+    saved = (tmp_path / "out" / "report.json").read_text()
+    assert '"memory_plan"' in saved
+    assert "Memory plan (checked before loading)" in (tmp_path / "out" / "report.md").read_text()
