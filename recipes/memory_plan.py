@@ -174,6 +174,9 @@ def check_memory_plan(recipe: Recipe, placement: Any, model: Any = None) -> Memo
         return plan  # offloaded: layer-wise stages hold one layer at a time; the runner refuses whole-model ones
     available = device_memory(placement.device) if budget is None else budget
     where = str(placement.device) if budget is None else f"{placement.device} (max_memory)"
+    if placement.gpus and budget is None:  # layers spread over several GPUs: their memory together
+        available = sum(device_memory(torch.device("cuda", index)) for index in placement.gpus)
+        where = f"{len(placement.gpus)} GPUs together"
     message = plan.refusal(where, available)
     if message is not None:
         raise SlimkitError(message)

@@ -91,6 +91,64 @@ def plan_device_map(empty_model: nn.Module, layers: list[nn.Module], placement: 
     return device_map
 
 
+def spread_device_map(
+    empty_model: nn.Module, layers: list[nn.Module], budgets: dict[int, int], dtype: torch.dtype
+) -> dict[str, Any]:
+    """A device map spreading ``empty_model`` (on meta) over several GPUs, ``budgets`` bytes each (GPU index ->
+    bytes), whole decoder layers per GPU, by accelerate (``get_balanced_memory`` then ``infer_auto_device_map``, with
+    tied weights kept together). Refuses in one line when the weights do not fit the GPUs' budgets (nothing is sent
+    to CPU memory or disk here: that is ``model.max_memory``'s offload)."""
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    no_split = sorted({type(layer).__name__ for layer in layers})
+    limits: dict[Any, int] = {**budgets, "cpu": 0}
+    balanced = get_balanced_memory(empty_model, max_memory=limits, no_split_module_classes=no_split, dtype=dtype)
+    device_map = infer_auto_device_map(
+        empty_model, max_memory={**balanced, "cpu": 0}, no_split_module_classes=no_split, dtype=dtype
+    )
+    outside = sorted({str(where) for where in device_map.values() if not isinstance(where, int)})
+    if outside:
+        need = format_size(module_bytes(empty_model, dtype))
+        have = ", ".join(f"cuda:{index} {format_size(size)}" for index, size in budgets.items())
+        raise SlimkitError(
+            f"device auto: the weights ({need} in {dtype_name(dtype)}) do not fit the visible GPUs ({have} free); "
+            "set model.max_memory to offload layers to CPU memory or disk, or use a smaller dtype"
+        )
+    return device_map
+
+
+def gpu_budgets(gpus: tuple[int, ...], headroom: float = 0.1) -> dict[int, int]:
+    """Free memory of each GPU in ``gpus`` less ``headroom`` of it (activations, statistics)."""
+    return {index: int(torch.cuda.mem_get_info(index)[0] * (1 - headroom)) for index in gpus}
+
+
+def load_spread(model_class: Any, folder: Path, config: Any, placement: Placement) -> nn.Module:
+    """``model_class.from_pretrained(folder)`` with its layers spread over ``placement.gpus``; each layer computes on
+    the GPU it lives on (accelerate's hooks move the inputs)."""
+    from accelerate import init_empty_weights
+
+    from slimkit.primitives.arch import ModelView
+
+    with init_empty_weights():
+        empty = model_class._from_config(config, dtype=placement.dtype)
+    empty.tie_weights()
+    layers = [layer.module for layer in ModelView(empty).layers]
+    device_map = spread_device_map(empty, layers, gpu_budgets(placement.gpus), placement.dtype)
+    return model_class.from_pretrained(folder, dtype=placement.dtype, device_map=device_map).eval()
+
+
+def dispatch_spread(model: nn.Module, placement: Placement) -> nn.Module:
+    """A model built in memory (a slimkit output with per-layer widths) spread over ``placement.gpus``."""
+    from accelerate import dispatch_model
+
+    from slimkit.primitives.arch import ModelView
+
+    layers = [layer.module for layer in ModelView(model).layers]
+    device_map = spread_device_map(model, layers, gpu_budgets(placement.gpus), placement.dtype)
+    return dispatch_model(model, device_map=device_map).eval()
+
+
 def load_offloaded(
     model_class: Any, folder: Path, config: Any, placement: Placement, offload_folder: Path
 ) -> nn.Module:

@@ -121,17 +121,20 @@ def format_size(size: int | float) -> str:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a model is put: the compute device, the weights' dtype, and an optional memory budget."""
+    """Where a model is put: the compute device, the weights' dtype, an optional memory budget, and the GPUs the
+    decoder layers are spread over (``device: auto`` with several visible GPUs; empty otherwise)."""
 
     device: torch.device
     dtype: torch.dtype
     max_memory: int | None = None
+    gpus: tuple[int, ...] = ()
 
     @classmethod
     def resolve(cls, device: str = "auto", dtype: str = "auto", max_memory: Any = None) -> Placement:
         resolved = resolve_device(device)
         budget = None if max_memory is None else parse_size(max_memory)
-        return cls(resolved, resolve_dtype(dtype, resolved), budget)
+        gpus = spread_gpus(device, budget, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        return cls(resolved, resolve_dtype(dtype, resolved), budget, gpus)
 
     def describe(self) -> dict[str, Any]:
         """What the report records: device, dtype, GPU name and memory, memory budget."""
@@ -143,7 +146,17 @@ class Placement:
             info["cuda"] = torch.version.cuda
         if self.max_memory is not None:
             info["max_memory"] = format_size(self.max_memory)
+        if self.gpus:
+            info["gpus"] = [f"cuda:{index}" for index in self.gpus]
         return info
+
+
+def spread_gpus(device: str, max_memory: int | None, visible: int) -> tuple[int, ...]:
+    """The GPUs a model's layers are spread over: every visible one for ``device: auto`` when there are several and
+    no ``max_memory`` budget (which offloads instead); none otherwise (one device computes everything)."""
+    if device != "auto" or max_memory is not None or visible < 2:
+        return ()
+    return tuple(range(visible))
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -365,6 +365,10 @@ def load(
         tokenizer = _load_tokenizer(directory, config)  # before the weights: its ids are checked against the rows
         if placement.max_memory is not None:
             model = _load_offloaded(cls, directory, config, placement, offload_folder)
+        elif placement.gpus:
+            from slimkit.primitives.device.offload import load_spread
+
+            model = load_spread(cls, directory, config, placement)
         else:
             on_gpu = {"device_map": {"": placement.device}} if placement.device.type != "cpu" else {}
             model = cls.from_pretrained(
@@ -415,6 +419,10 @@ def load(
             f"{directory}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]})"
         )
+    if placement.gpus:
+        from slimkit.primitives.device.offload import dispatch_spread
+
+        return dispatch_spread(model, placement), tokenizer
     return model.to(placement.device).eval(), tokenizer
 
 
