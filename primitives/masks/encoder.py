@@ -200,13 +200,17 @@ def train_encoder_masks(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     check_batches: Sequence[Batch] | None = None,
+    tolerance: float = 0.005,
 ) -> dict:
     """Train, binarise and fuse SP3's (or CoFi's) masks on a GLUE task model in place; returns a report.
 
     ``batches``: tokenised GLUE batches with ``labels`` (:func:`slimkit.primitives.gluedata.encode`),
     one per optimiser step, reused cyclically when fewer. ``check_batches`` (optional): batches on
     which the masked (binary masks) and the fused model are compared (``masked_vs_fused``). ``target``: the
-    sparsity to reach under Eq. 30 (attention and FFN matrices, plus residual matrices with per_norm).
+    sparsity to reach under Eq. 30 (attention and FFN matrices, plus residual matrices with per_norm);
+    ``tolerance``: the final structure is chosen by the budget-aware selection of
+    :func:`~slimkit.primitives.masks.sparsity.select_to_target` over all mask levels, within
+    ``[target, target + tolerance]`` where the units allow (a threshold alone overshot with block gates).
     """
     started = time.perf_counter()
     view = ModelView(model)
@@ -269,7 +273,7 @@ def train_encoder_masks(
     levels = schedule.levels(settings.total_steps - 1)
     masks.set_active(levels)
     scores = masks.scores()
-    binary = binarize(scores, shape, target, residual=residual, couple=False)
+    binary = binarize(scores, shape, target, residual=residual, couple=False, tolerance=tolerance)
     final = masks.kept_values().times(binary.masks)
     hidden_fields = ("mha_in", "mha_out", "ffn_in", "ffn_out")
     final = MaskValues(**{**final.__dict__, **{h: getattr(binary.masks, h) for h in hidden_fields}})

@@ -236,7 +236,7 @@ class Binarized:
     masks: MaskValues
     """0/1 masks (float32); fields absent from the scores stay ``None`` (all ones)."""
     threshold: float
-    """Entries with score ``>= threshold`` are kept (``inf``: nothing kept)."""
+    """Entries with score ``>= threshold`` are kept (``inf``: nothing kept); with ``tolerance``, the selection's own."""
     sparsity: float
     """The sparsity of the binary masks under the same count."""
     size: int
@@ -253,6 +253,7 @@ def binarize(
     include_bias: bool = False,
     couple: bool = True,
     size: Callable[[MaskValues], torch.Tensor] | None = None,
+    tolerance: float | None = None,
 ) -> Binarized:
     """The lowest global threshold on ``scores`` whose kept set reaches sparsity ``>= target`` (§3.2).
 
@@ -260,6 +261,9 @@ def binarize(
     ``couple`` first intersects the QK and VO masks (:func:`couple_intermediate`), as the fused
     model will. ``size`` replaces the Eq. 30 count by another count of 0/1 masks (e.g.
     :func:`stream_model_size` for the whole model); the sparsity is then ``1 − size / total``.
+    ``tolerance``: instead of the threshold, the budget-aware selection over every mask level of
+    :func:`select_to_target` (sparsity in ``[target, target + tolerance]`` where the units allow), so a
+    coarse unit (a block gate, a twelfth of the count) crossing the threshold does not overshoot the target.
     """
     names = scores.present()
     flat = torch.cat([t.detach().double().flatten() for _, values in scores.items() for t in values])
@@ -292,4 +296,63 @@ def binarize(
             lo = mid + 1
     tau = candidates[hi]
     masks = masks_at(tau)
-    return Binarized(masks=masks, threshold=tau, sparsity=sparsity_at(tau), size=round(float(size(masks))))
+    if tolerance is not None and hi > 0:
+        below = masks_at(candidates[hi - 1])  # the largest removal under the target: greedy removes it first
+        selected = select_to_target(
+            scores, below, lambda kept: 1.0 - float(size(kept)) / m, target, tolerance, couple=couple
+        )
+        if selected is not None:
+            masks = selected
+    sparsity = 1.0 - float(size(masks)) / m
+    return Binarized(masks=masks, threshold=tau, sparsity=sparsity, size=round(float(size(masks))))
+
+
+def select_to_target(
+    scores: MaskValues,
+    start: MaskValues,
+    sparsity_of: Callable[[MaskValues], float],
+    target: float,
+    tolerance: float,
+    *,
+    couple: bool = True,
+) -> MaskValues | None:
+    """Remove further entries of 0/1 ``start`` masks, lowest score first, skipping any whose removal would take
+    the sparsity above ``target + tolerance``, until it reaches ``target``; ``None`` if it cannot.
+
+    Greedy over all mask levels together (hidden dimensions, filters, heads, layers): a block gate too
+    big for what is left of the budget is kept and smaller units of the next scores are removed
+    instead. A score tensor shared by several fields (one gate per norm) is one unit and is removed
+    from all of them together. ``sparsity_of`` counts a 0/1 mask set (e.g. ``1 − size / M``); ``start`` is the
+    largest threshold removal below the target (:func:`binarize`), which the greedy reaches first.
+    """
+    current = {name: [t.clone() for t in values] for name, values in start.items()}
+    places: dict[int, list[tuple[str, int]]] = {}  # one gate shared by several fields is one unit
+    tensors: dict[int, torch.Tensor] = {}
+    for name, values in scores.items():
+        for layer, t in enumerate(values):
+            places.setdefault(id(t), []).append((name, layer))
+            tensors[id(t)] = t
+    kept = [
+        (score, key, index)
+        for key, t in tensors.items()
+        for index, score in enumerate(t.detach().double().flatten().tolist())
+        if current[places[key][0][0]][places[key][0][1]].view(-1)[index] != 0
+    ]
+    kept.sort(key=lambda entry: entry[0])
+
+    def as_values() -> MaskValues:
+        out = replace(start, **current)
+        return couple_intermediate(out) if couple else out
+
+    def put(key: int, index: int, value: float) -> None:
+        for name, layer in places[key]:
+            current[name][layer].view(-1)[index] = value
+
+    for _, key, index in kept:
+        put(key, index, 0.0)
+        reached = sparsity_of(as_values())
+        if reached > target + tolerance:
+            put(key, index, 1.0)
+        elif reached >= target:
+            return as_values()
+    return None

@@ -80,7 +80,14 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
         check = list(gluedata.batches(ctx.tokenizer, dev, 64, args.max_length))
     with ctx.tracker.task(f"mask_train_encoder {task}", args.total_steps) as advance:
         report = train_encoder_masks(
-            ctx.model, batches, args, target.ratio, ctx.recipe.seed, lambda _step: advance(1), check_batches=check
+            ctx.model,
+            batches,
+            args,
+            target.ratio,
+            ctx.recipe.seed,
+            lambda _step: advance(1),
+            check_batches=check,
+            tolerance=target.tolerance,
         )
     report["epochs"] = needed / len(examples)
     report["examples_seen"] = needed

@@ -176,6 +176,7 @@ def test_training_reaches_the_target_and_reports():
     report = train_encoder_masks(model, batches, settings, 0.4, check_batches=[_batch(7)])
     assert report["steps"] == 7 and report["levels"] == ["dimension", "head", "layer"]
     assert report["binary_sparsity"] >= 0.4
+    assert report["binary_sparsity"] <= 0.4 + 0.005  # the budget-aware selection, default tolerance
     placeholder = report["fused"]["placeholder_params"]
     assert report["counted_weights"] - placeholder == report["binary_size"]
     agreement = report["fused"]["masked_vs_fused"]
@@ -245,3 +246,16 @@ def test_recipe_end_to_end(tmp_path, tiny_bert_dir, name):
     else:
         assert 0.0 <= agreement["prediction_agreement"] <= 1.0
     print(name, {k: stage[k] for k in ("binary_sparsity", "achieved_sparsity", "levels")}, agreement)
+
+
+@pytest.mark.slow
+def test_layer_masks_land_within_the_tolerance(tmp_path, tiny_bert_dir):
+    """With block gates (z_MHA, z_FFN) the budget-aware selection keeps the result in [ratio, ratio + tolerance]."""
+    raw = _shrink(yaml.safe_load((RECIPES / "sp3-bert.yaml").read_text()), tiny_bert_dir)
+    raw["stages"][2]["args"]["layer"] = True
+    raw["target"]["tolerance"] = 0.01
+    report = slimkit.run(validate(raw, "sp3-bert"), tmp_path / "run").report.as_json()
+    stage = report["stages"]["mask_train_encoder"]
+    assert stage["levels"] == ["dimension", "head", "layer"]
+    assert 0.5 <= stage["binary_sparsity"] <= 0.5 + 0.01
+    assert stage["fused"]["masked_vs_fused"]["prediction_agreement"] == 1.0

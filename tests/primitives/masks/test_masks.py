@@ -321,6 +321,24 @@ def test_binarize_only_touches_active_levels_and_rejects_unreachable_targets():
         binarize(only_ffn, shape, 0.9, residual="none")
 
 
+def test_selection_reaches_the_target_without_the_overshoot_of_a_block_gate():
+    """A block gate crossing the threshold removes a whole block; the selection keeps it, removes smaller units."""
+    shape = MaskShape.from_view(ModelView(tiny_bert()))
+    masks = MaskSet(shape, seed=0, init_std=2.0)
+    scores = masks.scores()
+    scores.mha = [torch.full_like(t, -10.0) for t in scores.mha]  # both attention blocks score lowest
+    target, tolerance = 0.2, 0.01
+    plain = binarize(scores, shape, target)
+    selected = binarize(scores, shape, target, tolerance=tolerance)
+    assert plain.sparsity > target + 0.05  # the threshold alone overshoots
+    assert target <= selected.sparsity <= target + tolerance
+    assert selected.size == pruned_count(tiny_bert(), selected.masks, include_bias=False)
+    assert sum(float(z) for z in selected.masks.mha) == 1.0  # one block removed, the other kept
+    # a target the threshold already lands within tolerance: the same sparsity band
+    again = binarize(masks.scores(), shape, 0.6, tolerance=0.05)
+    assert 0.6 <= again.sparsity <= 0.65
+
+
 # -- schedule ----------------------------------------------------------------------------------------------
 
 
