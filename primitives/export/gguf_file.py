@@ -1,6 +1,8 @@
 """Write a compressed Llama-family decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
 
-Uniform and per-layer widths, low-rank pairs and optional biases; what has no exact GGUF form is refused in one line.
+Uniform and per-layer widths, low-rank pairs and optional biases; layers whose attention or MLP block was removed
+(:mod:`slimkit.primitives.blocks`) as llama.cpp ``deci`` layers with zero heads or zero feed-forward width, which its
+graph skips. What has no exact GGUF form is refused in one line.
 The file is put in place in one step and never silently replaces another's file.
 
 Method note: docs/methods/export-gguf.md.
@@ -205,7 +207,7 @@ def _encode(
     return gguf.quants.quantize(array, qtype), qtype
 
 
-def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name: str) -> None:
+def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name: str, architecture: str) -> None:
     config = model.config
     widths = dense.layer_widths
     head_dim = widths[0]["head_dim"]
@@ -213,7 +215,7 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_block_count(len(widths))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(dense.hidden_size)
-    if dense.uniform:
+    if architecture != "deci":
         writer.add_feed_forward_length(widths[0]["intermediate_size"])
         writer.add_head_count(widths[0]["num_attention_heads"])
         writer.add_head_count_kv(widths[0]["num_key_value_heads"])
@@ -280,7 +282,9 @@ def write_gguf(
     warnings = check_exportable(model)
     dense = dense_tensors(model)
     widths = dense.layer_widths
-    architecture = gguf_architecture(model.config.model_type, dense.uniform)
+    # A removed block is a zero in deci's per-layer head / feed-forward arrays, which llama.cpp's deci graph skips.
+    removed = any(w["num_attention_heads"] == 0 or w["intermediate_size"] == 0 for w in widths)
+    architecture = gguf_architecture(model.config.model_type, dense.uniform and not removed)
     permute = architecture in ("llama", "deci")  # qwen2/qwen3 use llama.cpp's NEOX RoPE: Hugging Face's layout
     vocab = vocabulary(tokenizer, int(dense.tensors["model.embed_tokens.weight"].shape[0]))
     if vocab.warning:
@@ -290,7 +294,7 @@ def write_gguf(
     fallbacks: list[str] = []
     writer = gguf.GGUFWriter(staging, architecture, use_temp_file=True)
     try:
-        _metadata(writer, model, dense, name or target.stem)
+        _metadata(writer, model, dense, name or target.stem, architecture)
         writer.add_file_type(_FILE_TYPES[type])
         vocab.add_to(writer)
         scaling = _rope_scaling(model.config)
