@@ -38,6 +38,7 @@ def test_count_removes_that_many_blocks_reports_each_and_reloads(tmp_path, tiny_
         torch.testing.assert_close(loaded(ids).logits, result.model(ids).logits, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_without_count_or_ratio_it_solves_the_target(tiny_llama_dir):
     # 10.5% of 58,848 is 6,179 (tolerance 294): one attention block (6,192) lands it, no MLP block fits.
     stages = [{"stage": "remove_blocks"}]

@@ -18,7 +18,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make i
 
 
 def _without_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    remove_block(model, Block(0, "attention"))  # the first layer: llama.cpp's positions must not depend on it
+    remove_block(model, Block(0, "attention"))  # the first layer: written as one zero head (llama.cpp needs one)
     remove_block(model, Block(1, "mlp"))
     remove_block(model, Block(3, "attention"))
     remove_block(model, Block(3, "mlp"))  # a whole layer
@@ -34,9 +34,18 @@ def test_attention_free_and_mlp_free_layers_are_deci_and_llamacpp_matches(tmp_pa
     path = tmp_path / "blocks.gguf"
     result = export(model, path, "gguf", type, tokenizer=bpe_tokenizer())
     assert result.architecture == "deci"
-    assert list(_field(path, "deci.attention.head_count")) == [0, 6, 6, 0, 6]
-    assert list(_field(path, "deci.attention.head_count_kv")) == [0, 2, 2, 0, 2]
-    assert list(_field(path, "deci.feed_forward_length")) == [64, 0, 32, 0, 64]
+    assert list(_field(path, "deci.attention.head_count")) == [1, 6, 6, 0, 6]
+    assert list(_field(path, "deci.attention.head_count_kv")) == [1, 2, 2, 0, 2]
+    assert any(
+        w.startswith("layer 0's attention block was removed: written as one attention head") for w in result.warnings
+    )
+    assert result.added_params == (4 * 48 * 8 + 48) + (3 * 48 + 48)
+    # layer 1 keeps its attention: its removed MLP is written as a zero feed-forward of width 1 (llama.cpp's deci
+    # graph drops the attention output of a layer with feed-forward length 0); layer 3 has neither block
+    assert list(_field(path, "deci.feed_forward_length")) == [64, 1, 32, 0, 64]
+    assert any(
+        w.startswith("the MLP blocks of layers 1 were removed: written as feed-forwards") for w in result.warnings
+    )
     assert_llamacpp_matches(model, path, type)
 
 
