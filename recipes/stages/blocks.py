@@ -115,6 +115,13 @@ def remove_blocks(ctx: Context, args: RemoveBlocksArgs) -> None:
     elif args.count is None:
         wanted, slack = ctx.params_to_remove(), round(target.tolerance * dense)
         limit, enough = wanted + slack, max(0, wanted - slack)
+    def progress(step: SearchStep) -> None:
+        advance(1)
+        ctx.tracker.log(
+            f"remove_blocks: {step.block} ({step.params:,} parameters) -> calibration perplexity "
+            f"{step.perplexity:.2f} ({step.tried} tried)"
+        )
+
     with ctx.tracker.task("remove_blocks", args.count) as advance:
         result = search_blocks(
             ctx.model,
@@ -125,7 +132,7 @@ def remove_blocks(ctx: Context, args: RemoveBlocksArgs) -> None:
             limit=limit,
             enough=enough,
             part=target.part,
-            progress=lambda _step: advance(1),
+            progress=progress,
         )
     if not result.steps:
         ctx.notes.append(f"remove_blocks: no {' or '.join(args.kinds)} block fits in {limit} parameters; none removed")
