@@ -115,6 +115,7 @@ def remove_blocks(ctx: Context, args: RemoveBlocksArgs) -> None:
     elif args.count is None:
         wanted, slack = ctx.params_to_remove(), round(target.tolerance * dense)
         limit, enough = wanted + slack, max(0, wanted - slack)
+
     def progress(step: SearchStep) -> None:
         advance(1)
         ctx.tracker.log(
