@@ -108,6 +108,16 @@ def stage_memory(
         if name == "distill":
             memory.parts["teacher"] = weights_bytes(shape, dtype_bytes)
         return memory
+    if name == "remove_blocks":  # the inputs of every layer, kept for the search (primitives/blocks/search.py)
+        batches = getattr(args, "batches", None)
+        samples = calibration.samples if calibration is not None else 1
+        if batches is not None and calibration is not None:
+            samples = min(samples, batches * calibration.batch_size)
+        seq_len = calibration.seq_len if calibration is not None else 1
+        memory = StageMemory(name, advice=f"{LAYERWISE_ADVICE}, or set remove_blocks' batches")
+        memory.parts["layer inputs"] = (shape.layers + 1) * layer_input_bytes(shape, samples, seq_len, dtype_bytes) // 2
+        memory.parts["activations"] = forward_activation_bytes(shape, tokens, dtype_bytes)
+        return memory
     if name in ("pca_project", "pca_project_post"):
         samples = calibration.samples if calibration is not None else 1
         seq_len = calibration.seq_len if calibration is not None else 1

@@ -110,6 +110,12 @@ def check_export_model(recipe: Recipe, model: Any) -> None:
             )
 
 
+def check_stage_models(recipe: Recipe, model: Any) -> None:
+    """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), before calibration."""
+    for spec in recipe.flat_stages():
+        spec.parsed_args().check_model(model)
+
+
 def check_calibration_length(recipe: Recipe, model: Any) -> None:
     """Refuse, before calibrating, a ``calibration.seq_len`` longer than the model's positions
     (its config's ``max_position_embeddings``, when it has one)."""

@@ -122,6 +122,7 @@ def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptio
     if tokenizer is None:
         raise SlimkitError(f"model source '{source['name']}' has no tokenizer")
     preflight.check_export_model(recipe, model)
+    preflight.check_stage_models(recipe, model)
     preflight.check_calibration_length(recipe, model)
     if options.evaluate:
         preflight.check_eval_model(recipe, model)

@@ -17,11 +17,13 @@ Besides its fields, a stage's argument model says what the recipe checks need be
 * :meth:`~StageArgs.layer_grams` and :meth:`~StageArgs.dense_targets`: what a layer stage reads from the block's
   statistics pass (see :mod:`slimkit.recipes.layerwise`).
 * :meth:`~StageArgs.needs_calibration`, :meth:`~StageArgs.needs_task`: the data the stage reads.
+* :meth:`~StageArgs.check_model`: what only the loaded model decides (its architecture, its layer count), refused
+  in one line after loading and before calibration.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from slimkit.recipes.schema import Strict
 
@@ -71,6 +73,11 @@ class StageArgs(Strict):
     def needs_task(self) -> bool:
         """Whether the stage works on a GLUE task model (the recipe must name its ``task``)."""
         return False
+
+    def check_model(self, model: Any) -> None:
+        """Raise :class:`~slimkit.primitives.errors.SlimkitError` (one line) when the loaded model cannot take these
+        arguments; called after loading, before calibration (the default accepts every model)."""
+        return None
 
 
 __all__ = ["ALL_ROLES", "NO_ROLES", "BudgetMode", "StageArgs"]

@@ -50,6 +50,10 @@ class ArchSpec:
     every head), relative to the layer; None when the model has none."""
     k_norm: str | None = None
     """Per-head norm on the keys after the projection (Qwen3), relative to the layer."""
+    mlp: str | None = None
+    """The MLP as one module of the layer (``mlp`` in the Llama family), relative to the layer; None when its
+    projections sit in the layer itself (OPT, BERT). Whole sub-blocks are removable only where it is set and the
+    norms are pre-norms (:func:`removable_blocks`)."""
 
     @property
     def mlp_kind(self) -> MLPKind:
@@ -80,6 +84,7 @@ _LLAMA = ArchSpec(
     up="mlp.up_proj",
     gate="mlp.gate_proj",
     down="mlp.down_proj",
+    mlp="mlp",
     attn_norm="input_layernorm",
     mlp_norm="post_attention_layernorm",
     norm_kind="rmsnorm",
@@ -148,6 +153,19 @@ _BERT = ArchSpec(
 _MISTRAL = replace(_LLAMA, model_type="mistral")
 _QWEN2 = replace(_LLAMA, model_type="qwen2")
 _QWEN3 = replace(_LLAMA, model_type="qwen3", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+
+
+def removable_blocks(spec: ArchSpec) -> str | None:
+    """None when whole attention and MLP blocks of ``spec``'s layers can be removed, else why not (one phrase).
+
+    A removed block must add nothing to the residual stream: true of a pre-norm layer (``h + block(norm(h))``),
+    not of a post-norm one, whose norm acts on the sum; the MLP must be one module to stand in for."""
+    if spec.norm_placement != "pre":
+        return f"{spec.model_type} layers normalise after the residual sum (post-norm), so no block can be skipped"
+    if spec.mlp is None:
+        return f"{spec.model_type} layers hold their MLP projections directly (no MLP module to stand in for)"
+    return None
+
 
 ARCH_SPECS: dict[str, ArchSpec] = {
     "llama": _LLAMA,

@@ -14,12 +14,18 @@ from typing import Literal
 
 from torch import nn
 
+from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 from slimkit.primitives.arch.support import unsupported_message
 from slimkit.primitives.errors import SlimkitError
 
 LinearRole = Literal["q", "k", "v", "o", "up", "gate", "down"]
 LINEAR_ROLES: tuple[LinearRole, ...] = ("q", "k", "v", "o", "up", "gate", "down")
+BLOCK_ROLES: dict[BlockKind, tuple[LinearRole, ...]] = {
+    "attention": ("q", "k", "v", "o"),
+    "mlp": ("gate", "up", "down"),
+}
+"""The projections each sub-block holds (gone when the block is removed)."""
 
 # Attributes that attention implementations read at run time, and how each follows from the
 # per-layer head counts. An attention module gets whichever of these it already has.
@@ -70,7 +76,24 @@ class LayerView:
 
     @property
     def roles(self) -> tuple[LinearRole, ...]:
-        return tuple(r for r in LINEAR_ROLES if getattr(self.spec, r) is not None)
+        """The projections the layer has (those of a removed sub-block are gone)."""
+        gone = {role for kind in self.removed_blocks for role in BLOCK_ROLES[kind]}
+        return tuple(r for r in LINEAR_ROLES if getattr(self.spec, r) is not None and r not in gone)
+
+    # -- removed sub-blocks (primitives/arch/removed.py) --------------------------------------
+    @property
+    def attention_removed(self) -> bool:
+        return isinstance(self.attention, RemovedAttention)
+
+    @property
+    def mlp_removed(self) -> bool:
+        return self.spec.mlp is not None and isinstance(_get(self.module, self.spec.mlp), RemovedMLP)
+
+    @property
+    def removed_blocks(self) -> tuple[BlockKind, ...]:
+        """The sub-blocks of this layer that were removed (``attention``, ``mlp``)."""
+        flags = {"attention": self.attention_removed, "mlp": self.mlp_removed}
+        return tuple(kind for kind in BLOCK_KINDS if flags[kind])
 
     @property
     def attention(self) -> nn.Module:
@@ -86,13 +109,13 @@ class LayerView:
 
     @property
     def q_norm(self) -> nn.Module | None:
-        """The per-head query norm over ``head_dim`` (Qwen3), or None."""
-        return None if self.spec.q_norm is None else _get(self.module, self.spec.q_norm)
+        """The per-head query norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed)."""
+        return None if self.spec.q_norm is None or self.attention_removed else _get(self.module, self.spec.q_norm)
 
     @property
     def k_norm(self) -> nn.Module | None:
-        """The per-head key norm over ``head_dim`` (Qwen3), or None."""
-        return None if self.spec.k_norm is None else _get(self.module, self.spec.k_norm)
+        """The per-head key norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed)."""
+        return None if self.spec.k_norm is None or self.attention_removed else _get(self.module, self.spec.k_norm)
 
     @property
     def mlp_kind(self) -> str:
@@ -110,15 +133,17 @@ class LayerView:
 
     @property
     def num_heads(self) -> int:
-        return out_features(self.linear("q")) // self.head_dim
+        """Query heads (0 when the attention block was removed)."""
+        return 0 if self.attention_removed else out_features(self.linear("q")) // self.head_dim
 
     @property
     def num_kv_heads(self) -> int:
-        return out_features(self.linear("k")) // self.head_dim
+        return 0 if self.attention_removed else out_features(self.linear("k")) // self.head_dim
 
     @property
     def mlp_width(self) -> int:
-        return out_features(self.linear("up"))
+        """MLP channels (0 when the MLP block was removed)."""
+        return 0 if self.mlp_removed else out_features(self.linear("up"))
 
     @property
     def rope(self) -> bool:
@@ -134,6 +159,8 @@ class LayerView:
 
     def sync_head_counts(self) -> None:
         """Update the attention module's run-time head attributes from its projection shapes."""
+        if self.attention_removed:
+            return
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if kv == 0 or h % kv:
             raise ValueError(f"layer {self.index}: {h} query heads cannot be grouped over {kv} KV heads")

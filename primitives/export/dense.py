@@ -77,7 +77,7 @@ def _refuse_structures(model: nn.Module, view: ModelView, allowed_hosts: set[str
             "(its residual stream has one basis); run SP3 with one layer group (group_size: all) for an exportable "
             "model, or serve it with slimkit.load"
         )
-    sizes = {layer_hidden_size(layer) for layer in view.layers}
+    sizes = {layer_hidden_size(layer, view.hidden_size) for layer in view.layers}
     if sizes != {view.hidden_size}:
         raise SlimkitError(
             f"per-layer hidden sizes {sorted(sizes)} (embeddings {view.hidden_size}) cannot be expressed by a dense "

@@ -1,6 +1,8 @@
 """Write a compressed Llama-family decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
 
-Uniform and per-layer widths, low-rank pairs and optional biases; what has no exact GGUF form is refused in one line.
+Uniform and per-layer widths, low-rank pairs and optional biases; layers whose attention or MLP block was removed
+(:mod:`slimkit.primitives.blocks`) as llama.cpp ``deci`` layers with zero heads or zero feed-forward width, which its
+graph skips. What has no exact GGUF form is refused in one line.
 The file is put in place in one step and never silently replaces another's file.
 
 Method note: docs/methods/export-gguf.md.
@@ -205,7 +207,7 @@ def _encode(
     return gguf.quants.quantize(array, qtype), qtype
 
 
-def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name: str) -> None:
+def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name: str, architecture: str) -> None:
     config = model.config
     widths = dense.layer_widths
     head_dim = widths[0]["head_dim"]
@@ -213,7 +215,7 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_block_count(len(widths))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(dense.hidden_size)
-    if dense.uniform:
+    if architecture != "deci":
         writer.add_feed_forward_length(widths[0]["intermediate_size"])
         writer.add_head_count(widths[0]["num_attention_heads"])
         writer.add_head_count_kv(widths[0]["num_key_value_heads"])
@@ -231,6 +233,62 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
         writer.add_rope_scaling_factor(float(scaling["factor"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
+
+
+def zero_first_attention(dense: DenseModel) -> str:
+    """Give layer 0, whose attention block was removed, one attention head with zero weights; returns the note.
+
+    llama.cpp reads the head width (``key_length``) only when layer 0 has heads, and a deci file whose first layer
+    has none does not load ("tensor 'blk.1.attn_q.weight' has wrong shape"). One head whose value and output
+    projections are zero adds exactly nothing to the residual stream (uniform attention over zero values), so the
+    logits are unchanged; it costs ``4 x hidden x head_dim + hidden`` parameters in the file."""
+    widths = dense.layer_widths[0]
+    hidden, head_dim = dense.hidden_size, widths["head_dim"]
+    prefix = "model.layers.0."
+    placeholder = {
+        "input_layernorm.weight": torch.ones(hidden),
+        "self_attn.q_proj.weight": torch.zeros(head_dim, hidden),
+        "self_attn.k_proj.weight": torch.zeros(head_dim, hidden),
+        "self_attn.v_proj.weight": torch.zeros(head_dim, hidden),
+        "self_attn.o_proj.weight": torch.zeros(hidden, head_dim),
+    }
+    for name, tensor in placeholder.items():
+        dense.tensors[prefix + name] = tensor
+    dense.layer_widths[0] = {**widths, "num_attention_heads": 1, "num_key_value_heads": 1}
+    added = sum(tensor.numel() for tensor in placeholder.values())
+    dense.added_params += added
+    return (
+        f"layer 0's attention block was removed: written as one attention head with zero weights ({added} "
+        "parameters), since llama.cpp cannot load a first layer without heads; it adds nothing to the output"
+    )
+
+
+def zero_feed_forwards(dense: DenseModel, layers: list[int]) -> str:
+    """Give ``layers``, whose MLP block was removed, a feed-forward of width 1 with zero weights; returns the note.
+
+    llama.cpp's deci graph skips a layer with ``feed_forward_length`` 0 by leaving the loop before the layer's result
+    becomes the next layer's input, which drops the layer's attention output (measured: the logits then equal those
+    of the model without that attention) and, in the last layer, aborts. A zero FFN adds exactly nothing and keeps
+    the attention. A layer without attention and without MLP (not the last) keeps width 0: nothing is dropped."""
+    hidden = dense.hidden_size
+    added = 0
+    for index in layers:
+        placeholder = {
+            "post_attention_layernorm.weight": torch.ones(hidden),
+            "mlp.gate_proj.weight": torch.zeros(1, hidden),
+            "mlp.up_proj.weight": torch.zeros(1, hidden),
+            "mlp.down_proj.weight": torch.zeros(hidden, 1),
+        }
+        for name, tensor in placeholder.items():
+            dense.tensors[f"model.layers.{index}.{name}"] = tensor
+        dense.layer_widths[index] = {**dense.layer_widths[index], "intermediate_size": 1}
+        added += sum(tensor.numel() for tensor in placeholder.values())
+    dense.added_params += added
+    return (
+        f"the MLP blocks of layers {', '.join(map(str, layers))} were removed: written as feed-forwards of width 1 "
+        f"with zero weights ({added} parameters), since llama.cpp's deci graph drops the attention output of a layer "
+        "with feed-forward length 0; they add nothing to the output"
+    )
 
 
 def place_file(staging: Path, target: Path, replace: bool) -> None:
@@ -280,8 +338,17 @@ def write_gguf(
     warnings = check_exportable(model)
     dense = dense_tensors(model)
     widths = dense.layer_widths
-    architecture = gguf_architecture(model.config.model_type, dense.uniform)
+    # A removed block is a zero in deci's per-layer head / feed-forward arrays, which llama.cpp's deci graph skips.
+    removed = any(w["num_attention_heads"] == 0 or w["intermediate_size"] == 0 for w in widths)
+    architecture = gguf_architecture(model.config.model_type, dense.uniform and not removed)
     permute = architecture in ("llama", "deci")  # qwen2/qwen3 use llama.cpp's NEOX RoPE: Hugging Face's layout
+    if widths[0]["num_attention_heads"] == 0:
+        warnings.append(zero_first_attention(dense))
+    last = len(widths) - 1
+    ffn_free = [i for i, w in enumerate(widths) if w["intermediate_size"] == 0]
+    kept = [i for i in ffn_free if widths[i]["num_attention_heads"] > 0 or i == last]
+    if kept:
+        warnings.append(zero_feed_forwards(dense, kept))
     vocab = vocabulary(tokenizer, int(dense.tensors["model.embed_tokens.weight"].shape[0]))
     if vocab.warning:
         warnings.append(vocab.warning)
@@ -290,7 +357,7 @@ def write_gguf(
     fallbacks: list[str] = []
     writer = gguf.GGUFWriter(staging, architecture, use_temp_file=True)
     try:
-        _metadata(writer, model, dense, name or target.stem)
+        _metadata(writer, model, dense, name or target.stem, architecture)
         writer.add_file_type(_FILE_TYPES[type])
         vocab.add_to(writer)
         scaling = _rope_scaling(model.config)
@@ -342,4 +409,6 @@ __all__ = [
     "llama3_rope_factors",
     "rope_permute",
     "write_gguf",
+    "zero_feed_forwards",
+    "zero_first_attention",
 ]

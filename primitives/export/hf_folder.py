@@ -5,7 +5,8 @@ slimkit-specific: ``AutoModelForCausalLM.from_pretrained(folder)`` builds the sa
 possible when every layer has the same widths and nothing is left that a Hugging Face config cannot
 describe; low-rank pairs and the embedding / final-norm output maps are merged exactly first (see
 :mod:`.dense`, which refuses residual matrices). Per-layer widths are refused in one line pointing
-to ``--format gguf`` (llama.cpp's ``deci`` reads them) and ``slimkit.load``.
+to ``--format gguf`` (llama.cpp's ``deci`` reads them) and ``slimkit.load``; so are removed attention or MLP
+blocks (:mod:`slimkit.primitives.blocks`): a Hugging Face config has no layer without one.
 
 The model is rebuilt from the new config on the meta device and its weights assigned from the
 dense tensors, so the caller's model is never modified. The written folder is checked before it is
@@ -31,10 +32,12 @@ import torch
 import transformers
 from torch import nn
 
+from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import dense_tensors
 from slimkit.primitives.files.atomic import staging_dir, swap_in
+from slimkit.primitives.io.compat import removed_blocks_phrase
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 EXPORT_MARKER = ".slimkit-export.json"
@@ -74,6 +77,14 @@ def check_replaceable_export(folder: Path) -> None:
             f"--out {folder} holds {other[0]}, which slimkit export did not write; --force replaces only a folder "
             "holding nothing but an earlier export"
         )
+
+
+def removed_blocks_refusal(removed: dict[str, list[int]]) -> str:
+    """Why a model with removed sub-blocks (layers by kind) is no plain Hugging Face folder, in one line."""
+    return (
+        f"{removed_blocks_phrase(removed)}: a Hugging Face config has no layer without attention or without an MLP; "
+        "use --format gguf (llama.cpp's deci architecture skips them) or slimkit.load"
+    )
 
 
 @dataclass
@@ -131,6 +142,11 @@ def write_hf(
         raise SlimkitError(
             f"--format hf writes decoders of types {', '.join(HF_MODEL_TYPES)}; this model is '{model_type}'"
         )
+    removed: dict[str, list[int]] = {}
+    for block in removed_blocks(model):
+        removed.setdefault(block.kind, []).append(block.layer)
+    if removed:
+        raise SlimkitError(removed_blocks_refusal(removed))
     dense = dense_tensors(model)
     if not dense.uniform:
         varying = sorted({k for w in dense.layer_widths for k in w if w[k] != dense.layer_widths[0][k]})
@@ -206,6 +222,7 @@ __all__ = [
     "HfResult",
     "check_replaceable_export",
     "plain_config",
+    "removed_blocks_refusal",
     "write_hf",
     "write_marker",
 ]

@@ -14,7 +14,8 @@ from typing import Any
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.gguf_file import gguf_architecture
-from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES
+from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, removed_blocks_refusal
+from slimkit.primitives.io.compat import removed_block_layers
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,11 @@ def export_verdicts(
             verdicts.append(ExportVerdict(f"gguf {architecture}", True, f"per-layer {', '.join(varying)}{suffix}"))
         else:
             verdicts.append(ExportVerdict(f"gguf {architecture}", True, f"uniform widths{suffix}"))
+    removed = removed_block_layers(per_layer)
     if model_type not in HF_MODEL_TYPES:
         verdicts.append(ExportVerdict("hf", False, f"--format hf writes {', '.join(HF_MODEL_TYPES)} models"))
+    elif removed:
+        verdicts.append(ExportVerdict("hf", False, removed_blocks_refusal(removed)))
     elif blocking:
         verdicts.append(ExportVerdict("hf", False, blocking))
     elif varying:

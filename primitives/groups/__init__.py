@@ -202,19 +202,36 @@ _LAYER_BUILDERS = {
 }
 
 
+GROUP_BLOCK = {
+    "mlp_channel": "mlp",
+    "attention_head": "attention",
+    "kv_group": "attention",
+    "qk_dim": "attention",
+    "vo_dim": "attention",
+}
+"""The sub-block each layer group kind lives in: a layer whose block was removed has no groups of that kind."""
+
+
 def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -> list[Group]:
-    """Groups of ``kind`` from the model's :class:`ModelView` (all layers unless ``layers`` is given)."""
+    """Groups of ``kind`` from the model's :class:`ModelView` (all layers unless ``layers`` is given).
+
+    Layers whose sub-block of that kind was removed (:mod:`slimkit.primitives.blocks`) have nothing left to
+    remove and give no group."""
     view = ModelView(model)
     if kind == "hidden_feature":
         return [hidden_feature_group(view)]
     if kind not in _LAYER_BUILDERS:
         raise ValueError(f"unknown group kind '{kind}'; allowed: {', '.join(GROUP_KINDS)}")
     indices = range(view.num_layers) if layers is None else layers
-    return [_LAYER_BUILDERS[kind](view, view.layer(i)) for i in indices]
+    chosen = [view.layer(i) for i in indices]
+    return [_LAYER_BUILDERS[kind](view, layer) for layer in chosen if GROUP_BLOCK[kind] not in layer.removed_blocks]
 
 
 def layer_group(model: nn.Module, kind: str, layer: int) -> Group:
-    return build_groups(model, kind, [layer])[0]
+    groups = build_groups(model, kind, [layer])
+    if not groups:
+        raise SlimkitError(f"layer {layer} has no {kind} units: its {GROUP_BLOCK[kind]} block was removed")
+    return groups[0]
 
 
-__all__ = ["GROUP_KINDS", "Group", "Member", "build_groups", "layer_group"]
+__all__ = ["GROUP_BLOCK", "GROUP_KINDS", "Group", "Member", "build_groups", "layer_group"]

@@ -29,12 +29,41 @@ _KIND_WORDS = {
 }
 
 
+def removed_block_layers(per_layer: dict[str, Any] | None) -> dict[str, list[int]]:
+    """The layers whose attention or MLP block ``per_layer_config`` records as removed (zero query heads, zero MLP
+    width; see :mod:`slimkit.primitives.blocks`), by kind; empty when none."""
+    found: dict[str, list[int]] = {}
+    for index, widths in per_layer.items() if isinstance(per_layer, dict) else ():
+        if not isinstance(widths, dict) or not str(index).isdigit():
+            continue  # a malformed entry: the loader's own checks name it
+        if widths.get("num_attention_heads") == 0:
+            found.setdefault("attention", []).append(int(index))
+        if widths.get("intermediate_size") == 0 or widths.get("ffn_dim") == 0:
+            found.setdefault("mlp", []).append(int(index))
+    return {kind: sorted(layers) for kind, layers in found.items()}
+
+
+def removed_blocks_phrase(removed: dict[str, list[int]]) -> str:
+    """``"attention blocks of layers 3, 7 and the MLP block of layer 12 removed"`` for :func:`removed_block_layers`."""
+    parts = []
+    for kind, layers in removed.items():
+        name = "attention" if kind == "attention" else "MLP"
+        plural = len(layers) > 1
+        parts.append(
+            f"the {name} block{'s' if plural else ''} of layer{'s' if plural else ''} {', '.join(map(str, layers))}"
+        )
+    return " and ".join(parts) + " removed"
+
+
 def structure_reasons(per_layer: dict[str, Any] | None, modules: list[dict[str, Any]] | None) -> list[str]:
     """Why stock transformers cannot build the model exactly (empty: it can), in words."""
     reasons = []
     for kind, count in Counter(entry.get("kind", "?") for entry in modules or []).items():
         word = _KIND_WORDS.get(kind, f"'{kind}' module")
         reasons.append(f"{count} {word}{'' if count == 1 else 's'}")
+    removed = removed_block_layers(per_layer)
+    if removed:
+        reasons.append(removed_blocks_phrase(removed))
     if per_layer:
         keys = sorted({key for widths in per_layer.values() for key in widths})
         varying = [k for k in keys if len({str(widths.get(k)) for widths in per_layer.values()}) > 1]
@@ -86,6 +115,8 @@ __all__ = [
     "SLIMKIT_MODEL_TYPE",
     "is_marked",
     "mark_config",
+    "removed_block_layers",
+    "removed_blocks_phrase",
     "structure_reasons",
     "unmark_config",
 ]

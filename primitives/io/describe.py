@@ -312,7 +312,7 @@ def describe_model(model: nn.Module, folder: str | os.PathLike | None = None, na
             "kv_heads": layer.num_kv_heads,
             "head_dim": layer.head_dim,
             "mlp_width": layer.mlp_width,
-            "hidden": layer_hidden_size(layer),
+            "hidden": layer_hidden_size(layer, view.hidden_size),
             "parameters": layer.num_params(),
         }
         for layer in view.layers

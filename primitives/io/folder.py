@@ -36,7 +36,7 @@ from safetensors import SafetensorError, safe_open
 from slimkit.primitives.arch import ARCH_SPECS, check_supported
 from slimkit.primitives.arch.support import check_no_custom_code, task_of
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.io.compat import unmark_config
+from slimkit.primitives.io.compat import removed_block_layers, unmark_config
 
 MAX_JSON_BYTES = 64 << 20
 """The largest JSON file of a model folder slimkit reads (a config is a few KiB; chat templates make more)."""
@@ -308,7 +308,11 @@ def _check_sizes(folder: ModelFolder, config: dict[str, Any]) -> None:
     if spec is None or not isinstance(layers, int):
         return
     pattern = re.compile(rf"(?:^|\.){re.escape(spec.layers)}\.(\d+)\.")
-    held = sorted({int(match[1]) for key in folder.shapes if (match := pattern.search(key))})
+    held = {int(match[1]) for key in folder.shapes if (match := pattern.search(key))}
+    # A layer whose attention and MLP blocks were both removed holds no tensor (primitives/blocks).
+    removed = removed_block_layers(config.get("per_layer_config"))
+    empty = set(removed.get("attention", ())) & set(removed.get("mlp", ()))
+    held = sorted(held | {index for index in empty if index < layers})
     if len(held) != layers or held != list(range(len(held))):
         what = f"layers {held[0]}-{held[-1]}" if held and held == list(range(held[0], held[-1] + 1)) else None
         what = what or (f"layers {', '.join(map(str, held[:8]))}" if held else "no layers")

@@ -5,7 +5,9 @@ original ``model_type`` and ``architectures`` back first. A folder that is not m
 ``per_layer_config`` and no manifest modules goes through the model class's own
 ``from_pretrained``. Otherwise (marked folders, and folders saved before the mark existed) the
 model is built from the global config, the manifest's modules are put in place (low-rank pairs;
-RMSNorms that replaced LayerNorms), every module whose saved parameters differ in shape (or that
+RMSNorms that replaced LayerNorms), the sub-blocks ``per_layer_config`` records as removed (zero query heads:
+the attention block; zero MLP width: the MLP block; see :mod:`slimkit.primitives.blocks`) are replaced by their
+stand-ins, every module whose saved parameters differ in shape (or that
 gains a saved bias, e.g. a head that took a LayerNorm's β) is given a module of the saved shape
 (shape-driven materialisation, so no architecture's forward pass is copied), the manifest's
 residual / basis-change matrices are attached with their hooks, each layer's attention head
@@ -36,6 +38,7 @@ import transformers
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
 from slimkit.primitives.io.folder import ModelFolder, check_model_folder, read_json_object
@@ -290,7 +293,7 @@ def _check_widths(folder: ModelFolder, model: nn.Module, per_layer: dict[str, di
     view = ModelView(model)
     for index, expected in per_layer.items():
         layer = view.layer(int(index))
-        actual = {**layer.widths(), "hidden_size": layer_hidden_size(layer)}
+        actual = {**layer.widths(), "hidden_size": layer_hidden_size(layer, view.hidden_size)}
         wrong = [f"{k} {v} (the weights give {actual.get(k)})" for k, v in expected.items() if actual.get(k) != v]
         if wrong:
             raise SlimkitError(
@@ -396,6 +399,7 @@ def load(
         _check_shapes(folder, model, config_dict, hint=_SHAPE_HINT)
     else:
         per_layer = _check_per_layer(folder, per_layer, ModelView(model).num_layers)
+        restore_removed_blocks(model, per_layer)  # zero heads / zero MLP width: the block was removed
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
     _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))

@@ -50,9 +50,14 @@ def config_accepts(config_class: type, values: dict[str, Any]) -> bool:
     return True
 
 
-def layer_hidden_size(layer: LayerView) -> int:
-    """The hidden width a layer works in: its q projection's input width."""
-    return int(layer.linear("q").in_features)
+def layer_hidden_size(layer: LayerView, stream: int) -> int:
+    """The hidden width a layer works in: the input width of the first projection it has that reads the residual
+    stream (q, or up once its attention block was removed); ``stream`` (the residual stream's width) for a layer
+    whose attention and MLP blocks were both removed (it passes the stream on unchanged)."""
+    for role in ("q", "up"):
+        if role in layer.roles:
+            return int(layer.linear(role).in_features)
+    return stream
 
 
 def _rebuilds(model: nn.Module, values: dict[str, Any]) -> bool:
@@ -84,7 +89,7 @@ def width_config(model: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, 
     """Global config updates and the ``per_layer_config`` (None when uniform and representable)."""
     view = ModelView(model)
     widths = view.layer_widths()
-    hidden_sizes = [layer_hidden_size(layer) for layer in view.layers]
+    hidden_sizes = [layer_hidden_size(layer, view.hidden_size) for layer in view.layers]
     config_dict = model.config.to_dict()
     hidden = {"hidden_size": view.hidden_size}
     if all(w == widths[0] for w in widths) and all(h == view.hidden_size for h in hidden_sizes):

@@ -2,7 +2,7 @@
 
 ``slimkit stage list`` prints them; each module's docstring describes its stages (``prune``,
 ``prune_layer``, ``lowrank``, ``cce``, ``prunenet``, ``lora``, ``distill``, ``pca_project``, ``pca_project_post``,
-``mask_train``, ``mask_train_encoder``, ``glue_finetune``, ``reconstruct``, ``obs_prune_layer``).
+``mask_train``, ``mask_train_encoder``, ``glue_finetune``, ``reconstruct``, ``obs_prune_layer``, ``remove_blocks``).
 :mod:`.scoring` holds what the pruning stages share (the ``scorer`` argument and the statistics a scorer reads).
 """
 
