@@ -125,3 +125,18 @@ def test_out_of_memory_mid_stage_is_one_line_and_nothing_is_written(
     assert message.startswith(f"0:{'sequential[prune_layer]' if stage == 'prune_layer' else stage} ran out of {where}")
     assert "stats_device: cpu" in message
     assert not out.exists()
+
+
+def test_an_allocation_search_plans_its_dense_log_probs():
+    """A search keeps float32 dense log-probabilities of its held-out batches: batches x tokens x vocabulary x 4."""
+    search = {"groups": ["mlp_channel"], "allocation": {"search": {"holdout_batches": 1}}}
+    calibration = {**CALIBRATION, "samples": 8}
+    for stages in (
+        [{"sequential": [{"stage": "prune_layer", "args": search}]}],
+        [{"stage": "prune_layer", "args": search}],
+    ):
+        recipe = Recipe(**{**_recipe("unused", stages), "calibration": calibration})
+        plan = recipe_memory_plan(recipe, tiny_llama().config, torch.float32)
+        assert plan.stages[0].parts["dense log-probs"] == 1 * 4 * 64 * 300 * 4
+    uniform = Recipe(**_recipe("unused", [{"stage": "prune_layer", "args": {"groups": ["mlp_channel"]}}]))
+    assert "dense log-probs" not in recipe_memory_plan(uniform, tiny_llama().config, torch.float32).stages[0].parts
