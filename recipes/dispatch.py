@@ -7,7 +7,8 @@ A form says how an item runs and matches items by their shape:
   layer-by-layer refit against the reloaded dense model), called once with the item's position;
 * ``layerwise``: a ``sequential`` block (layer by layer, each layer's inputs from the compressed layers before it)
   or a layer stage on its own (inputs from the dense layers), one progress step per layer
-  (:func:`slimkit.recipes.layerwise.run_layerwise`).
+  (:func:`slimkit.recipes.layerwise.run_layerwise`), after the allocation pre-pass of its stages that allocate
+  (:func:`slimkit.recipes.allocation.allocate_block`).
 
 Before each item the one budget's block starts (:meth:`Context.start_block`) with what its fixed-budget stages
 plan to remove; after it, the item's share of the target's part is recorded.
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slimkit.primitives.evaluate.counting import params_by_part
+from slimkit.recipes.allocation import allocate_block
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import run_layerwise
 from slimkit.recipes.progress import Timings
@@ -46,6 +48,7 @@ def _own_top_level(ctx: Context, item: StageSpec, index: int, _label: str) -> No
 
 def _layerwise(ctx: Context, item: StageItem, _index: int, label: str) -> None:
     children, propagate = block_children(item)
+    allocate_block(ctx, children)  # each layer's share, for stages that allocate (recipes/allocation.py)
     with ctx.tracker.task(label, ctx.view.num_layers) as advance:
         run_layerwise(ctx, children, propagate, on_layer=lambda _i: advance(1))
 

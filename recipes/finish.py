@@ -84,6 +84,7 @@ def target_outcome(
         strict=target.strict,
         met=target.met(achieved),
         shares=shares,
+        align=dict(target.align),
     )
 
 

@@ -24,11 +24,12 @@ afterwards (:func:`slimkit.primitives.device.offload.resident`), so the device h
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 
+from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, input_norm_hooks, run_layer
 from slimkit.primitives.device.offload import resident
 from slimkit.primitives.reconstruct.consumer import dense_consumer, paired_pass
@@ -61,6 +62,31 @@ def run_layerwise(
             on_layer(layer.index)
 
 
+def layer_statistics(
+    view: ModelView,
+    layer: LayerView,
+    inputs: LayerInputs,
+    roles: Sequence[str] = (),
+    paired: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    targets: frozenset[str] = frozenset(),
+) -> tuple[dict, list[torch.Tensor]]:
+    """Run ``layer`` on ``inputs`` with hooks: the statistics a layer stage reads (``input_norms`` of every projection,
+    ``dense_consumers`` of ``roles``: the weight and input Gram before any stage changes them, with the paired
+    pass's cross terms for the dense ``targets``; ``tokens``, ``layer_inputs``) and the layer's outputs."""
+    consumers = {role: layer.linear(role) for role in roles}
+    with input_norm_hooks(view.linears([layer])) as accumulators, gram_hooks(consumers) as grams:
+        outputs = run_layer(layer.module, inputs)
+    stats: dict = {"input_norms": {path: acc.norms() for path, acc in accumulators.items()}}
+    if roles:  # the dense layer's consumers, before any stage of the block changes them
+        stats["dense_consumers"] = {
+            role: dense_consumer(module, grams[role], (paired or {}).get(role), role in targets)
+            for role, module in consumers.items()
+        }
+    stats["tokens"] = inputs.tokens
+    stats["layer_inputs"] = inputs
+    return stats, outputs
+
+
 def _compress_layer(
     ctx: Context,
     definitions: list,
@@ -79,23 +105,13 @@ def _compress_layer(
     outputs = None
     dense_outputs = None
     if inputs is not None:
-        modules = ctx.view.linears([layer])
         roles = sorted(frozenset().union(*(a.layer_grams() for _d, a in definitions)))
-        consumers = {role: layer.linear(role) for role in roles}
         targets = sorted(frozenset().union(*(a.dense_targets() for _d, a in definitions)) & set(roles))
         paired: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if dense is not None and targets:
-            paired, dense_outputs = paired_pass(layer.module, {r: consumers[r] for r in targets}, inputs, dense)
-        with input_norm_hooks(modules) as accumulators, gram_hooks(consumers) as grams:
-            outputs = run_layer(layer.module, inputs)
-        stats["input_norms"] = {path: acc.norms() for path, acc in accumulators.items()}
-        if roles:  # the dense layer's consumers, before any stage of the block changes them
-            stats["dense_consumers"] = {
-                role: dense_consumer(module, grams[role], paired.get(role), role in targets)
-                for role, module in consumers.items()
-            }
-        stats["tokens"] = inputs.tokens
-        stats["layer_inputs"] = inputs
+            consumers = {r: layer.linear(r) for r in targets}
+            paired, dense_outputs = paired_pass(layer.module, consumers, inputs, dense)
+        stats, outputs = layer_statistics(ctx.view, layer, inputs, roles, paired, frozenset(targets))
     for position, (definition, args) in enumerate(definitions):
         stats["block"] = {"propagate": propagate, "earlier": [d.name for d, _ in definitions[:position]]}
         definition.fn(ctx, args, ctx.view.layer(index), stats)

@@ -125,7 +125,11 @@ def stage_memory(
         memory.parts["layer inputs"] = layer_input_bytes(shape, samples, seq_len, dtype_bytes)
         memory.parts["matrices"] = 3 * shape.hidden * shape.hidden * FLOAT32  # covariance, eigenvectors, rotation
         return memory
-    return StageMemory(name, advice=ACTIVATION_ADVICE)
+    memory = StageMemory(name, advice=ACTIVATION_ADVICE)
+    held = search_log_prob_bytes(spec, shape, calibration)
+    if held:
+        memory.parts["dense log-probs"] = held
+    return memory
 
 
 def block_memory(
@@ -146,7 +150,18 @@ def block_memory(
             matrices = max(matrices, 3 * shape.hidden * shape.intermediate * FLOAT32)  # one SVD in float32
     if matrices:
         memory.parts["matrices"] = matrices
+    held = max(search_log_prob_bytes(child, shape, calibration) for child in spec.sequential)
+    if held:
+        memory.parts["dense log-probs"] = held
     return memory
+
+
+def search_log_prob_bytes(spec: StageSpec, shape: ModelShape, calibration: CalibrationConfig | None) -> int:
+    """The float32 dense log-probabilities an allocation search keeps for its held-out batches (0 without one)."""
+    holdout = getattr(spec.parsed_args(), "holdout_batches", lambda: 0)()
+    if not holdout or calibration is None:
+        return 0
+    return holdout * calibration.batch_size * calibration.seq_len * shape.vocab * FLOAT32
 
 
 def recipe_memory_plan(recipe: Recipe, config: Any, dtype: torch.dtype) -> MemoryPlan:

@@ -13,8 +13,12 @@ import torch
 from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.device.settings import DTYPES, Placement, resolve_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.recipes.context import Context
+from slimkit.recipes.dispatch import block_children, block_plan
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
+from slimkit.recipes.stages.prune import layer_fraction
+from slimkit.recipes.stages.selection import SelectionArgs
 
 
 def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
@@ -164,3 +168,29 @@ def check_save_dtype(recipe: Recipe, placement: Placement, model: Any) -> torch.
     if save_dtype is not None and save_dtype != placement.dtype and is_offloaded(model):
         raise SlimkitError("model.save_dtype: an offloaded model is saved in its own dtype; leave save_dtype unset")
     return save_dtype
+
+
+def check_target_reachable(ctx: Context) -> None:
+    """Before calibration: the first block's uniform layer-wise stages solve their share on the shapes alone, so a
+    target their (aligned) units cannot land on is refused in one line before any compute. Later blocks, and
+    allocated stages (whose plan depends on scores), are checked when they start, still before any weight changes."""
+    children, _propagate = block_children(ctx.recipe.stages[0])
+    solving = []
+    for spec in children:
+        args = spec.parsed_args()
+        if (
+            isinstance(args, SelectionArgs)
+            and args.allocates
+            and args.budget() == "solve"
+            and args.allocation_settings() == "uniform"
+        ):
+            solving.append((spec.stage, args))
+    if not solving:
+        return
+    ctx.start_block()
+    ctx.block_planned = block_plan(ctx, children)
+    try:
+        for stage, args in solving:
+            layer_fraction(ctx, args, stage)
+    finally:  # the runner starts the block again when it runs
+        ctx.block_start, ctx.block_planned, ctx.block_cache = {}, 0, {}

@@ -124,6 +124,8 @@ class TargetOutcome(ReportModel):
     strict: bool
     met: bool
     shares: dict[str, float]
+    align: dict[str, int | str] = Field(default_factory=dict, exclude_if=lambda align: not align)
+    """``target.align``: the kept-width multiples every pruning stage rounded to, by unit kind (left out when none)."""
 
     def missed_message(self) -> str:
         shares = ", ".join(f"{label} {share:.2%}" for label, share in self.shares.items())

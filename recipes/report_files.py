@@ -90,7 +90,8 @@ def markdown(report: RunReport, plot_name: str | None, structure: Structure | No
     lines = [
         f"# slimkit report: {report.recipe} on {report.model}",
         "",
-        f"Target: remove {t.ratio:.1%} of {t.of}; achieved {t.achieved:.2%}. Seed {report.seed}.",
+        f"Target: remove {t.ratio:.1%} of {t.of}; achieved {t.achieved:.2%}. Seed {report.seed}."
+        + (f" Widths aligned: {', '.join(f'{k} {v}' for k, v in t.align.items())}." if t.align else ""),
         "",
         "| | before | after | removed |",
         "| --- | ---: | ---: | ---: |",

@@ -76,6 +76,7 @@ def _execute(recipe, out_path, force, notes, model, tokenizer, options: RunOptio
     preflight.check_offloaded_stages(recipe, ctx.model)
     save_dtype = preflight.check_save_dtype(recipe, placement, ctx.model)
     ctx.params_before = params_by_part(ctx.model)
+    preflight.check_target_reachable(ctx)  # on shapes alone: an unreachable (aligned) target, before calibration
     widths_before = ctx.view.layer_widths()
     macs_before = count_macs(ctx.model, MACS_SEQ_LEN)
     with timings.stage("calibration"):

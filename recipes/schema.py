@@ -139,6 +139,8 @@ class CalibrationConfig(Strict):
         return self
 
 
+ALIGN_KINDS: tuple[str, ...] = ("mlp_channel", "attention_head", "kv_group")
+"""The unit kinds ``target.align`` may round."""
 # Which entry of ``params_by_part`` a target is a ratio of.
 TARGET_PART: dict[str, str] = {"model": "total", "layers": "layers", "mlp": "mlp", "attention": "attention"}
 
@@ -160,6 +162,27 @@ class Target(Strict):
     strict: bool = True
     """A run whose achieved ratio is outside the tolerance fails (nothing is written); false: it is
     kept and flagged (report ``target.met: false``)."""
+    align: dict[str, int | Literal["kv_group"]] = Field(default_factory=dict)
+    """Kept widths every pruning stage rounds to, by unit kind (e.g. {mlp_channel: 64, attention_head: kv_group}):
+    mlp_channel or kv_group an integer multiple; attention_head an integer multiple of kept query heads, or kv_group
+    (every KV group keeps the same number of query heads, the GQA layout llama.cpp needs; the selection already keeps
+    it). A stage's own round_to for the same kind must agree; the solver lands on the ratio with these widths."""
+
+    @field_validator("align")
+    @classmethod
+    def _known_alignment(cls, value: dict[str, int | str]) -> dict[str, int | str]:
+        for kind, multiple in value.items():
+            if kind not in ALIGN_KINDS:
+                raise ValueError(unknown("unit kind", kind, ALIGN_KINDS))
+            if multiple == "kv_group" and kind != "attention_head":
+                raise ValueError(f"{kind}: kv_group applies to attention_head; give {kind} an integer multiple")
+            if isinstance(multiple, int) and multiple < 1:
+                raise ValueError(f"{kind}: multiples must be >= 1 (got {multiple})")
+        return value
+
+    def multiples(self, kinds: list[str] | tuple[str, ...]) -> dict[str, int]:
+        """The alignment of these unit kinds as ``round_to`` multiples (kv_group: 1, the GQA rule already applies)."""
+        return {kind: 1 if m == "kv_group" else m for kind, m in self.align.items() if kind in kinds}
 
     @property
     def part(self) -> str:
@@ -494,6 +517,44 @@ class Recipe(Strict):
                 "parameters; add a pruning, low-rank or projection stage, or set target.ratio: 0"
             )
         return self
+
+    @model_validator(mode="after")
+    def _alignment_and_allocation(self) -> Recipe:
+        """``target.align`` and a stage's ``round_to`` agree where both round a kind; a search's held-out batches
+        leave calibration batches to score on."""
+        from slimkit.recipes.stages.selection import SelectionArgs
+
+        for where, spec in self.stage_places():
+            args = spec.parsed_args()
+            if not isinstance(args, SelectionArgs):
+                continue
+            aligned = self.target.multiples(list(args.round_to))
+            for kind, multiple in args.round_to.items():
+                if kind in aligned and aligned[kind] != multiple:
+                    raise ValueError(
+                        f"{where}: round_to.{kind} {multiple} conflicts with target.align.{kind} "
+                        f"{self.target.align[kind]}; declare it once (target.align applies to every stage)"
+                    )
+            holdout = args.holdout_batches()
+            if holdout:
+                config = self.calibration_config()
+                batches = -(-config.samples // config.batch_size) if config is not None else 0
+                if holdout >= batches:
+                    raise ValueError(
+                        f"{where}: allocation.search.holdout_batches {holdout} leaves none of the {batches} "
+                        "calibration batch(es) to score on; lower it or raise calibration.samples"
+                    )
+        return self
+
+    def stage_places(self) -> list[tuple[str, StageSpec]]:
+        """``(stages.I[.sequential.J], spec)`` of every stage, in order."""
+        places = []
+        for index, item in enumerate(self.stages):
+            if isinstance(item, SequentialSpec):
+                places += [(f"stages.{index}.sequential.{j}", spec) for j, spec in enumerate(item.sequential)]
+            else:
+                places.append((f"stages.{index}", item))
+        return places
 
     @model_validator(mode="after")
     def _task_rules(self) -> Recipe:

@@ -18,7 +18,9 @@ Choices recorded here:
   removes what is left of the target, solved once per block on the shapes when the block started) or
   ``ratio_rule: layer`` (LoRAP's layer ratio). Kept counts and their rounding (``round_to``, ``min_keep``,
   GQA multiples) come from :func:`~slimkit.primitives.select.plan.kept_counts` and are validated before
-  any weight changes. Every eligible layer loses the same fraction (uniform), as in ``prune_layer``.
+  any weight changes. Every eligible layer loses the same fraction (uniform), as in ``prune_layer``, unless
+  ``allocation`` is ``{global: ...}`` or ``{search: ...}``: then each layer's count comes from the block's allocation
+  pre-pass (:mod:`slimkit.recipes.allocation`, units ranked by their one-shot OBS cost on dense Grams).
 * GQA: query heads must stay even per KV group (as ``prune_layer``'s selection keeps them), so each KV
   group loses the same number of heads: the greedy step takes the cheapest head among the KV groups
   whose quota is not yet met (``obs_prune``'s ``blocks``). Without GQA a head owns its k/v rows.
@@ -35,7 +37,7 @@ Choices recorded here:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -44,10 +46,12 @@ from torch import nn
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.importance import ScorerSpec, parse_scorer
 from slimkit.primitives.reconstruct import DEFAULT_OBS_DAMPING, embed_columns, obs_prune, output_error
 from slimkit.primitives.select import eligible_layers
-from slimkit.primitives.select.plan import SelectionRules, check_shapes, kept_counts, validate_counts
+from slimkit.primitives.select.plan import Fraction, SelectionRules, check_shapes, kept_counts, validate_counts
 from slimkit.primitives.surgery import remove_units
+from slimkit.recipes.allocated import allocated_fraction, allocation_entry
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.stages.prune import layer_fraction, planned_layer_removal
@@ -60,6 +64,8 @@ CONSUMER: dict[str, str] = {"mlp_channel": "down", "attention_head": "o"}
 
 
 class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
+    allocates: ClassVar[bool] = True
+
     damping: float = Field(DEFAULT_OBS_DAMPING, gt=0.0, allow_inf_nan=False)
     """OBS Hessian damping as a fraction of mean(diag(G)) (ZipLM / SparseGPT percdamp 0.01); > 0."""
 
@@ -69,6 +75,11 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
 
     def needs_calibration(self) -> bool:
         return True
+
+    def allocation_scorer(self) -> tuple[ScorerSpec, dict]:
+        """The allocation pre-pass ranks units by their one-shot OBS cost (the ``obs`` scorer: the greedy's first
+        step, damping 0.01) on the dense consumer Grams."""
+        return parse_scorer("obs"), {}
 
     def plan(self, ctx: Context) -> int:
         return planned_layer_removal(ctx, self)
@@ -147,11 +158,15 @@ def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats:
     }
 
 
-def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: float) -> dict:
-    """The block's report entry (one per block, updated layer by layer)."""
+def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: Fraction) -> dict:
+    """The block's report entry (one per block, updated layer by layer); with an allocation, ``allocation`` holds
+    the per-layer shares and ``unit_fraction`` the mean fraction of each kind over the layers."""
     key = f"obs_prune_layer:{'+'.join(args.groups)}:report"
     if key not in ctx.block_cache:
+        allocation = allocation_entry(ctx, "obs_prune_layer", args)
         entry = {"unit_fraction": fraction, "groups": list(args.groups), "damping": args.damping, "roles": {}}
+        if allocation:
+            entry = {**entry, "unit_fraction": allocation["mean_unit_fraction"], "allocation": allocation}
         ctx.block_cache[key] = ctx.report_stage("obs_prune_layer", {**entry, "layers": {}})
     return ctx.stage_report[ctx.block_cache[key]]
 
@@ -168,14 +183,16 @@ def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, sta
         raise SlimkitError("obs_prune_layer needs the layer's calibration statistics (run it inside sequential)")
     if layer.index not in eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last):
         return
-    key = f"obs_prune_layer:{'+'.join(args.groups)}"
-    if key not in ctx.block_cache:  # solved once per block, on the shapes the block started with
-        ctx.block_cache[key] = layer_fraction(
-            ctx, args, "obs_prune_layer"
-        )  # prune_layer's budget, with these args' rules
-    fraction = ctx.block_cache[key]
+    fraction = allocated_fraction(ctx, "obs_prune_layer", args, layer.index)  # the pre-pass's share of this layer
+    if fraction is None:
+        key = f"obs_prune_layer:{'+'.join(args.groups)}"
+        if key not in ctx.block_cache:  # solved once per block, on the shapes the block started with
+            ctx.block_cache[key] = layer_fraction(
+                ctx, args, "obs_prune_layer"
+            )  # prune_layer's budget, with these args' rules
+        fraction = ctx.block_cache[key]
     groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
-    rules = args.rules()
+    rules = args.rules_for(ctx.recipe.target)
     check_shapes(groups, rules)
     counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, rules)
     validate_counts(groups, counts, fraction, rules)

@@ -17,12 +17,15 @@ The removal fraction follows the recipe's one budget (:class:`~slimkit.recipes.s
 ``lowrank`` then ``prune_layer`` lands on the target); ``ratio_rule: layer`` is LoRAP's layer ratio
 Ratio_l = left / (layers x Param_layer) (Appendix C.1) so that every layer's sub-layers lose the same
 fraction; an explicit ``ratio`` is used as given and checked against the target when the run ends.
+``prune_layer`` with ``allocation: {global: ...}`` or ``{search: ...}`` takes each layer's fraction from the block's
+allocation pre-pass instead (:mod:`slimkit.recipes.allocation`). Kept counts follow ``round_to`` and the recipe's
+``target.align`` (:meth:`~slimkit.recipes.stages.selection.SelectionArgs.rules_for`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -32,6 +35,7 @@ from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.importance import ScorerSpec
 from slimkit.primitives.importance.compose import score_groups, spec_smooths
 from slimkit.primitives.importance.obs import OBS_CONSUMERS
 from slimkit.primitives.projection.adapters import basis_change_params
@@ -48,10 +52,11 @@ from slimkit.primitives.select.plan import (
     solve_target,
 )
 from slimkit.primitives.surgery import remove_units
+from slimkit.recipes.allocated import allocated_fraction, allocation_entry
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.stages.scoring import ScoringArgs, evaluations, roles_of
-from slimkit.recipes.stages.selection import SelectionArgs
+from slimkit.recipes.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 
 GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
 
@@ -80,6 +85,8 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
 
 
 class PruneLayerArgs(PruneArgs):
+    allocates: ClassVar[bool] = True
+
     @model_validator(mode="after")
     def _layer_scope(self) -> PruneLayerArgs:
         if self.selection != "uniform":
@@ -91,7 +98,16 @@ class PruneLayerArgs(PruneArgs):
             )
         if "hidden_feature" in self.groups:
             raise ValueError("groups: hidden_feature spans every layer; use the prune stage")
+        if self.allocation_settings() != "uniform" and spec_smooths(self.scorer_spec()):
+            raise ValueError(
+                f"allocation: the allocation pre-pass scores each layer once, and scorer {self.scorer_name()} "
+                "smooths over batches; use a plain scorer or allocation: uniform"
+            )
         return self
+
+    def allocation_scorer(self) -> tuple[ScorerSpec, dict]:
+        """The scorer (and its arguments) the allocation pre-pass ranks this stage's units by: the stage's own."""
+        return self.scorer_spec(), self.scorer_args()
 
     def plan(self, ctx: Context) -> int:
         return planned_layer_removal(ctx, self)
@@ -113,24 +129,15 @@ def solve_on_target(
     target = ctx.recipe.target
     dense = ctx.params_before[target.part]
     wanted = ctx.params_to_remove()
-    rules = args.rules()
+    rules = args.rules_for(target)
     check_shapes(groups, rules)
     try:
         return solve_target(ctx.model, groups, scores, rules, target.part, wanted, round(target.tolerance * dense))
     except TargetOutOfReach as miss:
         if not target.strict:
             return solve_fraction(ctx.model, groups, scores, rules, target.part, wanted)
-        nearest = " or ".join(
-            f"{target.ratio + (removed - wanted) / dense:.2%}"
-            for removed in (miss.below, miss.above)
-            if removed is not None
-        )
-        raise SlimkitError(
-            f"{name}: groups {', '.join(args.groups)} (skip_first {args.skip_first}, skip_last {args.skip_last}) "
-            f"cannot remove {target.ratio:.1%} of {target.of} within target.tolerance {target.tolerance:.1%}: the "
-            f"nearest plans remove {nearest}; widen target.tolerance, add a finer group kind (e.g. mlp_channel), "
-            "or change skip_first/skip_last"
-        ) from None
+        nearest = nearest_ratios(target, dense, wanted, miss)
+        raise SlimkitError(out_of_reach(name, args, target, nearest)) from None
 
 
 def fraction_before_scores(ctx: Context, name: str, args: PruneArgs, groups: list[Group]) -> Fraction | None:
@@ -150,7 +157,7 @@ def _score_and_prune(
     ctx: Context, args: PruneArgs, groups: list[Group], stats: Iterable[dict], fraction: Fraction | None
 ) -> Fraction:
     scores = score_groups(args.scorer_spec(), groups, ctx.model, stats, generator=ctx.generator, **args.scorer_args())
-    rules = args.rules()
+    rules = args.rules_for(ctx.recipe.target)
     check_shapes(groups, rules)
     if fraction is None:
         fraction = solve_on_target(ctx, "prune", args, groups, scores)
@@ -162,19 +169,24 @@ def _score_and_prune(
 
 def _record(ctx: Context, name: str, fraction: Fraction, args: PruneArgs, layers: list[int] | None = None) -> None:
     """One report per stage and block (``prune``, ``prune#2``, ... when a recipe prunes twice). ``fraction_mode``:
-    ``shared`` (one unit fraction for every kind) or ``per_kind`` (``unit_fraction`` by kind: a coarse kind
-    jumped over the target, so it keeps the nearest step and the other kinds land the total)."""
+    ``shared`` (one unit fraction for every kind), ``per_kind`` (``unit_fraction`` by kind: a coarse kind
+    jumped over the target, so it keeps the nearest step and the other kinds land the total) or ``allocated``
+    (each layer its own, decided by the allocation pre-pass: ``allocation`` holds the per-layer shares, and
+    ``unit_fraction`` the mean fraction of each kind over the layers)."""
     key = f"{name}:{'+'.join(args.groups)}:report"
     if key in ctx.block_cache:
         return
+    allocation = allocation_entry(ctx, name, args)
     entry = {
-        "unit_fraction": fraction,
-        "fraction_mode": "per_kind" if isinstance(fraction, dict) else "shared",
+        "unit_fraction": allocation["mean_unit_fraction"] if allocation else fraction,
+        "fraction_mode": "allocated" if allocation else "per_kind" if isinstance(fraction, dict) else "shared",
         "groups": list(args.groups),
         "scorer": args.scorer_name(),
     }
     if layers is not None:
         entry["layers"] = layers
+    if allocation:
+        entry["allocation"] = allocation
     ctx.block_cache[key] = ctx.report_stage(name, entry)
 
 
@@ -210,7 +222,7 @@ def _layer_groups(ctx: Context, args: PruneLayerArgs) -> list[Group]:
 
 
 def _removed_at(ctx: Context, args: PruneLayerArgs, groups: list[Group], fraction: Fraction) -> int:
-    counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, args.rules())
+    counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, args.rules_for(ctx.recipe.target))
     return removed_params(ctx.model, groups, counts, ctx.recipe.target.part, param_parts(ctx.model))
 
 
@@ -255,11 +267,12 @@ def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dic
     if layer.index not in eligible:
         return
     groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
-    # Solved once per block, at the first eligible layer (on the shapes the block started with).
-    key = f"prune_layer:{'+'.join(args.groups)}"
-    if key not in ctx.block_cache:
-        ctx.block_cache[key] = layer_fraction(ctx, args)
-    fraction = ctx.block_cache[key]
+    fraction = allocated_fraction(ctx, "prune_layer", args, layer.index)  # the pre-pass's share of this layer
+    if fraction is None:  # uniform: solved once per block, at the first eligible layer (on the block's shapes)
+        key = f"prune_layer:{'+'.join(args.groups)}"
+        if key not in ctx.block_cache:
+            ctx.block_cache[key] = layer_fraction(ctx, args)
+        fraction = ctx.block_cache[key]
     evaluations_ = _per_batch_norms(ctx, layer, stats) if spec_smooths(args.scorer_spec()) else [stats]
     _score_and_prune(ctx, args, groups, evaluations_, fraction)
     _record(ctx, "prune_layer", fraction, args)

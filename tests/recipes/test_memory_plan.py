@@ -141,3 +141,18 @@ def test_the_plan_is_in_the_report(tiny_llama_dir, tmp_path):
     saved = (tmp_path / "out" / "report.json").read_text()
     assert '"memory_plan"' in saved
     assert "Memory plan (checked before loading)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_an_allocation_search_plans_its_dense_log_probs():
+    """A search keeps float32 dense log-probabilities of its held-out batches: batches x tokens x vocabulary x 4."""
+    search = {"groups": ["mlp_channel"], "allocation": {"search": {"holdout_batches": 1}}}
+    calibration = {**CALIBRATION, "samples": 8}
+    for stages in (
+        [{"sequential": [{"stage": "prune_layer", "args": search}]}],
+        [{"stage": "prune_layer", "args": search}],
+    ):
+        recipe = Recipe(**{**_recipe("unused", stages), "calibration": calibration})
+        plan = recipe_memory_plan(recipe, tiny_llama().config, torch.float32)
+        assert plan.stages[0].parts["dense log-probs"] == 1 * 4 * 64 * 300 * 4
+    uniform = Recipe(**_recipe("unused", [{"stage": "prune_layer", "args": {"groups": ["mlp_channel"]}}]))
+    assert "dense log-probs" not in recipe_memory_plan(uniform, tiny_llama().config, torch.float32).stages[0].parts

@@ -1,0 +1,200 @@
+"""The allocation pre-pass: each layer's share of a layer-wise removal, decided before the block runs.
+
+Where it sits in a run: in the stages phase, inside a ``layerwise`` item (a ``sequential`` block or a layer stage at
+the top level, :func:`slimkit.recipes.dispatch.run_stages`), after the block's budget starts
+(:meth:`~slimkit.recipes.context.Context.start_block`) and before its first layer runs. For each stage of the block
+whose ``allocation`` is ``global`` or ``search`` (``prune_layer``, ``obs_prune_layer``):
+
+1. **Scores, once per layer, on dense inputs** (:func:`dense_scores`): the block's calibration batches (less the
+   search's held-out ones) are run through the model layer by layer as it is when the block starts, with the same
+   statistics the layer-wise pass gathers (:func:`~slimkit.recipes.layerwise.layer_statistics`), and the stage's own
+   scorer ranks each eligible layer's units (``obs_prune_layer``: the one-shot OBS cost). Only one layer's
+   activations are alive at a time.
+2. **Kept counts per layer and kind** landing on what is left of the target (``ctx.params_to_remove()``, within
+   ``target.tolerance``), with the stage's rules and the target's alignment:
+   ``global``: :func:`~slimkit.primitives.allocate.global_ranking`; ``search``:
+   :func:`~slimkit.primitives.allocate.search_levels`, each candidate assembled by masking the lowest-scored units of
+   each layer (:func:`~slimkit.primitives.allocate.masked_units`: no weight copied, no statistic recomputed) and
+   scored by the KL divergence to the dense log-probabilities on the held-out batches
+   (:func:`~slimkit.primitives.allocate.mean_kl`).
+3. The counts are stored in the block's cache (:class:`~slimkit.recipes.allocated.LayerAllocation`); each layer's
+   turn reads its own fraction (:func:`~slimkit.recipes.allocated.allocated_fraction`), so the block removes exactly
+   the planned parameters. Which units go is still chosen
+   by the stage on that layer's (compressed-stream) statistics; only how many comes from here.
+
+A target no plan of the units reaches is refused in one line naming the stage, the alignment and the nearest ratios.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from slimkit.primitives.allocate import (
+    GlobalSettings,
+    SearchSettings,
+    UnitCosts,
+    dense_log_probs,
+    global_ranking,
+    masked_units,
+    mean_kl,
+    search_levels,
+    total_removed,
+    unit_costs,
+)
+from slimkit.primitives.calibration import capture_layer_inputs
+from slimkit.primitives.device.offload import resident
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.importance.compose import score_groups
+from slimkit.primitives.select import eligible_layers
+from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach, check_shapes, keep_indices
+from slimkit.recipes.allocated import LayerAllocation, allocation_key
+from slimkit.recipes.context import Context
+from slimkit.recipes.layerwise import layer_statistics
+from slimkit.recipes.schema import StageSpec
+from slimkit.recipes.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
+
+
+def allocate_block(ctx: Context, children: list[StageSpec]) -> None:
+    """Run the pre-pass for every stage of the block that allocates (the dispatcher calls this before the block)."""
+    for spec in children:
+        args = spec.parsed_args()
+        if isinstance(args, SelectionArgs) and args.allocation_settings() != "uniform":
+            ctx.block_cache[allocation_key(spec.stage, args)] = allocate(ctx, spec.stage, args)
+
+
+def dense_scores(ctx: Context, args: SelectionArgs, groups: list[Group], batches: list[torch.Tensor]) -> list:
+    """Each group's unit scores by the stage's allocation scorer, on dense inputs, one layer at a time."""
+    spec, scorer_args = args.allocation_scorer()
+    view = ctx.view
+    inputs = capture_layer_inputs(ctx.model, view.layer(0).module, batches)
+    roles = sorted(args.layer_grams())
+    by_layer: dict[int, list[int]] = {}
+    for position, group in enumerate(groups):
+        by_layer.setdefault(group.layer, []).append(position)
+    scores: list = [None] * len(groups)
+    names = {id(module): name for name, module in ctx.model.named_modules()}
+    for layer in view.layers[: max(by_layer) + 1]:
+        with resident(ctx.model, names[id(layer.module)], layer.module):
+            stats, outputs = layer_statistics(view, layer, inputs, roles)
+            if layer.index in by_layer:
+                members = [groups[i] for i in by_layer[layer.index]]
+                found = score_groups(spec, members, ctx.model, [stats], generator=ctx.generator, **scorer_args)
+                for i, value in zip(by_layer[layer.index], found, strict=True):
+                    scores[i] = value.detach().float().cpu()
+        inputs.hidden = outputs
+        del stats, outputs
+    return scores
+
+
+def allocate(ctx: Context, stage: str, args: SelectionArgs) -> LayerAllocation:
+    """Kept counts per eligible layer and kind for the stage, landing on what is left of the target."""
+    began = time.perf_counter()
+    target = ctx.recipe.target
+    settings = args.allocation_settings()
+    rules = args.rules_for(target)
+    layers = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
+    groups = [g for layer in layers for kind in args.groups for g in build_groups(ctx.model, kind, [layer])]
+    check_shapes(groups, rules)
+    dense = ctx.params_before[target.part]
+    wanted, tolerance = ctx.params_to_remove(), round(target.tolerance * dense)
+    batches = ctx.calibration_batches()
+    holdout = settings.holdout_batches if isinstance(settings, SearchSettings) else 0
+    if holdout >= len(batches):
+        raise SlimkitError(
+            f"{stage}: allocation.search.holdout_batches {holdout} leaves none of the {len(batches)} calibration "
+            "batches to score on; lower it or raise calibration.samples"
+        )
+    scoring, held = batches[: len(batches) - holdout], batches[len(batches) - holdout :]
+    scores = dense_scores(ctx, args, groups, scoring)
+    scored = time.perf_counter()
+    max_fraction = settings.max_fraction if isinstance(settings, GlobalSettings) else 1.0
+    costs = unit_costs(ctx.model, groups, rules, target.part, max_fraction)
+    report: dict = {"method": "global" if isinstance(settings, GlobalSettings) else "search"}
+    try:
+        if isinstance(settings, GlobalSettings):
+            kept = global_ranking(scores, costs, wanted, tolerance)
+        else:
+            kept, report["search"] = _search(ctx, settings, groups, scores, costs, held, rules, wanted, tolerance)
+    except TargetOutOfReach as miss:
+        nearest = nearest_ratios(target, dense, wanted, miss)
+        raise SlimkitError(out_of_reach(f"{stage} (allocation {report['method']})", args, target, nearest)) from None
+    allocation = LayerAllocation({}, {})
+    for group, count in zip(groups, kept, strict=True):
+        allocation.kept.setdefault(group.layer, {})[group.kind] = count
+        allocation.sizes.setdefault(group.layer, {})[group.kind] = group.size
+    removed = total_removed(costs, kept)
+    report |= {
+        "wanted": wanted,
+        "removed": removed,
+        "achieved_share": removed / dense,
+        "kept": {str(layer): dict(counts) for layer, counts in allocation.kept.items()},
+        "layer_share": _layer_shares(costs, kept),
+        "mean_unit_fraction": {
+            kind: sum(1 - k / c.size for c, k in zip(costs, kept, strict=True) if c.kind == kind)
+            / sum(1 for c in costs if c.kind == kind)
+            for kind in args.groups
+        },
+        "align": {kind: target.align[kind] for kind in target.multiples(list(args.groups))},
+        "score_seconds": round(scored - began, 3),
+        "seconds": round(time.perf_counter() - began, 3),
+    }
+    allocation.report = report
+    return allocation
+
+
+def _layer_shares(costs: list[UnitCosts], kept: list[int]) -> dict[str, float]:
+    """Per layer, the fraction of its allocatable parameters (the stage's kinds) removed."""
+    removable: dict[str, int] = {}
+    removed: dict[str, int] = {}
+    for cost, count in zip(costs, kept, strict=True):
+        key = str(cost.layer)
+        removable[key] = removable.get(key, 0) + cost.size * cost.unit_params
+        removed[key] = removed.get(key, 0) + cost.removed(count)
+    return {key: round(removed[key] / removable[key], 4) if removable[key] else 0.0 for key in removable}
+
+
+def _search(
+    ctx: Context,
+    settings: SearchSettings,
+    groups: list[Group],
+    scores: list,
+    costs: list[UnitCosts],
+    held: list[torch.Tensor],
+    rules: SelectionRules,
+    wanted: int,
+    tolerance: int,
+) -> tuple[list[int], dict]:
+    """The searched kept counts and the search's report (trace, fitness at the start and at the end)."""
+    ladder = settings.ladder()
+    counts = [[cost.kept(cost.size * (1.0 - level)) for level in ladder] for cost in costs]
+    removed = [[cost.removed(k) for k in row] for cost, row in zip(costs, counts, strict=True)]
+    keeps = [
+        [keep_indices(group, score, k, rules) for k in row]
+        for group, score, row in zip(groups, scores, counts, strict=True)
+    ]
+    reference = dense_log_probs(ctx.model, held)
+
+    def fitness(levels: list[int]) -> float:
+        kept = [keeps[i][level] for i, level in enumerate(levels)]
+        with masked_units(ctx.model, groups, kept):
+            return mean_kl(ctx.model, held, reference)
+
+    result = search_levels(
+        removed, wanted, tolerance, fitness, settings.budget_s, settings.max_evals, settings.seed, settings.offspring
+    )
+    kept = [counts[i][level] for i, level in enumerate(result.levels)]
+    report = {
+        "levels": list(ladder),
+        "level_of": {f"{g.layer}.{g.kind}": ladder[level] for g, level in zip(groups, result.levels, strict=True)},
+        "start_kl": result.start_fitness,
+        "kl": result.fitness,
+        "holdout_tokens": sum(batch.numel() for batch in held),
+        "trace": result.trace.as_dict(),
+    }
+    return kept, report
+
+
+__all__ = ["allocate", "allocate_block", "dense_scores"]
