@@ -73,7 +73,7 @@ def layer_statistics(
     """Run ``layer`` on ``inputs`` with hooks: the statistics a layer stage reads (``input_norms`` of every projection,
     ``dense_consumers`` of ``roles``: the weight and input Gram before any stage changes them, with the paired
     pass's cross terms for the dense ``targets``; ``tokens``, ``layer_inputs``) and the layer's outputs."""
-    consumers = {role: layer.linear(role) for role in roles}
+    consumers = {role: layer.linear(role) for role in roles if role in layer.roles}  # not a removed block's
     with input_norm_hooks(view.linears([layer])) as accumulators, gram_hooks(consumers) as grams:
         outputs = run_layer(layer.module, inputs)
     stats: dict = {"input_norms": {path: acc.norms() for path, acc in accumulators.items()}}

@@ -191,7 +191,10 @@ def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, sta
                 ctx, args, "obs_prune_layer"
             )  # prune_layer's budget, with these args' rules
         fraction = ctx.block_cache[key]
-    groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
+    # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
+    groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
+    if not groups:
+        return
     rules = args.rules_for(ctx.recipe.target)
     check_shapes(groups, rules)
     counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, rules)

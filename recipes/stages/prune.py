@@ -266,7 +266,10 @@ def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dic
     eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
     if layer.index not in eligible:
         return
-    groups = [build_groups(ctx.model, kind, [layer.index])[0] for kind in args.groups]
+    # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
+    groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
+    if not groups:
+        return
     fraction = allocated_fraction(ctx, "prune_layer", args, layer.index)  # the pre-pass's share of this layer
     if fraction is None:  # uniform: solved once per block, at the first eligible layer (on the block's shapes)
         key = f"prune_layer:{'+'.join(args.groups)}"

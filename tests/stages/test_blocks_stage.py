@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import slimkit
+from slimkit.primitives.arch import ModelView
 from slimkit.primitives.blocks import removed_blocks
 from slimkit.recipes.stages.blocks import RemoveBlocksArgs
 from tests.recipes.test_recipes import tiny_recipe
@@ -67,3 +68,18 @@ def test_the_arguments_declare_their_budget_and_refuse_two_amounts():
         RemoveBlocksArgs(count=2, ratio=0.1)
     with pytest.raises(ValueError, match="kinds: each kind once"):
         RemoveBlocksArgs(kinds=["mlp", "mlp"])
+
+
+@pytest.mark.parametrize("stage", ["prune_layer", "obs_prune_layer"])
+def test_a_layer_stage_after_removed_mlp_blocks_skips_those_layers_and_lands(tiny_llama_dir, stage):
+    args = {"groups": ["mlp_channel"]} | ({"scorer": "activation"} if stage == "prune_layer" else {})
+    stages = [
+        {"stage": "remove_blocks", "args": {"count": 1, "kinds": ["mlp"]}},
+        {"sequential": [{"stage": stage, "args": args}]},
+    ]
+    result = slimkit.run(_recipe(tiny_llama_dir, 0.25, stages), evaluate=False)
+    assert result.report.target.met
+    gone = [b.layer for b in removed_blocks(result.model)]
+    widths = [layer.mlp_width for layer in ModelView(result.model).layers]
+    assert len(gone) == 1 and widths[gone[0]] == 0
+    assert all(0 < w < 64 for i, w in enumerate(widths) if i != gone[0])  # every other layer lost channels
