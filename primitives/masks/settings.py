@@ -50,6 +50,10 @@ class StreamMaskSettings(MaskSettings):
     rank_prior: float = Field(0.0, ge=0)
     """Spread of the hidden gates' initial log alpha over their principal-component rank: coordinate k of a group
     starts at log alpha + rank_prior · (1/2 − k/(d−1)) (0: CoFi's uniform start)."""
+    kept_value: Literal["trained", "one"] = "trained"
+    """What a kept mask entry is fused as: trained (its deterministic value, sigmoid(log alpha) stretched and
+    clamped, usually below 1: SP3 §3.3) or one (the 0/1 mask alone: kept units keep their weights unscaled), to
+    separate the fractional values (sp3-llm's D5) from the training budget."""
 
     @property
     def total_steps(self) -> int:

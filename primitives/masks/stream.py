@@ -117,7 +117,7 @@ def train_stream_masks(
         hooks.remove()
     masks.set_active(("dimension",))
     binary = binarize(masks.scores(), shape, target.ratio, total=target.total, residual="none", size=size)
-    final = masks.kept_values().times(binary.masks)
+    final = binary.masks if settings.kept_value == "one" else masks.kept_values().times(binary.masks)
     fused = fuse_stream_masks(model, final)
     params = ModelView(model).num_params()
     return {

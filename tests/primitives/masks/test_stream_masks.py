@@ -231,3 +231,26 @@ def test_own_embedding_basis_at_full_width_is_exact_and_sliced_in_its_own_coordi
     assert tuple(embedding_map.shape) == (keep[0].numel(), keep[0].numel())
     assert tuple(view.final_norm.module._modules["basis_change"].weight.shape) == (keep[0].numel(), keep[1].numel())
     assert len(groups) == 2 and torch.isfinite(model_output(model, ids)).all()
+
+
+@pytest.mark.parametrize("kept_value", ["one", "trained"])
+def test_kept_value_one_keeps_the_kept_filters_unscaled(kept_value):
+    # Weights frozen (learning_rate 0): with kept_value one every fused down_proj column is an original column
+    # exactly; with the trained values (below 1 after the masks move) the kept columns are scaled.
+    from slimkit.primitives.masks.settings import StreamMaskSettings
+    from slimkit.primitives.masks.stream import train_stream_masks
+    from slimkit.primitives.masks.training import MaskTarget
+
+    model = _projected("llama-untied")
+    view = ModelView(model)
+    before = [layer.linear("down").weight.detach().clone() for layer in view.layers]
+    total = view.num_params()
+    settings = StreamMaskSettings(hidden=False, mask_steps=3, learning_rate=0.0, kept_value=kept_value)
+    report = train_stream_masks(model, [_ids(7), _ids(8)], settings, MaskTarget(0.2, total))
+    assert report["achieved_sparsity"] >= 0.2
+    exact = []
+    for layer, original in zip(ModelView(model).layers, before, strict=True):
+        fused = layer.linear("down").weight.detach()
+        matches = (fused.T[:, None, :] == original.T[None, :, :]).all(-1).any(-1)  # each fused column an original
+        exact.append(bool(matches.all()))
+    assert all(exact) if kept_value == "one" else not any(exact)
