@@ -36,6 +36,9 @@ TRAINING = {"batch_size": 2, "seq_len": 16}
 """Batch settings of every training stage (lora, mask_train)."""
 LAYER_SCALED = {"skip_first": 1, "skip_last": 1, "group_size": 2}
 """Layer-counting arguments, scaled from smollm2's 30 layers to 4 (see the module doc)."""
+ALIGN_SCALED = 4
+"""The largest ``target.align`` multiple of MLP channels on the tiny model (64 channels a layer: an alignment of 64
+would leave each layer all or nothing)."""
 EXPORTABLE = ("hf + gguf llama", "gguf llama", "hf + gguf llama (merged)", "gguf llama (merged)", "gguf deci", "no")
 
 
@@ -90,6 +93,10 @@ def shrink(raw: dict[str, Any], model_dir: str | os.PathLike) -> tuple[dict[str,
     raw["eval"] = {"perplexity": None}
     raw.pop("export", None)
     changes: list[str] = []
+    align = dict(raw["target"].get("align") or {})
+    if isinstance(align.get("mlp_channel"), int) and align["mlp_channel"] > ALIGN_SCALED:
+        changes.append(f"target.align mlp_channel {align['mlp_channel']}->{ALIGN_SCALED}")
+        raw["target"]["align"] = {**align, "mlp_channel": ALIGN_SCALED}
     for stage in raw["stages"]:
         _shrink_stage(stage, changes)
     return raw, changes

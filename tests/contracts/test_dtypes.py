@@ -126,6 +126,15 @@ CASES: dict[str, tuple[str, dict]] = {
             ]
         },
     ),
+    "remove_blocks": (
+        "llama",
+        {
+            "stages": [
+                {"stage": "remove_blocks", "args": {"count": 1, "kinds": ["attention"]}},
+                {"stage": "prune", "args": {"groups": ["mlp_channel"], "scorer": "magnitude"}},
+            ]
+        },
+    ),
     "obs_prune_layer": (
         "llama",
         {
