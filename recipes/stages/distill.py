@@ -11,9 +11,10 @@ The teacher (``teacher: dense``, the only one for now) is the dense model the re
 again from the recipe's model source onto the student's device in the student's dtype when the stage
 starts, and freed when it ends. Memory: two models at once, the dense teacher (the dense parameter count x
 the dtype's bytes: about 0.54 GB for smollm2-135m in float32) beside the compressed student with its adapters,
-AdamW state and activations, plus per step the teacher's logits (batch x seq_len x vocab float32: 100 MB at
-4 x 128 x 49k). A teacher that cannot be loaded (a model given in memory has no source to reload; out of
-memory) is one :class:`SlimkitError` line saying so.
+AdamW state and activations, plus per step the teacher's logits (batch x seq_len x vocab in the model's dtype); the
+KL's float32 softmax temporaries live for 1,024 tokens at a time (chunks recomputed in the backward pass,
+:func:`~slimkit.primitives.finetune.distill.distill_loss`). A teacher that cannot be loaded (a model given in
+memory has no source to reload; out of memory) is one :class:`SlimkitError` line saying so.
 
 Budget: like ``lora``, it removes no parameters (budget ``none``) and trains (refused with float16 weights).
 ``benchmarks/run.py`` turns it off (``steps=0``) for "without recovery" rows, as it does ``lora``.

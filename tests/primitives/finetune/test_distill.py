@@ -57,6 +57,56 @@ def test_distill_loss_is_forward_kl_and_refuses_bad_input():
         distill_loss(STUDENT, TEACHER, mask=torch.zeros(1, 2))
 
 
+def _saved_bytes(fn, *inputs: torch.Tensor) -> int:
+    """Bytes of the storages autograd saves for the backward pass while ``fn()`` runs, those of ``inputs``
+    (which exist anyway) left out; checkpointed chunks save only views of their inputs and their results."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn()
+    for tensor in inputs:
+        storages.pop(tensor.untyped_storage().data_ptr(), None)
+    return sum(storages.values())
+
+
+def _unchunked_kl(student, teacher, temperature, mask):
+    """The loss written out over every token at once (the formula before chunking)."""
+    teacher_log_p = torch.log_softmax(teacher.float() / temperature, dim=-1)
+    student_log_p = torch.log_softmax(student.float() / temperature, dim=-1)
+    per_token = (teacher_log_p.exp() * (teacher_log_p - student_log_p)).sum(dim=-1)
+    return (per_token * mask).sum() / mask.sum() * temperature**2
+
+
+def test_chunked_kl_equals_the_whole_and_saves_less_for_backward():
+    torch.manual_seed(0)
+    student = torch.randn(2, 6, 50, requires_grad=True)
+    teacher = torch.randn(2, 6, 50)
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1], [0, 1, 1, 1, 1, 0]])
+    whole = _unchunked_kl(student, teacher, 2.0, mask)
+    (whole_grad,) = torch.autograd.grad(whole, student)
+    for chunk in (1, 5, 7, 12):
+        chunked = distill_loss(student, teacher, 2.0, mask, chunk_tokens=chunk)
+        (chunked_grad,) = torch.autograd.grad(chunked, student)
+        assert chunked.item() == pytest.approx(whole.item(), rel=1e-6)
+        assert torch.allclose(chunked_grad, whole_grad, rtol=1e-5, atol=1e-8)
+    # Unchunked, autograd keeps two float32 [tokens, vocab] tensors (log_softmax output, teacher probabilities)
+    # for every token; chunked and checkpointed, views of the logits and the per-token results only.
+    unchunked = _saved_bytes(lambda: _unchunked_kl(student, teacher, 2.0, mask).backward(), student, teacher)
+    chunked = _saved_bytes(
+        lambda: distill_loss(student, teacher, 2.0, mask, chunk_tokens=3).backward(), student, teacher
+    )
+    logits_bytes = student.numel() * 4
+    assert unchunked >= 2 * logits_bytes
+    assert chunked < logits_bytes / 10
+    with pytest.raises(SlimkitError, match="chunk_tokens must be at least 1"):
+        distill_loss(student, teacher, chunk_tokens=0)
+
+
 def test_hidden_mse_is_normalised_per_layer():
     teacher = [torch.ones(1, 2, 4), 10 * torch.ones(1, 2, 4)]
     assert hidden_mse([t.clone() for t in teacher], teacher).item() == 0.0
