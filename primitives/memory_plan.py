@@ -27,6 +27,7 @@ from typing import Any
 
 GIB = 2**30
 FLOAT32 = 4
+FLOAT64 = 8
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import torch
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.memory_plan import (
     FLOAT32,
+    FLOAT64,
     MemoryPlan,
     ModelShape,
     StageMemory,
@@ -145,7 +146,10 @@ def block_memory(
     matrices = 0
     for child in spec.sequential:
         if child.stage in ("reconstruct", "obs_prune_layer"):
-            matrices = max(matrices, 2 * widest * widest * FLOAT32)  # a consumer's input Gram and its factor
+            # The consumer's float64 input Gram, its kept block, the damped copy, the Cholesky factor and the
+            # solve's temporaries: about five d x d float64 matrices at once (measured at 8B on a GPU: reconstruct
+            # added 7.9-8.5 GiB beside the weights, d = 14,336; this term says 7.7)
+            matrices = max(matrices, 5 * widest * widest * FLOAT64)
         elif child.stage == "lowrank":
             matrices = max(matrices, 3 * shape.hidden * shape.intermediate * FLOAT32)  # one SVD in float32
     if matrices:
