@@ -45,7 +45,8 @@ Kept columns are found by matching: removal slices whole columns without changin
 column of the pruned projection equals one dense column (matched in order). A projection whose
 columns were changed by another stage (a low-rank pair, a projection) is refused in one line. With
 nothing removed the weight (and bias) is left as it is, with either target, and the report lists the layer under
-``unchanged``. Roles given explicitly in ``roles`` of which none was refitted in any layer fail at the last layer
+``unchanged``; a layer whose sub-block was removed (``remove_blocks``) has no such projection and is listed under
+``removed_block``. Roles given explicitly in ``roles`` of which none was refitted in any layer fail at the last layer
 (the stage before reconstruct did not produce what it was asked to refit); when only some were not (LoRAP keeps v and
 o dense at 20%), the report lists them under ``not_refitted`` and in its notes. The stage refuses to run first in its
 ``sequential`` block (there is then nothing removed to refit). At the top level of a recipe, after a model-scope stage
@@ -148,6 +149,9 @@ def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: di
         )
     entry = ctx.stage_report[ctx.block_cache["reconstruct:report"]]
     for role in args.consumers:
+        if role not in layer.roles:  # its sub-block was removed (remove_blocks): nothing reads the removed units
+            entry.setdefault("removed_block", {}).setdefault(role, []).append(layer.index)
+            continue
         result = refit_role(layer, role, stats["dense_consumers"][role], args, ctx.model, ctx.view)
         if result is not None:
             entry["layers"].setdefault(role, {})[str(layer.index)] = result

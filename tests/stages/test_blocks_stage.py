@@ -83,3 +83,24 @@ def test_a_layer_stage_after_removed_mlp_blocks_skips_those_layers_and_lands(tin
     widths = [layer.mlp_width for layer in ModelView(result.model).layers]
     assert len(gone) == 1 and widths[gone[0]] == 0
     assert all(0 < w < 64 for i, w in enumerate(widths) if i != gone[0])  # every other layer lost channels
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "role"), [("mlp", "down"), ("attention", "o")])
+def test_reconstruct_after_removed_blocks_refits_the_other_layers_and_lists_the_removed(tiny_llama_dir, kind, role):
+    stages = [
+        {"stage": "remove_blocks", "args": {"count": 1, "kinds": [kind]}},
+        {
+            "sequential": [
+                {"stage": "prune_layer", "args": {"groups": ["mlp_channel", "attention_head"], "scorer": "activation"}},
+                {"stage": "reconstruct"},
+            ]
+        },
+    ]
+    result = slimkit.run(_recipe(tiny_llama_dir, 0.3, stages, strict=False), evaluate=False)
+    gone = [b.layer for b in removed_blocks(result.model)]
+    details = result.report.stages["reconstruct"].details
+    assert len(gone) == 1
+    assert details["removed_block"] == {role: gone}
+    refitted = {int(i) for i in details["layers"][role]}
+    assert refitted == set(range(len(ModelView(result.model).layers))) - set(gone)
