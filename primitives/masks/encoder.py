@@ -25,6 +25,7 @@ from slimkit.primitives.masks.settings import EncoderHidden, EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import binarize, dense_size, expected_size
 from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
 from slimkit.primitives.projection.adapters import basis_change_params
+from slimkit.primitives.projection.heads import check_heads_projectable, project_heads, slice_heads
 from slimkit.primitives.projection.norms import linear_param, set_param
 from slimkit.primitives.projection.postnorm import hidden_norms, slice_post_norm_hidden
 from slimkit.primitives.surgery import prune_layer, remove_units
@@ -91,6 +92,18 @@ def _norm_values(values: MaskValues, num_layers: int) -> list[torch.Tensor] | No
     return [t.detach() for t in z]
 
 
+def _head_dims_kept(z: torch.Tensor | None, heads: torch.Tensor, head_dim: int) -> tuple[list[torch.Tensor], bool]:
+    """Per kept head, the dimensions ``z`` (``[heads, head_dim]``) keeps; when none in the layer, dimension 0 of the
+    first head (its rows were scaled to zero: an exact placeholder) and True."""
+    if z is None:
+        return [torch.arange(head_dim) for _ in heads], False
+    kept = [(z[h] != 0).nonzero().flatten().cpu() for h in heads.tolist()]
+    if sum(k.numel() for k in kept) == 0:
+        kept[0] = torch.zeros(1, dtype=torch.long)
+        return kept, True
+    return kept, False
+
+
 def fuse_encoder_masks(
     model: nn.Module, values: MaskValues, hidden: EncoderHidden, scores: Sequence[torch.Tensor] | None = None
 ) -> dict:
@@ -98,13 +111,18 @@ def fuse_encoder_masks(
 
     ``hidden``: ``per_norm`` (projected model, per-norm 0/1 hidden masks sliced exactly), ``shared``
     (unprojected model, one 0/1 hidden mask, LayerNorms sliced directly) or ``none``. ``scores``
-    (per-norm ``log α``) pick the coordinate kept when a norm's mask is all zero.
+    (per-norm ``log α``) pick the coordinate kept when a norm's mask is all zero. The shared MHA-intermediate
+    masks ``qk`` and ``vo`` are folded into the q and v rows (the side the hooks mask) and the dimensions they zero
+    are removed per head (:func:`~slimkit.primitives.projection.heads.slice_heads`): heads keep their own widths.
     """
     if values.q is not None or values.k is not None or values.v is not None or values.o is not None:
-        raise SlimkitError("masks inside heads (q, k, v, o) are not supported on encoders here")
+        raise SlimkitError(
+            "separate masks inside heads (q, k, v, o) are not supported on encoders; use the shared qk and vo masks"
+        )
     view = ModelView(model)
     n = view.num_layers
-    report: dict = {"placeholder_heads": [], "placeholder_filters": [], "forced_hidden": []}
+    report: dict = {"placeholder_heads": [], "placeholder_filters": [], "forced_hidden": [], "head_widths": {}}
+    report["placeholder_head_dims"] = []
     on = next((t.device for _name, field in values.items() for t in field), torch.device("cpu"))  # masks' device
     with torch.no_grad():
         for i in range(n):
@@ -113,6 +131,12 @@ def fuse_encoder_masks(
             o, down = layer.linear("o"), layer.linear("down")
             z_head = values.head[i].detach() if values.head is not None else torch.ones(heads, device=on)
             z_mha = values.mha[i].detach() if values.mha is not None else torch.ones((), device=on)
+            z_qk = values.qk[i].detach() if values.qk is not None else None
+            z_vo = values.vo[i].detach() if values.vo is not None else None
+            if z_qk is not None:
+                _scale_linear(layer.linear("q"), z_qk.flatten(), columns=False)
+            if z_vo is not None:
+                _scale_linear(layer.linear("v"), z_vo.flatten(), columns=False)
             _scale_linear(o, z_head.repeat_interleave(dh), columns=True)
             _scale_linear(o, z_mha, columns=False)
             keep, empty = _keep_or_placeholder(z_head * z_mha)
@@ -120,6 +144,13 @@ def fuse_encoder_masks(
                 report["placeholder_heads"].append(i)
             if keep.numel() < heads:
                 prune_layer(model, "attention_head", i, keep)
+            if z_qk is not None or z_vo is not None:
+                qk_keep, qk_empty = _head_dims_kept(z_qk, keep, dh)
+                vo_keep, vo_empty = _head_dims_kept(z_vo, keep, dh)
+                if qk_empty or vo_empty:
+                    report["placeholder_head_dims"].append(i)
+                widths = slice_heads(model, i, qk_keep, vo_keep)
+                report["head_widths"][str(i)] = {"qk": list(widths.qk), "vo": list(widths.vo)}
             z_f = values.f[i].detach() if values.f is not None else torch.ones(layer.mlp_width, device=on)
             z_ffn = values.ffn[i].detach() if values.ffn is not None else torch.ones((), device=on)
             _scale_linear(down, z_f, columns=True)
@@ -201,6 +232,7 @@ def train_encoder_masks(
     progress: Callable[[int], None] | None = None,
     check_batches: Sequence[Batch] | None = None,
     tolerance: float = 0.005,
+    calibration: Sequence[Batch] | None = None,
 ) -> dict:
     """Train, binarise and fuse SP3's (or CoFi's) masks on a GLUE task model in place; returns a report.
 
@@ -211,6 +243,8 @@ def train_encoder_masks(
     ``tolerance``: the final structure is chosen by the budget-aware selection of
     :func:`~slimkit.primitives.masks.sparsity.select_to_target` over all mask levels, within
     ``[target, target + tolerance]`` where the units allow (a threshold alone overshot with block gates).
+    ``calibration``: the batches the MHA-intermediate projections are computed from (``settings.intermediate``;
+    default: the training batches without their labels).
     """
     started = time.perf_counter()
     view = ModelView(model)
@@ -223,12 +257,18 @@ def train_encoder_masks(
         raise SlimkitError("hidden: per_norm needs a model projected by project_post_norm (stage pca_project_post)")
     if settings.hidden == "shared" and projected:
         raise SlimkitError("hidden: shared is the masks-only baseline on the unprojected model")
+    heads_projection = None
+    if settings.intermediate:
+        check_heads_projectable(model)
+        inputs = calibration or [{k: v for k, v in b.items() if k != "labels"} for b in batches]
+        heads_projection = {"tokens": project_heads(model, inputs)["tokens"]}
     shape = MaskShape.from_view(view)
     masks = MaskSet(
         shape,
         head=settings.head,
         layer=settings.layer,
         intermediate=False,
+        shared_intermediate=settings.intermediate,
         hidden=settings.hidden,
         init_drop=settings.init_drop,
         seed=seed,
@@ -310,6 +350,7 @@ def train_encoder_masks(
         "achieved_sparsity": 1.0 - counted / total,
         "params": ModelView(model).num_params(),
         "fused": fused,
+        "heads_projection": heads_projection,
         "history": history,
         "config": run_settings(settings, EncoderMaskSettings, goal, seed),
     }

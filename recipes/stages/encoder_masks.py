@@ -10,7 +10,10 @@ model is the CoFi-style masks-only baseline (Table 2). See
 
 The target is a sparsity of Eq. 30's count (``target.of: layers``): the attention (q, k, v, o) and FFN
 (up, down) weight matrices plus, with ``per_norm``, the residual matrices W_R; embeddings, norms,
-biases, pooler and classifier are not counted (CoFi). Batches: the task's train split in the
+biases, pooler and classifier are not counted (CoFi). ``intermediate: true`` adds SP3's MHA-intermediate masks: the
+heads are projected at full width from the recipe's calibration batches (Eqs. 10-12), one gate per projected q/k
+and v/o dimension joins the dimension masks, and each head keeps its own widths when fused (q, k, v, o counted at
+their kept widths). Batches: the task's train split in the
 seeded order of :func:`slimkit.primitives.gluedata.training_order`, ``batch_size`` examples per
 optimiser step. ``check_examples`` dev examples (None: all) compare the masked and the fused model
 (exactly equal with ``per_norm``; not with ``shared``, whose sliced LayerNorms change their statistics).
@@ -18,9 +21,13 @@ optimiser step. ``check_examples`` dev examples (None: all) compare the masked a
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from slimkit.primitives import gluedata
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.head_widths import head_width_refusal
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.encoder import train_encoder_masks
 from slimkit.primitives.masks.settings import EncoderMaskSettings
@@ -47,6 +54,31 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
 
     def touches(self) -> frozenset[str]:
         return ALL_ROLES
+
+    def needs_calibration(self) -> bool:
+        return self.intermediate  # the MHA-intermediate projections read the calibration batches
+
+    def check_model(self, model: Any) -> None:
+        view = ModelView(model)
+        kind = view.spec.model_type
+        if self.intermediate:
+            reason = head_width_refusal(view.spec)
+            if reason is None and any(layer.num_kv_heads != layer.num_heads for layer in view.layers):
+                reason = f"this {kind} model shares KV heads between query heads"
+            if reason is not None:
+                raise SlimkitError(
+                    f"mask_train_encoder: intermediate: true (SP3's MHA-intermediate masks) cannot apply: {reason}; "
+                    "set intermediate: false"
+                )
+        if view.spec.norm_placement != "post":
+            if self.layer:
+                raise SlimkitError(
+                    f"mask_train_encoder: layer: true (block masks z_MHA, z_FFN on a post-norm encoder) has no "
+                    f"blocks to mask in this {kind} model (pre-norm); set layer: false, or use mask_train"
+                )
+            raise SlimkitError(
+                f"mask_train_encoder needs a post-norm encoder (BERT); this model is a pre-norm {kind}: use mask_train"
+            )
 
 
 @register_stage(
@@ -88,6 +120,7 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
             lambda _step: advance(1),
             check_batches=check,
             tolerance=target.tolerance,
+            calibration=ctx.calibration_batches() if args.intermediate else None,
         )
     report["epochs"] = needed / len(examples)
     report["examples_seen"] = needed
