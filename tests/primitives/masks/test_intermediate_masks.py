@@ -82,11 +82,15 @@ def test_fused_heads_equal_the_masked_model_and_are_counted():
 
 
 @pytest.mark.slow
-def test_training_lands_on_the_budget_and_the_saved_model_reloads_equal(tmp_path):
+@pytest.mark.parametrize("layer", [False, True])
+def test_training_lands_on_the_budget_and_the_saved_model_reloads_equal(tmp_path, layer):
+    """All three levels (dimension with the MHA-intermediate masks, head, and with ``layer`` the block gates that
+    remove a third of the tiny model's count at once): the target is met and not overshot."""
     model = _projected()
     batches = [_batch(30 + i, batch=4, labels=True) for i in range(3)]
-    settings = EncoderMaskSettings(finetune_steps=1, dimension_steps=3, joint_steps=3, intermediate=True, layer=False)
+    settings = EncoderMaskSettings(finetune_steps=1, dimension_steps=3, joint_steps=3, intermediate=True, layer=layer)
     report = train_encoder_masks(model, batches, settings, 0.4, check_batches=[_batch(7)], tolerance=0.005)
+    assert report["levels"] == (["dimension", "head", "layer"] if layer else ["dimension", "head"])
     assert 0.4 <= report["binary_sparsity"] <= 0.405  # the budget-aware selection, q/k/v/o at their kept widths
     assert report["counted_weights"] - report["fused"]["placeholder_params"] == report["binary_size"]
     assert report["heads_projection"]["tokens"] > 0
