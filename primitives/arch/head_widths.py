@@ -245,8 +245,7 @@ def materialise_head_widths(
             projections[role] = nn.Linear(shape[1], shape[0], bias=f"{path}.{name}.bias" in saved)
         new = with_head_widths(spec, old, widths, projections)
         new.dropout = float(entry.get("dropout") or 0.0)
-        parent_path, _, child = path.rpartition(".")
-        setattr(model.get_submodule(parent_path) if parent_path else model, child, new)
+        model.set_submodule(path, new)
         count += 1
     return count
 
