@@ -42,7 +42,7 @@ CALIBRATION = {"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2}
 GLUE_CALIBRATION = {"dataset": "glue", "samples": 4, "seq_len": 32, "batch_size": 2, "examples": 32}
 MODEL_TARGET = {"ratio": 0.2, "of": "model", "tolerance": 0.025}
 FINETUNE = {"stage": "glue_finetune", "args": {"max_steps": 2, "batch_size": 8, "max_length": 32}}
-ENCODER_MASKS = {  # sp3-bert.yaml's settings at test_encoder_masks' tiny budget
+ENCODER_MASKS = {  # sp3-bert.yaml's settings (without its layer and MHA-intermediate masks) at a tiny budget
     "hidden": "per_norm",
     "head": True,
     "layer": False,
@@ -162,6 +162,20 @@ CASES: dict[str, tuple[str, dict]] = {
                 FINETUNE,
                 {"stage": "pca_project_post", "args": {"tokens": None}},
                 {"stage": "mask_train_encoder", "args": ENCODER_MASKS},
+            ],
+            "eval": {"glue": {"limit": 8, "batch_size": 8, "max_length": 32}},
+        },
+    ),
+    "mask_train_encoder-all-levels": (  # MHA-intermediate masks (heads of their own widths) and layer masks
+        "bert",
+        {
+            "task": "sst2",
+            "calibration": GLUE_CALIBRATION,
+            "target": {"ratio": 0.5, "of": "layers", "tolerance": 0.05},
+            "stages": [
+                FINETUNE,
+                {"stage": "pca_project_post", "args": {"tokens": None}},
+                {"stage": "mask_train_encoder", "args": {**ENCODER_MASKS, "intermediate": True, "layer": True}},
             ],
             "eval": {"glue": {"limit": 8, "batch_size": 8, "max_length": 32}},
         },
