@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.head_widths import head_width_refusal
 from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
@@ -25,12 +26,40 @@ from slimkit.primitives.masks.settings import EncoderHidden, EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import binarize, dense_size, expected_size
 from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
 from slimkit.primitives.projection.adapters import basis_change_params
-from slimkit.primitives.projection.heads import check_heads_projectable, project_heads, slice_heads
+from slimkit.primitives.projection.heads import project_heads, slice_heads
 from slimkit.primitives.projection.norms import linear_param, set_param
 from slimkit.primitives.projection.postnorm import hidden_norms, slice_post_norm_hidden
 from slimkit.primitives.surgery import prune_layer, remove_units
 
 Batch = Mapping[str, torch.Tensor]
+
+
+# -- what a model can take ----------------------------------------------------------------------------------
+def check_encoder_masks(model: nn.Module, settings: EncoderMaskSettings) -> None:
+    """Refuse in one line (naming the setting) mask levels the model cannot take, before any compute."""
+    view = ModelView(model)
+    kind = view.spec.model_type
+    if settings.intermediate:
+        reason = head_width_refusal(view.spec)
+        if reason is None and any(layer.num_kv_heads != layer.num_heads for layer in view.layers):
+            reason = f"this {kind} model shares KV heads between query heads"
+        if reason is not None:
+            raise SlimkitError(
+                f"intermediate: true (SP3's MHA-intermediate masks) cannot apply: {reason}; set intermediate: false"
+            )
+    if view.spec.norm_placement != "post":
+        if settings.layer:
+            raise SlimkitError(
+                f"layer: true (block masks z_MHA, z_FFN on a post-norm encoder) has no blocks to mask in this {kind} "
+                "model (pre-norm); set layer: false, or use mask_train"
+            )
+        raise SlimkitError(f"needs a post-norm encoder (BERT); this model is a pre-norm {kind}: use mask_train")
+    uneven = [layer.index for layer in view.layers if layer.head_widths is not None]
+    if uneven:
+        raise SlimkitError(
+            f"needs heads of one width; layer(s) {', '.join(map(str, uneven))} already keep per-head widths "
+            "(fused MHA-intermediate masks): train masks before fusing them, once"
+        )
 
 
 # -- counting ---------------------------------------------------------------------------------------------
@@ -247,9 +276,11 @@ def train_encoder_masks(
     default: the training batches without their labels).
     """
     started = time.perf_counter()
+    try:
+        check_encoder_masks(model, settings)
+    except SlimkitError as error:
+        raise SlimkitError(f"encoder mask training: {error}") from None
     view = ModelView(model)
-    if view.spec.norm_placement != "post":
-        raise SlimkitError("encoder mask training needs a post-norm encoder (BERT); use mask_train for decoders")
     if not batches:
         raise SlimkitError("encoder mask training needs batches")
     projected = is_projected(model)
@@ -259,7 +290,6 @@ def train_encoder_masks(
         raise SlimkitError("hidden: shared is the masks-only baseline on the unprojected model")
     heads_projection = None
     if settings.intermediate:
-        check_heads_projectable(model)
         inputs = calibration or [{k: v for k, v in b.items() if k != "labels"} for b in batches]
         heads_projection = {"tokens": project_heads(model, inputs)["tokens"]}
     shape = MaskShape.from_view(view)
@@ -357,6 +387,7 @@ def train_encoder_masks(
 
 
 __all__ = [
+    "check_encoder_masks",
     "counted_weights",
     "fuse_encoder_masks",
     "is_projected",

@@ -26,10 +26,8 @@ from typing import Any
 from pydantic import Field
 
 from slimkit.primitives import gluedata
-from slimkit.primitives.arch import ModelView
-from slimkit.primitives.arch.head_widths import head_width_refusal
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.masks.encoder import train_encoder_masks
+from slimkit.primitives.masks.encoder import check_encoder_masks, train_encoder_masks
 from slimkit.primitives.masks.settings import EncoderMaskSettings
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
@@ -59,26 +57,10 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
         return self.intermediate  # the MHA-intermediate projections read the calibration batches
 
     def check_model(self, model: Any) -> None:
-        view = ModelView(model)
-        kind = view.spec.model_type
-        if self.intermediate:
-            reason = head_width_refusal(view.spec)
-            if reason is None and any(layer.num_kv_heads != layer.num_heads for layer in view.layers):
-                reason = f"this {kind} model shares KV heads between query heads"
-            if reason is not None:
-                raise SlimkitError(
-                    f"mask_train_encoder: intermediate: true (SP3's MHA-intermediate masks) cannot apply: {reason}; "
-                    "set intermediate: false"
-                )
-        if view.spec.norm_placement != "post":
-            if self.layer:
-                raise SlimkitError(
-                    f"mask_train_encoder: layer: true (block masks z_MHA, z_FFN on a post-norm encoder) has no "
-                    f"blocks to mask in this {kind} model (pre-norm); set layer: false, or use mask_train"
-                )
-            raise SlimkitError(
-                f"mask_train_encoder needs a post-norm encoder (BERT); this model is a pre-norm {kind}: use mask_train"
-            )
+        try:
+            check_encoder_masks(model, self)
+        except SlimkitError as error:
+            raise SlimkitError(f"mask_train_encoder: {error}") from None
 
 
 @register_stage(

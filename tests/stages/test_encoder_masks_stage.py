@@ -4,8 +4,10 @@ any compute (the stage's ``check_model`` and its settings' validation)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.projection.heads import slice_heads
 from slimkit.recipes.stages.encoder_masks import MaskTrainEncoderArgs
 from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.tiny import byte_tokenizer, tiny_bert, tiny_llama, tiny_qwen3
@@ -28,7 +30,7 @@ def test_intermediate_masks_are_refused_on_models_that_cannot_take_them(model, f
 def test_layer_masks_are_refused_on_a_model_without_them():
     with pytest.raises(SlimkitError, match=r"mask_train_encoder: layer: true .* no blocks to mask in this llama model"):
         MaskTrainEncoderArgs(layer=True).check_model(tiny_llama())
-    with pytest.raises(SlimkitError, match="mask_train_encoder needs a post-norm encoder"):
+    with pytest.raises(SlimkitError, match="mask_train_encoder: needs a post-norm encoder"):
         MaskTrainEncoderArgs(layer=False).check_model(tiny_llama())
 
 
@@ -68,3 +70,10 @@ def test_cli_refuses_in_one_line(monkeypatch, capsys, tmp_path, model_dirs, mode
     assert_one_line_error(code, err, fragment)
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(model_dirs)
+
+
+def test_masks_are_not_trained_again_on_heads_of_their_own_widths():
+    model = tiny_bert()
+    slice_heads(model, 1, [torch.tensor([0, 1])] * 4, [torch.tensor([3])] * 4)
+    with pytest.raises(SlimkitError, match=r"mask_train_encoder: needs heads of one width; layer\(s\) 1 already"):
+        MaskTrainEncoderArgs(hidden="shared").check_model(model)
