@@ -54,6 +54,9 @@ class ArchSpec:
     """The MLP as one module of the layer (``mlp`` in the Llama family), relative to the layer; None when its
     projections sit in the layer itself (OPT, BERT). Whole sub-blocks are removable only where it is set and the
     norms are pre-norms (:func:`removable_blocks`)."""
+    encoder: bool = False
+    """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
+    (:mod:`slimkit.primitives.arch.head_widths`)."""
 
     @property
     def mlp_kind(self) -> MLPKind:
@@ -144,6 +147,7 @@ _BERT = ArchSpec(
     intermediate_size_key="intermediate_size",
     extra_embeddings=("embeddings.position_embeddings", "embeddings.token_type_embeddings"),
     extra_norms=("embeddings.LayerNorm",),
+    encoder=True,
 )
 
 # Mistral and Qwen2 keep Llama's module names. Qwen2 adds q/k/v biases, which need no data here:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from torch import nn
 
+from slimkit.primitives.arch.head_widths import HeadWidthAttention, HeadWidths
 from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 from slimkit.primitives.arch.support import unsupported_message
@@ -132,13 +133,25 @@ class LayerView:
         return int(getattr(self.attention, self.spec.head_dim_attr))
 
     @property
+    def head_widths(self) -> HeadWidths | None:
+        """Each head's kept q/k and v/o widths when the heads differ (SP3's MHA-intermediate masks), else None."""
+        attn = None if self.attention_removed else self.attention
+        return attn.widths if isinstance(attn, HeadWidthAttention) else None
+
+    @property
     def num_heads(self) -> int:
         """Query heads (0 when the attention block was removed)."""
-        return 0 if self.attention_removed else out_features(self.linear("q")) // self.head_dim
+        if self.attention_removed:
+            return 0
+        widths = self.head_widths
+        return widths.num_heads if widths is not None else out_features(self.linear("q")) // self.head_dim
 
     @property
     def num_kv_heads(self) -> int:
-        return 0 if self.attention_removed else out_features(self.linear("k")) // self.head_dim
+        if self.attention_removed:
+            return 0
+        widths = self.head_widths
+        return widths.num_heads if widths is not None else out_features(self.linear("k")) // self.head_dim
 
     @property
     def mlp_width(self) -> int:
@@ -158,8 +171,12 @@ class LayerView:
         }
 
     def sync_head_counts(self) -> None:
-        """Update the attention module's run-time head attributes from its projection shapes."""
+        """Update the attention module's run-time head attributes from its projection shapes (a
+        :class:`HeadWidthAttention` keeps its own widths: they are checked against the shapes instead)."""
         if self.attention_removed:
+            return
+        if isinstance(self.attention, HeadWidthAttention):
+            self.attention.check()
             return
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if kv == 0 or h % kv:

@@ -36,6 +36,8 @@ def _blocking(modules: Iterable[dict[str, Any]]) -> str | None:
             )
         if kind == "rms_norm":
             return "LayerNorms converted to RMSNorm have no dense-decoder equivalent"
+        if kind == "head_widths":
+            return f"the attention at {entry.get('path')} keeps per-head widths, which no dense format can hold"
     return None
 
 

@@ -224,6 +224,13 @@ def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -
         raise ValueError(f"unknown group kind '{kind}'; allowed: {', '.join(GROUP_KINDS)}")
     indices = range(view.num_layers) if layers is None else layers
     chosen = [view.layer(i) for i in indices]
+    if GROUP_BLOCK[kind] == "attention":
+        uneven = [layer.index for layer in chosen if layer.head_widths is not None]
+        if uneven:
+            raise SlimkitError(
+                f"{kind} groups need heads of one width; layer(s) {', '.join(map(str, uneven))} keep per-head widths "
+                "(SP3's MHA-intermediate masks), so their attention units cannot be pruned further"
+            )
     return [_LAYER_BUILDERS[kind](view, layer) for layer in chosen if GROUP_BLOCK[kind] not in layer.removed_blocks]
 
 

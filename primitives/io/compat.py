@@ -26,6 +26,7 @@ _KIND_WORDS = {
     "low_rank": "low-rank pair",
     "basis_change": "residual / basis-change map",
     "rms_norm": "LayerNorm converted to RMSNorm",
+    "head_widths": "attention with per-head widths",
 }
 
 

@@ -7,7 +7,8 @@ original ``model_type`` and ``architectures`` back first. A folder that is not m
 model is built from the global config, the manifest's modules are put in place (low-rank pairs;
 RMSNorms that replaced LayerNorms), the sub-blocks ``per_layer_config`` records as removed (zero query heads:
 the attention block; zero MLP width: the MLP block; see :mod:`slimkit.primitives.blocks`) are replaced by their
-stand-ins, every module whose saved parameters differ in shape (or that
+stand-ins, attentions whose heads keep their own widths (manifest ``head_widths`` entries, checked against the
+saved shapes) are put back, every module whose saved parameters differ in shape (or that
 gains a saved bias, e.g. a head that took a LayerNorm's β) is given a module of the saved shape
 (shape-driven materialisation, so no architecture's forward pass is copied), the manifest's
 residual / basis-change matrices are attached with their hooks, each layer's attention head
@@ -38,6 +39,8 @@ import transformers
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.head_widths import KIND as HEAD_WIDTHS_KIND
+from slimkit.primitives.arch.head_widths import materialise_head_widths
 from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
@@ -53,6 +56,7 @@ _MODULE_FIELDS = {
     LOW_RANK_KIND: ("rank", "in_features", "out_features"),
     RMS_NORM_KIND: ("width",),
     BASIS_CHANGE_KIND: ("in_features", "out_features"),
+    HEAD_WIDTHS_KIND: ("head_size",),
 }
 """The integer fields each kind of manifest ``modules`` entry must have."""
 
@@ -400,6 +404,10 @@ def load(
     else:
         per_layer = _check_per_layer(folder, per_layer, ModelView(model).num_layers)
         restore_removed_blocks(model, per_layer)  # zero heads / zero MLP width: the block was removed
+    try:
+        materialise_head_widths(model, ModelView(model).spec, modules, saved)
+    except SlimkitError as error:
+        raise SlimkitError(f"{folder.path / MANIFEST_NAME}: {error}") from None
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
     _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.head_widths import head_width_entries
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.guard import check_output_location
@@ -244,7 +245,7 @@ def _write_folder(
             "format": MANIFEST_FORMAT,
             "model_type": view.spec.model_type,
             "layer_widths": view.layer_widths(),
-            "modules": lowrank_entries(model) + projection_entries(model),
+            "modules": lowrank_entries(model) + projection_entries(model) + head_width_entries(model),
             "versions": versions(),
             **(manifest or {}),
         }

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.head_widths import head_width_refusal
 from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
@@ -25,11 +26,40 @@ from slimkit.primitives.masks.settings import EncoderHidden, EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import binarize, dense_size, expected_size
 from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
 from slimkit.primitives.projection.adapters import basis_change_params
+from slimkit.primitives.projection.heads import project_heads, slice_heads
 from slimkit.primitives.projection.norms import linear_param, set_param
 from slimkit.primitives.projection.postnorm import hidden_norms, slice_post_norm_hidden
 from slimkit.primitives.surgery import prune_layer, remove_units
 
 Batch = Mapping[str, torch.Tensor]
+
+
+# -- what a model can take ----------------------------------------------------------------------------------
+def check_encoder_masks(model: nn.Module, settings: EncoderMaskSettings) -> None:
+    """Refuse in one line (naming the setting) mask levels the model cannot take, before any compute."""
+    view = ModelView(model)
+    kind = view.spec.model_type
+    if settings.intermediate:
+        reason = head_width_refusal(view.spec)
+        if reason is None and any(layer.num_kv_heads != layer.num_heads for layer in view.layers):
+            reason = f"this {kind} model shares KV heads between query heads"
+        if reason is not None:
+            raise SlimkitError(
+                f"intermediate: true (SP3's MHA-intermediate masks) cannot apply: {reason}; set intermediate: false"
+            )
+    if view.spec.norm_placement != "post":
+        if settings.layer:
+            raise SlimkitError(
+                f"layer: true (block masks z_MHA, z_FFN on a post-norm encoder) has no blocks to mask in this {kind} "
+                "model (pre-norm); set layer: false, or use mask_train"
+            )
+        raise SlimkitError(f"needs a post-norm encoder (BERT); this model is a pre-norm {kind}: use mask_train")
+    uneven = [layer.index for layer in view.layers if layer.head_widths is not None]
+    if uneven:
+        raise SlimkitError(
+            f"needs heads of one width; layer(s) {', '.join(map(str, uneven))} already keep per-head widths "
+            "(fused MHA-intermediate masks): train masks before fusing them, once"
+        )
 
 
 # -- counting ---------------------------------------------------------------------------------------------
@@ -91,6 +121,18 @@ def _norm_values(values: MaskValues, num_layers: int) -> list[torch.Tensor] | No
     return [t.detach() for t in z]
 
 
+def _head_dims_kept(z: torch.Tensor | None, heads: torch.Tensor, head_dim: int) -> tuple[list[torch.Tensor], bool]:
+    """Per kept head, the dimensions ``z`` (``[heads, head_dim]``) keeps; when none in the layer, dimension 0 of the
+    first head (its rows were scaled to zero: an exact placeholder) and True."""
+    if z is None:
+        return [torch.arange(head_dim) for _ in heads], False
+    kept = [(z[h] != 0).nonzero().flatten().cpu() for h in heads.tolist()]
+    if sum(k.numel() for k in kept) == 0:
+        kept[0] = torch.zeros(1, dtype=torch.long)
+        return kept, True
+    return kept, False
+
+
 def fuse_encoder_masks(
     model: nn.Module, values: MaskValues, hidden: EncoderHidden, scores: Sequence[torch.Tensor] | None = None
 ) -> dict:
@@ -98,13 +140,18 @@ def fuse_encoder_masks(
 
     ``hidden``: ``per_norm`` (projected model, per-norm 0/1 hidden masks sliced exactly), ``shared``
     (unprojected model, one 0/1 hidden mask, LayerNorms sliced directly) or ``none``. ``scores``
-    (per-norm ``log α``) pick the coordinate kept when a norm's mask is all zero.
+    (per-norm ``log α``) pick the coordinate kept when a norm's mask is all zero. The shared MHA-intermediate
+    masks ``qk`` and ``vo`` are folded into the q and v rows (the side the hooks mask) and the dimensions they zero
+    are removed per head (:func:`~slimkit.primitives.projection.heads.slice_heads`): heads keep their own widths.
     """
     if values.q is not None or values.k is not None or values.v is not None or values.o is not None:
-        raise SlimkitError("masks inside heads (q, k, v, o) are not supported on encoders here")
+        raise SlimkitError(
+            "separate masks inside heads (q, k, v, o) are not supported on encoders; use the shared qk and vo masks"
+        )
     view = ModelView(model)
     n = view.num_layers
-    report: dict = {"placeholder_heads": [], "placeholder_filters": [], "forced_hidden": []}
+    report: dict = {"placeholder_heads": [], "placeholder_filters": [], "forced_hidden": [], "head_widths": {}}
+    report["placeholder_head_dims"] = []
     on = next((t.device for _name, field in values.items() for t in field), torch.device("cpu"))  # masks' device
     with torch.no_grad():
         for i in range(n):
@@ -113,6 +160,12 @@ def fuse_encoder_masks(
             o, down = layer.linear("o"), layer.linear("down")
             z_head = values.head[i].detach() if values.head is not None else torch.ones(heads, device=on)
             z_mha = values.mha[i].detach() if values.mha is not None else torch.ones((), device=on)
+            z_qk = values.qk[i].detach() if values.qk is not None else None
+            z_vo = values.vo[i].detach() if values.vo is not None else None
+            if z_qk is not None:
+                _scale_linear(layer.linear("q"), z_qk.flatten(), columns=False)
+            if z_vo is not None:
+                _scale_linear(layer.linear("v"), z_vo.flatten(), columns=False)
             _scale_linear(o, z_head.repeat_interleave(dh), columns=True)
             _scale_linear(o, z_mha, columns=False)
             keep, empty = _keep_or_placeholder(z_head * z_mha)
@@ -120,6 +173,13 @@ def fuse_encoder_masks(
                 report["placeholder_heads"].append(i)
             if keep.numel() < heads:
                 prune_layer(model, "attention_head", i, keep)
+            if z_qk is not None or z_vo is not None:
+                qk_keep, qk_empty = _head_dims_kept(z_qk, keep, dh)
+                vo_keep, vo_empty = _head_dims_kept(z_vo, keep, dh)
+                if qk_empty or vo_empty:
+                    report["placeholder_head_dims"].append(i)
+                widths = slice_heads(model, i, qk_keep, vo_keep)
+                report["head_widths"][str(i)] = {"qk": list(widths.qk), "vo": list(widths.vo)}
             z_f = values.f[i].detach() if values.f is not None else torch.ones(layer.mlp_width, device=on)
             z_ffn = values.ffn[i].detach() if values.ffn is not None else torch.ones((), device=on)
             _scale_linear(down, z_f, columns=True)
@@ -201,6 +261,7 @@ def train_encoder_masks(
     progress: Callable[[int], None] | None = None,
     check_batches: Sequence[Batch] | None = None,
     tolerance: float = 0.005,
+    calibration: Sequence[Batch] | None = None,
 ) -> dict:
     """Train, binarise and fuse SP3's (or CoFi's) masks on a GLUE task model in place; returns a report.
 
@@ -211,11 +272,15 @@ def train_encoder_masks(
     ``tolerance``: the final structure is chosen by the budget-aware selection of
     :func:`~slimkit.primitives.masks.sparsity.select_to_target` over all mask levels, within
     ``[target, target + tolerance]`` where the units allow (a threshold alone overshot with block gates).
+    ``calibration``: the batches the MHA-intermediate projections are computed from (``settings.intermediate``;
+    default: the training batches without their labels).
     """
     started = time.perf_counter()
+    try:
+        check_encoder_masks(model, settings)
+    except SlimkitError as error:
+        raise SlimkitError(f"encoder mask training: {error}") from None
     view = ModelView(model)
-    if view.spec.norm_placement != "post":
-        raise SlimkitError("encoder mask training needs a post-norm encoder (BERT); use mask_train for decoders")
     if not batches:
         raise SlimkitError("encoder mask training needs batches")
     projected = is_projected(model)
@@ -223,12 +288,17 @@ def train_encoder_masks(
         raise SlimkitError("hidden: per_norm needs a model projected by project_post_norm (stage pca_project_post)")
     if settings.hidden == "shared" and projected:
         raise SlimkitError("hidden: shared is the masks-only baseline on the unprojected model")
+    heads_projection = None
+    if settings.intermediate:
+        inputs = calibration or [{k: v for k, v in b.items() if k != "labels"} for b in batches]
+        heads_projection = {"tokens": project_heads(model, inputs)["tokens"]}
     shape = MaskShape.from_view(view)
     masks = MaskSet(
         shape,
         head=settings.head,
         layer=settings.layer,
         intermediate=False,
+        shared_intermediate=settings.intermediate,
         hidden=settings.hidden,
         init_drop=settings.init_drop,
         seed=seed,
@@ -310,12 +380,14 @@ def train_encoder_masks(
         "achieved_sparsity": 1.0 - counted / total,
         "params": ModelView(model).num_params(),
         "fused": fused,
+        "heads_projection": heads_projection,
         "history": history,
         "config": run_settings(settings, EncoderMaskSettings, goal, seed),
     }
 
 
 __all__ = [
+    "check_encoder_masks",
     "counted_weights",
     "fuse_encoder_masks",
     "is_projected",

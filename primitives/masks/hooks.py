@@ -211,8 +211,9 @@ def apply_masks(
 
     for i, layer in enumerate(view.layers):
         heads = layer.num_heads
-        for role in ("q", "k", "v"):
-            post(layer.linear(role), value(role, i), heads if role == "q" else layer.num_kv_heads)
+        post(layer.linear("q"), _times(value("q", i), value("qk", i)), heads)  # z_QK once: on the query side
+        post(layer.linear("k"), value("k", i), layer.num_kv_heads)
+        post(layer.linear("v"), _times(value("v", i), value("vo", i)), layer.num_kv_heads)  # z_VO once: on v
         pre(layer.linear("o"), _times(value_2d("head", i), value("o", i)), heads)
         pre(layer.linear("down"), value("f", i))
         if where == "stream":

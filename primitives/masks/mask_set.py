@@ -30,9 +30,14 @@ HIDDEN_MODES: tuple[str, ...] = ("per_block", "per_group", "per_norm", "shared",
 
 HIDDEN_FIELDS: tuple[str, ...] = ("mha_in", "mha_out", "ffn_in", "ffn_out")
 INTERMEDIATE_FIELDS: tuple[str, ...] = ("q", "k", "v", "o")
+SHARED_INTERMEDIATE_FIELDS: tuple[str, ...] = ("qk", "vo")
+"""One gate per head dimension shared by q and k (z_Q = z_K) and one shared by v and o (z_V = z_O): the widths a
+runnable head keeps (:mod:`slimkit.primitives.arch.head_widths`)."""
 MASK_FIELDS: tuple[str, ...] = (*HIDDEN_FIELDS, "f", *INTERMEDIATE_FIELDS, "head", "mha", "ffn")
+"""The fields of a mask set with every default level on (the shared intermediate masks are asked for apart)."""
+ALL_MASK_FIELDS: tuple[str, ...] = (*MASK_FIELDS, *SHARED_INTERMEDIATE_FIELDS)
 LEVEL_OF: dict[str, Level] = {
-    **dict.fromkeys((*HIDDEN_FIELDS, "f", *INTERMEDIATE_FIELDS), "dimension"),
+    **dict.fromkeys((*HIDDEN_FIELDS, "f", *INTERMEDIATE_FIELDS, *SHARED_INTERMEDIATE_FIELDS), "dimension"),
     "head": "head",
     "mha": "layer",
     "ffn": "layer",
@@ -95,13 +100,13 @@ class MaskShape:
             return (self.ffn[layer],)
         if name in ("k", "v"):
             return (self.kv_heads[layer], self.head_dim)
-        if name in ("q", "o"):
+        if name in ("q", "o", "qk", "vo"):
             return (self.heads[layer], self.head_dim)
         if name == "head":
             return (self.heads[layer],)
         if name in ("mha", "ffn"):
             return ()
-        raise KeyError(f"unknown mask '{name}'; known: {', '.join(MASK_FIELDS)}")
+        raise KeyError(f"unknown mask '{name}'; known: {', '.join(ALL_MASK_FIELDS)}")
 
 
 @dataclass
@@ -121,6 +126,8 @@ class MaskValues:
     k: list[torch.Tensor] | None = None
     v: list[torch.Tensor] | None = None
     o: list[torch.Tensor] | None = None
+    qk: list[torch.Tensor] | None = None
+    vo: list[torch.Tensor] | None = None
     head: list[torch.Tensor] | None = None
     mha: list[torch.Tensor] | None = None
     ffn: list[torch.Tensor] | None = None
@@ -186,8 +193,10 @@ def check_layer_groups(groups: Sequence[Sequence[int]] | None, num_layers: int) 
 class MaskSet(nn.Module):
     """All of SP3's gates for one model (:data:`MASK_FIELDS`), grouped in levels.
 
-    ``head``/``layer``/``intermediate`` switch the head masks, the layer masks and the masks inside
-    heads off entirely (Table 11's variants; Appendix F's LLM setting has none of the three).
+    ``head``/``layer``/``intermediate`` switch the head masks, the layer masks and the four masks inside
+    heads (q, k, v, o) off entirely (Table 11's variants; Appendix F's LLM setting has none of the three);
+    ``shared_intermediate`` adds the two shared masks inside heads (``qk``: z_Q = z_K, ``vo``: z_V = z_O: SP3's
+    MHA-intermediate masks as a runnable head keeps them, one q/k and one v/o width per head).
     ``hidden`` picks per-block hidden masks (SP3), one shared hidden mask (CoFi) or none. Only the
     masks of :attr:`active` levels are applied, counted and trained (:meth:`set_active`); the rest
     act as ones. ``forward()`` returns :class:`MaskValues`: samples in training mode, deterministic
@@ -201,6 +210,7 @@ class MaskSet(nn.Module):
         head: bool = True,
         layer: bool = True,
         intermediate: bool = True,
+        shared_intermediate: bool = False,
         hidden: HiddenMode = "per_block",
         groups: Sequence[Sequence[int]] | None = None,
         config: HardConcreteConfig = DEFAULT_CONFIG,
@@ -212,12 +222,13 @@ class MaskSet(nn.Module):
         if hidden not in HIDDEN_MODES:
             raise SlimkitError(f"unknown hidden mask mode '{hidden}'; allowed: {', '.join(HIDDEN_MODES)}")
         self.groups = check_layer_groups(groups, shape.num_layers) if hidden == "per_group" else None
-        if intermediate and shape.rope:
+        inside = intermediate or shared_intermediate
+        if inside and shape.rope:
             raise SlimkitError(
                 "masks inside heads (q, k, v, o) are not supported for RoPE models (SP3 Appendix F); "
                 "set intermediate: false"
             )
-        if intermediate and any(h != kv for h, kv in zip(shape.heads, shape.kv_heads, strict=True)):
+        if inside and any(h != kv for h, kv in zip(shape.heads, shape.kv_heads, strict=True)):
             raise SlimkitError(
                 "masks inside heads (q, k, v, o) need one KV head per query head; set intermediate: false"
             )
@@ -231,11 +242,13 @@ class MaskSet(nn.Module):
             names += list(HIDDEN_FIELDS)
         if intermediate:
             names += list(INTERMEDIATE_FIELDS)
+        if shared_intermediate:
+            names += list(SHARED_INTERMEDIATE_FIELDS)
         if head:
             names.append("head")
         if layer:
             names += ["mha", "ffn"]
-        self.names = tuple(n for n in MASK_FIELDS if n in names)
+        self.names = tuple(n for n in ALL_MASK_FIELDS if n in names)
         self.gates = nn.ModuleDict(
             {
                 n: nn.ModuleList(HardConcrete(shape.field_shape(n, i), **kw) for i in range(shape.num_layers))
@@ -267,7 +280,7 @@ class MaskSet(nn.Module):
         """Mask fields present (a shared or per-group hidden mask stands for all four hidden fields)."""
         if self.shared_hidden is None and self.group_hidden is None and self.norm_hidden is None:
             return self.names
-        return tuple(n for n in MASK_FIELDS if n in self.names or n in HIDDEN_FIELDS)
+        return tuple(n for n in ALL_MASK_FIELDS if n in self.names or n in HIDDEN_FIELDS)
 
     def set_active(self, levels: Sequence[str]) -> None:
         """Apply, count and train only the masks of ``levels``; the others act as ones and are frozen."""

@@ -72,7 +72,7 @@ class StreamMaskSettings(MaskSettings):
 
 
 class EncoderMaskSettings(MaskSettings):
-    """SP3's (or CoFi's) masks on a post-norm encoder: hidden, FFN-filter, head and layer gates."""
+    """SP3's (or CoFi's) masks on a post-norm encoder: hidden, FFN-filter, MHA-intermediate, head and layer gates."""
 
     hidden: EncoderHidden = "per_norm"
     """per_norm: one gate per hidden LayerNorm (needs pca_project_post first); shared: CoFi's one mask."""
@@ -80,6 +80,10 @@ class EncoderMaskSettings(MaskSettings):
     """Attention-head gates, joining in the joint stage (false: heads are kept)."""
     layer: bool = True
     """Whole-block gates z_MHA, z_FFN, joining in the joint stage (false: blocks are kept)."""
+    intermediate: bool = False
+    """SP3's MHA-intermediate masks (Eqs. 10-13): every head is first projected at full width (V/O by SVD, Q/K by
+    DRONE, from the calibration data), then one gate per projected q/k dimension (shared by q and k) and one per
+    v/o dimension (shared by v and o) train with the dimension masks; each head keeps its own widths when fused."""
     dimension_steps: int = Field(100, ge=0)
     """Steps with hidden and FFN-filter gates (D.2: epochs 3-7)."""
     joint_steps: int = Field(100, ge=0)

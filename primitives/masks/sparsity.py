@@ -56,6 +56,11 @@ def _head_dims(heads: torch.Tensor | None, dims: torch.Tensor | None, n_heads: i
     return per_head.sum() if heads is None else (heads * per_head).sum()
 
 
+def _both(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+    """The product of two masks on the same entries (``None``: all ones)."""
+    return y if x is None else x if y is None else x * y
+
+
 def _kv_heads(heads: torch.Tensor | None, n_heads: int, n_kv: int) -> torch.Tensor | None:
     """Keep value of each KV head: ``1 − Π (1 − z_head)`` over its query heads (itself without GQA)."""
     if heads is None or n_kv == n_heads:
@@ -92,10 +97,11 @@ def expected_size(
         a2, c2 = _layer(values.ffn_in, i), _layer(values.ffn_out, i)
         heads = _layer(values.head, i)
         kv_keep = _kv_heads(heads, h, kv)
-        rows_q = _head_dims(heads, _layer(values.q, i), h, dh)
-        rows_k = _head_dims(kv_keep, _layer(values.k, i), kv, dh)
-        rows_v = _head_dims(kv_keep, _layer(values.v, i), kv, dh)
-        cols_o = _head_dims(heads, _layer(values.o, i), h, dh)
+        qk, vo = _layer(values.qk, i), _layer(values.vo, i)  # shared: z_Q = z_K, z_V = z_O
+        rows_q = _head_dims(heads, _both(_layer(values.q, i), qk), h, dh)
+        rows_k = _head_dims(kv_keep, _both(_layer(values.k, i), qk), kv, dh)
+        rows_v = _head_dims(kv_keep, _both(_layer(values.v, i), vo), kv, dh)
+        cols_o = _head_dims(heads, _both(_layer(values.o, i), vo), h, dh)
         n_in, n_out = _total(a, d), _total(c, d)
         attn = n_in * (rows_q + rows_k + rows_v) + n_out * cols_o
         n_f = _total(_layer(values.f, i), shape.ffn[i])

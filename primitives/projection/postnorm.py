@@ -100,29 +100,41 @@ def _model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in _MODEL_INPUTS if batch.get(k) is not None}
 
 
-def norm_statistics(model: nn.Module, batches: Iterable[Batch], max_tokens: int | None = None) -> list[GramAccumulator]:
-    """Streamed Gram matrices of ``R y_j`` (y_j: norm j's input) over non-padding tokens, for every hidden norm.
+def input_grams(
+    model: nn.Module,
+    paths: Sequence[str],
+    batches: Iterable[Batch],
+    max_tokens: int | None = None,
+    *,
+    centre: Literal["token", "none"] = "token",
+    with_ones: bool = False,
+) -> list[GramAccumulator]:
+    """Streamed Gram matrices of the inputs of the modules at ``paths`` over non-padding tokens, one per module.
 
     ``batches`` are token-id tensors or tokenizer-style mappings (``input_ids``, optional
     ``attention_mask``, ``token_type_ids``, ``position_ids``); tokens with ``attention_mask == 0`` are
-    skipped. The model runs in eval mode (no dropout) and is put back in its previous mode.
+    skipped. ``centre``: ``token`` accumulates ``R y`` (each token centred), ``none`` the raw inputs;
+    ``with_ones`` appends a constant 1 to every token (``[y, 1]``: a bias becomes one more input column).
+    The model runs in eval mode (no dropout) and is put back in its previous mode.
     """
-    paths = hidden_norms(model)
-    d = int(model.get_submodule(paths[0]).weight.shape[0])
-    accumulators = [GramAccumulator(d, centre="token", max_tokens=max_tokens) for _ in paths]
+    modules = [model.get_submodule(p) for p in paths]
     current: dict[str, torch.Tensor | None] = {"mask": None}
+    accumulators: dict[int, GramAccumulator] = {}
 
-    def hook(accumulator: GramAccumulator):
-        def update(_module, args):
-            y = args[0].detach()
+    def hook(index: int):
+        def update(_module, args, kwargs):
+            y = (args[0] if args else kwargs["hidden_states"]).detach()
             mask = current["mask"]
-            accumulator.update(y.reshape(-1, y.shape[-1]) if mask is None else y[mask])
+            y = y.reshape(-1, y.shape[-1]) if mask is None else y[mask]
+            if with_ones:
+                y = torch.cat([y, y.new_ones(y.shape[0], 1)], dim=1)
+            if index not in accumulators:
+                accumulators[index] = GramAccumulator(y.shape[-1], centre=centre, max_tokens=max_tokens)
+            accumulators[index].update(y)
 
         return update
 
-    handles = [
-        model.get_submodule(p).register_forward_pre_hook(hook(acc)) for p, acc in zip(paths, accumulators, strict=True)
-    ]
+    handles = [m.register_forward_pre_hook(hook(i), with_kwargs=True) for i, m in enumerate(modules)]
     training = model.training
     model.eval()
     try:
@@ -136,9 +148,15 @@ def norm_statistics(model: nn.Module, batches: Iterable[Batch], max_tokens: int 
         for handle in handles:
             handle.remove()
         model.train(training)
-    if accumulators[0].tokens == 0:
-        raise SlimkitError("post-norm projection got no calibration tokens")
-    return accumulators
+    if len(accumulators) < len(paths) or accumulators[0].tokens == 0:
+        raise SlimkitError("the projection got no calibration tokens")
+    return [accumulators[i] for i in range(len(paths))]
+
+
+def norm_statistics(model: nn.Module, batches: Iterable[Batch], max_tokens: int | None = None) -> list[GramAccumulator]:
+    """Streamed Gram matrices of ``R y_j`` (y_j: norm j's input) over non-padding tokens, for every hidden norm
+    (:func:`input_grams`)."""
+    return input_grams(model, hidden_norms(model), batches, max_tokens)
 
 
 # -- fusing (Eqs. 8, 15-18) ------------------------------------------------------------------------------

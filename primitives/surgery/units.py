@@ -152,8 +152,8 @@ def _check_heads(group: Group, view: ModelView, new_shapes: dict[int, tuple[int,
     """Whole heads and an integer number of query heads per KV head after the planned slicing."""
     layers = view.layers if group.layer is None else [view.layer(group.layer)]
     for layer in layers:
-        if layer.spec.q is None or layer.spec.k is None or layer.attention_removed:
-            continue
+        if layer.spec.q is None or layer.spec.k is None or layer.attention_removed or layer.head_widths is not None:
+            continue  # per-head widths are checked by their module (HeadWidthAttention.check)
         d = layer.head_dim
         q, k = _planned_rows(layer, "q", new_shapes), _planned_rows(layer, "k", new_shapes)
         if d <= 0 or q % d or k % d or k == 0 or (q // d) % (k // d):

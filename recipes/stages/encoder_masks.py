@@ -10,7 +10,10 @@ model is the CoFi-style masks-only baseline (Table 2). See
 
 The target is a sparsity of Eq. 30's count (``target.of: layers``): the attention (q, k, v, o) and FFN
 (up, down) weight matrices plus, with ``per_norm``, the residual matrices W_R; embeddings, norms,
-biases, pooler and classifier are not counted (CoFi). Batches: the task's train split in the
+biases, pooler and classifier are not counted (CoFi). ``intermediate: true`` adds SP3's MHA-intermediate masks: the
+heads are projected at full width from the recipe's calibration batches (Eqs. 10-12), one gate per projected q/k
+and v/o dimension joins the dimension masks, and each head keeps its own widths when fused (q, k, v, o counted at
+their kept widths). Batches: the task's train split in the
 seeded order of :func:`slimkit.primitives.gluedata.training_order`, ``batch_size`` examples per
 optimiser step. ``check_examples`` dev examples (None: all) compare the masked and the fused model
 (exactly equal with ``per_norm``; not with ``shared``, whose sliced LayerNorms change their statistics).
@@ -18,11 +21,13 @@ optimiser step. ``check_examples`` dev examples (None: all) compare the masked a
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from slimkit.primitives import gluedata
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.masks.encoder import train_encoder_masks
+from slimkit.primitives.masks.encoder import check_encoder_masks, train_encoder_masks
 from slimkit.primitives.masks.settings import EncoderMaskSettings
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
@@ -47,6 +52,15 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
 
     def touches(self) -> frozenset[str]:
         return ALL_ROLES
+
+    def needs_calibration(self) -> bool:
+        return self.intermediate  # the MHA-intermediate projections read the calibration batches
+
+    def check_model(self, model: Any) -> None:
+        try:
+            check_encoder_masks(model, self)
+        except SlimkitError as error:
+            raise SlimkitError(f"mask_train_encoder: {error}") from None
 
 
 @register_stage(
@@ -88,6 +102,7 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
             lambda _step: advance(1),
             check_batches=check,
             tolerance=target.tolerance,
+            calibration=ctx.calibration_batches() if args.intermediate else None,
         )
     report["epochs"] = needed / len(examples)
     report["examples_seen"] = needed

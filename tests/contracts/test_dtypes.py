@@ -42,7 +42,7 @@ CALIBRATION = {"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2}
 GLUE_CALIBRATION = {"dataset": "glue", "samples": 4, "seq_len": 32, "batch_size": 2, "examples": 32}
 MODEL_TARGET = {"ratio": 0.2, "of": "model", "tolerance": 0.025}
 FINETUNE = {"stage": "glue_finetune", "args": {"max_steps": 2, "batch_size": 8, "max_length": 32}}
-ENCODER_MASKS = {  # sp3-bert.yaml's settings at test_encoder_masks' tiny budget
+ENCODER_MASKS = {  # sp3-bert.yaml's settings (without its layer and MHA-intermediate masks) at a tiny budget
     "hidden": "per_norm",
     "head": True,
     "layer": False,
@@ -58,6 +58,22 @@ ENCODER_MASKS = {  # sp3-bert.yaml's settings at test_encoder_masks' tiny budget
     "max_length": 32,
     "check_examples": 16,
 }
+
+
+def _sp3_bert(mask_args: dict, tolerance: float) -> dict:
+    """The recipe changes of an sp3-bert-like run: task fine-tuning, post-norm projection, encoder masks."""
+    return {
+        "task": "sst2",
+        "calibration": GLUE_CALIBRATION,
+        "target": {"ratio": 0.5, "of": "layers", "tolerance": tolerance},
+        "stages": [
+            FINETUNE,
+            {"stage": "pca_project_post", "args": {"tokens": None}},
+            {"stage": "mask_train_encoder", "args": mask_args},
+        ],
+        "eval": {"glue": {"limit": 8, "batch_size": 8, "max_length": 32}},
+    }
+
 
 # case -> (model factory, recipe changes); every registered stage appears in at least one case.
 CASES: dict[str, tuple[str, dict]] = {
@@ -152,20 +168,9 @@ CASES: dict[str, tuple[str, dict]] = {
             ]
         },
     ),
-    "glue_finetune+pca_project_post+mask_train_encoder": (
-        "bert",
-        {
-            "task": "sst2",
-            "calibration": GLUE_CALIBRATION,
-            "target": {"ratio": 0.5, "of": "layers", "tolerance": 0.03},
-            "stages": [
-                FINETUNE,
-                {"stage": "pca_project_post", "args": {"tokens": None}},
-                {"stage": "mask_train_encoder", "args": ENCODER_MASKS},
-            ],
-            "eval": {"glue": {"limit": 8, "batch_size": 8, "max_length": 32}},
-        },
-    ),
+    "glue_finetune+pca_project_post+mask_train_encoder": ("bert", _sp3_bert(ENCODER_MASKS, 0.03)),
+    # MHA-intermediate masks (heads of their own widths) and layer masks
+    "mask_train_encoder-all-levels": ("bert", _sp3_bert({**ENCODER_MASKS, "intermediate": True, "layer": True}, 0.05)),
 }
 
 
