@@ -104,13 +104,9 @@ class HeadWidthAttention(nn.Module):
         setattr(self, head_size_attr, head_size)  # what ModelView reads as the layer's head_dim
         self.dropout = dropout
         self.scaling = head_size**-0.5
-        self._refresh()
-
-    def _refresh(self) -> None:
-        qk, vo = self.widths.qk, self.widths.vo
-        self.qk_width, self.vo_width = max(max(qk), 1), max(max(vo), 1)
-        self.qk_positions = _packed_positions(qk, self.qk_width)
-        self.vo_positions = _packed_positions(vo, self.vo_width)
+        self.qk_width, self.vo_width = max(max(widths.qk), 1), max(max(widths.vo), 1)
+        self.qk_positions = _packed_positions(widths.qk, self.qk_width)
+        self.vo_positions = _packed_positions(widths.vo, self.vo_width)
 
     def projection(self, role: str) -> nn.Linear:
         return getattr(self, self.names[role])

@@ -150,8 +150,13 @@ def fuse_encoder_masks(
         )
     view = ModelView(model)
     n = view.num_layers
-    report: dict = {"placeholder_heads": [], "placeholder_filters": [], "forced_hidden": [], "head_widths": {}}
-    report["placeholder_head_dims"] = []
+    report: dict = {
+        "placeholder_heads": [],
+        "placeholder_filters": [],
+        "forced_hidden": [],
+        "head_widths": {},
+        "placeholder_head_dims": [],
+    }
     on = next((t.device for _name, field in values.items() for t in field), torch.device("cpu"))  # masks' device
     with torch.no_grad():
         for i in range(n):
