@@ -1,24 +1,23 @@
-"""The BERT/GLUE grid (issues 8, 9): SP3's BERT recipe against the CoFi-style masks-only baseline.
+"""The BERT/GLUE grid (issues 8, 9, 31): SP3's BERT recipe against the CoFi-style masks-only baseline, with seeds.
 
-``python -m benchmarks.glue_grid`` runs, on one machine in one command:
+``python -m benchmarks.glue_grid --grid benchmarks/grid-glue.yaml`` runs, on one machine in one command:
 
-1. per task, one task model from ``recipes/glue-finetune.yaml`` (minilm-l6 fine-tuned on the task's
-   train split; SP3 D.2), reused by every row of that task (``--task-models DIR`` keeps them; an
-   existing finished run there is reused);
-2. every recipe x target ratio starting from that task model (its ``glue_finetune`` stage set to 0
-   steps), each in its own ``slimkit recipe run`` process (``--jobs N`` runs N at a time; give
-   ``--threads 1`` so they do not oversubscribe the cores; ``--task-set TASK:KEY=VALUE`` adds an
-   override to one task's rows, e.g. fewer steps for a task with longer examples);
+1. per task and seed, one task model from ``recipes/glue-finetune.yaml`` (minilm-l6 fine-tuned on the task's
+   train split with that seed; SP3 D.2), reused by every row of that task and seed (``--task-models DIR`` keeps
+   them; an existing finished run there is reused);
+2. every grid row x target ratio x seed starting from its task model (its ``glue_finetune`` stage set to 0 steps),
+   each in its own ``slimkit recipe run`` process (``--jobs N`` at a time; ``--threads 1`` so they do not
+   oversubscribe the cores). Jobs start seed by seed (every task model of seed 0, its rows, then seed 1...), so a
+   run stopped by ``--deadline-s`` (no job starts after it; a running one is stopped at it) has whole seeds;
 
-and writes ``OUT/<date>-<name>.json`` and ``.md``: per task the task model's dev metric first, then
-each row's dev metric, the Eq. 30 sparsity of the binary masks, the fused model's counted weights and
-total parameters, the mask-training steps, wall time and seconds per step, the expected sparsity the
-Lagrangian reached before binarisation, and the masked-vs-fused agreement on the dev split. The
-paper's claims are decided from the numbers: SP3 beats the masks-only baseline at every task and
-ratio (Table 2), and the gain is larger on the small dataset (RTE, 2,490 training examples) than on
-SST-2 (67,349) (Tables 2/3, "most on small datasets").
+and writes ``OUT/<date>-<name>.json`` and ``.md`` after every job: per task the task models' dev metric, then each
+row's dev metric (mean [min-max] over the seeds that finished), the Eq. 30 sparsity of the binary masks, the
+counted weights, the mask-training steps and seconds per step, and the Lagrangian's trace: the expected sparsity at
+every tenth of the mask steps and its mean gap to the target over the last fifth (``settle_gap``: how well the
+Lagrangian settled). Claims (``claims:`` in the grid file, ``A > B`` per task and ratio) pair every seed of ``A``
+with every seed of ``B`` (:func:`benchmarks.claims.compare`): holds, does not hold, or within noise.
 
-Bad options print one ``error: ...`` line and exit 2; a failed run becomes a "failed" row.
+Bad options or grid files print one ``error: ...`` line and exit 2; a failed run becomes a "failed" row.
 """
 
 from __future__ import annotations
@@ -32,50 +31,144 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.grid import BenchError, parse_ratios, pct
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from benchmarks.claims import FAILS, HOLDS, NOT_RUN, compare, describe
+from benchmarks.grid import BenchError, pct
 from benchmarks.run import OFFLINE_ENV, QUIET_ENV, last_line, machine_info, via_launcher
 
 RESULTS = Path(__file__).parent / "results"
+GRID_FILE = Path(__file__).parent / "grid-glue.yaml"
 TASKS = ("sst2", "rte", "mrpc", "stsb")
-DEFAULT_RECIPES = ("sp3-bert", "cofi-bert")
 STAGE = "mask_train_encoder"
+SETTLE_FRACTION = 0.2
+"""The settle gap is the mean |expected sparsity - target| over this last fraction of the mask steps."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GlueSettings(_Strict):
+    tasks: list[str] = Field(default_factory=lambda: list(TASKS), min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    ratios: list[float] = Field(default_factory=lambda: [0.5, 0.7], min_length=1)
+    task_model: list[str] = Field(default_factory=list)
+    """Extra --set of every task-model run."""
+    overrides: list[str] = Field(default_factory=list)
+    """Extra --set of every compressed row."""
+    mask_args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments of every row's ``mask_train_encoder`` stage (e.g. the schedule), wherever the recipe puts it."""
+
+
+class GlueRow(_Strict):
+    name: str
+    recipe: str
+    overrides: list[str] = Field(default_factory=list)
+    ratios: list[float] | None = None
+    """The ratios this row runs at (default: the settings' ratios)."""
+
+
+class GlueClaim(_Strict):
+    id: str
+    claim: str
+    source: str
+    better: str
+    """The row expected to score higher (``better > worse`` on every task's dev metric)."""
+    worse: str
+    ratios: list[float] | None = None
+
+
+class GlueGrid(_Strict):
+    settings: GlueSettings = Field(default_factory=GlueSettings)
+    rows: list[GlueRow] = Field(min_length=1)
+    claims: list[GlueClaim] = Field(default_factory=list)
+
+
+def load_glue_grid(path: Path) -> GlueGrid:
+    if not path.is_file():
+        raise BenchError(f"--grid: {path} is not a file")
+    try:
+        grid = GlueGrid.model_validate(yaml.safe_load(path.read_text()) or {})
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise BenchError(f"{path}: {where}: {first['msg']}") from None
+    unknown = [t for t in grid.settings.tasks if t not in TASKS]
+    if unknown:
+        raise BenchError(f"{path}: settings.tasks: unknown task(s) {unknown}; allowed: {', '.join(TASKS)}")
+    names = [row.name for row in grid.rows]
+    if len(set(names)) != len(names):
+        raise BenchError(f"{path}: rows: names must be unique, got {names}")
+    for row in grid.rows:
+        try:
+            mask_stage_index(row.recipe)
+        except Exception as error:
+            raise BenchError(f"{path}: rows.{row.name}: {error}") from None
+    for claim in grid.claims:
+        missing = [n for n in (claim.better, claim.worse) if n not in names]
+        if missing:
+            raise BenchError(f"{path}: claims.{claim.id}: no row named {missing}")
+    for ratio in [*grid.settings.ratios, *(r for row in grid.rows for r in row.ratios or [])]:
+        if not 0.0 < ratio < 1.0:
+            raise BenchError(f"{path}: ratios must be in (0, 1), got {ratio}")
+    return grid
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.glue_grid", description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="sst2,rte", help="GLUE tasks (default sst2,rte)")
-    parser.add_argument("--ratios", default="0.5,0.7", help="target ratios of the counted weights (default 0.5,0.7)")
-    parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES), help="recipes (default sp3-bert,cofi-bert)")
+    parser.add_argument("--grid", type=Path, default=GRID_FILE, help="the grid file (default grid-glue.yaml)")
+    parser.add_argument("--tasks", default=None, help="only these tasks (comma-separated; default: the grid's)")
+    parser.add_argument("--seeds", default=None, help="only these seeds (comma-separated; default: the grid's)")
+    parser.add_argument("--rows", default=None, help="only these rows (comma-separated names; default: all)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every row")
-    parser.add_argument(
-        "--task-set", action="append", default=[], help="TASK:KEY=VALUE, an extra --set for that task's rows"
-    )
-    parser.add_argument("--jobs", type=int, default=1, help="rows run at the same time (use with --threads 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at the same time (use with --threads 1)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of every run")
+    parser.add_argument("--device", default=None, help="--device of every run (e.g. cuda)")
+    parser.add_argument("--dtype", default=None, help="--dtype of every run (e.g. float32)")
+    parser.add_argument("--deadline-s", type=float, default=None, help="no job starts after it; running ones stop")
     parser.add_argument("--task-models", type=Path, default=Path("runs/glue-task-models"), help="task-model runs")
     parser.add_argument("--keep", type=Path, default=Path("runs/bench-glue"), help="folder of the row runs")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads of every run")
     parser.add_argument("--name", default="glue", help="results are OUT/<date>-<name>.*")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser
 
 
-def _run(recipe: str, folder: Path, sets: list[str], threads: int | None) -> tuple[dict[str, Any] | None, float, str]:
+@dataclass(frozen=True)
+class RunOptions:
+    threads: int | None
+    device: str | None
+    dtype: str | None
+    deadline: float | None
+    """time.monotonic() after which no run starts and a running one is stopped."""
+
+
+def _run(recipe: str, folder: Path, sets: list[str], opts: RunOptions) -> tuple[dict[str, Any] | None, float, str]:
     command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", recipe, "--out", str(folder), "--force"]
+    command += ["--no-dense"] + (["--device", opts.device] if opts.device else [])
+    command += ["--dtype", opts.dtype] if opts.dtype else []
     command = via_launcher(command + [x for s in sets for x in ("--set", s)])
     env = {**os.environ, **OFFLINE_ENV, **QUIET_ENV}
-    if threads is not None:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if opts.threads is not None:
+        env.update(OMP_NUM_THREADS=str(opts.threads), MKL_NUM_THREADS=str(opts.threads))
+    timeout = None if opts.deadline is None else opts.deadline - time.monotonic()
+    if timeout is not None and timeout <= 0:
+        return None, 0.0, "not started: past the deadline"
     log_path = folder.parent / f"{folder.name}.log"
     folder.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log_path.open("w") as handle:
         handle.write(shlex.join(command) + "\n")
         handle.flush()
-        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        try:
+            done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None, time.perf_counter() - start, "stopped at the deadline"
     wall = time.perf_counter() - start
     if done.returncode != 0:
         return None, wall, f"exited with {done.returncode}: {last_line(log_path)}"
@@ -91,54 +184,95 @@ def _metric(report: dict[str, Any], task: str) -> tuple[str, float] | None:
     return found[0] if found else None
 
 
-def task_model(task: str, folder: Path, threads: int | None) -> dict[str, Any]:
-    """The task model's row: reused when ``folder`` holds a finished glue-finetune run for ``task``."""
-    import yaml
+def model_id(task: str, seed: int) -> str:
+    return f"{task}:task-model#s{seed}"
 
+
+def row_id(task: str, name: str, ratio: float, seed: int) -> str:
+    return f"{task}:{name}@{pct(ratio)}#s{seed}"
+
+
+def task_model(task: str, seed: int, folder: Path, sets: list[str], opts: RunOptions) -> dict[str, Any]:
+    """The task model's row: reused when ``folder`` holds a finished glue-finetune run for ``task`` and ``seed``."""
     report_path, recipe_path = folder / "report.json", folder / "model" / "recipe.yaml"
     wall = None
     report = None
+    base = {"id": model_id(task, seed), "task": task, "seed": seed, "name": "task-model"}
     if report_path.is_file() and recipe_path.is_file() and (folder / "model" / "config.json").is_file():
-        if (yaml.safe_load(recipe_path.read_text()) or {}).get("task") == task:
+        recipe = yaml.safe_load(recipe_path.read_text()) or {}
+        if recipe.get("task") == task and recipe.get("seed") == seed:
             report = json.loads(report_path.read_text())
     if report is None:
-        report, wall, error = _run("glue-finetune", folder, [f"task={task}"], threads)
+        report, wall, error = _run("glue-finetune", folder, [f"task={task}", f"seed={seed}", *sets], opts)
         if report is None:
-            return {"id": f"{task}:task-model", "task": task, "status": "failed", "reason": error}
+            return {**base, "status": "failed", "reason": error, "wall_s": wall}
     metric = _metric(report, task)
     stage = (report.get("stages") or {}).get("glue_finetune", {})
     return {
-        "id": f"{task}:task-model",
-        "task": task,
+        **base,
         "recipe": "glue-finetune",
         "status": "ok",
         "metric": metric[0] if metric else None,
         "value": metric[1] if metric else None,
         "params": (report.get("params") or {}).get("after"),
         "finetune_steps": stage.get("steps"),
-        "finetune_s": stage.get("seconds"),
         "wall_s": wall,
         "model": str(folder / "model"),
     }
 
 
+def trace_summary(history: dict[str, list[float]] | None, final: float) -> dict[str, Any]:
+    """The expected sparsity at every tenth of the mask steps, and its mean gap to ``final`` over the last fifth."""
+    values = list((history or {}).get("expected_sparsity") or [])
+    if not values:
+        return {"trace": None, "settle_gap": None}
+    n = len(values)
+    trace = [values[min(n - 1, round(n * k / 10) - 1)] for k in range(1, 11)]
+    tail = values[n - max(1, round(n * SETTLE_FRACTION)) :]
+    return {"trace": trace, "settle_gap": sum(abs(v - final) for v in tail) / len(tail)}
+
+
+def mask_stage_index(recipe: str) -> int:
+    """Where ``recipe`` runs ``mask_train_encoder`` (its stage index, for ``--set stages.N.args...``)."""
+    from slimkit.recipes.loading import load_recipe
+
+    stages = load_recipe(recipe)[1].get("stages") or []
+    found = [i for i, stage in enumerate(stages) if isinstance(stage, dict) and stage.get("stage") == STAGE]
+    if len(found) != 1:
+        raise BenchError(f"recipe {recipe}: needs exactly one {STAGE} stage, has {len(found)}")
+    return found[0]
+
+
 def compressed_row(
-    task: str, recipe: str, ratio: float, model: str, keep: Path, extra: list[str], threads: int | None
+    task: str,
+    row: GlueRow,
+    ratio: float,
+    seed: int,
+    model: str,
+    keep: Path,
+    extra: list[str],
+    mask_args: dict[str, Any],
+    opts: RunOptions,
 ) -> dict[str, Any]:
-    row_id = f"{task}:{recipe}@{pct(ratio)}"
-    row: dict[str, Any] = {"id": row_id, "task": task, "recipe": recipe, "ratio": ratio, "status": "ok"}
+    rid = row_id(task, row.name, ratio, seed)
+    out: dict[str, Any] = {"id": rid, "task": task, "name": row.name, "recipe": row.recipe, "ratio": ratio}
+    out.update(seed=seed, status="ok")
     # Not strict: a row whose masks overshoot the target is measured and flagged (report target.met).
-    sets = [f"model={model}", f"task={task}", f"target.ratio={ratio}", "target.strict=false"]
+    sets = [f"model={model}", f"task={task}", f"seed={seed}", f"target.ratio={ratio}", "target.strict=false"]
+    index = mask_stage_index(row.recipe)
     sets += ["stages.0.args.max_steps=0", *extra]
-    row["overrides"] = sets
-    report, wall, error = _run(recipe, keep / row_id.replace(":", "-").replace("@", "-r"), sets, threads)
-    row["wall_s"] = wall
+    sets += [f"stages.{index}.args.{key}={json.dumps(value)}" for key, value in mask_args.items()]
+    sets += row.overrides
+    out["overrides"] = sets
+    folder = keep / rid.replace(":", "-").replace("@", "-r").replace("#", "-")
+    report, wall, error = _run(row.recipe, folder, sets, opts)
+    out["wall_s"] = wall
     if report is None:
-        return {**row, "status": "failed", "reason": error}
+        return {**out, "status": "failed", "reason": error}
     metric = _metric(report, task)
     stage = (report.get("stages") or {}).get(STAGE, {})
     fused = stage.get("fused") or {}
-    row.update(
+    out.update(
         {
             "metric": metric[0] if metric else None,
             "value": metric[1] if metric else None,
@@ -147,116 +281,192 @@ def compressed_row(
             "achieved_sparsity": stage.get("achieved_sparsity"),
             "counted_weights": stage.get("counted_weights"),
             "expected_sparsity_last": stage.get("expected_sparsity_last"),
+            "lambda_1": stage.get("lambda_1"),
+            "lambda_2": stage.get("lambda_2"),
             "mask_steps": stage.get("steps"),
             "mask_s": stage.get("seconds"),
             "seconds_per_step": stage.get("seconds_per_step"),
             "masked_vs_fused": fused.get("masked_vs_fused"),
             "placeholder_params": fused.get("placeholder_params"),
-            "peak_rss_mb": report.get("peak_rss_mb"),
+            **trace_summary(stage.get("history"), ratio),
         }
     )
-    return row
+    return out
 
 
-def decide_claims(rows: list[dict[str, Any]], tasks: list[str], ratios: list[float]) -> list[dict[str, Any]]:
-    value = {r["id"]: r.get("value") for r in rows if r.get("status") == "ok"}
-    claims = []
-    gaps: dict[str, list[float]] = {}
-    for task in tasks:
-        for ratio in ratios:
-            a, b = f"{task}:sp3-bert@{pct(ratio)}", f"{task}:cofi-bert@{pct(ratio)}"
-            if value.get(a) is None or value.get(b) is None:
-                verdict = "not run"
-            else:
-                gaps.setdefault(task, []).append(value[a] - value[b])
-                verdict = "holds" if value[a] > value[b] else "does not hold"
-            claims.append(
-                {
-                    "id": f"sp3-vs-cofi:{task}@{pct(ratio)}",
-                    "claim": "SP3 (PCA projection + per-block hidden masks) beats the masks-only baseline",
-                    "source": "SP3, Table 2",
-                    "check": f"{a} > {b}",
-                    "verdict": verdict,
+# -- aggregation and claims --------------------------------------------------------------------------------
+def draws(rows: list[dict[str, Any]], task: str, name: str, ratio: float | None) -> list[float]:
+    """The finished seeds' dev metric of one row at one ratio (``ratio`` None: the task models)."""
+    return [
+        r["value"]
+        for r in rows
+        if r.get("status") == "ok"
+        and r.get("value") is not None
+        and r.get("task") == task
+        and r.get("name") == name
+        and (ratio is None or abs(r.get("ratio", -1.0) - ratio) < 1e-9)
+    ]
+
+
+def decide_claims(rows: list[dict[str, Any]], grid: GlueGrid, tasks: list[str]) -> list[dict[str, Any]]:
+    """Every claim per task and ratio over the seeds' pairings, plus SP3's "most on small data" (RTE vs SST-2)."""
+    ratios_of = {row.name: row.ratios or grid.settings.ratios for row in grid.rows}
+    decided: list[dict[str, Any]] = []
+    gains: dict[str, list[float]] = {}
+    for claim in grid.claims:
+        for task in tasks:
+            for ratio in claim.ratios or ratios_of[claim.better]:
+                a, b = draws(rows, task, claim.better, ratio), draws(rows, task, claim.worse, ratio)
+                label_a, label_b = f"{claim.better}@{pct(ratio)}", f"{claim.worse}@{pct(ratio)}"
+                entry = {
+                    "id": f"{claim.id}:{task}@{pct(ratio)}",
+                    "claim": claim.claim,
+                    "source": claim.source,
+                    "task": task,
+                    "ratio": ratio,
                 }
-            )
-    if "rte" in gaps and "sst2" in gaps:
-        rte, sst2 = sum(gaps["rte"]) / len(gaps["rte"]), sum(gaps["sst2"]) / len(gaps["sst2"])
-        verdict = "holds" if rte > sst2 else "does not hold"
-        check = f"mean gain on rte ({rte:+.3f}) > mean gain on sst2 ({sst2:+.3f})"
-    else:
-        verdict, check = "not run", "needs rte and sst2 rows"
-    claims.append(
-        {
-            "id": "sp3-gain-small-data",
-            "claim": "the PCA projection helps most on small datasets",
-            "source": "SP3, Tables 2/3",
-            "check": check,
-            "verdict": verdict,
-        }
-    )
-    return claims
+                if not a or not b:
+                    decided.append(
+                        {
+                            **entry,
+                            "verdict": NOT_RUN,
+                            "evidence": f"{label_a}: {len(a)} seeds, {label_b}: {len(b)} seeds",
+                        }
+                    )
+                    continue
+                verdict, held = compare(">", a, 1.0, b)
+                gap = sum(a) / len(a) - sum(b) / len(b)
+                if claim.id == "sp3-vs-cofi":
+                    gains.setdefault(task, []).append(gap)
+                evidence = f"{describe(label_a, a)} > {describe(label_b, b)}: {held} of {len(a) * len(b)} pairings"
+                decided.append({**entry, "verdict": verdict, "gap": gap, "evidence": evidence})
+    if any(c.id == "sp3-vs-cofi" for c in grid.claims):
+        if "rte" in gains and "sst2" in gains:
+            rte, sst2 = sum(gains["rte"]) / len(gains["rte"]), sum(gains["sst2"]) / len(gains["sst2"])
+            verdict, evidence = (HOLDS if rte > sst2 else FAILS), f"mean gain rte {rte:+.4f} vs sst2 {sst2:+.4f}"
+        else:
+            verdict, evidence = NOT_RUN, "needs rte and sst2 rows"
+        decided.append(
+            {
+                "id": "sp3-gain-small-data",
+                "claim": "the PCA projection helps most on small datasets (RTE more than SST-2)",
+                "source": "SP3, Tables 2/3",
+                "verdict": verdict,
+                "evidence": evidence,
+            }
+        )
+    return decided
 
 
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f} (1 seed)"
+    return f"{_mean(values):.4f} [{min(values):.4f}-{max(values):.4f}]"
+
+
 def markdown(result: dict[str, Any]) -> str:
+    rows = result["rows"]
     lines = [
         f"# GLUE grid: {result['name']} ({result['date']})",
         "",
         f"Command: `{result['command']}`  ",
-        f"Machine: {result['machine'].get('cpu', '?')}, {result['machine'].get('cores', '?')} cores; "
-        f"wall {result.get('wall_s', 0):.0f} s.",
+        f"Machine: {result['machine'].get('cpu', '?')}, {result['machine'].get('cores', '?')} cores"
+        f"{', ' + result['device'] if result.get('device') else ''}; wall {result.get('wall_s', 0):.0f} s.",
         "",
-        "| row | dev metric | Eq. 30 sparsity (0/1 masks) | counted weights | params | expected sparsity at end | "
-        "mask steps | s/step | wall s | masked = fused |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "Dev metric (accuracy; STS-B: Spearman) as mean [min-max] over the seeds that finished. Sparsity: Eq. 30 of "
+        "the binary masks. Settle gap: mean |expected sparsity - target| over the last fifth of the mask steps.",
+        "",
+        "| task | row | seeds | dev metric | Eq. 30 sparsity | settle gap | mask steps | s/step | wall s |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for row in result["rows"]:
-        if row["status"] != "ok":
-            lines.append(f"| {row['id']} | {row['status']}: {row.get('reason', '')} | | | | | | | | |")
-            continue
-        agreement = (row.get("masked_vs_fused") or {}).get("prediction_agreement")
+    groups: dict[tuple[str, str, float | None], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["task"], row.get("name", "?"), row.get("ratio")), []).append(row)
+    for (task, name, ratio), members in groups.items():
+        ok = [m for m in members if m.get("status") == "ok" and m.get("value") is not None]
+        label = name if ratio is None else f"{name}@{pct(ratio)}"
+
+        def avg(key: str, members: list[dict[str, Any]] = ok) -> float | None:
+            return _mean([m[key] for m in members if m.get(key) is not None])
+
         lines.append(
-            f"| {row['id']} | {_fmt(row.get('value'), '.4f')} | {_fmt(row.get('binary_sparsity'), '.2%')} | "
-            f"{_fmt(row.get('counted_weights'), ',')} | {_fmt(row.get('params'), ',')} | "
-            f"{_fmt(row.get('expected_sparsity_last'), '.2%')} | {_fmt(row.get('mask_steps'), 'd')} | "
-            f"{_fmt(row.get('seconds_per_step'), '.2f')} | {_fmt(row.get('wall_s'), '.0f')} | "
-            f"{_fmt(agreement, '.3f')} |"
+            f"| {task} | {label} | {len(ok)}/{len(members)} | {_spread([m['value'] for m in ok])} | "
+            f"{_fmt(avg('binary_sparsity'), '.2%')} | {_fmt(avg('settle_gap'), '.3f')} | "
+            f"{_fmt(avg('mask_steps'), '.0f')} | {_fmt(avg('seconds_per_step'), '.3f')} | "
+            f"{_fmt(avg('wall_s'), '.0f')} |"
         )
-    lines += ["", "| claim | source | check | verdict |", "| --- | --- | --- | --- |"]
+    lines += ["", "## Claims", "", "| claim | source | task | verdict | evidence |", "| --- | --- | --- | --- | --- |"]
     for claim in result["claims"]:
-        lines.append(f"| {claim['claim']} | {claim['source']} | `{claim['check']}` | **{claim['verdict']}** |")
+        task = claim.get("task", "-")
+        where = task if claim.get("ratio") is None else f"{task} @ {pct(claim['ratio'])}%"
+        lines.append(
+            f"| {claim['claim']} | {claim['source']} | {where} | **{claim['verdict']}** | {claim.get('evidence', '')} |"
+        )
+    lines += [
+        "",
+        "## Every run",
+        "",
+        "| run | dev metric | Eq. 30 sparsity | expected sparsity at every tenth of the mask steps | masked = fused | "
+        "status |",
+        "| --- | ---: | ---: | --- | ---: | --- |",
+    ]
+    for row in rows:
+        trace = " ".join(f"{v:.2f}" for v in row.get("trace") or []) or "-"
+        agreement = (row.get("masked_vs_fused") or {}).get("prediction_agreement")
+        status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row.get('reason', '')}"
+        lines.append(
+            f"| {row['id']} | {_fmt(row.get('value'), '.4f')} | {_fmt(row.get('binary_sparsity'), '.2%')} | {trace} | "
+            f"{_fmt(agreement, '.3f')} | {status} |"
+        )
     return "\n".join(lines) + "\n"
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+def _csv(text: str | None, cast: type, allowed: list[Any], what: str) -> list[Any] | None:
+    if text is None:
+        return None
+    try:
+        values = [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"--{what}: '{text}' is not a comma-separated list") from None
+    bad = [v for v in values if v not in allowed]
+    if not values or bad:
+        raise BenchError(f"--{what}: unknown or none {bad}; allowed: {', '.join(map(str, allowed))}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     try:
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        unknown = [t for t in tasks if t not in TASKS]
-        if not tasks or unknown:
-            raise BenchError(f"--tasks: unknown or no task {unknown}; allowed: {', '.join(TASKS)}")
-        ratios = parse_ratios(args.ratios)
-        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        grid = load_glue_grid(args.grid)
+        tasks = _csv(args.tasks, str, grid.settings.tasks, "tasks") or grid.settings.tasks
+        seeds = _csv(args.seeds, int, grid.settings.seeds, "seeds") or grid.settings.seeds
+        names = _csv(args.rows, str, [r.name for r in grid.rows], "rows") or [r.name for r in grid.rows]
         if args.threads is not None and args.threads < 1:
             raise BenchError(f"--threads must be at least 1, got {args.threads}")
         if args.jobs < 1:
             raise BenchError(f"--jobs must be at least 1, got {args.jobs}")
-        per_task: dict[str, list[str]] = {t: [] for t in tasks}
-        for item in args.task_set:
-            task, sep, assignment = item.partition(":")
-            if not sep or task not in per_task or "=" not in assignment:
-                raise BenchError(f"--task-set: '{item}' is not TASK:KEY=VALUE with TASK one of {', '.join(tasks)}")
-            per_task[task].append(assignment)
+        if args.deadline_s is not None and args.deadline_s <= 0:
+            raise BenchError(f"--deadline-s must be > 0, got {args.deadline_s}")
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from slimkit.primitives.io import versions
 
     start = time.perf_counter()
+    deadline = None if args.deadline_s is None else time.monotonic() + args.deadline_s
+    opts = RunOptions(args.threads, args.device, args.dtype, deadline)
     base = args.out / f"{dt.date.today().isoformat()}-{args.name}"
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
@@ -264,43 +474,70 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.date.today().isoformat(),
         "command": shlex.join(["python", "-m", "benchmarks.glue_grid", *argv]),
         "machine": machine_info(),
+        "device": args.device,
         "versions": versions(),
+        "grid": grid.model_dump(),
         "rows": [],
         "claims": [],
     }
+    rows = [r for r in grid.rows if r.name in names]
+    jobs: list[tuple[Any, ...]] = []  # seed by seed: the task models first, then that seed's rows
+    for seed in seeds:
+        jobs += [("model", task, seed) for task in tasks]
+        jobs += [
+            ("row", task, seed, row.name, ratio)
+            for task in tasks
+            for row in rows
+            for ratio in row.ratios or grid.settings.ratios
+        ]
+    done: dict[tuple[Any, ...], dict[str, Any]] = {}
+    lock = threading.Condition()
+    pending = list(jobs)
 
     def write() -> None:
         result["wall_s"] = time.perf_counter() - start
-        result["claims"] = decide_claims(result["rows"], tasks, ratios)
+        result["rows"] = [done[j] for j in jobs if j in done]
+        result["claims"] = decide_claims(result["rows"], grid, tasks)
         base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         base.with_suffix(".md").write_text(markdown(result))
 
-    models: dict[str, str] = {}
-    for task in tasks:
-        print(f"[{task}] task model ...", flush=True)
-        dense = task_model(task, args.task_models / task, args.threads)
-        result["rows"].append(dense)
-        print(f"[{task}] task model: {dense.get('value')}", flush=True)
-        write()
-        if dense["status"] == "ok":
-            models[task] = dense["model"]
-    jobs = [(task, recipe, ratio) for task in models for recipe in recipes for ratio in ratios]
-    done: dict[tuple[str, str, float], dict[str, Any]] = {}
+    def ready(job: tuple[Any, ...]) -> bool:
+        return job[0] == "model" or ("model", job[1], job[2]) in done
 
-    def run_row(job: tuple[str, str, float]) -> None:
-        task, recipe, ratio = job
-        extra = [*args.overrides, *per_task[task]]
-        row = compressed_row(task, recipe, ratio, models[task], args.keep, extra, args.threads)
-        print(f"[{task}] {row['id']}: {row.get('value')} ({row['status']}, {row['wall_s']:.0f} s)", flush=True)
-        with lock:
-            done[job] = row
-            result["rows"] = [r for r in result["rows"] if r["id"].endswith(":task-model")]
-            result["rows"] += [done[j] for j in jobs if j in done]
-            write()
+    def execute(job: tuple[Any, ...]) -> dict[str, Any]:
+        if job[0] == "model":
+            _, task, seed = job
+            return task_model(task, seed, args.task_models / f"{task}-s{seed}", grid.settings.task_model, opts)
+        _, task, seed, name, ratio = job
+        row = next(r for r in rows if r.name == name)
+        model = done[("model", task, seed)]
+        if model["status"] != "ok":
+            base_row = {"id": row_id(task, row.name, ratio, seed), "task": task, "name": row.name, "ratio": ratio}
+            return {**base_row, "seed": seed, "status": "failed", "reason": f"task model: {model.get('reason')}"}
+        extra = [*grid.settings.overrides, *args.overrides]
+        return compressed_row(task, row, ratio, seed, model["model"], args.keep, extra, grid.settings.mask_args, opts)
 
-    lock = threading.Lock()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(run_row, jobs))
+    def worker() -> None:
+        while True:
+            with lock:
+                while pending and not any(ready(j) for j in pending):
+                    lock.wait()
+                if not pending:
+                    return
+                job = next(j for j in pending if ready(j))
+                pending.remove(job)
+            out = execute(job)
+            print(f"{out['id']}: {out.get('value')} ({out['status']}, {out.get('wall_s') or 0:.0f} s)", flush=True)
+            with lock:
+                done[job] = out
+                write()
+                lock.notify_all()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     write()
     print(f"wrote {base}.json, {base}.md in {result['wall_s']:.0f} s")
     return 0

@@ -294,7 +294,7 @@ def train_encoder_masks(
     if settings.hidden == "shared" and projected:
         raise SlimkitError("hidden: shared is the masks-only baseline on the unprojected model")
     heads_projection = None
-    if settings.intermediate:
+    if settings.intermediate and settings.intermediate_basis == "pca":
         inputs = calibration or [{k: v for k, v in b.items() if k != "labels"} for b in batches]
         heads_projection = {"tokens": project_heads(model, inputs)["tokens"]}
     shape = MaskShape.from_view(view)

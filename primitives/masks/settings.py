@@ -84,6 +84,9 @@ class EncoderMaskSettings(MaskSettings):
     """SP3's MHA-intermediate masks (Eqs. 10-13): every head is first projected at full width (V/O by SVD, Q/K by
     DRONE, from the calibration data), then one gate per projected q/k dimension (shared by q and k) and one per
     v/o dimension (shared by v and o) train with the dimension masks; each head keeps its own widths when fused."""
+    intermediate_basis: Literal["pca", "identity"] = "pca"
+    """What the MHA-intermediate gates act on: pca, the heads projected by Eqs. 10-12 first; identity, the raw head
+    dimensions unprojected (SP3's Table 3 ablation: the projection matrices as identities)."""
     dimension_steps: int = Field(100, ge=0)
     """Steps with hidden and FFN-filter gates (D.2: epochs 3-7)."""
     joint_steps: int = Field(100, ge=0)

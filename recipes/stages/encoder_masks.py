@@ -54,7 +54,8 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
         return ALL_ROLES
 
     def needs_calibration(self) -> bool:
-        return self.intermediate  # the MHA-intermediate projections read the calibration batches
+        # the MHA-intermediate projections read the calibration batches
+        return self.intermediate and self.intermediate_basis == "pca"
 
     def check_model(self, model: Any) -> None:
         try:

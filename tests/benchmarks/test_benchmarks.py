@@ -669,26 +669,58 @@ def test_quick_benchmark_smoke(tmp_path):
     assert (tmp_path / path.name.replace(".json", "-widths-r20.png")).is_file()
 
 
-def test_glue_grid_claims_and_table_from_rows():
-    from benchmarks.glue_grid import decide_claims, main, markdown
+def test_glue_grid_claims_over_seeds_and_table(tmp_path):
+    from benchmarks.glue_grid import GlueGrid, decide_claims, main, markdown, trace_summary
+
+    grid = GlueGrid.model_validate(
+        {
+            "settings": {"tasks": ["sst2", "rte"], "seeds": [0, 1], "ratios": [0.5]},
+            "rows": [{"name": "sp3-bert", "recipe": "sp3-bert"}, {"name": "cofi-bert", "recipe": "cofi-bert"}],
+            "claims": [{"id": "sp3-vs-cofi", "claim": "c", "source": "s", "better": "sp3-bert", "worse": "cofi-bert"}],
+        }
+    )
+
+    def row(task, name, seed, value, status="ok"):
+        return {
+            "id": f"{task}:{name}@50#s{seed}",
+            "task": task,
+            "name": name,
+            "ratio": 0.5,
+            "seed": seed,
+            "status": status,
+            "value": value,
+        }
 
     rows = [
-        {"id": "sst2:task-model", "status": "ok", "value": 0.84},
-        {"id": "sst2:sp3-bert@50", "status": "ok", "value": 0.80, "masked_vs_fused": {"prediction_agreement": 1.0}},
-        {"id": "sst2:cofi-bert@50", "status": "ok", "value": 0.79},
-        {"id": "rte:sp3-bert@50", "status": "ok", "value": 0.55},
-        {"id": "rte:cofi-bert@50", "status": "failed", "reason": "boom"},
+        {"id": "sst2:task-model#s0", "task": "sst2", "name": "task-model", "seed": 0, "status": "ok", "value": 0.84},
+        row("sst2", "sp3-bert", 0, 0.80),
+        row("sst2", "sp3-bert", 1, 0.81),
+        row("sst2", "cofi-bert", 0, 0.79),
+        row("sst2", "cofi-bert", 1, 0.78),
+        row("rte", "sp3-bert", 0, 0.55),
+        row("rte", "sp3-bert", 1, 0.52),
+        row("rte", "cofi-bert", 0, 0.53),
+        row("rte", "cofi-bert", 1, None, status="failed"),
     ]
-    claims = {c["id"]: c["verdict"] for c in decide_claims(rows, ["sst2", "rte"], [0.5])}
-    assert claims == {"sp3-vs-cofi:sst2@50": "holds", "sp3-vs-cofi:rte@50": "not run", "sp3-gain-small-data": "not run"}
-    rows[-1] = {"id": "rte:cofi-bert@50", "status": "ok", "value": 0.50}
-    claims = {c["id"]: c["verdict"] for c in decide_claims(rows, ["sst2", "rte"], [0.5])}
-    assert claims["sp3-gain-small-data"] == "holds"  # +0.05 on RTE against +0.01 on SST-2
+    claims = {c["id"]: c for c in decide_claims(rows, grid, ["sst2", "rte"])}
+    assert claims["sp3-vs-cofi:sst2@50"]["verdict"] == "holds"  # every one of the 4 pairings
+    assert claims["sp3-vs-cofi:rte@50"]["verdict"] == "within noise"  # 0.55 > 0.53 but 0.52 < 0.53
+    assert claims["sp3-gain-small-data"]["verdict"] == "does not hold"  # rte +0.005 vs sst2 +0.02
+    rows = rows[:5]
+    assert decide_claims(rows, grid, ["sst2", "rte"])[1]["verdict"] == "not run"
+    # the trace: every tenth of the steps, and the mean gap over the last fifth
+    summary = trace_summary({"expected_sparsity": [i / 10 for i in range(1, 11)]}, 0.5)
+    assert summary["trace"] == [i / 10 for i in range(1, 11)]
+    assert summary["settle_gap"] == pytest.approx((0.4 + 0.5) / 2)
+    assert trace_summary(None, 0.5) == {"trace": None, "settle_gap": None}
     result = {"name": "t", "date": "d", "command": "c", "machine": {}, "rows": rows, "claims": [], "wall_s": 1}
     table = markdown(result)
-    assert "| sst2:sp3-bert@50 | 0.8000 |" in table and "1.000 |" in table
-    assert main(["--tasks", "cola"]) == 2 and main(["--ratios", "abc"]) == 2
-    assert main(["--task-set", "cola:x=1"]) == 2 and main(["--jobs", "0"]) == 2
+    assert "| sst2 | sp3-bert@50 | 2/2 | 0.8050 [0.8000-0.8100] |" in table
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rows: [{name: a, recipe: sp3-bert}]\nclaims: [{id: x, claim: c, source: s, better: a, worse: b}]\n")
+    assert main(["--grid", str(bad)]) == 2
+    assert main(["--tasks", "cola"]) == 2 and main(["--seeds", "7"]) == 2
+    assert main(["--jobs", "0"]) == 2 and main(["--deadline-s", "0"]) == 2
 
 
 def test_scale_power_fit_and_recipe_without_recovery():

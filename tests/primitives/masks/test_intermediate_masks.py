@@ -106,3 +106,26 @@ def test_training_lands_on_the_budget_and_the_saved_model_reloads_equal(tmp_path
     assert [list(loaded.bert.encoder.layer[i].attention.self.widths.qk) for i in range(LAYERS)] == [
         widths[str(i)]["qk"] for i in range(LAYERS)
     ]
+
+
+@pytest.mark.slow
+def test_identity_basis_masks_raw_head_dimensions(monkeypatch):
+    """Table 3's ablation (intermediate_basis: identity): no head projection is computed, the gates act on the raw
+    q/k and v/o dimensions, and the budget, the per-head fusing and the masked = fused equality still hold."""
+    import slimkit.primitives.masks.encoder as encoder
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the identity basis must not project the heads")
+
+    monkeypatch.setattr(encoder, "project_heads", refuse)
+    model = _projected()
+    batches = [_batch(30 + i, batch=4, labels=True) for i in range(3)]
+    settings = EncoderMaskSettings(
+        dimension_steps=3, joint_steps=3, intermediate=True, intermediate_basis="identity", layer=False
+    )
+    report = train_encoder_masks(model, batches, settings, 0.4, check_batches=[_batch(7)], tolerance=0.005)
+    assert report["heads_projection"] is None
+    assert 0.4 <= report["binary_sparsity"] <= 0.405
+    assert report["fused"]["head_widths"]
+    agreement = report["fused"]["masked_vs_fused"]
+    assert agreement["max_abs_logit_diff"] < 1e-4 and agreement["prediction_agreement"] == 1.0
