@@ -17,6 +17,9 @@ every tenth of the mask steps and its mean gap to the target over the last fifth
 Lagrangian settled). Claims (``claims:`` in the grid file, ``A > B`` per task and ratio) pair every seed of ``A``
 with every seed of ``B`` (:func:`benchmarks.claims.compare`): holds, does not hold, or within noise.
 
+``--reuse EARLIER.json`` keeps the finished rows of an earlier run of the grid and runs the rest (a grid larger than
+one device session, continued in the next: task models whose folder is gone are trained again first).
+
 Bad options or grid files print one ``error: ...`` line and exit 2; a failed run becomes a "failed" row.
 """
 
@@ -132,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="--device of every run (e.g. cuda)")
     parser.add_argument("--dtype", default=None, help="--dtype of every run (e.g. float32)")
     parser.add_argument("--deadline-s", type=float, default=None, help="no job starts after it; running ones stop")
+    parser.add_argument(
+        "--reuse", type=Path, default=None, help="an earlier results .json of this grid: its finished rows are kept"
+    )
     parser.add_argument("--task-models", type=Path, default=Path("runs/glue-task-models"), help="task-model runs")
     parser.add_argument("--keep", type=Path, default=Path("runs/bench-glue"), help="folder of the row runs")
     parser.add_argument("--name", default="glue", help="results are OUT/<date>-<name>.*")
@@ -432,6 +438,30 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 # -- the run ------------------------------------------------------------------------------------------------
+def job_id(job: tuple[Any, ...]) -> str:
+    return model_id(job[1], job[2]) if job[0] == "model" else row_id(job[1], job[3], job[4], job[2])
+
+
+def reused_rows(path: Path, jobs: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The jobs an earlier results file finished: compressed rows with status ok, and task models whose folder still
+    holds the model (a task model that is gone is trained again, for the rows still to run)."""
+    if not path.is_file():
+        raise BenchError(f"--reuse: {path} is not a file")
+    try:
+        earlier = {row["id"]: row for row in json.loads(path.read_text()).get("rows", [])}
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise BenchError(f"--reuse: {path} is not a glue_grid results file ({error})") from None
+    kept = {}
+    for job in jobs:
+        row = earlier.get(job_id(job))
+        if row is None or row.get("status") != "ok":
+            continue
+        if job[0] == "model" and not (Path(row.get("model") or "") / "config.json").is_file():
+            continue
+        kept[job] = row
+    return kept
+
+
 def _csv(text: str | None, cast: type, allowed: list[Any], what: str) -> list[Any] | None:
     if text is None:
         return None
@@ -459,6 +489,17 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"--jobs must be at least 1, got {args.jobs}")
         if args.deadline_s is not None and args.deadline_s <= 0:
             raise BenchError(f"--deadline-s must be > 0, got {args.deadline_s}")
+        rows = [r for r in grid.rows if r.name in names]
+        jobs: list[tuple[Any, ...]] = []  # seed by seed: the task models first, then that seed's rows
+        for seed in seeds:
+            jobs += [("model", task, seed) for task in tasks]
+            jobs += [
+                ("row", task, seed, row.name, ratio)
+                for task in tasks
+                for row in rows
+                for ratio in row.ratios or grid.settings.ratios
+            ]
+        done = reused_rows(args.reuse, jobs) if args.reuse else {}
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -480,19 +521,10 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
         "claims": [],
     }
-    rows = [r for r in grid.rows if r.name in names]
-    jobs: list[tuple[Any, ...]] = []  # seed by seed: the task models first, then that seed's rows
-    for seed in seeds:
-        jobs += [("model", task, seed) for task in tasks]
-        jobs += [
-            ("row", task, seed, row.name, ratio)
-            for task in tasks
-            for row in rows
-            for ratio in row.ratios or grid.settings.ratios
-        ]
-    done: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if done:
+        print(f"reusing {len(done)} finished rows of {args.reuse}", flush=True)
     lock = threading.Condition()
-    pending = list(jobs)
+    pending = [job for job in jobs if job not in done]
 
     def write() -> None:
         result["wall_s"] = time.perf_counter() - start

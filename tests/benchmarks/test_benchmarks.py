@@ -721,6 +721,28 @@ def test_glue_grid_claims_over_seeds_and_table(tmp_path):
     assert main(["--grid", str(bad)]) == 2
     assert main(["--tasks", "cola"]) == 2 and main(["--seeds", "7"]) == 2
     assert main(["--jobs", "0"]) == 2 and main(["--deadline-s", "0"]) == 2
+    assert main(["--reuse", str(tmp_path / "missing.json")]) == 2
+
+
+def test_glue_grid_reuses_finished_rows_of_an_earlier_run(tmp_path):
+    from benchmarks.glue_grid import reused_rows
+
+    model = tmp_path / "tm" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    earlier = tmp_path / "earlier.json"
+    rows = [
+        {"id": "sst2:task-model#s0", "status": "ok", "model": str(model)},
+        {"id": "rte:task-model#s0", "status": "ok", "model": str(tmp_path / "gone")},
+        {"id": "sst2:sp3-bert@50#s0", "status": "ok", "value": 0.8},
+        {"id": "sst2:cofi-bert@50#s0", "status": "failed", "reason": "stopped at the deadline"},
+    ]
+    earlier.write_text(json.dumps({"rows": rows}))
+    jobs = [("model", "sst2", 0), ("model", "rte", 0), ("row", "sst2", 0, "sp3-bert", 0.5)]
+    jobs += [("row", "sst2", 0, "cofi-bert", 0.5), ("row", "sst2", 1, "sp3-bert", 0.5)]
+    kept = reused_rows(earlier, jobs)
+    # the finished row and the task model still on disk; not the failed row, the lost model or an unrun seed
+    assert set(kept) == {("model", "sst2", 0), ("row", "sst2", 0, "sp3-bert", 0.5)}
 
 
 def test_scale_power_fit_and_recipe_without_recovery():
