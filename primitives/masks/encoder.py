@@ -105,6 +105,36 @@ def _keep_or_placeholder(z: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return keep, False
 
 
+def placeholder_size(values: MaskValues, shape: MaskShape) -> float:
+    """The counted weights :func:`fuse_encoder_masks` keeps as exact zero placeholders for 0/1 ``values``, which
+    Eq. 30 counts as removed: one head of a layer that loses every head (head 0 at its kept q/k and v/o widths, one
+    dimension when it keeps none), one q/k (or v/o) dimension of a layer whose kept heads keep none, and one filter
+    of a layer that loses every filter. The final selection counts them, so the fused model lands on the target."""
+    extra = 0.0
+    d, dh = shape.hidden, shape.head_dim
+
+    def kept(field: list[torch.Tensor] | None, i: int, full: int) -> float:
+        return float(full) if field is None else float((field[i] != 0).sum())
+
+    for i in range(shape.num_layers):
+        n_in, n_out = kept(values.mha_in, i, d), kept(values.mha_out, i, d)
+        z_head = values.head[i] if values.head is not None else torch.ones(shape.heads[i])
+        z_mha = values.mha[i] if values.mha is not None else torch.ones(())
+        heads, no_heads = _keep_or_placeholder(z_head.cpu() * z_mha.cpu())
+        qk, no_qk = _head_dims_kept(values.qk[i].cpu() if values.qk is not None else None, heads, dh)
+        vo, no_vo = _head_dims_kept(values.vo[i].cpu() if values.vo is not None else None, heads, dh)
+        if no_heads:  # the fused layer keeps head 0 at the widths its dimension masks leave (one when none)
+            extra += (2 * qk[0].numel() + vo[0].numel()) * n_in + vo[0].numel() * n_out
+        else:
+            extra += 2 * n_in * no_qk + (n_in + n_out) * no_vo
+        z_f = values.f[i] if values.f is not None else torch.ones(shape.ffn[i])
+        z_ffn = values.ffn[i] if values.ffn is not None else torch.ones(())
+        if not bool(((z_f * z_ffn) != 0).any()):
+            n_in2, n_out2 = kept(values.ffn_in, i, d), kept(values.ffn_out, i, d)
+            extra += n_in2 * (2 if shape.gated else 1) + n_out2
+    return extra
+
+
 def _norm_values(values: MaskValues, num_layers: int) -> list[torch.Tensor] | None:
     """z_0 .. z_2L from per-norm fields (checks ``mha_out[i] == ffn_in[i]``)."""
     if values.mha_in is None and values.mha_out is None and values.ffn_in is None and values.ffn_out is None:
@@ -348,7 +378,11 @@ def train_encoder_masks(
     levels = schedule.levels(settings.total_steps - 1)
     masks.set_active(levels)
     scores = masks.scores()
-    binary = binarize(scores, shape, target, residual=residual, couple=False, tolerance=tolerance)
+
+    def fused_size(values: MaskValues) -> torch.Tensor:  # Eq. 30 plus the zero placeholders the fused model keeps
+        return expected_size(values, shape, residual=residual) + placeholder_size(values, shape)
+
+    binary = binarize(scores, shape, target, residual=residual, couple=False, tolerance=tolerance, size=fused_size)
     final = masks.kept_values().times(binary.masks)
     hidden_fields = ("mha_in", "mha_out", "ffn_in", "ffn_out")
     final = MaskValues(**{**final.__dict__, **{h: getattr(binary.masks, h) for h in hidden_fields}})
@@ -396,6 +430,7 @@ __all__ = [
     "counted_weights",
     "fuse_encoder_masks",
     "is_projected",
+    "placeholder_size",
     "residual_mode",
     "train_encoder_masks",
 ]

@@ -11,7 +11,12 @@ import torch
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.head_widths import HeadWidthAttention
-from slimkit.primitives.masks.encoder import counted_weights, fuse_encoder_masks, train_encoder_masks
+from slimkit.primitives.masks.encoder import (
+    counted_weights,
+    fuse_encoder_masks,
+    placeholder_size,
+    train_encoder_masks,
+)
 from slimkit.primitives.masks.hooks import apply_masks
 from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
 from slimkit.primitives.masks.settings import EncoderMaskSettings
@@ -78,7 +83,27 @@ def test_fused_heads_equal_the_masked_model_and_are_counted():
         vo=[(t != 0).float() for t in vo],
     )
     placeholder = D * 2  # one v row and one o column kept in layer 1
+    assert placeholder_size(binary, shape) == placeholder  # what the final selection adds to Eq. 30
     assert int(expected_size(binary, shape, residual="dense")) + placeholder == counted_weights(model)
+
+
+def test_placeholders_of_emptied_heads_and_filters_are_counted_as_fused():
+    """A layer losing every head keeps head 0 at its kept q/k and v/o widths, a layer losing every filter keeps one
+    filter: placeholder_size is exactly what the fused model counts beyond Eq. 30."""
+    model = _projected()
+    project_heads(model, [_batch(10 + i, batch=8, length=16) for i in range(2)])
+    shape = _shape(model)
+    qk, vo = _head_masks(5), _head_masks(6)
+    qk[0][0] = 0.0  # layer 0's head 0 keeps no q/k dimension: its placeholder keeps one
+    head = [torch.ones(HEADS) for _ in range(LAYERS)]
+    head[0] = torch.zeros(HEADS)
+    f = [torch.ones(INTER) for _ in range(LAYERS)]
+    f[2] = torch.zeros(INTER)
+    binary = replace(MaskValues.ones(shape, ("mha_in", "mha_out", "ffn_in", "ffn_out")), qk=qk, vo=vo, head=head, f=f)
+    hand = (2 * 1 + int(vo[0][0].sum())) * D + int(vo[0][0].sum()) * D + 2 * D  # head 0 of layer 0; a filter
+    assert placeholder_size(binary, shape) == hand
+    fuse_encoder_masks(model, binary, "per_norm")
+    assert int(expected_size(binary, shape, residual="dense")) + hand == counted_weights(model)
 
 
 @pytest.mark.slow
