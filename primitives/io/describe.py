@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from slimkit.primitives.arch import ARCH_SPECS, LINEAR_ROLES, ArchSpec, ModelView
+from slimkit.primitives.arch.head_widths import HeadWidths
 from slimkit.primitives.io.compat import SLIMKIT_MODEL_TYPE, is_marked, structure_reasons, unmark_config
 from slimkit.primitives.io.folder import read_json_object
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
@@ -262,7 +263,7 @@ class Description:
         columns += ["parameters"]
         table = Table(*columns, title=self.name)
         for row in self.layers:
-            cells = [str(row["layer"]), str(row["heads"]), str(row["kv_heads"]), str(row["head_dim"])]
+            cells = [str(row["layer"]), str(row["heads"]), str(row["kv_heads"]), head_dim_cell(row)]
             cells.append(str(row["mlp_width"]))
             if per_layer_hidden:
                 cells.append(str(row["hidden"]))
@@ -300,6 +301,23 @@ class Description:
         return items
 
 
+def _head_widths(widths: HeadWidths | None) -> dict[str, list[int]] | None:
+    """Each head's kept q/k and v/o widths when the layer's heads differ (SP3's MHA-intermediate masks), else None."""
+    return None if widths is None else {"qk": list(widths.qk), "vo": list(widths.vo)}
+
+
+def head_dim_cell(row: dict[str, Any]) -> str:
+    """The ``head dim`` cell: the one width, or each head's q/k and v/o widths as ranges (``qk 9-64, vo 3-64``)."""
+    widths = row.get("head_widths")
+    if not widths:
+        return str(row["head_dim"])
+
+    def span(values: list[int]) -> str:
+        return str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+    return f"qk {span(widths['qk'])}, vo {span(widths['vo'])}"
+
+
 def describe_model(model: nn.Module, folder: str | os.PathLike | None = None, name: str | None = None) -> Description:
     """Describe a loaded model; ``folder`` (where it was loaded from) adds the loader verdicts."""
     from slimkit.primitives.evaluate.counting import params_by_part
@@ -311,6 +329,7 @@ def describe_model(model: nn.Module, folder: str | os.PathLike | None = None, na
             "heads": layer.num_heads,
             "kv_heads": layer.num_kv_heads,
             "head_dim": layer.head_dim,
+            "head_widths": _head_widths(layer.head_widths),
             "mlp_width": layer.mlp_width,
             "hidden": layer_hidden_size(layer, view.hidden_size),
             "parameters": layer.num_params(),
@@ -345,6 +364,7 @@ __all__ = [
     "describe_model",
     "describe_source",
     "folder_loaders",
+    "head_dim_cell",
     "model_structure",
     "saved_structure",
     "structure_of",

@@ -11,6 +11,7 @@ import torch
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.head_widths import HeadWidthAttention
+from slimkit.primitives.io.describe import describe_model, head_dim_cell
 from slimkit.primitives.masks.encoder import (
     counted_weights,
     fuse_encoder_masks,
@@ -77,6 +78,12 @@ def test_fused_heads_equal_the_masked_model_and_are_counted():
     assert report["head_widths"]["0"]["qk"] == [int(r.sum()) for r in qk[0].ne(0)]
     attention = model.bert.encoder.layer[2].attention.self
     assert isinstance(attention, HeadWidthAttention) and list(attention.widths.vo) == report["head_widths"]["2"]["vo"]
+    row = describe_model(model).layers[2]  # slimkit inspect shows each head's widths, not the dense head_dim
+    assert row["head_widths"] == report["head_widths"]["2"]
+    widths = row["head_widths"]["qk"]
+    assert head_dim_cell(row).startswith(f"qk {min(widths)}") and ", vo " in head_dim_cell(row)
+    assert head_dim_cell({"head_dim": 64, "head_widths": {"qk": [3, 64], "vo": [8, 8]}}) == "qk 3-64, vo 8"
+    assert head_dim_cell({"head_dim": 64, "head_widths": None}) == "64"
     binary = replace(
         MaskValues.ones(shape, ("mha_in", "mha_out", "ffn_in", "ffn_out")),
         qk=[(t != 0).float() for t in qk],
