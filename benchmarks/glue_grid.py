@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import shlex
@@ -238,6 +239,7 @@ def trace_summary(history: dict[str, list[float]] | None, final: float) -> dict[
     return {"trace": trace, "settle_gap": sum(abs(v - final) for v in tail) / len(tail)}
 
 
+@functools.cache
 def mask_stage_index(recipe: str) -> int:
     """Where ``recipe`` runs ``mask_train_encoder`` (its stage index, for ``--set stages.N.args...``)."""
     from slimkit.recipes.loading import load_recipe
