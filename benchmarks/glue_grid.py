@@ -43,8 +43,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from benchmarks.claims import FAILS, HOLDS, NOT_RUN, compare, describe
-from benchmarks.grid import BenchError, pct
+from benchmarks.grid import BenchError, pct, read_grid_yaml
 from benchmarks.run import OFFLINE_ENV, QUIET_ENV, last_line, machine_info, via_launcher
+from slimkit.primitives.errors import format_validation_error
 
 RESULTS = Path(__file__).parent / "results"
 GRID_FILE = Path(__file__).parent / "grid-glue.yaml"
@@ -97,12 +98,11 @@ class GlueGrid(_Strict):
 def load_glue_grid(path: Path) -> GlueGrid:
     if not path.is_file():
         raise BenchError(f"--grid: {path} is not a file")
+    data = read_grid_yaml(path) or {}
     try:
-        grid = GlueGrid.model_validate(yaml.safe_load(path.read_text()) or {})
+        grid = GlueGrid.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise BenchError(f"{path}: {where}: {first['msg']}") from None
+        raise BenchError(f"{path}: {format_validation_error(error)}") from None
     unknown = [t for t in grid.settings.tasks if t not in TASKS]
     if unknown:
         raise BenchError(f"{path}: settings.tasks: unknown task(s) {unknown}; allowed: {', '.join(TASKS)}")

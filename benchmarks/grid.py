@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from slimkit.primitives.errors import format_validation_error
 from slimkit.recipes.schema import DeviceName, DtypeName, check_zeroshot_task
 
 GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
@@ -205,16 +206,10 @@ def seed_suffix(seed: int) -> str:
     return f":seed{seed}"
 
 
-def _format_error(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
-
-
-def load_grid(path: Path = GRID_FILE) -> GridFile:
+def read_grid_yaml(path: Path) -> Any:
+    """The parsed YAML of a grid file; :class:`BenchError` (one line, with the line and column) when unreadable."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        return yaml.safe_load(Path(path).read_text())
     except OSError as error:
         raise BenchError(f"cannot read grid file {path}: {error.strerror}") from None
     except yaml.YAMLError as error:
@@ -222,10 +217,14 @@ def load_grid(path: Path = GRID_FILE) -> GridFile:
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise BenchError(f"{path}:{where} YAML error: {problem}") from None
+
+
+def load_grid(path: Path = GRID_FILE) -> GridFile:
+    data = read_grid_yaml(path)
     try:
         grid = GridFile.model_validate(data)
     except ValidationError as error:
-        raise BenchError(f"{path}: {_format_error(error)}") from None
+        raise BenchError(f"{path}: {format_validation_error(error)}") from None
     if grid.claims_from is not None:
         source = Path(path).parent / grid.claims_from
         if source.resolve() == Path(path).resolve():
@@ -253,7 +252,7 @@ def resolve_settings(grid: GridFile, quick: bool, cli: dict[str, Any]) -> Settin
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as error:
-        raise BenchError(f"settings: {_format_error(error)}") from None
+        raise BenchError(f"settings: {format_validation_error(error)}") from None
     settings.check()
     return settings
 

@@ -6,13 +6,17 @@ The CLI prints that line and exits non-zero; it never shows a traceback for thes
 
 A name that is not one of a fixed set (a stage, a dataset, a recipe field, a model source) is
 reported with :func:`unknown`: the name, the closest allowed name when one is close enough
-(:func:`closest`, difflib's ratio >= 0.6, case-insensitive), then every allowed name.
+(:func:`closest`, difflib's ratio >= 0.6, case-insensitive), then every allowed name. A pydantic validation
+error (a settings block, a grid file) becomes that line with :func:`format_validation_error`.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
 
 
 class SlimkitError(Exception):
@@ -66,3 +70,26 @@ def unknown(
     hint = did_you_mean(name, names if suggest is None else suggest)
     separator = f"{hint} " if hint else "; "
     return f"unknown {kind} '{name}'{separator}{label}: {', '.join(names)}{tail}"
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    # Drop pydantic's union tag ("stage"/"sequential" right after a list index) for readability.
+    cleaned: list[str] = []
+    for i, part in enumerate(parts):
+        if i > 0 and isinstance(parts[i - 1], int) and part in ("stage", "sequential"):
+            continue
+        cleaned.append(str(part))
+    return ".".join(cleaned)
+
+
+def format_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """One line per problem, each ``field.path: message``; joined with '; '."""
+    problems = []
+    for item in error.errors():
+        loc = _loc(tuple(item["loc"]))
+        path = ".".join(p for p in (prefix, loc) if p)
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "finite_number":  # inf or NaN: say so, not "should be less than 1"
+            message = f"must be a finite number, got {item['input']!r}"
+        problems.append(f"{path}: {message}" if path else message)
+    return "; ".join(problems)

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slimkit.primitives.errors import SlimkitError, unknown
+from slimkit.primitives.errors import SlimkitError, format_validation_error, unknown
 from slimkit.recipes.safe_yaml import load_yaml
-from slimkit.recipes.schema import Recipe, format_validation_error
+from slimkit.recipes.schema import Recipe
 
 MAX_RECIPE_BYTES = 1 << 20
 """The largest recipe file read (a bundled recipe is 1 to 3 KiB)."""

@@ -51,7 +51,7 @@ from pydantic import (
 )
 
 from slimkit.primitives.device.settings import check_device_name, check_dtype_name, parse_size
-from slimkit.primitives.errors import SlimkitError, unknown
+from slimkit.primitives.errors import SlimkitError, format_validation_error, unknown
 from slimkit.primitives.textdata import CORPORA
 from slimkit.recipes.registry import stage_def, stage_names
 
@@ -600,26 +600,3 @@ class Recipe(Strict):
         if config.dataset == "glue":
             return config.model_copy(update={"dataset": f"glue-{self.task}"})
         return config
-
-
-def _loc(parts: tuple[Any, ...]) -> str:
-    # Drop pydantic's union tag ("stage"/"sequential" right after a list index) for readability.
-    cleaned: list[str] = []
-    for i, part in enumerate(parts):
-        if i > 0 and isinstance(parts[i - 1], int) and part in ("stage", "sequential"):
-            continue
-        cleaned.append(str(part))
-    return ".".join(cleaned)
-
-
-def format_validation_error(error: ValidationError, prefix: str = "") -> str:
-    """One line per problem, each ``field.path: message``; joined with '; '."""
-    problems = []
-    for item in error.errors():
-        loc = _loc(tuple(item["loc"]))
-        path = ".".join(p for p in (prefix, loc) if p)
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "finite_number":  # inf or NaN: say so, not "should be less than 1"
-            message = f"must be a finite number, got {item['input']!r}"
-        problems.append(f"{path}: {message}" if path else message)
-    return "; ".join(problems)

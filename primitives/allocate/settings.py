@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from slimkit.primitives.errors import unknown
+from slimkit.primitives.errors import format_validation_error, unknown
 
 LEVEL_LADDERS: dict[str, tuple[float, ...]] = {
     "tenths": tuple(round(0.1 * i, 2) for i in range(10)),
@@ -101,9 +101,7 @@ def parse_allocation(value: str | dict[str, Any]) -> Allocation:
     try:
         return models[name].model_validate(settings or {})
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in (name, *first["loc"]))
-        raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise ValueError(format_validation_error(error, prefix=str(name))) from None
 
 
 __all__ = ["ALLOCATIONS", "LEVEL_LADDERS", "Allocation", "GlobalSettings", "SearchSettings", "parse_allocation"]
