@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -105,11 +106,41 @@ def _keep_or_placeholder(z: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return keep, False
 
 
+@dataclass(frozen=True)
+class LayerKeep:
+    """What fusing keeps of one layer for 0/1 mask values (:func:`layer_keep`): the heads, per kept head its q/k and
+    v/o dimensions, the FFN filters, and which of them are exact zero placeholders (a layer losing every head keeps
+    head 0; one whose kept heads keep no q/k (v/o) dimension keeps dimension 0; one losing every filter keeps one)."""
+
+    heads: torch.Tensor
+    qk: list[torch.Tensor]
+    vo: list[torch.Tensor]
+    filters: torch.Tensor
+    placeholder_heads: bool
+    placeholder_qk: bool
+    placeholder_vo: bool
+    placeholder_filters: bool
+
+
+def layer_keep(values: MaskValues, i: int, heads: int, head_dim: int, filters: int) -> LayerKeep:
+    """Layer ``i``'s :class:`LayerKeep` under ``values`` (absent fields keep everything); the one rule that
+    :func:`fuse_encoder_masks` applies and :func:`placeholder_size` counts."""
+
+    def field(name: str, full: torch.Tensor) -> torch.Tensor:
+        value = getattr(values, name)
+        return full if value is None else value[i].detach().cpu()
+
+    kept_heads, no_heads = _keep_or_placeholder(field("head", torch.ones(heads)) * field("mha", torch.ones(())))
+    qk, no_qk = _head_dims_kept(values.qk[i].detach().cpu() if values.qk is not None else None, kept_heads, head_dim)
+    vo, no_vo = _head_dims_kept(values.vo[i].detach().cpu() if values.vo is not None else None, kept_heads, head_dim)
+    kept_filters, no_filters = _keep_or_placeholder(field("f", torch.ones(filters)) * field("ffn", torch.ones(())))
+    return LayerKeep(kept_heads, qk, vo, kept_filters, no_heads, no_qk, no_vo, no_filters)
+
+
 def placeholder_size(values: MaskValues, shape: MaskShape) -> float:
-    """The counted weights :func:`fuse_encoder_masks` keeps as exact zero placeholders for 0/1 ``values``, which
-    Eq. 30 counts as removed: one head of a layer that loses every head (head 0 at its kept q/k and v/o widths, one
-    dimension when it keeps none), one q/k (or v/o) dimension of a layer whose kept heads keep none, and one filter
-    of a layer that loses every filter. The final selection counts them, so the fused model lands on the target."""
+    """The counted weights :func:`fuse_encoder_masks` keeps as exact zero placeholders (:class:`LayerKeep`) for 0/1
+    ``values``, which Eq. 30 counts as removed. The final selection counts them, so the fused model lands on the
+    target."""
     extra = 0.0
     d, dh = shape.hidden, shape.head_dim
 
@@ -118,18 +149,12 @@ def placeholder_size(values: MaskValues, shape: MaskShape) -> float:
 
     for i in range(shape.num_layers):
         n_in, n_out = kept(values.mha_in, i, d), kept(values.mha_out, i, d)
-        z_head = values.head[i] if values.head is not None else torch.ones(shape.heads[i])
-        z_mha = values.mha[i] if values.mha is not None else torch.ones(())
-        heads, no_heads = _keep_or_placeholder(z_head.cpu() * z_mha.cpu())
-        qk, no_qk = _head_dims_kept(values.qk[i].cpu() if values.qk is not None else None, heads, dh)
-        vo, no_vo = _head_dims_kept(values.vo[i].cpu() if values.vo is not None else None, heads, dh)
-        if no_heads:  # the fused layer keeps head 0 at the widths its dimension masks leave (one when none)
-            extra += (2 * qk[0].numel() + vo[0].numel()) * n_in + vo[0].numel() * n_out
+        keep = layer_keep(values, i, shape.heads[i], dh, shape.ffn[i])
+        if keep.placeholder_heads:  # the fused layer keeps head 0 at the widths its dimension masks leave
+            extra += (2 * keep.qk[0].numel() + keep.vo[0].numel()) * n_in + keep.vo[0].numel() * n_out
         else:
-            extra += 2 * n_in * no_qk + (n_in + n_out) * no_vo
-        z_f = values.f[i] if values.f is not None else torch.ones(shape.ffn[i])
-        z_ffn = values.ffn[i] if values.ffn is not None else torch.ones(())
-        if not bool(((z_f * z_ffn) != 0).any()):
+            extra += 2 * n_in * keep.placeholder_qk + (n_in + n_out) * keep.placeholder_vo
+        if keep.placeholder_filters:
             n_in2, n_out2 = kept(values.ffn_in, i, d), kept(values.ffn_out, i, d)
             extra += n_in2 * (2 if shape.gated else 1) + n_out2
     return extra
@@ -203,27 +228,24 @@ def fuse_encoder_masks(
                 _scale_linear(layer.linear("v"), z_vo.flatten(), columns=False)
             _scale_linear(o, z_head.repeat_interleave(dh), columns=True)
             _scale_linear(o, z_mha, columns=False)
-            keep, empty = _keep_or_placeholder(z_head * z_mha)
-            if empty:
-                report["placeholder_heads"].append(i)
-            if keep.numel() < heads:
-                prune_layer(model, "attention_head", i, keep)
-            if z_qk is not None or z_vo is not None:
-                qk_keep, qk_empty = _head_dims_kept(z_qk, keep, dh)
-                vo_keep, vo_empty = _head_dims_kept(z_vo, keep, dh)
-                if qk_empty or vo_empty:
-                    report["placeholder_head_dims"].append(i)
-                widths = slice_heads(model, i, qk_keep, vo_keep)
-                report["head_widths"][str(i)] = {"qk": list(widths.qk), "vo": list(widths.vo)}
             z_f = values.f[i].detach() if values.f is not None else torch.ones(layer.mlp_width, device=on)
             z_ffn = values.ffn[i].detach() if values.ffn is not None else torch.ones((), device=on)
             _scale_linear(down, z_f, columns=True)
             _scale_linear(down, z_ffn, columns=False)
-            keep, empty = _keep_or_placeholder(z_f * z_ffn)
-            if empty:
+            keep = layer_keep(values, i, heads, dh, layer.mlp_width)
+            if keep.placeholder_heads:
+                report["placeholder_heads"].append(i)
+            if keep.heads.numel() < heads:
+                prune_layer(model, "attention_head", i, keep.heads)
+            if z_qk is not None or z_vo is not None:
+                if keep.placeholder_qk or keep.placeholder_vo:
+                    report["placeholder_head_dims"].append(i)
+                widths = slice_heads(model, i, keep.qk, keep.vo)
+                report["head_widths"][str(i)] = {"qk": list(widths.qk), "vo": list(widths.vo)}
+            if keep.placeholder_filters:
                 report["placeholder_filters"].append(i)
-            if keep.numel() < layer.mlp_width:
-                prune_layer(model, "mlp_channel", i, keep)
+            if keep.filters.numel() < layer.mlp_width:
+                prune_layer(model, "mlp_channel", i, keep.filters)
             view = ModelView(model)
         if hidden == "per_norm":
             z = _norm_values(values, n)
