@@ -477,6 +477,7 @@ class Recipe(Strict):
         for index, item in enumerate(self.stages):
             children = item.sequential if isinstance(item, SequentialSpec) else [item]
             block_solver: str | None = None
+            rewritten: dict[str, str] = {}
             for child_index, spec in enumerate(children):
                 where = f"stages.{index}" + (f".sequential.{child_index}" if isinstance(item, SequentialSpec) else "")
                 definition = stage_def(spec.stage)
@@ -509,6 +510,15 @@ class Recipe(Strict):
                     )
                 for role in args.makes_lowrank():
                     lowrank.setdefault(role, f"{where} ('{spec.stage}')")
+                rewrites = sorted(args.refits() & set(rewritten))
+                if rewrites:
+                    raise ValueError(
+                        f"{where}: stage '{spec.stage}' refits {', '.join(rewrites)} from the dense weights, but "
+                        f"{rewritten[rewrites[0]]} already rewrote its kept columns (OBS update); leave "
+                        f"{', '.join(rewrites)} out of its roles, or remove units with prune_layer"
+                    )
+                for role in args.rewrites_kept():
+                    rewritten.setdefault(role, f"{where} ('{spec.stage}')")
             solver = solver or block_solver
         modes = [s.parsed_args().budget() for s in self.flat_stages()]
         if self.target.ratio > 0 and all(mode == "none" for mode in modes):

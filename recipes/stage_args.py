@@ -54,6 +54,16 @@ class StageArgs(Strict):
         """Projection roles the stage replaces by low-rank pairs."""
         return NO_ROLES
 
+    def rewrites_kept(self) -> frozenset[str]:
+        """Projection roles whose kept input columns the stage rewrites, not only slices (``obs_prune_layer``'s OBS
+        update of ``down`` / ``o``): a later stage of its block that matches them to the dense columns cannot."""
+        return NO_ROLES
+
+    def refits(self) -> frozenset[str]:
+        """Projection roles the stage refits from the block's dense snapshot, matching their kept columns to the
+        dense ones (``reconstruct``)."""
+        return NO_ROLES
+
     def layer_grams(self) -> frozenset[str]:
         """Projection roles (``down``, ``o``) whose dense input Gram matrix and dense weight a layer stage reads from
         ``stats["dense_consumers"]``: captured by the block's statistics pass, before any stage of the block changes

@@ -90,6 +90,9 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
     def layer_grams(self) -> frozenset[str]:
         return frozenset(CONSUMER[kind] for kind in self.groups)
 
+    def rewrites_kept(self) -> frozenset[str]:
+        return frozenset(CONSUMER[kind] for kind in self.groups)
+
 
 def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch.Tensor:
     """``[units, per_unit]`` input columns of ``module`` (the consumer) that the group's units occupy."""

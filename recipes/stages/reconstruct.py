@@ -97,6 +97,9 @@ class ReconstructArgs(RefitSettings, StageArgs):
     def layer_grams(self) -> frozenset[str]:
         return frozenset(self.consumers)
 
+    def refits(self) -> frozenset[str]:
+        return frozenset(self.consumers)
+
     def dense_targets(self) -> frozenset[str]:
         return frozenset(self.consumers) if self.target == "dense" else frozenset()
 

@@ -126,6 +126,27 @@ def test_lowrank_then_attention_pruning_is_refused_at_validation(tiny_llama_dir)
         validate(raw, "r")
 
 
+def test_reconstruct_after_an_obs_update_in_its_block_is_refused_at_validation(tiny_llama_dir):
+    """OBS rewrites down's kept columns; reconstruct matches them to the dense ones, so the pair fails before any
+    compute (it used to fail at the first layer, after the block's pre-pass); refitting only o is allowed."""
+    block = {
+        "sequential": [
+            {"stage": "obs_prune_layer", "args": {"groups": ["mlp_channel"]}},
+            {"stage": "reconstruct", "args": {}},
+        ]
+    }
+    raw = _recipe(tiny_llama_dir, block, {"stage": "lora", "args": {"steps": 0}})
+    raw["stages"] = raw["stages"][:1]
+    with pytest.raises(
+        SlimkitError,
+        match=r"stages.0.sequential.1: stage 'reconstruct' refits down from the dense weights, but "
+        r"stages.0.sequential.0 \('obs_prune_layer'\) already rewrote its kept columns",
+    ):
+        validate(raw, "r")
+    block["sequential"][1]["args"] = {"roles": ["o"]}
+    validate(raw, "r")
+
+
 def test_coupled_scores_after_lowrank_read_only_the_mlp(tiny_llama_dir):
     """CCE's coupled scorer on MLP channels after the attention became low-rank (its LoRA gradient proxy
     needs plain Linear weights, and only the MLP's are read)."""
