@@ -316,11 +316,18 @@ def draws(rows: list[dict[str, Any]], task: str, name: str, ratio: float | None)
     ]
 
 
-def decide_claims(rows: list[dict[str, Any]], grid: GlueGrid, tasks: list[str]) -> list[dict[str, Any]]:
-    """Every claim per task and ratio over the seeds' pairings, plus SP3's "most on small data" (RTE vs SST-2)."""
+def decide_claims(
+    rows: list[dict[str, Any]], grid: GlueGrid, tasks: list[str], seeds: int | None = None
+) -> list[dict[str, Any]]:
+    """Every claim per task and ratio over the seeds' pairings, plus SP3's "most on small data" (RTE vs SST-2).
+
+    A verdict from fewer draws than ``seeds`` (default: the grid's seeds) on either side is marked ``provisional``
+    (``"1 of 3 seeds"``): one pairing of single draws is not a decision."""
+    wanted = seeds or len(grid.settings.seeds)
     ratios_of = {row.name: row.ratios or grid.settings.ratios for row in grid.rows}
     decided: list[dict[str, Any]] = []
     gains: dict[str, list[float]] = {}
+    partial: set[str] = set()
     for claim in grid.claims:
         for task in tasks:
             for ratio in claim.ratios or ratios_of[claim.better]:
@@ -347,22 +354,28 @@ def decide_claims(rows: list[dict[str, Any]], grid: GlueGrid, tasks: list[str]) 
                 if claim.id == "sp3-vs-cofi":
                     gains.setdefault(task, []).append(gap)
                 evidence = f"{describe(label_a, a)} > {describe(label_b, b)}: {held} of {len(a) * len(b)} pairings"
-                decided.append({**entry, "verdict": verdict, "gap": gap, "evidence": evidence})
+                entry |= {"verdict": verdict, "gap": gap, "evidence": evidence}
+                if min(len(a), len(b)) < wanted:
+                    entry["provisional"] = f"{min(len(a), len(b))} of {wanted} seeds"
+                    if claim.id == "sp3-vs-cofi":
+                        partial.add(task)
+                decided.append(entry)
     if any(c.id == "sp3-vs-cofi" for c in grid.claims):
         if "rte" in gains and "sst2" in gains:
             rte, sst2 = sum(gains["rte"]) / len(gains["rte"]), sum(gains["sst2"]) / len(gains["sst2"])
             verdict, evidence = (HOLDS if rte > sst2 else FAILS), f"mean gain rte {rte:+.4f} vs sst2 {sst2:+.4f}"
         else:
             verdict, evidence = NOT_RUN, "needs rte and sst2 rows"
-        decided.append(
-            {
-                "id": "sp3-gain-small-data",
-                "claim": "the PCA projection helps most on small datasets (RTE more than SST-2)",
-                "source": "SP3, Tables 2/3",
-                "verdict": verdict,
-                "evidence": evidence,
-            }
-        )
+        small_data = {
+            "id": "sp3-gain-small-data",
+            "claim": "the PCA projection helps most on small datasets (RTE more than SST-2)",
+            "source": "SP3, Tables 2/3",
+            "verdict": verdict,
+            "evidence": evidence,
+        }
+        if verdict != NOT_RUN and partial & {"rte", "sst2"}:
+            small_data["provisional"] = f"fewer than {wanted} seeds on {', '.join(sorted(partial & {'rte', 'sst2'}))}"
+        decided.append(small_data)
     return decided
 
 
@@ -417,9 +430,9 @@ def markdown(result: dict[str, Any]) -> str:
     for claim in result["claims"]:
         task = claim.get("task", "-")
         where = task if claim.get("ratio") is None else f"{task} @ {pct(claim['ratio'])}%"
-        lines.append(
-            f"| {claim['claim']} | {claim['source']} | {where} | **{claim['verdict']}** | {claim.get('evidence', '')} |"
-        )
+        provisional = f" (provisional: {claim['provisional']})" if "provisional" in claim else ""
+        verdict = f"**{claim['verdict']}**{provisional}"
+        lines.append(f"| {claim['claim']} | {claim['source']} | {where} | {verdict} | {claim.get('evidence', '')} |")
     lines += [
         "",
         "## Every run",
@@ -531,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     def write() -> None:
         result["wall_s"] = time.perf_counter() - start
         result["rows"] = [done[j] for j in jobs if j in done]
-        result["claims"] = decide_claims(result["rows"], grid, tasks)
+        result["claims"] = decide_claims(result["rows"], grid, tasks, len(seeds))
         base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         base.with_suffix(".md").write_text(markdown(result))
 

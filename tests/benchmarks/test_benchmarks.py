@@ -711,6 +711,11 @@ def test_glue_grid_claims_over_seeds_and_table(tmp_path):
     assert claims["sp3-vs-cofi:sst2@50"]["verdict"] == "holds"  # every one of the 4 pairings
     assert claims["sp3-vs-cofi:rte@50"]["verdict"] == "within noise"  # 0.55 > 0.53 but 0.52 < 0.53
     assert claims["sp3-gain-small-data"]["verdict"] == "does not hold"  # rte +0.005 vs sst2 +0.02
+    assert "provisional" not in claims["sp3-vs-cofi:sst2@50"]  # 2 of the grid's 2 seeds on each side
+    assert claims["sp3-vs-cofi:rte@50"]["provisional"] == "1 of 2 seeds"  # cofi-bert's seed 1 failed
+    assert claims["sp3-gain-small-data"]["provisional"] == "fewer than 2 seeds on rte"
+    result = {"name": "t", "date": "d", "command": "c", "machine": {}, "rows": [], "claims": list(claims.values())}
+    assert "**within noise** (provisional: 1 of 2 seeds)" in markdown(result)
     rows = rows[:5]
     assert decide_claims(rows, grid, ["sst2", "rte"])[1]["verdict"] == "not run"
     # the trace: every tenth of the steps, and the mean gap over the last fifth
