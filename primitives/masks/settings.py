@@ -98,6 +98,12 @@ class EncoderMaskSettings(MaskSettings):
     def _some_mask_steps(self) -> EncoderMaskSettings:
         if self.dimension_steps + self.joint_steps < 1:
             raise ValueError("dimension_steps + joint_steps must be >= 1")
+        joining = [name for name in ("head", "layer") if getattr(self, name)]
+        if joining and self.joint_steps < 1:
+            raise ValueError(
+                f"joint_steps: 0 leaves the {' and '.join(joining)} gates untrained (they join in the joint stage); "
+                f"give joint_steps >= 1, or {': false and '.join(joining)}: false for dimension masks only"
+            )
         return self
 
     @property

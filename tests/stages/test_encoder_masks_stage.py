@@ -60,6 +60,11 @@ def model_dirs(tmp_path):
             ["stages.2.args.dimension_steps=0", "stages.2.args.joint_steps=0"],
             "stages.2: args: dimension_steps + joint_steps must be >= 1",
         ),
+        (
+            "bert",
+            ["stages.2.args.joint_steps=0"],
+            "stages.2: args: joint_steps: 0 leaves the head and layer gates untrained",
+        ),
     ],
 )
 def test_cli_refuses_in_one_line(monkeypatch, capsys, tmp_path, model_dirs, model, changes, fragment):

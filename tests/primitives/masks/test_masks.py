@@ -537,6 +537,11 @@ def test_mask_settings_are_declared_once_and_checked_once():
         EncoderMaskSettings(mask_learning_rate=0.0)
     with pytest.raises(ValidationError, match="dimension_steps \\+ joint_steps must be >= 1"):
         EncoderMaskSettings(dimension_steps=0, joint_steps=0)
+    with pytest.raises(ValidationError, match="joint_steps: 0 leaves the head and layer gates untrained"):
+        EncoderMaskSettings(dimension_steps=10, joint_steps=0)
+    with pytest.raises(ValidationError, match="or layer: false for dimension masks only"):
+        EncoderMaskSettings(dimension_steps=10, joint_steps=0, head=False)
+    assert EncoderMaskSettings(dimension_steps=10, joint_steps=0, head=False, layer=False).joint_steps == 0
     # the stages' arguments are the settings plus their data: no name is declared twice
     assert issubclass(MaskTrainArgs, StreamMaskSettings) and issubclass(MaskTrainEncoderArgs, EncoderMaskSettings)
     shared = set(MaskSettings.model_fields)
