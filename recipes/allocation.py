@@ -89,15 +89,42 @@ def dense_scores(ctx: Context, args: SelectionArgs, groups: list[Group], batches
     return scores
 
 
-def allocate(ctx: Context, stage: str, args: SelectionArgs) -> LayerAllocation:
-    """Kept counts per eligible layer and kind for the stage, landing on what is left of the target."""
-    began = time.perf_counter()
+def _allocatable(ctx: Context, args: SelectionArgs) -> tuple[list[Group], list[UnitCosts], SelectionRules]:
+    """The stage's groups in its eligible layers, their costs under the rules and alignment, and the rules."""
     target = ctx.recipe.target
     settings = args.allocation_settings()
     rules = args.rules_for(target)
     layers = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
     groups = [g for layer in layers for kind in args.groups for g in build_groups(ctx.model, kind, [layer])]
     check_shapes(groups, rules)
+    max_fraction = settings.max_fraction if isinstance(settings, GlobalSettings) else 1.0
+    return groups, unit_costs(ctx.model, groups, rules, target.part, max_fraction), rules
+
+
+def _method(args: SelectionArgs) -> str:
+    return "global" if isinstance(args.allocation_settings(), GlobalSettings) else "search"
+
+
+def check_reachable(ctx: Context, stage: str, args: SelectionArgs, costs: list[UnitCosts] | None = None) -> None:
+    """Refuse, before any scoring, a target the stage's units cannot reach however they are allocated: every group
+    at its fewest allowed units (alignment, ``min_keep``, ``max_fraction``) removes less than what is left of it."""
+    target = ctx.recipe.target
+    costs = costs if costs is not None else _allocatable(ctx, args)[1]
+    dense = ctx.params_before[target.part]
+    wanted, tolerance = ctx.params_to_remove(), round(target.tolerance * dense)
+    most = total_removed(costs, [min(c.allowed()) for c in costs])
+    if wanted > most + tolerance:
+        nearest = nearest_ratios(target, dense, wanted, TargetOutOfReach(wanted, tolerance, most, None))
+        raise SlimkitError(out_of_reach(f"{stage} (allocation {_method(args)})", args, target, nearest))
+
+
+def allocate(ctx: Context, stage: str, args: SelectionArgs) -> LayerAllocation:
+    """Kept counts per eligible layer and kind for the stage, landing on what is left of the target."""
+    began = time.perf_counter()
+    target = ctx.recipe.target
+    settings = args.allocation_settings()
+    groups, costs, rules = _allocatable(ctx, args)
+    check_reachable(ctx, stage, args, costs)
     dense = ctx.params_before[target.part]
     wanted, tolerance = ctx.params_to_remove(), round(target.tolerance * dense)
     batches = ctx.calibration_batches()
@@ -110,9 +137,7 @@ def allocate(ctx: Context, stage: str, args: SelectionArgs) -> LayerAllocation:
     scoring, held = batches[: len(batches) - holdout], batches[len(batches) - holdout :]
     scores = dense_scores(ctx, args, groups, scoring)
     scored = time.perf_counter()
-    max_fraction = settings.max_fraction if isinstance(settings, GlobalSettings) else 1.0
-    costs = unit_costs(ctx.model, groups, rules, target.part, max_fraction)
-    report: dict = {"method": "global" if isinstance(settings, GlobalSettings) else "search"}
+    report: dict = {"method": _method(args)}
     try:
         if isinstance(settings, GlobalSettings):
             kept = global_ranking(scores, costs, wanted, tolerance)
@@ -197,4 +222,4 @@ def _search(
     return kept, report
 
 
-__all__ = ["allocate", "allocate_block", "dense_scores"]
+__all__ = ["allocate", "allocate_block", "check_reachable", "dense_scores"]

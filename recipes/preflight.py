@@ -13,6 +13,7 @@ import torch
 from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.device.settings import DTYPES, Placement, resolve_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.recipes.allocation import check_reachable
 from slimkit.recipes.context import Context
 from slimkit.recipes.dispatch import block_children, block_plan
 from slimkit.recipes.registry import stage_def
@@ -172,18 +173,15 @@ def check_save_dtype(recipe: Recipe, placement: Placement, model: Any) -> torch.
 
 def check_target_reachable(ctx: Context) -> None:
     """Before calibration: the first block's uniform layer-wise stages solve their share on the shapes alone, so a
-    target their (aligned) units cannot land on is refused in one line before any compute. Later blocks, and
-    allocated stages (whose plan depends on scores), are checked when they start, still before any weight changes."""
+    target their (aligned) units cannot land on is refused in one line before any compute; its allocated stages
+    (global, search) are refused when even every group at its fewest allowed units falls short (where exactly they
+    land depends on scores: checked when the block starts, still before any weight changes). Later blocks are
+    checked when they start."""
     children, _propagate = block_children(ctx.recipe.stages[0])
     solving = []
     for spec in children:
         args = spec.parsed_args()
-        if (
-            isinstance(args, SelectionArgs)
-            and args.allocates
-            and args.budget() == "solve"
-            and args.allocation_settings() == "uniform"
-        ):
+        if isinstance(args, SelectionArgs) and args.allocates and args.budget() == "solve":
             solving.append((spec.stage, args))
     if not solving:
         return
@@ -191,6 +189,9 @@ def check_target_reachable(ctx: Context) -> None:
     ctx.block_planned = block_plan(ctx, children)
     try:
         for stage, args in solving:
-            layer_fraction(ctx, args, stage)
+            if args.allocation_settings() == "uniform":
+                layer_fraction(ctx, args, stage)
+            else:
+                check_reachable(ctx, stage, args)
     finally:  # the runner starts the block again when it runs
         ctx.block_start, ctx.block_planned, ctx.block_cache = {}, 0, {}

@@ -125,7 +125,8 @@ def out_of_reach(name: str, args: SelectionArgs, target: Target, nearest: str) -
         f"{alignment} cannot remove {target.ratio:.1%} of {target.of} within target.tolerance {target.tolerance:.1%}: "
         f"the nearest plans remove {nearest}; widen target.tolerance, "
         + ("use a smaller target.align multiple, " if aligned else "")
-        + "add a finer group kind (e.g. mlp_channel), or change skip_first/skip_last"
+        + ("" if "mlp_channel" in args.groups else "add a finer group kind (e.g. mlp_channel), ")
+        + "or change skip_first/skip_last"
     )
 
 

@@ -90,3 +90,24 @@ def test_bad_allocation_input_is_one_line(case, monkeypatch, capsys, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert fragment in lines[0], lines[0]
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_an_allocated_target_out_of_reach_is_refused_before_scoring(monkeypatch, capsys, tmp_path):
+    """Every group at its fewest aligned units removes nothing (the tiny MLP is 64 wide, aligned to 64): refused in
+    the preflight, before calibration and before the allocation pre-pass scores any unit."""
+
+    def no_scoring(*_args, **_kwargs):
+        raise AssertionError("the allocation pre-pass ran")
+
+    monkeypatch.setattr("slimkit.recipes.allocation.dense_scores", no_scoring)
+    changes = {"stages": _stage(allocation={"global": {}}), "target": {"ratio": 0.2, "align": {"mlp_channel": 64}}}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe(_model(tmp_path), **changes)))
+    code, _out, err = run_cli(monkeypatch, capsys, "recipe", "run", str(path), "--out", str(tmp_path / "out"))
+    assert code == 2, err
+    assert err.strip().startswith(
+        "error: prune_layer (allocation global): groups mlp_channel (skip_first 0, skip_last 0), aligned as "
+        "target.align mlp_channel: 64, cannot remove 20.0% of model"
+    ), err
+    assert "the nearest plans remove 0.00%" in err and "finer group kind" not in err
+    assert not (tmp_path / "out").exists()
