@@ -1,5 +1,6 @@
 """The allocation a block's pre-pass decided (:mod:`slimkit.recipes.allocation`), as the layer-wise stages read it:
-kept units per layer and kind in the block's cache, each layer's fraction, and the report entry."""
+kept units per layer and kind in the block's cache, each layer's fraction, and the report entry; for ``lowrank``, the
+rank of every chosen matrix (:class:`RankAllocation`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,25 @@ class LayerAllocation:
         return {kind: 1.0 - kept / self.sizes[layer][kind] for kind, kept in self.kept[layer].items()}
 
 
+@dataclass
+class RankAllocation:
+    """A ``lowrank`` stage's global allocation for one block: the rank of each chosen matrix by layer and role (None:
+    it stays dense), the parameters of the target's part they save, and the report entry."""
+
+    ranks: dict[int, dict[str, int | None]]
+    saved: int
+    report: dict = field(default_factory=dict)
+
+
+def rank_allocation_key(roles: list[str]) -> str:
+    return f"allocation:lowrank:{'+'.join(roles)}"
+
+
+def allocated_ranks(ctx: Context, roles: list[str]) -> RankAllocation | None:
+    """The block's global rank allocation for a lowrank stage of these roles; None before the pre-pass ran."""
+    return ctx.block_cache.get(rank_allocation_key(roles))
+
+
 def allocation_key(stage: str, args: SelectionArgs) -> str:
     return f"allocation:{stage}:{'+'.join(args.groups)}"
 
@@ -51,4 +71,12 @@ def allocation_entry(ctx: Context, stage: str, args: SelectionArgs) -> dict | No
     return found.report if found is not None else None
 
 
-__all__ = ["LayerAllocation", "allocated_fraction", "allocation_entry", "allocation_key"]
+__all__ = [
+    "LayerAllocation",
+    "RankAllocation",
+    "allocated_fraction",
+    "allocated_ranks",
+    "allocation_entry",
+    "allocation_key",
+    "rank_allocation_key",
+]

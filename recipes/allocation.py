@@ -28,6 +28,7 @@ A target no plan of the units reaches is refused in one line naming the stage, t
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -43,6 +44,7 @@ from slimkit.primitives.allocate import (
     total_removed,
     unit_costs,
 )
+from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import capture_layer_inputs
 from slimkit.primitives.device.offload import resident
 from slimkit.primitives.errors import SlimkitError
@@ -50,10 +52,12 @@ from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance.compose import score_groups
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach, check_shapes, keep_indices
-from slimkit.recipes.allocated import LayerAllocation, allocation_key
+from slimkit.recipes.allocated import LayerAllocation, allocation_key, rank_allocation_key
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import layer_statistics
+from slimkit.recipes.rank_allocation import allocate_lowrank
 from slimkit.recipes.schema import StageSpec
+from slimkit.recipes.stages.lowrank import LowRankArgs
 from slimkit.recipes.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 
 
@@ -63,29 +67,42 @@ def allocate_block(ctx: Context, children: list[StageSpec]) -> None:
         args = spec.parsed_args()
         if isinstance(args, SelectionArgs) and args.allocation_settings() != "uniform":
             ctx.block_cache[allocation_key(spec.stage, args)] = allocate(ctx, spec.stage, args)
+        elif isinstance(args, LowRankArgs) and args.global_settings() is not None:
+            planned = args.plan(ctx)  # the wanted share, until the ranks are known
+            ctx.block_cache[rank_allocation_key(list(args.roles))] = allocate_lowrank(ctx, args)
+            ctx.block_planned += args.plan(ctx) - planned  # now exactly what the ranks save
+
+
+def dense_layer_statistics(
+    ctx: Context, batches: list[torch.Tensor], roles: Sequence[str], last: int
+) -> Iterator[tuple[LayerView, dict]]:
+    """The model as it is when the block starts, run layer by layer (0 to ``last``) on ``batches``: each layer with
+    the statistics the layer-wise pass gathers (:func:`~slimkit.recipes.layerwise.layer_statistics`, the Grams of
+    ``roles``). Only one layer's activations are alive at a time; an offloaded layer is resident while it runs."""
+    view = ctx.view
+    inputs = capture_layer_inputs(ctx.model, view.layer(0).module, batches)
+    names = {id(module): name for name, module in ctx.model.named_modules()}
+    for layer in view.layers[: last + 1]:
+        with resident(ctx.model, names[id(layer.module)], layer.module):
+            stats, outputs = layer_statistics(view, layer, inputs, sorted(roles))
+            yield layer, stats
+        inputs.hidden = outputs
+        del stats, outputs
 
 
 def dense_scores(ctx: Context, args: SelectionArgs, groups: list[Group], batches: list[torch.Tensor]) -> list:
     """Each group's unit scores by the stage's allocation scorer, on dense inputs, one layer at a time."""
     spec, scorer_args = args.allocation_scorer()
-    view = ctx.view
-    inputs = capture_layer_inputs(ctx.model, view.layer(0).module, batches)
-    roles = sorted(args.layer_grams())
     by_layer: dict[int, list[int]] = {}
     for position, group in enumerate(groups):
         by_layer.setdefault(group.layer, []).append(position)
     scores: list = [None] * len(groups)
-    names = {id(module): name for name, module in ctx.model.named_modules()}
-    for layer in view.layers[: max(by_layer) + 1]:
-        with resident(ctx.model, names[id(layer.module)], layer.module):
-            stats, outputs = layer_statistics(view, layer, inputs, roles)
-            if layer.index in by_layer:
-                members = [groups[i] for i in by_layer[layer.index]]
-                found = score_groups(spec, members, ctx.model, [stats], generator=ctx.generator, **scorer_args)
-                for i, value in zip(by_layer[layer.index], found, strict=True):
-                    scores[i] = value.detach().float().cpu()
-        inputs.hidden = outputs
-        del stats, outputs
+    for layer, stats in dense_layer_statistics(ctx, batches, args.layer_grams(), max(by_layer)):
+        if layer.index in by_layer:
+            members = [groups[i] for i in by_layer[layer.index]]
+            found = score_groups(spec, members, ctx.model, [stats], generator=ctx.generator, **scorer_args)
+            for i, value in zip(by_layer[layer.index], found, strict=True):
+                scores[i] = value.detach().float().cpu()
     return scores
 
 

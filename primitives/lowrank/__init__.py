@@ -9,6 +9,8 @@
 * :mod:`.allocation`: rank arithmetic, the speed rule (:func:`max_useful_rank`), LoRAP's 1:3
   attention parameter allocation with the Appendix C special case (:func:`allocate_attention`),
   and the layer-level ratio of Appendix C.1 (:func:`layer_ratio`).
+* :mod:`.rank_allocation`: one budget shared among many matrices by their weighted spectra
+  (:func:`~slimkit.primitives.lowrank.rank_allocation.allocate_ranks`, issue 30).
 
 Speed, measured on the 2-core development CPU (torch 2.13, float32, input ``[1, 128, 576]``,
 median of 20 interleaved runs, background load present): SmolLM2-135M layer-0 ``q_proj``
@@ -34,6 +36,7 @@ from slimkit.primitives.lowrank.module import LowRankLinear, lowrank_entries, ma
 from slimkit.primitives.lowrank.svd import (
     activation_weighted_svd,
     clamp_norms,
+    singular_energies,
     truncated_svd,
     weighted_error,
     whitened_svd,
@@ -53,6 +56,7 @@ __all__ = [
     "max_useful_rank",
     "member_target",
     "rank_for_budget",
+    "singular_energies",
     "truncated_svd",
     "weighted_error",
     "whitened_svd",

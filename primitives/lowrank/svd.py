@@ -132,6 +132,33 @@ def whitened_svd(
     return left.to(device=weight.device, dtype=weight.dtype), right.to(device=weight.device, dtype=weight.dtype)
 
 
+def singular_energies(
+    weight: torch.Tensor,
+    input_norms: torch.Tensor | None = None,
+    gram: torch.Tensor | None = None,
+    *,
+    eps: float = DEFAULT_EPS,
+    damping: float = WHITEN_DAMPING,
+) -> torch.Tensor:
+    """Squared singular values (descending, float64, on the CPU) of the matrix each factorisation truncates: ``W``
+    (SVD), ``W D`` (AWSVD, ``D = diag(input_norms)`` floored as :func:`clamp_norms` does) or ``W S`` (whitened SVD,
+    ``G + λI = S Sᵀ``). ``energies[r:].sum()`` is the squared error that method leaves at rank ``r``: plain
+    ``||W − L R||²``, Eq. 7's ``||(W − L R) D||²``, or the calibration output error ``||(W − L R) X||²``."""
+    if gram is not None and input_norms is not None:
+        raise ValueError("give input_norms (AWSVD) or gram (whitened SVD), not both")
+    work = weight.detach().to(torch.float64)
+    if gram is not None:
+        from slimkit.primitives.reconstruct.solve import damped_cholesky  # the import cycle whitened_svd notes
+
+        factor, _g, info = damped_cholesky(gram, damping)
+        if factor is None:
+            raise ValueError(f"the Gram matrix is not positive definite even with damping {info.damping:g}")
+        work = work.to(factor.device) @ factor
+    elif input_norms is not None:
+        work = work * clamp_norms(input_norms.to(device=work.device, dtype=torch.float64), eps)[None, :]
+    return torch.linalg.svdvals(work).square().cpu()
+
+
 def weighted_error(
     weight: torch.Tensor, left: torch.Tensor, right: torch.Tensor, input_norms: torch.Tensor | None = None
 ) -> float:
@@ -146,6 +173,7 @@ __all__ = [
     "DEFAULT_EPS",
     "activation_weighted_svd",
     "clamp_norms",
+    "singular_energies",
     "truncated_svd",
     "weighted_error",
     "whitened_svd",

@@ -13,6 +13,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.recipes.loading import validate
 from tests.recipes.test_recipes import tiny_recipe
+from tests.tiny import tiny_llama
 
 
 def lorap_recipe(model_dir, **lowrank_args):
@@ -83,4 +84,66 @@ def test_uniform_allocation_of_mlp_projections(tmp_path, tiny_llama_dir):
 def test_lorap_allocation_needs_attention_roles(tmp_path):
     bad = tiny_recipe(tmp_path, stages=[{"stage": "lowrank", "args": {"roles": ["up"]}}])
     with pytest.raises(SlimkitError, match="allocation: lorap splits the attention budget"):
+        validate(bad, "r.yaml")
+
+
+def global_recipe(model_dir, lowrank_args: dict, mlp_allocation="uniform"):
+    stages = [
+        {
+            "sequential": [
+                {"stage": "lowrank", "args": {"mac_fraction": 1.0, "allocation": {"global": {}}, **lowrank_args}},
+                {"stage": "prune_layer", "args": {"groups": ["mlp_channel"], "allocation": mlp_allocation}},
+            ]
+        }
+    ]
+    return tiny_recipe(model_dir, target={"ratio": 0.2, "of": "model"}, stages=stages)
+
+
+def test_global_rank_allocation_shares_the_lorap_total_and_the_block_lands_on_the_target(tmp_path, tiny_llama_dir):
+    raw = global_recipe(tiny_llama_dir, {}, mlp_allocation={"global": {}})
+    report = slimkit.run(raw, tmp_path / "run", evaluate=False).report.as_json()
+    assert report["target"]["met"]
+    lowrank = report["stages"]["lowrank"]
+    allocation = lowrank["allocation"]
+    # LoRAP's layer ratio of the four attention matrices of all three layers: 0.2554 x 3 x 6,144 = 4,708
+    assert allocation["wanted"] == int(58_848 * 0.2 / (3 * 15_360) * 3 * 6_144)
+    assert allocation["wanted"] - 96 <= allocation["removed"] <= allocation["wanted"]  # within one rank of q
+    ranks = [rank for layer in lowrank["ranks"].values() for rank in layer.values()]
+    assert len(set(ranks)) > 1  # not one rank for all
+    saved = sum(
+        dense - (rank * (48 + out) if rank is not None else dense)
+        for layer in lowrank["ranks"].values()
+        for role, rank in layer.items()
+        for out, dense in [(48 if role in ("q", "o") else 16, 48 * (48 if role in ("q", "o") else 16))]
+    )
+    assert saved == allocation["removed"]  # the ranks the layers took are the ones the pre-pass planned
+    model, _tok = slimkit.load(tmp_path / "run" / "model")
+    assert report["params"]["after"] == sum(p.numel() for p in model.parameters())
+
+
+def test_a_matrix_of_rank_one_gets_the_lowest_rank(tokenizer):
+    torch.manual_seed(0)
+    model = tiny_llama(vocab_size=len(tokenizer))
+    with torch.no_grad():
+        q = model.model.layers[1].self_attn.q_proj.weight
+        q.copy_(torch.outer(torch.randn(q.shape[0]), torch.randn(q.shape[1])))  # rank one: nothing lost at rank 1
+    raw = global_recipe("unused", {"roles": ["q", "o"], "method": "svd"})
+    report = slimkit.run(raw, model=model, tokenizer=tokenizer, evaluate=False).report.as_json()
+    ranks = report["stages"]["lowrank"]["ranks"]
+    assert ranks["1"]["q"] == 1
+    assert all(ranks[str(i)]["q"] != 1 for i in (0, 2))
+
+
+@pytest.mark.parametrize(
+    ("allocation", "message"),
+    [
+        ({"search": {}}, "a search over ranks is not available for lowrank"),
+        ("search", "a search over ranks is not available for lowrank"),
+        ("evenly", "unknown allocation 'evenly'"),
+        ({"global": {"max_fraction": 0}}, "max_fraction"),
+    ],
+)
+def test_an_allocation_lowrank_cannot_take_is_refused(tmp_path, allocation, message):
+    bad = tiny_recipe(tmp_path, stages=[{"stage": "lowrank", "args": {"allocation": allocation}}])
+    with pytest.raises(SlimkitError, match=message):
         validate(bad, "r.yaml")

@@ -1,0 +1,152 @@
+"""Global rank allocation: one parameter budget shared among many matrices by their weighted-SVD spectra.
+
+LoRAP gives every layer the same ratio and splits it 1:3 inside the attention; issue 30 asks that every layer-wise
+removal take a measured cross-layer allocation. For low rank the unit is one singular direction of one matrix, and
+its cost is known before any factorisation: truncating a ``d_out x d_in`` matrix to rank ``r`` leaves the squared
+error ``sum(energies[r:])`` of the method's own objective (:func:`~slimkit.primitives.lowrank.svd.singular_energies`)
+and saves ``d_in·d_out − r·(d_in + d_out)`` parameters.
+
+The error is taken **relative** to the matrix's whole energy (the calibration output energy for the whitened method),
+so matrices of layers whose activations differ in scale by orders of magnitude (the residual stream grows with depth)
+compare by how much of their own output they lose, the way FLAP standardises scores within a layer; the paper-free
+choice here, stated in docs/methods/allocation.md.
+
+The problem, minimise ``sum_j e_j(r_j)`` subject to the parameters saved landing on the budget, is separable, and
+each ``e_j`` is convex in the parameters saved except for one jump: a matrix saves nothing until its rank drops
+below the break-even, and then saves at least ``(1 − mac_fraction)·d_in·d_out`` at once. Each matrix's options are
+therefore replaced by their lower convex hull (:func:`hull_steps`): one step from dense to the rank ``r*`` with
+the least error per parameter saved, then one step per rank below it (slopes ``energies[r−1] / (d_in + d_out)``,
+non-decreasing because singular values are sorted). All steps of all matrices are taken cheapest slope first (a
+Lagrangian sweep); a step that would pass the budget is skipped (with every later step of its matrix), so the plan
+lands at most ``wanted`` and, when one-rank steps remain, within one step (``d_in + d_out`` parameters) of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from slimkit.primitives.lowrank.allocation import dense_params, lowrank_params
+
+
+@dataclass(frozen=True)
+class MatrixSpectrum:
+    """One matrix as the allocation sees it: its shape, the squared singular values its factorisation truncates
+    (descending) and the ranks it may take (``max_rank`` 0: it stays dense)."""
+
+    d_out: int
+    d_in: int
+    energies: torch.Tensor
+    max_rank: int
+    min_rank: int = 1
+
+    def saved(self, rank: int | None) -> int:
+        """Parameters saved at ``rank`` (None: dense, 0 saved)."""
+        return 0 if rank is None else dense_params(self.d_in, self.d_out) - lowrank_params(self.d_in, self.d_out, rank)
+
+
+@dataclass(frozen=True)
+class HullStep:
+    """One step of a matrix's lower convex hull: from ``start`` (None: dense) to rank ``rank``."""
+
+    matrix: int
+    start: int | None
+    rank: int
+    saved: int
+    error: float
+
+    @property
+    def slope(self) -> float:
+        return self.error / self.saved
+
+
+class RankBudgetOutOfReach(ValueError):
+    """No allocation of the ranks saves the wanted parameters (``most``: every matrix at its lowest rank)."""
+
+    def __init__(self, wanted: int, most: int) -> None:
+        super().__init__(f"the matrices save at most {most:,} parameters at their lowest ranks; {wanted:,} wanted")
+        self.wanted, self.most = wanted, most
+
+
+def min_rank_for(d_out: int, d_in: int, max_fraction: float) -> int:
+    """The lowest rank removing at most ``max_fraction`` of a ``d_out x d_in`` matrix's parameters (at least 1)."""
+    if not 0.0 < max_fraction <= 1.0:
+        raise ValueError(f"max_fraction must be in (0, 1], got {max_fraction}")
+    kept = (1.0 - max_fraction) * dense_params(d_in, d_out)
+    return max(1, math.ceil(kept / (d_in + d_out) - 1e-9))
+
+
+def relative_tail(energies: torch.Tensor) -> torch.Tensor:
+    """``tail[r] = sum(energies[r:]) / sum(energies)`` for ``r`` in ``0..len`` (float64; zeros for a zero matrix)."""
+    values = energies.detach().double().cpu().flatten()
+    total = values.sum()
+    tail = torch.cat([values.flip(0).cumsum(0).flip(0), values.new_zeros(1)])
+    return tail / total if total > 0 else torch.zeros_like(tail)
+
+
+def hull_steps(index: int, spectrum: MatrixSpectrum) -> list[HullStep]:
+    """The lower convex hull of one matrix's (parameters saved, relative error) options, as steps from dense."""
+    low, high = spectrum.min_rank, min(spectrum.max_rank, spectrum.energies.numel())
+    if high < 1 or low > high:
+        return []
+    tail = relative_tail(spectrum.energies)
+    ranks = torch.arange(low, high + 1)
+    saved = torch.tensor([spectrum.saved(int(r)) for r in ranks], dtype=torch.float64)
+    # the rank where the first step (dense -> r) costs least per parameter; ties: the lowest rank (saves most)
+    first = int(torch.argmin(tail[ranks] / saved))
+    best = int(ranks[first])
+    steps = [HullStep(index, None, best, int(saved[first]), float(tail[best]))]
+    width = spectrum.d_in + spectrum.d_out
+    for rank in range(best - 1, low - 1, -1):
+        steps.append(HullStep(index, rank + 1, rank, width, float(tail[rank] - tail[rank + 1])))
+    return steps
+
+
+def allocate_ranks(spectra: list[MatrixSpectrum], wanted: int, tolerance: int = 0) -> list[int | None]:
+    """Each matrix's rank (None: dense) so that the parameters saved land on ``wanted`` (at most it, and at least
+    ``wanted − tolerance``) with the least total relative error, cheapest hull step first.
+
+    Raises :class:`RankBudgetOutOfReach` when even every matrix at its lowest rank saves less than
+    ``wanted − tolerance``, and ``ValueError`` when the steps that fit cannot come within ``tolerance``."""
+    if wanted < 0 or tolerance < 0:
+        raise ValueError(f"wanted and tolerance must be >= 0 (got {wanted}, {tolerance})")
+    most = sum(s.saved(s.min_rank) for s in spectra if 1 <= s.min_rank <= min(s.max_rank, s.energies.numel()))
+    if most < wanted - tolerance:
+        raise RankBudgetOutOfReach(wanted, most)
+    steps = [step for i, spectrum in enumerate(spectra) for step in hull_steps(i, spectrum)]
+    order = sorted(range(len(steps)), key=lambda k: (steps[k].slope, steps[k].matrix, k))
+    ranks: list[int | None] = [None] * len(spectra)
+    blocked: set[int] = set()
+    saved = 0
+    for k in order:
+        step = steps[k]
+        if step.matrix in blocked or ranks[step.matrix] != step.start:
+            continue
+        if saved + step.saved > wanted:
+            blocked.add(step.matrix)  # its later steps depend on this one
+            continue
+        ranks[step.matrix] = step.rank
+        saved += step.saved
+    if saved < wanted - tolerance:
+        raise ValueError(
+            f"the rank steps land at {saved:,} parameters saved, more than the tolerance {tolerance:,} below {wanted:,}"
+        )
+    return ranks
+
+
+def saved_params(spectra: list[MatrixSpectrum], ranks: list[int | None]) -> int:
+    return sum(s.saved(r) for s, r in zip(spectra, ranks, strict=True))
+
+
+__all__ = [
+    "HullStep",
+    "MatrixSpectrum",
+    "RankBudgetOutOfReach",
+    "allocate_ranks",
+    "hull_steps",
+    "min_rank_for",
+    "relative_tail",
+    "saved_params",
+]

@@ -1,0 +1,113 @@
+"""The low-rank allocation pre-pass: every chosen matrix's rank, decided before a layer-wise block runs.
+
+A ``lowrank`` stage with ``allocation: {global: {max_fraction}}`` removes the same total as its per-layer rules
+would (``ratio``, or LoRAP's layer ratio, of every chosen matrix's parameters), shared among the matrices of every
+layer by :func:`~slimkit.primitives.lowrank.rank_allocation.allocate_ranks`: each matrix's squared singular values
+under the stage's own method (:func:`~slimkit.primitives.lowrank.svd.singular_energies`: ``W``, ``W D`` with the
+layer's input norms, or ``W S`` with its input Gram), on the dense inputs of the model as it is when the block starts
+(:func:`~slimkit.recipes.allocation.dense_layer_statistics`, one layer alive at a time; ``svd`` needs no
+calibration). The ranks and the parameters they save are stored in the block's cache
+(:class:`~slimkit.recipes.allocated.RankAllocation`); the block's plan is then exact, so a solving stage after it
+in the same block (``prune_layer`` with its own allocation) lands the rest of the target."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from slimkit.primitives.arch import LayerView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.lowrank import max_useful_rank, singular_energies
+from slimkit.primitives.lowrank.rank_allocation import (
+    MatrixSpectrum,
+    RankBudgetOutOfReach,
+    allocate_ranks,
+    min_rank_for,
+    saved_params,
+)
+from slimkit.recipes.allocated import RankAllocation
+from slimkit.recipes.context import Context
+from slimkit.recipes.stages.lowrank import LowRankArgs, global_wanted, lowrank_fraction
+
+
+def _layers_with_stats(ctx: Context, args: LowRankArgs) -> Iterator[tuple[LayerView, dict]]:
+    if args.method == "svd":  # the weights alone
+        for layer in ctx.view.layers:
+            yield layer, {}
+        return
+    from slimkit.recipes.allocation import dense_layer_statistics  # allocation imports this module
+
+    yield from dense_layer_statistics(ctx, ctx.calibration_batches(), args.layer_grams(), ctx.view.num_layers - 1)
+
+
+def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: str, stats: dict) -> torch.Tensor:
+    linear = layer.linear(role)
+    if args.method == "awsvd":
+        return singular_energies(linear.weight, input_norms=stats["input_norms"][ctx.view.path_of(linear)])
+    if args.method == "whiten":
+        try:
+            return singular_energies(linear.weight, gram=stats["dense_consumers"][role].gram)
+        except ValueError as error:  # a Gram with NaN/inf entries
+            raise SlimkitError(
+                f"lowrank: layer {layer.index} {role}: method whiten cannot factor it ({error})"
+            ) from None
+    return singular_energies(linear.weight)
+
+
+def _kept_share(keys: list[tuple[int, str]], spectra: list[MatrixSpectrum], ranks: list[int | None]) -> dict:
+    """Per role, the mean fraction of its parameters the ranks keep (a dense matrix keeps 1)."""
+    shares: dict[str, list[float]] = {}
+    for (_layer, role), spectrum, rank in zip(keys, spectra, ranks, strict=True):
+        shares.setdefault(role, []).append(1.0 - spectrum.saved(rank) / (spectrum.d_in * spectrum.d_out))
+    return {role: round(sum(values) / len(values), 4) for role, values in shares.items()}
+
+
+def allocate_lowrank(ctx: Context, args: LowRankArgs) -> RankAllocation:
+    """The rank of every chosen matrix of every layer under the stage's global allocation, saving its share."""
+    began = time.perf_counter()
+    settings = args.global_settings()
+    assert settings is not None, "allocate_lowrank needs allocation: global"
+    fraction = lowrank_fraction(ctx, args)
+    wanted = global_wanted(ctx, args, fraction)
+    keys: list[tuple[int, str]] = []
+    spectra: list[MatrixSpectrum] = []
+    for layer, stats in _layers_with_stats(ctx, args):
+        for role in args.roles:
+            d_out, d_in = layer.linear(role).weight.shape
+            spectra.append(
+                MatrixSpectrum(
+                    d_out,
+                    d_in,
+                    _energies(ctx, args, layer, role, stats),
+                    max_useful_rank(d_in, d_out, args.mac_fraction),
+                    min_rank_for(d_out, d_in, settings.max_fraction),
+                )
+            )
+            keys.append((layer.index, role))
+    scored = time.perf_counter()
+    tolerance = round(ctx.recipe.target.tolerance * ctx.params_before[ctx.recipe.target.part])
+    try:
+        ranks = allocate_ranks(spectra, wanted, tolerance)
+    except (RankBudgetOutOfReach, ValueError) as error:
+        raise SlimkitError(
+            f"lowrank (allocation global): {error} (mac_fraction {args.mac_fraction:g}, max_fraction "
+            f"{settings.max_fraction:g}); lower the target or raise max_fraction"
+        ) from None
+    by_layer: dict[int, dict[str, int | None]] = {}
+    for (index, role), rank in zip(keys, ranks, strict=True):
+        by_layer.setdefault(index, {})[role] = rank
+    saved = saved_params(spectra, ranks)
+    report = {
+        "method": "global",
+        "wanted": wanted,
+        "removed": saved,
+        "kept_share": _kept_share(keys, spectra, ranks),
+        "score_seconds": round(scored - began, 3),
+        "seconds": round(time.perf_counter() - began, 3),
+    }
+    return RankAllocation(by_layer, saved, report)
+
+
+__all__ = ["allocate_lowrank"]
