@@ -16,8 +16,10 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.allocation import check_reachable
 from slimkit.recipes.context import Context
 from slimkit.recipes.dispatch import block_children, block_plan
+from slimkit.recipes.rank_allocation import check_rank_reachable
 from slimkit.recipes.registry import stage_def
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
+from slimkit.recipes.stages.lowrank import LowRankArgs
 from slimkit.recipes.stages.prune import layer_fraction
 from slimkit.recipes.stages.selection import SelectionArgs
 
@@ -183,13 +185,17 @@ def check_target_reachable(ctx: Context) -> None:
         args = spec.parsed_args()
         if isinstance(args, SelectionArgs) and args.allocates and args.budget() == "solve":
             solving.append((spec.stage, args))
+        elif isinstance(args, LowRankArgs) and args.global_settings() is not None:
+            solving.append((spec.stage, args))
     if not solving:
         return
     ctx.start_block()
     ctx.block_planned = block_plan(ctx, children)
     try:
         for stage, args in solving:
-            if args.allocation_settings() == "uniform":
+            if isinstance(args, LowRankArgs):
+                check_rank_reachable(ctx, args)
+            elif args.allocation_settings() == "uniform":
                 layer_fraction(ctx, args, stage)
             else:
                 check_reachable(ctx, stage, args)

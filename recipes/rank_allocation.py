@@ -64,6 +64,35 @@ def _kept_share(keys: list[tuple[int, str]], spectra: list[MatrixSpectrum], rank
     return {role: round(sum(values) / len(values), 4) for role, values in shares.items()}
 
 
+def _bounds(args: LowRankArgs, shape: tuple[int, int], max_fraction: float) -> tuple[int, int]:
+    """``(max_rank, min_rank)`` of a ``(d_out, d_in)`` matrix under the stage's speed cap and ``max_fraction``."""
+    d_out, d_in = shape
+    return max_useful_rank(d_in, d_out, args.mac_fraction), min_rank_for(d_out, d_in, max_fraction)
+
+
+def check_rank_reachable(ctx: Context, args: LowRankArgs) -> None:
+    """Refuse, on shapes alone (before calibration), a share the matrices cannot save even at their lowest ranks."""
+    settings = args.global_settings()
+    assert settings is not None, "check_rank_reachable needs allocation: global"
+    wanted = global_wanted(ctx, args, lowrank_fraction(ctx, args))
+    most = 0
+    for layer in ctx.view.layers:
+        for role in args.roles:
+            d_out, d_in = layer.linear(role).weight.shape
+            high, low = _bounds(args, (d_out, d_in), settings.max_fraction)
+            if 1 <= low <= min(high, d_out, d_in):
+                most += d_in * d_out - low * (d_in + d_out)
+    if wanted > most:
+        raise SlimkitError(_out_of_reach(args, settings.max_fraction, RankBudgetOutOfReach(wanted, most)))
+
+
+def _out_of_reach(args: LowRankArgs, max_fraction: float, error: Exception) -> str:
+    return (
+        f"lowrank (allocation global): {error} (mac_fraction {args.mac_fraction:g}, max_fraction {max_fraction:g}); "
+        "lower the target or raise max_fraction"
+    )
+
+
 def allocate_lowrank(ctx: Context, args: LowRankArgs) -> RankAllocation:
     """The rank of every chosen matrix of every layer under the stage's global allocation, saving its share."""
     began = time.perf_counter()
@@ -76,25 +105,15 @@ def allocate_lowrank(ctx: Context, args: LowRankArgs) -> RankAllocation:
     for layer, stats in _layers_with_stats(ctx, args):
         for role in args.roles:
             d_out, d_in = layer.linear(role).weight.shape
-            spectra.append(
-                MatrixSpectrum(
-                    d_out,
-                    d_in,
-                    _energies(ctx, args, layer, role, stats),
-                    max_useful_rank(d_in, d_out, args.mac_fraction),
-                    min_rank_for(d_out, d_in, settings.max_fraction),
-                )
-            )
+            high, low = _bounds(args, (d_out, d_in), settings.max_fraction)
+            spectra.append(MatrixSpectrum(d_out, d_in, _energies(ctx, args, layer, role, stats), high, low))
             keys.append((layer.index, role))
     scored = time.perf_counter()
     tolerance = round(ctx.recipe.target.tolerance * ctx.params_before[ctx.recipe.target.part])
     try:
         ranks = allocate_ranks(spectra, wanted, tolerance)
     except (RankBudgetOutOfReach, ValueError) as error:
-        raise SlimkitError(
-            f"lowrank (allocation global): {error} (mac_fraction {args.mac_fraction:g}, max_fraction "
-            f"{settings.max_fraction:g}); lower the target or raise max_fraction"
-        ) from None
+        raise SlimkitError(_out_of_reach(args, settings.max_fraction, error)) from None
     by_layer: dict[int, dict[str, int | None]] = {}
     for (index, role), rank in zip(keys, ranks, strict=True):
         by_layer.setdefault(index, {})[role] = rank
@@ -110,4 +129,4 @@ def allocate_lowrank(ctx: Context, args: LowRankArgs) -> RankAllocation:
     return RankAllocation(by_layer, saved, report)
 
 
-__all__ = ["allocate_lowrank"]
+__all__ = ["allocate_lowrank", "check_rank_reachable"]

@@ -147,3 +147,20 @@ def test_an_allocation_lowrank_cannot_take_is_refused(tmp_path, allocation, mess
     bad = tiny_recipe(tmp_path, stages=[{"stage": "lowrank", "args": {"allocation": allocation}}])
     with pytest.raises(SlimkitError, match=message):
         validate(bad, "r.yaml")
+
+
+def test_a_share_the_matrices_cannot_save_is_refused_before_calibration(tokenizer, monkeypatch):
+    from slimkit.recipes import runner
+
+    def no_calibration(ctx):
+        raise AssertionError("calibrated before the refusal")
+
+    monkeypatch.setattr(runner, "_calibrate", no_calibration)
+    # q and o (48 x 48) may lose at most 30% each: rank >= 17 saves 2,304 - 17 x 96 = 672 of 2,304 apiece
+    raw = global_recipe("unused", {"roles": ["q", "o"], "ratio": 0.5, "allocation": {"global": {"max_fraction": 0.3}}})
+    with pytest.raises(SlimkitError) as refused:
+        slimkit.run(raw, model=tiny_llama(vocab_size=len(tokenizer)), tokenizer=tokenizer, evaluate=False)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("lowrank (allocation global): the matrices save at most 4,032 parameters")
+    assert "6,912 wanted" in message and "raise max_fraction" in message
