@@ -122,9 +122,12 @@ def _method(args: SelectionArgs) -> str:
     return "global" if isinstance(args.allocation_settings(), GlobalSettings) else "search"
 
 
-def check_reachable(ctx: Context, stage: str, args: SelectionArgs, costs: list[UnitCosts] | None = None) -> None:
+def check_reachable(
+    ctx: Context, stage: str, args: SelectionArgs, costs: list[UnitCosts] | None = None
+) -> tuple[int, int]:
     """Refuse, before any scoring, a target the stage's units cannot reach however they are allocated: every group
-    at its fewest allowed units (alignment, ``min_keep``, ``max_fraction``) removes less than what is left of it."""
+    at its fewest allowed units (alignment, ``min_keep``, ``max_fraction``) removes less than what is left of it.
+    Returns what the stage is to remove and the tolerance, in parameters of the target's part."""
     target = ctx.recipe.target
     costs = costs if costs is not None else _allocatable(ctx, args)[1]
     dense = ctx.params_before[target.part]
@@ -133,6 +136,7 @@ def check_reachable(ctx: Context, stage: str, args: SelectionArgs, costs: list[U
     if wanted > most + tolerance:
         nearest = nearest_ratios(target, dense, wanted, TargetOutOfReach(wanted, tolerance, most, None))
         raise SlimkitError(out_of_reach(f"{stage} (allocation {_method(args)})", args, target, nearest))
+    return wanted, tolerance
 
 
 def allocate(ctx: Context, stage: str, args: SelectionArgs) -> LayerAllocation:
@@ -141,9 +145,8 @@ def allocate(ctx: Context, stage: str, args: SelectionArgs) -> LayerAllocation:
     target = ctx.recipe.target
     settings = args.allocation_settings()
     groups, costs, rules = _allocatable(ctx, args)
-    check_reachable(ctx, stage, args, costs)
+    wanted, tolerance = check_reachable(ctx, stage, args, costs)
     dense = ctx.params_before[target.part]
-    wanted, tolerance = ctx.params_to_remove(), round(target.tolerance * dense)
     batches = ctx.calibration_batches()
     holdout = settings.holdout_batches if isinstance(settings, SearchSettings) else 0
     if holdout >= len(batches):
