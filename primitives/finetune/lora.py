@@ -91,19 +91,19 @@ class LoraTraining:
 
 
 def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
-    """Raise :class:`SlimkitError` unless every target names Linear layers of ``model``."""
-    kinds: dict[str, set[str]] = {}
-    for name, module in model.named_modules():
-        if name:
-            kinds.setdefault(name.rpartition(".")[2], set()).add(type(module).__name__)
-    linears = sorted({name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+    """Raise :class:`SlimkitError` unless every target (a module name, or a full path, as peft matches them: the
+    path itself or its ending after a dot) names only Linear layers of ``model``."""
+    modules = [(name, module) for name, module in model.named_modules() if name]
+    linears = sorted({name.rpartition(".")[2] for name, m in modules if isinstance(m, nn.Linear)})
     for target in targets:
-        if target not in kinds:
+        matched = [m for name, m in modules if name == target or name.endswith(f".{target}")]
+        if not matched:
             raise SlimkitError(f"lora target module '{target}' not in the model; found: {', '.join(linears)}")
-        if target not in linears:
-            kind = ", ".join(sorted(kinds[target]))
+        if others := {type(m).__name__ for m in matched if not isinstance(m, nn.Linear)}:
+            kind = ", ".join(sorted(others))
             raise SlimkitError(
-                f"lora target module '{target}' is a {kind}, not a Linear layer; Linear layers: {', '.join(linears)}"
+                f"lora target module '{target}' names a {kind}, not only Linear layers; Linear layers: "
+                f"{', '.join(linears)}"
             )
 
 

@@ -39,15 +39,24 @@ class LoraArgs(StageArgs):
 
 def default_lora_targets(ctx: Context) -> tuple[str, ...]:
     """Every projection of the layers by name; low-rank pairs are adapted through their two factors
-    (peft wraps Linear layers only), LoRAP's "LoRA on both pruned linears and low-rank factors"."""
+    (peft wraps Linear layers only), LoRAP's "LoRA on both pruned linears and low-rank factors". A projection
+    name that is low-rank in some layers and dense in others (a global rank allocation) is named by its dense
+    modules' full paths, so peft never meets a low-rank pair under that name."""
     names: set[str] = set()
-    for layer in ctx.view.layers:
+    dense: dict[str, list[str]] = {}
+    lowrank: set[str] = set()
+    view = ctx.view
+    for layer in view.layers:
         for role in layer.roles:
-            module = layer.linear(role)
-            if isinstance(module, LowRankLinear):
+            path = view.path_of(layer.linear(role))
+            suffix = path.rsplit(".", 1)[-1]
+            if isinstance(layer.linear(role), LowRankLinear):
                 names.update(("first", "second"))
+                lowrank.add(suffix)
             else:
-                names.add(layer.linear_path(role).rsplit(".", 1)[-1])
+                dense.setdefault(suffix, []).append(path)
+    for suffix, paths in dense.items():
+        names.update(paths if suffix in lowrank else (suffix,))
     return tuple(sorted(names))
 
 

@@ -164,3 +164,13 @@ def test_a_share_the_matrices_cannot_save_is_refused_before_calibration(tokenize
     assert "\n" not in message
     assert message.startswith("lowrank (allocation global): the matrices save at most 4,032 parameters")
     assert "6,912 wanted" in message and "raise max_fraction" in message
+
+
+def test_lora_after_a_global_rank_allocation_adapts_dense_and_low_rank_layers_of_one_name(tokenizer):
+    torch.manual_seed(0)
+    raw = global_recipe("unused", {})
+    raw["stages"].append({"stage": "lora", "args": {"steps": 1, "batch_size": 2, "seq_len": 32, "dataset": "alpaca"}})
+    report = slimkit.run(raw, model=tiny_llama(vocab_size=len(tokenizer)), tokenizer=tokenizer, evaluate=False)
+    ranks = report.report.stages["lowrank"].details["ranks"]
+    assert {ranks[str(i)]["q"] is None for i in range(3)} == {True, False}  # q dense in some layers only
+    assert len(report.report.stages["lora"].details["losses"]) == 1

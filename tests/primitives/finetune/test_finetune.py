@@ -74,11 +74,23 @@ def test_zero_steps_leaves_the_model_unchanged(llama, tokenizer):
     assert all(torch.equal(after[k], v) for k, v in before.items())
 
 
+def test_a_target_name_shared_by_dense_and_low_rank_layers_is_refused_and_full_paths_pass(tokenizer):
+    from slimkit.primitives.finetune.lora import check_targets
+    from slimkit.primitives.lowrank import LowRankLinear
+
+    model = tiny_llama(vocab_size=len(tokenizer))
+    attention = model.model.layers[1].self_attn
+    attention.q_proj = LowRankLinear.from_linear(attention.q_proj, 4)
+    with pytest.raises(SlimkitError, match="'q_proj' names a LowRankLinear, not only Linear layers"):
+        check_targets(model, ("q_proj",))
+    check_targets(model, ("model.layers.0.self_attn.q_proj", "model.layers.2.self_attn.q_proj", "first", "second"))
+
+
 def test_unknown_target_module_is_a_user_error(tokenizer):
     model = tiny_opt(vocab_size=len(tokenizer))
     with pytest.raises(SlimkitError, match=r"lora target module 'o_proj' not in the model; found: .*out_proj"):
         lora_recover(model, tokenizer, LoraConfig(steps=1, **FAST))
-    with pytest.raises(SlimkitError, match="not a Linear"):
+    with pytest.raises(SlimkitError, match="names a OPTAttention, not only Linear layers"):
         lora_recover(model, tokenizer, LoraConfig(steps=1, target_modules=("self_attn",), **FAST))
     assert _no_peft(model)
     with pytest.raises(SlimkitError, match="rank must be >= 1"):
