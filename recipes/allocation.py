@@ -3,12 +3,14 @@
 Where it sits in a run: in the stages phase, inside a ``layerwise`` item (a ``sequential`` block or a layer stage at
 the top level, :func:`slimkit.recipes.dispatch.run_stages`), after the block's budget starts
 (:meth:`~slimkit.recipes.context.Context.start_block`) and before its first layer runs. For each stage of the block
-whose ``allocation`` is ``global`` or ``search`` (``prune_layer``, ``obs_prune_layer``):
+whose ``allocation`` is ``global`` or ``search`` (``prune_layer``, ``obs_prune_layer``: :class:`UnitScores`; a
+``lowrank`` stage with ``allocation: global``: :class:`~slimkit.recipes.rank_allocation.RankSpectra`):
 
-1. **Scores, once per layer, on dense inputs** (:func:`dense_scores`): the block's calibration batches (less the
-   search's held-out ones) are run through the model layer by layer as it is when the block starts, with the same
-   statistics the layer-wise pass gathers (:func:`~slimkit.recipes.layerwise.layer_statistics`), and the stage's own
-   scorer ranks each eligible layer's units (``obs_prune_layer``: the one-shot OBS cost). Only one layer's
+1. **Scores, once per layer, on dense inputs** (:func:`dense_layer_statistics`): the block's calibration batches
+   (less the search's held-out ones) are run through the model layer by layer as it is when the block starts, with
+   the same statistics the layer-wise pass gathers (:func:`~slimkit.recipes.layerwise.layer_statistics`), and the
+   stage's own scorer ranks each eligible layer's units (``obs_prune_layer``: the one-shot OBS cost; ``lowrank``:
+   each matrix's weighted spectrum). Stages that score on the same batches share one pass; only one layer's
    activations are alive at a time.
 2. **Kept counts per layer and kind** landing on what is left of the target (``ctx.params_to_remove()``, within
    ``target.tolerance``), with the stage's rules and the target's alignment:
@@ -17,10 +19,11 @@ whose ``allocation`` is ``global`` or ``search`` (``prune_layer``, ``obs_prune_l
    each layer (:func:`~slimkit.primitives.allocate.masked_units`: no weight copied, no statistic recomputed) and
    scored by the KL divergence to the dense log-probabilities on the held-out batches
    (:func:`~slimkit.primitives.allocate.mean_kl`).
-3. The counts are stored in the block's cache (:class:`~slimkit.recipes.allocated.LayerAllocation`); each layer's
-   turn reads its own fraction (:func:`~slimkit.recipes.allocated.allocated_fraction`), so the block removes exactly
-   the planned parameters. Which units go is still chosen
-   by the stage on that layer's (compressed-stream) statistics; only how many comes from here.
+3. The counts are decided stage by stage in the block's order and stored in the block's cache
+   (:class:`~slimkit.recipes.allocated.LayerAllocation`); each layer's turn reads its own fraction
+   (:func:`~slimkit.recipes.allocated.allocated_fraction`), so the block removes exactly the planned parameters.
+   Which units go is still chosen by the stage on that layer's (compressed-stream) statistics; only how many comes
+   from here.
 
 A target no plan of the units reaches is refused in one line naming the stage, the alignment and the nearest ratios.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import torch
 
@@ -52,25 +56,63 @@ from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance.compose import score_groups
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach, check_shapes, keep_indices
-from slimkit.recipes.allocated import LayerAllocation, allocation_key, rank_allocation_key
+from slimkit.recipes.allocated import LayerAllocation, allocation_key
 from slimkit.recipes.context import Context
 from slimkit.recipes.layerwise import layer_statistics
-from slimkit.recipes.rank_allocation import allocate_lowrank
+from slimkit.recipes.rank_allocation import RankSpectra
 from slimkit.recipes.schema import StageSpec
 from slimkit.recipes.stages.lowrank import LowRankArgs
 from slimkit.recipes.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 
 
+class PrePass(Protocol):
+    """One allocating stage's part of the block's pre-pass: what it reads of the shared dense pass, what it does with
+    each layer's statistics, and its decision once every layer was seen."""
+
+    scoring_batches: int | None
+    """How many of the calibration batches (the first ones) it scores on; None: the weights alone (no forward)."""
+    roles: frozenset[str]
+    """The projections whose input Grams it reads."""
+    last: int
+    """The last layer it reads."""
+
+    def visit(self, layer: LayerView, stats: dict) -> None: ...
+
+    def decide(self, ctx: Context) -> None:
+        """Store the allocation in the block's cache (and, for a fixed-budget stage, make the block's plan exact)."""
+
+
 def allocate_block(ctx: Context, children: list[StageSpec]) -> None:
-    """Run the pre-pass for every stage of the block that allocates (the dispatcher calls this before the block)."""
+    """Run the pre-pass for every stage of the block that allocates (the dispatcher calls this before the block).
+
+    The stages that score on the same calibration batches share one dense pass (one forward of the block's model,
+    layer by layer, with the union of the statistics they read); then each decides in the block's order, so a
+    ``lowrank`` stage's exact plan is known when a solving stage after it takes what is left of the target."""
+    passes: list[PrePass] = []
     for spec in children:
         args = spec.parsed_args()
         if isinstance(args, SelectionArgs) and args.allocation_settings() != "uniform":
-            ctx.block_cache[allocation_key(spec.stage, args)] = allocate(ctx, spec.stage, args)
+            passes.append(UnitScores(ctx, spec.stage, args))
         elif isinstance(args, LowRankArgs) and args.global_settings() is not None:
-            planned = args.plan(ctx)  # the wanted share, until the ranks are known
-            ctx.block_cache[rank_allocation_key(list(args.roles))] = allocate_lowrank(ctx, args)
-            ctx.block_planned += args.plan(ctx) - planned  # now exactly what the ranks save
+            passes.append(RankSpectra(ctx, args))
+    if not passes:
+        return
+    began = time.perf_counter()
+    for count in {p.scoring_batches for p in passes}:
+        sharing = [p for p in passes if p.scoring_batches == count]
+        roles = frozenset().union(*(p.roles for p in sharing))
+        last = max(p.last for p in sharing)
+        if count is None:
+            layers = ((layer, {}) for layer in ctx.view.layers[: last + 1])
+        else:
+            layers = dense_layer_statistics(ctx, ctx.calibration_batches()[:count], roles, last)
+        for layer, stats in layers:
+            for part in sharing:
+                if layer.index <= part.last:
+                    part.visit(layer, stats)
+    ctx.block_cache["allocation:pass_seconds"] = round(time.perf_counter() - began, 3)
+    for part in passes:
+        part.decide(ctx)
 
 
 def dense_layer_statistics(
@@ -88,22 +130,6 @@ def dense_layer_statistics(
             yield layer, stats
         inputs.hidden = outputs
         del stats, outputs
-
-
-def dense_scores(ctx: Context, args: SelectionArgs, groups: list[Group], batches: list[torch.Tensor]) -> list:
-    """Each group's unit scores by the stage's allocation scorer, on dense inputs, one layer at a time."""
-    spec, scorer_args = args.allocation_scorer()
-    by_layer: dict[int, list[int]] = {}
-    for position, group in enumerate(groups):
-        by_layer.setdefault(group.layer, []).append(position)
-    scores: list = [None] * len(groups)
-    for layer, stats in dense_layer_statistics(ctx, batches, args.layer_grams(), max(by_layer)):
-        if layer.index in by_layer:
-            members = [groups[i] for i in by_layer[layer.index]]
-            found = score_groups(spec, members, ctx.model, [stats], generator=ctx.generator, **scorer_args)
-            for i, value in zip(by_layer[layer.index], found, strict=True):
-                scores[i] = value.detach().float().cpu()
-    return scores
 
 
 def _allocatable(ctx: Context, args: SelectionArgs) -> tuple[list[Group], list[UnitCosts], SelectionRules]:
@@ -139,55 +165,89 @@ def check_reachable(
     return wanted, tolerance
 
 
-def allocate(ctx: Context, stage: str, args: SelectionArgs) -> LayerAllocation:
-    """Kept counts per eligible layer and kind for the stage, landing on what is left of the target."""
-    began = time.perf_counter()
-    target = ctx.recipe.target
-    settings = args.allocation_settings()
-    groups, costs, rules = _allocatable(ctx, args)
-    wanted, tolerance = check_reachable(ctx, stage, args, costs)
-    dense = ctx.params_before[target.part]
-    batches = ctx.calibration_batches()
-    holdout = settings.holdout_batches if isinstance(settings, SearchSettings) else 0
-    if holdout >= len(batches):
-        raise SlimkitError(
-            f"{stage}: allocation.search.holdout_batches {holdout} leaves none of the {len(batches)} calibration "
-            "batches to score on; lower it or raise calibration.samples"
+class UnitScores:
+    """The pre-pass of a ``prune_layer`` / ``obs_prune_layer`` stage with a global or searched allocation: its units
+    scored once per layer by the stage's own scorer on the shared dense pass, then kept counts per eligible layer and
+    kind landing on what is left of the target (refused before any scoring when no plan can reach it)."""
+
+    def __init__(self, ctx: Context, stage: str, args: SelectionArgs) -> None:
+        self.stage, self.args = stage, args
+        self.settings = args.allocation_settings()
+        self.groups, self.costs, self.rules = _allocatable(ctx, args)
+        check_reachable(ctx, stage, args, self.costs)
+        total = len(ctx.calibration_batches())
+        holdout = self.settings.holdout_batches if isinstance(self.settings, SearchSettings) else 0
+        if holdout >= total:
+            raise SlimkitError(
+                f"{stage}: allocation.search.holdout_batches {holdout} leaves none of the {total} calibration "
+                "batches to score on; lower it or raise calibration.samples"
+            )
+        self.scoring_batches: int | None = total - holdout
+        self.roles = frozenset(args.layer_grams())
+        self.by_layer: dict[int, list[int]] = {}
+        for position, group in enumerate(self.groups):
+            self.by_layer.setdefault(group.layer, []).append(position)
+        self.last = max(self.by_layer)
+        self.scores: list = [None] * len(self.groups)
+        self.scorer, self.scorer_args = args.allocation_scorer()
+        self.ctx = ctx
+
+    def visit(self, layer: LayerView, stats: dict) -> None:
+        if layer.index not in self.by_layer:
+            return
+        positions = self.by_layer[layer.index]
+        members = [self.groups[i] for i in positions]
+        found = score_groups(
+            self.scorer, members, self.ctx.model, [stats], generator=self.ctx.generator, **self.scorer_args
         )
-    scoring, held = batches[: len(batches) - holdout], batches[len(batches) - holdout :]
-    scores = dense_scores(ctx, args, groups, scoring)
-    scored = time.perf_counter()
-    report: dict = {"method": _method(args)}
-    try:
-        if isinstance(settings, GlobalSettings):
-            kept = global_ranking(scores, costs, wanted, tolerance)
-        else:
-            kept, report["search"] = _search(ctx, settings, groups, scores, costs, held, rules, wanted, tolerance)
-    except TargetOutOfReach as miss:
-        nearest = nearest_ratios(target, dense, wanted, miss)
-        raise SlimkitError(out_of_reach(f"{stage} (allocation {report['method']})", args, target, nearest)) from None
-    allocation = LayerAllocation({}, {})
-    for group, count in zip(groups, kept, strict=True):
-        allocation.kept.setdefault(group.layer, {})[group.kind] = count
-        allocation.sizes.setdefault(group.layer, {})[group.kind] = group.size
-    removed = total_removed(costs, kept)
-    report |= {
-        "wanted": wanted,
-        "removed": removed,
-        "achieved_share": removed / dense,
-        "kept": {str(layer): dict(counts) for layer, counts in allocation.kept.items()},
-        "layer_share": _layer_shares(costs, kept),
-        "mean_unit_fraction": {
-            kind: sum(1 - k / c.size for c, k in zip(costs, kept, strict=True) if c.kind == kind)
-            / sum(1 for c in costs if c.kind == kind)
-            for kind in args.groups
-        },
-        "align": {kind: target.align[kind] for kind in target.multiples(list(args.groups))},
-        "score_seconds": round(scored - began, 3),
-        "seconds": round(time.perf_counter() - began, 3),
-    }
-    allocation.report = report
-    return allocation
+        for i, value in zip(positions, found, strict=True):
+            self.scores[i] = value.detach().float().cpu()
+
+    def decide(self, ctx: Context) -> None:
+        ctx.block_cache[allocation_key(self.stage, self.args)] = self._allocation(ctx)
+
+    def _allocation(self, ctx: Context) -> LayerAllocation:
+        stage, args, settings = self.stage, self.args, self.settings
+        groups, costs, rules, scores = self.groups, self.costs, self.rules, self.scores
+        deciding, passed = time.perf_counter(), ctx.block_cache.get("allocation:pass_seconds", 0.0)
+        target = ctx.recipe.target
+        wanted, tolerance = check_reachable(ctx, stage, args, costs)  # after the block's earlier stages decided
+        dense = ctx.params_before[target.part]
+        batches = ctx.calibration_batches()
+        held = batches[self.scoring_batches :]
+        report: dict = {"method": _method(args)}
+        try:
+            if isinstance(settings, GlobalSettings):
+                kept = global_ranking(scores, costs, wanted, tolerance)
+            else:
+                kept, report["search"] = _search(ctx, settings, groups, scores, costs, held, rules, wanted, tolerance)
+        except TargetOutOfReach as miss:
+            nearest = nearest_ratios(target, dense, wanted, miss)
+            raise SlimkitError(
+                out_of_reach(f"{stage} (allocation {report['method']})", args, target, nearest)
+            ) from None
+        allocation = LayerAllocation({}, {})
+        for group, count in zip(groups, kept, strict=True):
+            allocation.kept.setdefault(group.layer, {})[group.kind] = count
+            allocation.sizes.setdefault(group.layer, {})[group.kind] = group.size
+        removed = total_removed(costs, kept)
+        report |= {
+            "wanted": wanted,
+            "removed": removed,
+            "achieved_share": removed / dense,
+            "kept": {str(layer): dict(counts) for layer, counts in allocation.kept.items()},
+            "layer_share": _layer_shares(costs, kept),
+            "mean_unit_fraction": {
+                kind: sum(1 - k / c.size for c, k in zip(costs, kept, strict=True) if c.kind == kind)
+                / sum(1 for c in costs if c.kind == kind)
+                for kind in args.groups
+            },
+            "align": {kind: target.align[kind] for kind in target.multiples(list(args.groups))},
+            "score_seconds": passed,  # the block's shared dense pass
+            "seconds": round(passed + time.perf_counter() - deciding, 3),
+        }
+        allocation.report = report
+        return allocation
 
 
 def _layer_shares(costs: list[UnitCosts], kept: list[int]) -> dict[str, float]:
@@ -242,4 +302,4 @@ def _search(
     return kept, report
 
 
-__all__ = ["allocate", "allocate_block", "check_reachable", "dense_scores"]
+__all__ = ["PrePass", "UnitScores", "allocate_block", "check_reachable", "dense_layer_statistics"]

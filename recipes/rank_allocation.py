@@ -13,7 +13,6 @@ in the same block (``prune_layer`` with its own allocation) lands the rest of th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import torch
 
@@ -27,19 +26,9 @@ from slimkit.primitives.lowrank.rank_allocation import (
     min_rank_for,
     saved_params,
 )
-from slimkit.recipes.allocated import RankAllocation
+from slimkit.recipes.allocated import RankAllocation, rank_allocation_key
 from slimkit.recipes.context import Context
 from slimkit.recipes.stages.lowrank import LowRankArgs, global_wanted, lowrank_fraction
-
-
-def _layers_with_stats(ctx: Context, args: LowRankArgs) -> Iterator[tuple[LayerView, dict]]:
-    if args.method == "svd":  # the weights alone
-        for layer in ctx.view.layers:
-            yield layer, {}
-        return
-    from slimkit.recipes.allocation import dense_layer_statistics  # allocation imports this module
-
-    yield from dense_layer_statistics(ctx, ctx.calibration_batches(), args.layer_grams(), ctx.view.num_layers - 1)
 
 
 def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: str, stats: dict) -> torch.Tensor:
@@ -93,40 +82,54 @@ def _out_of_reach(args: LowRankArgs, max_fraction: float, error: Exception) -> s
     )
 
 
-def allocate_lowrank(ctx: Context, args: LowRankArgs) -> RankAllocation:
-    """The rank of every chosen matrix of every layer under the stage's global allocation, saving its share."""
-    began = time.perf_counter()
-    settings = args.global_settings()
-    assert settings is not None, "allocate_lowrank needs allocation: global"
-    fraction = lowrank_fraction(ctx, args)
-    wanted = global_wanted(ctx, args, fraction)
-    keys: list[tuple[int, str]] = []
-    spectra: list[MatrixSpectrum] = []
-    for layer, stats in _layers_with_stats(ctx, args):
-        for role in args.roles:
+class RankSpectra:
+    """The pre-pass of a ``lowrank`` stage with ``allocation: global`` (:class:`~slimkit.recipes.allocation.PrePass`):
+    every chosen matrix's spectrum as the shared dense pass reaches its layer (``svd``: the weights alone), then the
+    ranks that save the stage's share; the block's plan is updated to exactly what they save."""
+
+    def __init__(self, ctx: Context, args: LowRankArgs) -> None:
+        settings = args.global_settings()
+        assert settings is not None, "RankSpectra needs allocation: global"
+        self.ctx, self.args, self.max_fraction = ctx, args, settings.max_fraction
+        self.scoring_batches: int | None = None if args.method == "svd" else len(ctx.calibration_batches())
+        self.roles = frozenset(args.layer_grams())
+        self.last = ctx.view.num_layers - 1
+        self.keys: list[tuple[int, str]] = []
+        self.spectra: list[MatrixSpectrum] = []
+
+    def visit(self, layer: LayerView, stats: dict) -> None:
+        for role in self.args.roles:
             d_out, d_in = layer.linear(role).weight.shape
-            high, low = _bounds(args, (d_out, d_in), settings.max_fraction)
-            spectra.append(MatrixSpectrum(d_out, d_in, _energies(ctx, args, layer, role, stats), high, low))
-            keys.append((layer.index, role))
-    scored = time.perf_counter()
-    tolerance = round(ctx.recipe.target.tolerance * ctx.params_before[ctx.recipe.target.part])
-    try:
-        ranks = allocate_ranks(spectra, wanted, tolerance)
-    except (RankBudgetOutOfReach, ValueError) as error:
-        raise SlimkitError(_out_of_reach(args, settings.max_fraction, error)) from None
-    by_layer: dict[int, dict[str, int | None]] = {}
-    for (index, role), rank in zip(keys, ranks, strict=True):
-        by_layer.setdefault(index, {})[role] = rank
-    saved = saved_params(spectra, ranks)
-    report = {
-        "method": "global",
-        "wanted": wanted,
-        "removed": saved,
-        "kept_share": _kept_share(keys, spectra, ranks),
-        "score_seconds": round(scored - began, 3),
-        "seconds": round(time.perf_counter() - began, 3),
-    }
-    return RankAllocation(by_layer, saved, report)
+            high, low = _bounds(self.args, (d_out, d_in), self.max_fraction)
+            energies = _energies(self.ctx, self.args, layer, role, stats)
+            self.spectra.append(MatrixSpectrum(d_out, d_in, energies, high, low))
+            self.keys.append((layer.index, role))
+
+    def decide(self, ctx: Context) -> None:
+        began = time.perf_counter()
+        args = self.args
+        planned = args.plan(ctx)  # the wanted share, until the ranks are known
+        wanted = global_wanted(ctx, args, lowrank_fraction(ctx, args))
+        tolerance = round(ctx.recipe.target.tolerance * ctx.params_before[ctx.recipe.target.part])
+        try:
+            ranks = allocate_ranks(self.spectra, wanted, tolerance)
+        except (RankBudgetOutOfReach, ValueError) as error:
+            raise SlimkitError(_out_of_reach(args, self.max_fraction, error)) from None
+        by_layer: dict[int, dict[str, int | None]] = {}
+        for (index, role), rank in zip(self.keys, ranks, strict=True):
+            by_layer.setdefault(index, {})[role] = rank
+        saved = saved_params(self.spectra, ranks)
+        passed = ctx.block_cache.get("allocation:pass_seconds", 0.0)
+        report = {
+            "method": "global",
+            "wanted": wanted,
+            "removed": saved,
+            "kept_share": _kept_share(self.keys, self.spectra, ranks),
+            "score_seconds": passed,  # the block's shared dense pass
+            "seconds": round(passed + time.perf_counter() - began, 3),
+        }
+        ctx.block_cache[rank_allocation_key(list(args.roles))] = RankAllocation(by_layer, saved, report)
+        ctx.block_planned += args.plan(ctx) - planned  # now exactly what the ranks save
 
 
-__all__ = ["allocate_lowrank", "check_rank_reachable"]
+__all__ = ["RankSpectra", "check_rank_reachable"]

@@ -174,3 +174,25 @@ def test_lora_after_a_global_rank_allocation_adapts_dense_and_low_rank_layers_of
     ranks = report.report.stages["lowrank"].details["ranks"]
     assert {ranks[str(i)]["q"] is None for i in range(3)} == {True, False}  # q dense in some layers only
     assert len(report.report.stages["lora"].details["losses"]) == 1
+
+
+def test_the_rank_and_channel_allocations_share_one_dense_pass(tokenizer, monkeypatch):
+    from slimkit.recipes import allocation
+
+    passes = []
+    real = allocation.dense_layer_statistics
+
+    def counted(*args, **kwargs):
+        passes.append(args[2])  # the roles the pass gathers Grams for
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(allocation, "dense_layer_statistics", counted)
+    torch.manual_seed(0)
+    raw = global_recipe("unused", {}, mlp_allocation={"global": {}})
+    result = slimkit.run(raw, model=tiny_llama(vocab_size=len(tokenizer)), tokenizer=tokenizer, evaluate=False)
+    assert len(passes) == 1
+    assert result.report.target.met
+    stages = result.report.stages
+    assert stages["lowrank"].details["allocation"]["score_seconds"] == stages["prune_layer"].details["allocation"][
+        "score_seconds"
+    ]
