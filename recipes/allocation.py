@@ -103,7 +103,7 @@ def allocate_block(ctx: Context, children: list[StageSpec]) -> None:
         roles = frozenset().union(*(p.roles for p in sharing))
         last = max(p.last for p in sharing)
         if count is None:
-            layers = ((layer, {}) for layer in ctx.view.layers[: last + 1])
+            layers = _weights_only(ctx, last)
         else:
             layers = dense_layer_statistics(ctx, ctx.calibration_batches()[:count], roles, last)
         for layer, stats in layers:
@@ -113,6 +113,14 @@ def allocate_block(ctx: Context, children: list[StageSpec]) -> None:
     ctx.block_cache["allocation:pass_seconds"] = round(time.perf_counter() - began, 3)
     for part in passes:
         part.decide(ctx)
+
+
+def _weights_only(ctx: Context, last: int) -> Iterator[tuple[LayerView, dict]]:
+    """Layers 0 to ``last`` with no statistics (a stage that reads the weights alone), each resident while read."""
+    names = {id(module): name for name, module in ctx.model.named_modules()}
+    for layer in ctx.view.layers[: last + 1]:
+        with resident(ctx.model, names[id(layer.module)], layer.module):
+            yield layer, {}
 
 
 def dense_layer_statistics(
