@@ -193,6 +193,7 @@ def test_the_rank_and_channel_allocations_share_one_dense_pass(tokenizer, monkey
     assert len(passes) == 1
     assert result.report.target.met
     stages = result.report.stages
-    assert stages["lowrank"].details["allocation"]["score_seconds"] == stages["prune_layer"].details["allocation"][
-        "score_seconds"
-    ]
+    assert (
+        stages["lowrank"].details["allocation"]["score_seconds"]
+        == stages["prune_layer"].details["allocation"]["score_seconds"]
+    )
