@@ -24,6 +24,7 @@ from slimkit.primitives.lowrank.rank_allocation import (
     RankBudgetOutOfReach,
     allocate_ranks,
     min_rank_for,
+    most_saved,
     saved_params,
 )
 from slimkit.recipes.allocated import RankAllocation, rank_allocation_key
@@ -68,9 +69,7 @@ def check_rank_reachable(ctx: Context, args: LowRankArgs) -> None:
     for layer in ctx.view.layers:
         for role in args.roles:
             d_out, d_in = layer.linear(role).weight.shape
-            high, low = _bounds(args, (d_out, d_in), settings.max_fraction)
-            if 1 <= low <= min(high, d_out, d_in):
-                most += d_in * d_out - low * (d_in + d_out)
+            most += most_saved(d_out, d_in, *_bounds(args, (d_out, d_in), settings.max_fraction))
     if wanted > most:
         raise SlimkitError(_out_of_reach(args, settings.max_fraction, RankBudgetOutOfReach(wanted, most)))
 

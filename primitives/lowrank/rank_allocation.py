@@ -70,6 +70,13 @@ class RankBudgetOutOfReach(ValueError):
         self.wanted, self.most = wanted, most
 
 
+def most_saved(d_out: int, d_in: int, max_rank: int, min_rank: int) -> int:
+    """Parameters a ``d_out x d_in`` matrix saves at its lowest allowed rank (0 when no rank is allowed)."""
+    if not 1 <= min_rank <= min(max_rank, d_out, d_in):
+        return 0
+    return dense_params(d_in, d_out) - lowrank_params(d_in, d_out, min_rank)
+
+
 def min_rank_for(d_out: int, d_in: int, max_fraction: float) -> int:
     """The lowest rank removing at most ``max_fraction`` of a ``d_out x d_in`` matrix's parameters (at least 1)."""
     if not 0.0 < max_fraction <= 1.0:
@@ -112,7 +119,7 @@ def allocate_ranks(spectra: list[MatrixSpectrum], wanted: int, tolerance: int = 
     ``wanted − tolerance``, and ``ValueError`` when the steps that fit cannot come within ``tolerance``."""
     if wanted < 0 or tolerance < 0:
         raise ValueError(f"wanted and tolerance must be >= 0 (got {wanted}, {tolerance})")
-    most = sum(s.saved(s.min_rank) for s in spectra if 1 <= s.min_rank <= min(s.max_rank, s.energies.numel()))
+    most = sum(most_saved(s.d_out, s.d_in, min(s.max_rank, s.energies.numel()), s.min_rank) for s in spectra)
     if most < wanted - tolerance:
         raise RankBudgetOutOfReach(wanted, most)
     steps = [step for i, spectrum in enumerate(spectra) for step in hull_steps(i, spectrum)]
@@ -147,6 +154,7 @@ __all__ = [
     "allocate_ranks",
     "hull_steps",
     "min_rank_for",
+    "most_saved",
     "relative_tail",
     "saved_params",
 ]

@@ -102,6 +102,17 @@ def activation_weighted_svd(
     return left.to(weight.dtype), right.to(weight.dtype)
 
 
+def _whitening_factor(gram: torch.Tensor, damping: float) -> torch.Tensor:
+    """The lower Cholesky factor ``S`` of ``G + λI`` (float64); ``ValueError`` when no damping makes it definite."""
+    # Imported here: the reconstruct family imports projection, which imports lowrank.module (a cycle at import time).
+    from slimkit.primitives.reconstruct.solve import damped_cholesky
+
+    factor, _g, info = damped_cholesky(gram, damping)
+    if factor is None:
+        raise ValueError(f"the Gram matrix is not positive definite even with damping {info.damping:g}")
+    return factor
+
+
 def whitened_svd(
     weight: torch.Tensor, gram: torch.Tensor, rank: int, *, damping: float = WHITEN_DAMPING
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,18 +124,13 @@ def whitened_svd(
     ``L = U_r Σ_r``, ``R = V_rᵀ S⁻¹`` (a triangular solve, never an explicit inverse). Computed in float64 on
     ``gram``'s device; ``(L, R)`` come back in ``weight``'s dtype and device. A Gram no damping makes positive
     definite (non-finite entries) raises ``ValueError``."""
-    # Imported here: the reconstruct family imports projection, which imports lowrank.module (a cycle at import time).
-    from slimkit.primitives.reconstruct.solve import damped_cholesky
-
     _check_rank(weight, rank)
     if gram.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(
             f"gram must be d_in x d_in = {weight.shape[1]} x {weight.shape[1]} for a {tuple(weight.shape)} weight, "
             f"got shape {tuple(gram.shape)}"
         )
-    factor, _g, info = damped_cholesky(gram, damping)
-    if factor is None:
-        raise ValueError(f"the Gram matrix is not positive definite even with damping {info.damping:g}")
+    factor = _whitening_factor(gram, damping)
     w = weight.detach().to(device=factor.device, dtype=torch.float64)
     left, right_white = _svd_factors(w @ factor, rank)
     # R = V_rᵀ S⁻¹  <=>  Sᵀ Rᵀ = V_r (Sᵀ is upper triangular).
@@ -148,11 +154,7 @@ def singular_energies(
         raise ValueError("give input_norms (AWSVD) or gram (whitened SVD), not both")
     work = weight.detach().to(torch.float64)
     if gram is not None:
-        from slimkit.primitives.reconstruct.solve import damped_cholesky  # the import cycle whitened_svd notes
-
-        factor, _g, info = damped_cholesky(gram, damping)
-        if factor is None:
-            raise ValueError(f"the Gram matrix is not positive definite even with damping {info.damping:g}")
+        factor = _whitening_factor(gram, damping)
         work = work.to(factor.device) @ factor
     elif input_norms is not None:
         work = work * clamp_norms(input_norms.to(device=work.device, dtype=torch.float64), eps)[None, :]
