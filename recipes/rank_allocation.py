@@ -29,7 +29,7 @@ from slimkit.primitives.lowrank.rank_allocation import (
 )
 from slimkit.recipes.allocated import RankAllocation, rank_allocation_key
 from slimkit.recipes.context import Context
-from slimkit.recipes.stages.lowrank import LowRankArgs, global_wanted, lowrank_fraction
+from slimkit.recipes.stages.lowrank import LowRankArgs, global_wanted, lowrank_fraction, whiten_failure
 
 
 def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: str, stats: dict) -> torch.Tensor:
@@ -40,9 +40,7 @@ def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: str, stat
         try:
             return singular_energies(linear.weight, gram=stats["dense_consumers"][role].gram)
         except ValueError as error:  # a Gram with NaN/inf entries
-            raise SlimkitError(
-                f"lowrank: layer {layer.index} {role}: method whiten cannot factor it ({error})"
-            ) from None
+            raise whiten_failure(layer, role, error) from None
     return singular_energies(linear.weight)
 
 

@@ -158,6 +158,11 @@ def _layer_ranks(ctx: Context, layer: LayerView, args: LowRankArgs, fraction: fl
     return _uniform_ranks(shapes, 1.0 - fraction, args.mac_fraction)
 
 
+def whiten_failure(layer: LayerView, role: str, error: ValueError) -> SlimkitError:
+    """The one line for a projection whose input Gram no damping makes definite (NaN/inf entries)."""
+    return SlimkitError(f"lowrank: layer {layer.index} {role}: method whiten cannot factor it ({error})")
+
+
 def counted(ctx: Context, weight: torch.Tensor, parts: dict | None = None) -> bool:
     """Whether ``weight``'s parameters count toward the recipe target's part."""
     part = ctx.recipe.target.part
@@ -221,9 +226,7 @@ def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> N
         try:
             layer.set_linear(role, LowRankLinear.from_linear(linear, rank, norms, gram=gram))
         except ValueError as error:  # a Gram with NaN/inf entries
-            raise SlimkitError(
-                f"lowrank: layer {layer.index} {role}: method whiten cannot factor it ({error})"
-            ) from None
+            raise whiten_failure(layer, role, error) from None
     if "lowrank:report" not in ctx.block_cache:  # one report per block
         entry: dict = {"fraction": fraction, "ranks": {}}
         if (found := allocated_ranks(ctx, list(args.roles))) is not None:
