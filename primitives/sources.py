@@ -180,6 +180,51 @@ def check_source(source: str) -> tuple[Path, SourceInfo]:
     return folder, info
 
 
+def _stage_names(recipe: Any) -> list[str]:
+    """Every ``stage:`` name in a recipe as saved in a manifest (a dict or list tree), in order."""
+    if isinstance(recipe, dict):
+        own = [recipe["stage"]] if isinstance(recipe.get("stage"), str) else []
+        return own + [name for value in recipe.values() for name in _stage_names(value)]
+    if isinstance(recipe, list):
+        return [name for value in recipe for name in _stage_names(value)]
+    return []
+
+
+def dense_origin(path: str | os.PathLike | None) -> dict[str, Any] | None:
+    """For a model folder :func:`slimkit.save` wrote, the dense model it was compressed from; None for any other
+    source (a named source, a plain Hugging Face folder, a model in memory).
+
+    The manifest's ``source`` is followed through outputs of outputs (a folder compressed again) to the first
+    model that is not a slimkit output: ``{"name", "path", "via": [the slimkit folders, input first],
+    "stages": [every stage those runs applied]}``. ``path`` is None (and ``missing`` says why) when the origin
+    is neither a folder on this machine nor a named source; the caller refuses what needs it.
+    """
+    from slimkit.primitives.io.load import read_manifest
+
+    via: list[str] = []
+    stages: list[str] = []
+    current = None if path is None else str(Path(path).resolve())
+    manifest = None if current is None else read_manifest(current)
+    if manifest is None:
+        return None
+    while manifest is not None:
+        via.append(current)
+        stages += _stage_names(manifest.get("recipe"))
+        recorded = manifest.get("source") if isinstance(manifest.get("source"), dict) else {}
+        name, where = recorded.get("name"), recorded.get("path")
+        if where and Path(where).is_dir():
+            current = str(Path(where).resolve())
+        elif isinstance(name, str) and name in SOURCES:
+            current = str(resolve_source(name)[0])
+        else:
+            missing = f"{via[-1]} was compressed from {name or where or 'an unrecorded model'}, not found here"
+            return {"name": name, "path": None, "via": via, "stages": stages, "missing": missing}
+        if current in via:
+            return {"name": name, "path": None, "via": via, "stages": stages, "missing": f"{current}: a cycle"}
+        manifest = read_manifest(current)
+    return {"name": name, "path": current, "via": via, "stages": stages}
+
+
 def load_source(
     source: str,
     *,

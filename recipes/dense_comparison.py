@@ -1,4 +1,5 @@
-"""The dense model's metrics beside the run's: the recipe's source evaluated under the same settings.
+"""The dense model's metrics beside the run's: the recipe's source (for a model slimkit compressed earlier, the dense
+model it came from) evaluated under the same settings.
 
 Measured after the stages (so a recipe's bad input still fails before any evaluation) on a fresh load of the source,
 in the dtype the compressed model is evaluated in, then cached per source and settings
@@ -18,6 +19,7 @@ from slimkit.primitives.sources import load_source
 from slimkit.recipes.context import Context
 from slimkit.recipes.progress import Timings
 from slimkit.recipes.report import DenseComparison
+from slimkit.recipes.stages.dense_source import dense_of
 
 
 def compare_with_dense(
@@ -34,9 +36,13 @@ def compare_with_dense(
         why = "a GLUE task model's dense head is untrained" if recipe.task else "an in-memory model has no source"
         ctx.notes.append(f"no dense comparison: {why}")
         return None
+    dense = dense_of(ctx.source)
+    if dense["path"] is None:
+        ctx.notes.append(f"no dense comparison: {dense['missing']}")
+        return None
     identity = {
-        "source": ctx.source,
-        "files": source_fingerprint(ctx.source["path"]),
+        "source": {"name": dense["name"], "path": dense["path"]},
+        "files": source_fingerprint(dense["path"]),
         "device": placement.device.type,
         "dtype": dtype_name(dtype),
         "max_memory": placement.max_memory,
@@ -45,7 +51,7 @@ def compare_with_dense(
 
     def measure() -> dict[str, float]:
         model, tokenizer, _info = load_source(
-            recipe.model.source, device=str(placement.device), dtype=dtype_name(dtype), max_memory=placement.max_memory
+            dense["path"], device=str(placement.device), dtype=dtype_name(dtype), max_memory=placement.max_memory
         )
         try:
             return evaluate_model(model, tokenizer, settings, ctx.tracker).metrics

@@ -123,6 +123,41 @@ def check_stage_models(recipe: Recipe, model: Any) -> None:
         spec.parsed_args().check_model(model)
 
 
+def dense_reloaders(recipe: Recipe) -> list[str]:
+    """The stages that reload the dense model during the run: ``distill`` with steps to train (its teacher) and a
+    top-level ``reconstruct`` (its refit target), as ``stages.N (NAME)`` labels."""
+    found = []
+    for index, item in enumerate(recipe.stages):
+        if isinstance(item, SequentialSpec) or item.stage not in ("distill", "reconstruct"):
+            continue
+        if item.stage == "reconstruct" or item.parsed_args().steps > 0:
+            found.append(f"stages.{index} ({item.stage})")
+    return found
+
+
+def check_dense_reachable(recipe: Recipe, source: dict[str, Any]) -> None:
+    """Refuse, before any compute, a recipe that reloads the dense model when a slimkit output is compressed whose
+    dense origin is not on this machine (``source["compressed_from"]``, from
+    :func:`~slimkit.primitives.sources.dense_origin`), and a distillation hidden-state term against a dense teacher
+    whose hidden basis an earlier run changed (a PCA projection). A model given in memory is refused by the stage
+    itself (:func:`~slimkit.recipes.stages.dense_source.reload_dense`)."""
+    from slimkit.recipes.stages.distill import PROJECTING_STAGES
+
+    reloaders = dense_reloaders(recipe)
+    if not reloaders:
+        return
+    origin = source.get("compressed_from")
+    if origin is not None and origin.get("path") is None:
+        raise SlimkitError(f"{reloaders[0]}: reloads the dense model, but {origin['missing']}")
+    projected = [name for name in (origin or {}).get("stages", []) if name in PROJECTING_STAGES]
+    for spec in recipe.flat_stages():
+        if spec.stage == "distill" and spec.parsed_args().hidden_weight > 0 and projected:
+            raise SlimkitError(
+                f"distill: hidden_weight > 0 compares hidden states with the dense teacher's, but the input model "
+                f"was made by a {projected[0]} stage, which changes the hidden-state basis; set hidden_weight: 0"
+            )
+
+
 def check_calibration_length(recipe: Recipe, model: Any) -> None:
     """Refuse, before calibrating, a ``calibration.seq_len`` longer than the model's positions
     (its config's ``max_position_embeddings``, when it has one)."""

@@ -25,7 +25,7 @@ from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import preflight_eval_data
 from slimkit.primitives.files.guard import terminate_as_interrupt
 from slimkit.primitives.memory_plan import MemoryPlan
-from slimkit.primitives.sources import load_source
+from slimkit.primitives.sources import dense_origin, load_source
 from slimkit.recipes import finish, output_safety, preflight
 from slimkit.recipes.context import Context
 from slimkit.recipes.dispatch import run_stages
@@ -114,6 +114,14 @@ def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptio
         )
         tokenizer = tokenizer or loaded_tokenizer
         source = {"name": info.name, "path": info.path}
+        origin = dense_origin(info.path)
+        if origin is not None:
+            source["compressed_from"] = origin
+            notes.append(
+                f"the model is a slimkit output compressed from {origin['name']}: the dense comparison, a distill "
+                f"teacher and a top-level reconstruct use {origin['name']}; the target counts this model's "
+                f"{sum(p.numel() for p in model.parameters()):,} parameters"
+            )
     else:
         source = {"name": "in-memory model", "path": None}
     if recipe.task is not None:
@@ -122,6 +130,7 @@ def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptio
         model = task_model(model, recipe.task, seed=recipe.seed)
     if tokenizer is None:
         raise SlimkitError(f"model source '{source['name']}' has no tokenizer")
+    preflight.check_dense_reachable(recipe, source)
     preflight.check_export_model(recipe, model)
     preflight.check_stage_models(recipe, model)
     preflight.check_calibration_length(recipe, model)

@@ -1,7 +1,8 @@
 """The dense model a stage compares against: the recipe's model source loaded again.
 
 ``distill`` trains against it (its teacher) and ``reconstruct`` at the top level refits against its layers. Both
-reload the model the run started from with :func:`slimkit.primitives.sources.load_source`, in the compressed model's
+reload the model the run started from (for a model slimkit compressed earlier, the dense model it came from:
+:func:`dense_of`) with :func:`slimkit.primitives.sources.load_source`, in the compressed model's
 dtype, on the device the caller names (``distill``: the student's; ``reconstruct``: the CPU). A model given in memory
 (``slimkit.run(recipe, model=...)``) has no source to reload and is refused in one line, as is a source that cannot
 be loaded (out of memory, a folder changed since the run started), naming the memory the dense weights need (dense
@@ -13,6 +14,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,6 +36,12 @@ class ReloadedDense:
     """The dense weights' size in the model's dtype (``format_size``: ``"540.4 MB"``)."""
 
 
+def dense_of(source: dict[str, Any]) -> dict[str, Any]:
+    """The dense model of a run's ``source``: the model a slimkit output was compressed from
+    (``source["compressed_from"]``, set when the run loaded it), else the source itself."""
+    return source.get("compressed_from") or source
+
+
 def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why: str, instead: str, holds: str):
     """The recipe's model source loaded again on ``device`` (None: the compressed model's) in the compressed
     model's dtype, as a :class:`ReloadedDense`.
@@ -42,8 +50,9 @@ def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why
     model given in memory (nothing to reload); run the recipe from its model source, or {instead}"``, and
     ``"{stage}: cannot load the {what} from NAME on DEVICE in DTYPE (PROBLEM); {holds}"`` with ``{need}`` in
     ``holds`` replaced by the dense weights' size."""
-    path = ctx.source.get("path")
-    if path is None:
+    source = dense_of(ctx.source)
+    path = source.get("path")
+    if ctx.source.get("path") is None:
         raise SlimkitError(
             f"{stage}: {why} reloads the recipe's model source, but this run compresses a model given in memory "
             f"(nothing to reload); run the recipe from its model source, or {instead}"
@@ -59,10 +68,10 @@ def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why
     except (SlimkitError, RuntimeError, OSError) as error:  # torch.OutOfMemoryError is a RuntimeError
         problem = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SlimkitError(
-            f"{stage}: cannot load the {what} from {ctx.source.get('name')} on {device} in {dtype} ({problem}); "
+            f"{stage}: cannot load the {what} from {source.get('name')} on {device} in {dtype} ({problem}); "
             + holds.format(need=need)
         ) from None
-    return ReloadedDense(model, str(ctx.source.get("name")), time.perf_counter() - started, need)
+    return ReloadedDense(model, str(source.get("name")), time.perf_counter() - started, need)
 
 
 def release_memory(cuda: bool) -> None:
