@@ -213,12 +213,11 @@ def check_memory_plan(recipe: Recipe, placement: Any, model: Any = None) -> Memo
 
 
 def _source_config(recipe: Recipe) -> Any:
-    from transformers import AutoConfig
-
+    from slimkit.primitives.io.load import folder_config
     from slimkit.primitives.sources import check_source
 
     folder, _info = check_source(recipe.model.source)
-    return AutoConfig.from_pretrained(folder)
+    return folder_config(folder)
 
 
 OOM_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)

@@ -76,6 +76,17 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     return manifest
 
 
+def folder_config(directory: str | os.PathLike) -> transformers.PretrainedConfig:
+    """The checked folder's config as transformers builds it, for a slimkit output too (its mark removed, its
+    global widths: the widest layer's, an upper bound for plans); no weights are read."""
+    folder = check_model_folder(directory)
+    config_dict = unmark_config(folder.config)
+    config_dict.pop("per_layer_config", None)
+    model_type = config_dict.pop("model_type")
+    config_dict.pop("transformers_version", None)
+    return _from_config_file(folder, lambda: transformers.AutoConfig.for_model(model_type, **config_dict))
+
+
 def _model_class(config: transformers.PretrainedConfig, task: str) -> type:
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)

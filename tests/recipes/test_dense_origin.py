@@ -112,3 +112,17 @@ def test_a_hidden_state_term_against_a_projected_input_is_refused(sharp_llama_di
     with pytest.raises(SlimkitError, match=r"^distill: hidden_weight > 0 .* pca_project stage") as error:
         slimkit.run(validate(_distill(tmp_path / "p" / "model", 1, hidden_weight=0.5), "d"), evaluate=False)
     assert "\n" not in str(error.value)
+
+
+def test_a_saved_low_rank_model_is_distilled_from_its_folder(sharp_llama_dir, tmp_path):
+    # A folder with low-rank pairs has a marked config.json (stock AutoConfig refuses it): the memory plan reads its
+    # config through slimkit (it raised transformers' unknown-model-type error before the run started).
+    lowrank = {"stage": "lowrank", "args": {"mac_fraction": 1.0, "ratio": 0.5, "roles": ["q", "k", "v", "o"]}}
+    raw = {**_prune(sharp_llama_dir), "target": {"ratio": 0.5, "of": "attention", "tolerance": 0.05}}
+    raw["stages"] = [{"sequential": [lowrank]}]
+    slimkit.run(validate(raw, "l"), out=tmp_path / "l", evaluate=False)
+    config = (tmp_path / "l" / "model" / "config.json").read_text()
+    assert '"slimkit_compressed"' in config
+    report = slimkit.run(validate(_distill(tmp_path / "l" / "model", 1), "d"), evaluate=False).report.as_json()
+    assert report["stages"]["distill"]["teacher_source"] == str(sharp_llama_dir)
+    assert report["stages"]["distill"]["kl_first"] > 1e-4
