@@ -197,7 +197,8 @@ def dense_origin(path: str | os.PathLike | None) -> dict[str, Any] | None:
     The manifest's ``source`` is followed through outputs of outputs (a folder compressed again) to the first
     model that is not a slimkit output: ``{"name", "path", "via": [the slimkit folders, input first],
     "stages": [every stage those runs applied]}``. ``path`` is None (and ``missing`` says why) when the origin
-    is neither a folder on this machine nor a named source; the caller refuses what needs it.
+    is neither a folder on this machine nor a named source, or is not a model folder slimkit can read
+    (:func:`check_source`); the caller refuses what needs it.
     """
     from slimkit.primitives.io.load import read_manifest
 
@@ -222,6 +223,10 @@ def dense_origin(path: str | os.PathLike | None) -> dict[str, Any] | None:
         if current in via:
             return {"name": name, "path": None, "via": via, "stages": stages, "missing": f"{current}: a cycle"}
         manifest = read_manifest(current)
+    try:
+        check_source(current)
+    except SlimkitError as error:
+        return {"name": name, "path": None, "via": via, "stages": stages, "missing": f"{name}: {error}"}
     return {"name": name, "path": current, "via": via, "stages": stages}
 
 

@@ -126,3 +126,10 @@ def test_a_saved_low_rank_model_is_distilled_from_its_folder(sharp_llama_dir, tm
     report = slimkit.run(validate(_distill(tmp_path / "l" / "model", 1), "d"), evaluate=False).report.as_json()
     assert report["stages"]["distill"]["teacher_source"] == str(sharp_llama_dir)
     assert report["stages"]["distill"]["kl_first"] > 1e-4
+
+
+def test_an_origin_that_is_no_model_folder_is_named_not_followed(sharp_llama_dir, tmp_path):
+    slimkit.run(validate(_prune(sharp_llama_dir), "p"), out=tmp_path / "p", evaluate=False)
+    (sharp_llama_dir / "config.json").unlink()  # the dense folder is still there, but no model folder any more
+    origin = dense_origin(tmp_path / "p" / "model")
+    assert origin["path"] is None and "config.json" in origin["missing"]
