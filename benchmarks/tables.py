@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.seeds import NORM_MEAN, decision_rows, draws_of
+from benchmarks.seeds import NORM_MEAN, decision_rows
 
 _MISSING = "-"
 _PARAMS_KEY = "layer params (% of dense)"
@@ -188,7 +188,7 @@ def _draws(row: dict[str, Any]) -> str:
     if "draws" not in row:
         return "1"
     asked = f" of {len(row.get('seeds', []))}" if row.get("seeds_missing") else ""
-    return f"{row['draws']}{asked} seeds"
+    return f"{row['draws']}{asked} seed{'' if row['draws'] == 1 and not asked else 's'}"
 
 
 def _task_head(task: str) -> str:
@@ -245,7 +245,7 @@ def summary_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[
     for row in _ok(decision_rows(rows)):
         macs, speed, cost = row.get("macs", {}), row.get("speed", {}), row.get("cost", {})
         kept = macs["after"] / macs["before"] if macs.get("before") and macs.get("after") is not None else None
-        label = _label(row) + (f" ({draws_of(row)} seeds)" if "draws" in row else "")
+        label = _label(row) + (f" ({_draws(row)})" if "draws" in row else "")
         cells = [label, _pct(row.get("params", {}).get("removed_ratio"))]
         cells += [_cell(row, f"{d}_ppl") for d in datasets]
         cells += [_cell(row, _mean_metric(row), ".3f")] if zeroshot else []
