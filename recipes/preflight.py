@@ -138,24 +138,18 @@ def dense_reloaders(recipe: Recipe) -> list[str]:
 def check_dense_reachable(recipe: Recipe, source: dict[str, Any]) -> None:
     """Refuse, before any compute, a recipe that reloads the dense model when a slimkit output is compressed whose
     dense origin is not on this machine (``source["compressed_from"]``, from
-    :func:`~slimkit.primitives.sources.dense_origin`), and a distillation hidden-state term against a dense teacher
-    whose hidden basis an earlier run changed (a PCA projection). A model given in memory is refused by the stage
+    :func:`~slimkit.primitives.sources.dense_origin`), and a distillation hidden-state term after a PCA projection
+    (:func:`~slimkit.recipes.stages.distill.check_hidden_term`). A model given in memory is refused by the stage
     itself (:func:`~slimkit.recipes.stages.dense_source.reload_dense`)."""
-    from slimkit.recipes.stages.distill import PROJECTING_STAGES
+    from slimkit.recipes.stages.distill import check_hidden_term
 
     reloaders = dense_reloaders(recipe)
-    if not reloaders:
-        return
     origin = source.get("compressed_from")
-    if origin is not None and origin.get("path") is None:
+    if reloaders and origin is not None and origin.get("path") is None:
         raise SlimkitError(f"{reloaders[0]}: reloads the dense model, but {origin['missing']}")
-    projected = [name for name in (origin or {}).get("stages", []) if name in PROJECTING_STAGES]
     for spec in recipe.flat_stages():
-        if spec.stage == "distill" and spec.parsed_args().hidden_weight > 0 and projected:
-            raise SlimkitError(
-                f"distill: hidden_weight > 0 compares hidden states with the dense teacher's, but the input model "
-                f"was made by a {projected[0]} stage, which changes the hidden-state basis; set hidden_weight: 0"
-            )
+        if spec.stage == "distill":
+            check_hidden_term(recipe, source, spec.parsed_args())
 
 
 def check_calibration_length(recipe: Recipe, model: Any) -> None:

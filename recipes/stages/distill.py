@@ -22,7 +22,7 @@ Budget: like ``lora``, it removes no parameters (budget ``none``) and trains (re
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from torch import nn
@@ -32,6 +32,7 @@ from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
+from slimkit.recipes.schema import Recipe
 from slimkit.recipes.stages.dense_source import release_memory, reload_dense
 from slimkit.recipes.stages.lora import LoraArgs, default_lora_targets
 
@@ -47,14 +48,23 @@ class DistillArgs(LoraArgs):
     """The teacher: dense = the recipe's model source reloaded (the uncompressed model)."""
 
 
-def check_hidden_term(ctx: Context, args: DistillArgs) -> None:
+def check_hidden_term(recipe: Recipe, source: dict[str, Any], args: DistillArgs) -> None:
     """The hidden-state term compares residual streams coordinate by coordinate: refuse it after a PCA projection
-    (the student's stream is in another basis, even at full width)."""
-    projected = [s.stage for s in ctx.recipe.flat_stages() if s.stage in PROJECTING_STAGES]
-    if args.hidden_weight > 0 and projected:
+    (the student's stream is in another basis, even at full width), in this recipe or in an earlier run that made
+    the input model (``source["compressed_from"]["stages"]``). The runner calls it before any compute."""
+    if args.hidden_weight <= 0:
+        return
+    projected = [s.stage for s in recipe.flat_stages() if s.stage in PROJECTING_STAGES]
+    if projected:
         raise SlimkitError(
             f"distill: hidden_weight > 0 compares hidden states with the dense teacher's, but this recipe's "
             f"{projected[0]} stage changes the hidden-state basis; set hidden_weight: 0"
+        )
+    earlier = [name for name in (source.get("compressed_from") or {}).get("stages", []) if name in PROJECTING_STAGES]
+    if earlier:
+        raise SlimkitError(
+            f"distill: hidden_weight > 0 compares hidden states with the dense teacher's, but the input model "
+            f"was made by a {earlier[0]} stage, which changes the hidden-state basis; set hidden_weight: 0"
         )
 
 
@@ -95,7 +105,6 @@ def distill(ctx: Context, args: DistillArgs) -> None:
     values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
     config = LoraConfig(**values, seed=ctx.recipe.seed)
     settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
-    check_hidden_term(ctx, args)
     if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config)
         skipped = {"kl_first": None, "kl_last": None, "kls": [], "teacher": args.teacher, "teacher_load_seconds": 0.0}
