@@ -398,7 +398,7 @@ def markdown(result: dict[str, Any], plots: list[str]) -> str:
 # --------------------------------------------------------------------------------------------- plots
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,7 +407,7 @@ def _pyplot():
     return plt
 
 
-def _color(plt, index: int):
+def series_color(plt, index: int):
     """Ten distinct hues first (tab20's dark shades), then their light shades."""
     return plt.get_cmap("tab20")((2 * index) % 20 + (index // 10) % 2)
 
@@ -425,7 +425,7 @@ def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
     compressed = [r for r in ok if r["id"] != "dense" and r.get("params", {}).get("removed_ratio") is not None]
     if not metrics or not compressed:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.8), squeeze=False)
     series: dict[str, list[dict[str, Any]]] = {}
     for row in compressed:
@@ -440,7 +440,7 @@ def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
             )
             if points:
                 style = "--" if name.endswith("+ LoRA") else "-"
-                axis.plot(*zip(*points, strict=True), style, marker="o", color=_color(plt, index), label=name)
+                axis.plot(*zip(*points, strict=True), style, marker="o", color=series_color(plt, index), label=name)
         if dense and isinstance(dense.get("metrics", {}).get(metric), int | float):
             axis.plot([0], [dense["metrics"][metric]], "k*", markersize=12, label="dense")
         if metric.endswith("_ppl"):
@@ -484,7 +484,7 @@ def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
         if row["id"] != "dense" and _layer_series(row):
             by_ratio.setdefault(row["ratio"], []).append(row)
     paths = []
-    plt = _pyplot() if by_ratio else None
+    plt = pyplot() if by_ratio else None
     dense_series = _layer_series(dense) if dense else {}
     for ratio, members in sorted(by_ratio.items()):
         all_series = [_layer_series(r) for r in members]
@@ -497,7 +497,7 @@ def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
                 axis.plot(dense_series[key], "k--", linewidth=1, label="dense")
             for index, (row, series) in enumerate(zip(members, all_series, strict=True)):
                 if key in series:
-                    axis.plot(series[key], drawstyle="steps-mid", color=_color(plt, index), label=row["id"])
+                    axis.plot(series[key], drawstyle="steps-mid", color=series_color(plt, index), label=row["id"])
             axis.set_ylabel(key.replace("_", " "), fontsize=8)
             axis.grid(alpha=0.3)
         axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -138,15 +138,15 @@ def plot_tradeoff(points: list[TradeoffPoint], path: Path, title: str) -> Path |
     shown = [p for p in points if p.wikitext2_x is not None]
     if not shown:
         return None
-    from benchmarks.tables import _color, _pyplot
+    from benchmarks.tables import pyplot, series_color
 
-    plt = _pyplot()
+    plt = pyplot()
     recipes = list(dict.fromkeys(p.recipe for p in shown))
     markers = dict(zip(dict.fromkeys(p.gguf_type for p in shown), "os^Dv", strict=False))
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     for axis, (field, name) in zip(axes, (("prefill_x", "prefill"), ("decode_x", "decode")), strict=True):
         for p in shown:
-            colour = _color(plt, recipes.index(p.recipe))
+            colour = series_color(plt, recipes.index(p.recipe))
             axis.plot(getattr(p, field), p.wikitext2_x, markers[p.gguf_type], color=colour)
             axis.annotate(
                 f"{p.ratio:.0%}",
@@ -162,7 +162,7 @@ def plot_tradeoff(points: list[TradeoffPoint], path: Path, title: str) -> Path |
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("WikiText-2 perplexity x dense (lower is better)")
     handles = [
-        plt.Line2D([], [], color=_color(plt, i), marker="o", linestyle="", label=r) for i, r in enumerate(recipes)
+        plt.Line2D([], [], color=series_color(plt, i), marker="o", linestyle="", label=r) for i, r in enumerate(recipes)
     ]
     handles += [plt.Line2D([], [], color="k", marker=m, linestyle="", label=f"GGUF {t}") for t, m in markers.items()]
     handles.append(plt.Line2D([], [], color="k", marker="*", linestyle="", markersize=10, label="dense"))
