@@ -133,3 +133,14 @@ def test_an_origin_that_is_no_model_folder_is_named_not_followed(sharp_llama_dir
     (sharp_llama_dir / "config.json").unlink()  # the dense folder is still there, but no model folder any more
     origin = dense_origin(tmp_path / "p" / "model")
     assert origin["path"] is None and "config.json" in origin["missing"]
+
+
+def test_a_hidden_state_term_after_a_projection_in_the_same_recipe_is_refused_before_any_compute(
+    sharp_llama_dir, tmp_path
+):
+    raw = _distill(sharp_llama_dir, 1, hidden_weight=0.5)
+    raw["calibration"] = CALIBRATION
+    raw["stages"] = [{"stage": "pca_project", "args": {"group_size": "all"}}, *raw["stages"]]
+    with pytest.raises(SlimkitError, match=r"^distill: hidden_weight > 0 .* pca_project stage changes") as error:
+        slimkit.run(validate(raw, "d"), out=tmp_path / "d", evaluate=False)
+    assert "\n" not in str(error.value) and not (tmp_path / "d").exists()
