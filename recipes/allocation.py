@@ -48,12 +48,14 @@ from slimkit.primitives.allocate import (
     total_removed,
     unit_costs,
 )
+from slimkit.primitives.allocate.refit_error import allocate_by_error, prefix_refit_errors
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import capture_layer_inputs
 from slimkit.primitives.device.offload import resident
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance.compose import score_groups
+from slimkit.primitives.importance.obs import OBS_CONSUMERS
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach, check_shapes, keep_indices
 from slimkit.recipes.allocated import LayerAllocation, allocation_key
@@ -191,12 +193,15 @@ class UnitScores:
                 "batches to score on; lower it or raise calibration.samples"
             )
         self.scoring_batches: int | None = total - holdout
-        self.roles = frozenset(args.layer_grams())
+        self.by_error = isinstance(self.settings, GlobalSettings) and self.settings.by == "refit_error"
+        consumers = {OBS_CONSUMERS[kind] for kind in args.groups} if self.by_error else set()
+        self.roles = frozenset(args.layer_grams()) | consumers
         self.by_layer: dict[int, list[int]] = {}
         for position, group in enumerate(self.groups):
             self.by_layer.setdefault(group.layer, []).append(position)
         self.last = max(self.by_layer)
         self.scores: list = [None] * len(self.groups)
+        self.errors: list = [None] * len(self.groups)
         self.scorer, self.scorer_args = args.allocation_scorer()
         self.ctx = ctx
 
@@ -210,6 +215,8 @@ class UnitScores:
         )
         for i, value in zip(positions, found, strict=True):
             self.scores[i] = value.detach().float().cpu()
+            if self.by_error:
+                self.errors[i] = _refit_errors(self.groups[i], self.ctx.model, stats, self.scores[i])
 
     def decide(self, ctx: Context) -> None:
         ctx.block_cache[allocation_key(self.stage, self.args)] = self._allocation(ctx)
@@ -225,7 +232,10 @@ class UnitScores:
         held = batches[self.scoring_batches :]
         report: dict = {"method": _method(args)}
         try:
-            if isinstance(settings, GlobalSettings):
+            if isinstance(settings, GlobalSettings) and settings.by == "refit_error":
+                kept = allocate_by_error(self.errors, costs, wanted, tolerance)
+                report["by"] = "refit_error"
+            elif isinstance(settings, GlobalSettings):
                 kept = global_ranking(scores, costs, wanted, tolerance)
             else:
                 kept, report["search"] = _search(ctx, settings, groups, scores, costs, held, rules, wanted, tolerance)
@@ -256,6 +266,14 @@ class UnitScores:
         }
         allocation.report = report
         return allocation
+
+
+def _refit_errors(group: Group, model: torch.nn.Module, stats: dict, scores: torch.Tensor) -> torch.Tensor:
+    """The group's relative refit-error curve on the dense pass's consumer Gram, units kept in score order."""
+    member = next(m for m in group.members if m.param == "weight" and m.dim == 1)
+    consumer = stats["dense_consumers"][OBS_CONSUMERS[group.kind]]
+    order = torch.argsort(scores.double(), descending=True, stable=True)
+    return prefix_refit_errors(member.tensor(model), consumer.gram, member.indices, order)
 
 
 def _layer_shares(costs: list[UnitCosts], kept: list[int]) -> dict[str, float]:

@@ -11,7 +11,7 @@ what is allowed.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -32,11 +32,17 @@ class _Settings(BaseModel):
 
 
 class GlobalSettings(_Settings):
-    """FLAP's global allocation: every unit's score standardised within its layer and kind, all units ranked on that
-    one scale, the lowest removed until the budget's parameters are reached (each unit weighted by its parameters)."""
+    """One allocation over every layer at once: FLAP's (every unit's score standardised within its layer and kind, all
+    units ranked on that one scale, the lowest removed until the budget's parameters are reached, each unit weighted
+    by its parameters) or, with ``by: refit_error``, the counts with the least total relative refit error."""
 
     max_fraction: float = Field(1.0, gt=0.0, le=1.0)
     """The largest fraction of a group's units any layer may lose (1.0: only min_keep limits it)."""
+    by: Literal["score", "refit_error"] = "score"
+    """What the layers' shares are decided by: ``score`` (FLAP: the stage's unit scores standardised per layer, ranked
+    on one scale) or ``refit_error`` (each layer's least-squares refit error of the units' consumer, down_proj or
+    o_proj, relative to its output, at every allowed kept count; the least total error per parameter removed:
+    :mod:`slimkit.primitives.allocate.refit_error`)."""
 
 
 class SearchSettings(_Settings):

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 
-from slimkit.primitives.allocate.settings import Allocation, SearchSettings, parse_allocation
+from slimkit.primitives.allocate.settings import Allocation, GlobalSettings, SearchSettings, parse_allocation
+from slimkit.primitives.importance.obs import OBS_CONSUMERS
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach
 from slimkit.recipes.stage_args import BudgetMode, StageArgs
 
@@ -39,7 +40,8 @@ class SelectionArgs(StageArgs, Generic[K]):
     """Fewest units any group keeps."""
     allocation: str | dict[str, Any] = "uniform"
     """How the target is shared among the eligible layers (layer-wise stages): uniform (every layer loses the same
-    fraction), {global: {max_fraction}} (FLAP: every unit ranked on one scale after per-layer standardisation) or
+    fraction), {global: {max_fraction, by}} (FLAP: every unit ranked on one scale after per-layer standardisation;
+    by: refit_error, the counts with the least total relative refit error of the units' consumers) or
     {search: {budget_s, max_evals, seed, levels, holdout_batches, offspring}} (EvoPress: per-layer levels searched
     by KL divergence to the dense model on held-out calibration batches). Decided before the block runs."""
 
@@ -78,6 +80,13 @@ class SelectionArgs(StageArgs, Generic[K]):
             )
         if self.ratio_rule != "solve":
             raise ValueError(f"allocation: {name} needs ratio_rule: solve (the layer rule fixes one share per layer)")
+        if isinstance(chosen, GlobalSettings) and chosen.by == "refit_error":
+            other = [kind for kind in self.groups if kind not in OBS_CONSUMERS]
+            if other:
+                raise ValueError(
+                    f"allocation: global by refit_error measures the refit of the units' consumer, which only "
+                    f"{' and '.join(OBS_CONSUMERS)} units have (got {', '.join(other)}); use by: score"
+                )
         return self
 
     def allocation_settings(self) -> Allocation:

@@ -41,6 +41,14 @@ CASES = {
         {"stages": _stage(allocation={"search": {"levels": "tenth"}})},
         "search.levels: unknown level ladder 'tenth'; did you mean 'tenths'?",
     ),
+    "unknown-global-criterion": (
+        {"stages": _stage(allocation={"global": {"by": "error"}})},
+        "allocation: global.by: Input should be 'score' or 'refit_error'",
+    ),
+    "refit-error-on-units-without-a-consumer": (
+        {"stages": _stage(groups=["kv_group"], allocation={"global": {"by": "refit_error"}})},
+        "only mlp_channel and attention_head units have (got kv_group); use by: score",
+    ),
     "unknown-allocation": (
         {"stages": _stage(allocation="evolution")},
         "unknown allocation 'evolution'",

@@ -131,3 +131,34 @@ def test_obs_prune_layer_takes_a_global_allocation(tokenizer):
     details = _details(result, "obs_prune_layer")
     assert details["allocation"]["method"] == "global"
     assert all(width % 4 == 0 and width >= 26 for width in _mlp_widths(result))  # at most 60% of 64 removed
+
+
+def test_refit_error_allocation_takes_most_from_the_layer_whose_channels_a_few_reproduce(tokenizer):
+    """Layer 1's 64 MLP channels are scaled copies of four (channel j: gate row j % 4, up row j % 4 times a scale):
+    once the kept channels include one of each four, down_proj's refit reproduces the rest exactly, so removing
+    them costs nothing there, which Wanda's scores (each channel alone) cannot see."""
+    torch.manual_seed(0)
+    model = tiny_llama(vocab_size=len(tokenizer))
+    with torch.no_grad():
+        layer = ModelView(model).layer(1)
+        gate, up = layer.linear("gate").weight, layer.linear("up").weight
+        copies = torch.arange(64) % 4
+        scale = 0.5 + torch.rand(64, 1)
+        gate.copy_(gate[copies])
+        up.copy_(up[copies] * scale)
+    args = {"groups": ["mlp_channel"], "scorer": "activation", "allocation": {"global": {"by": "refit_error"}}}
+    result = _run(tokenizer, args, {"ratio": 0.25, "of": "mlp", "tolerance": 0.02}, model=model)
+    assert result.report.target.met
+    allocation = _details(result)["allocation"]
+    assert allocation["method"] == "global" and allocation["by"] == "refit_error"
+    assert abs(allocation["removed"] - allocation["wanted"]) <= round(0.02 * 3 * 64 * 144)
+    shares = allocation["layer_share"]
+    assert shares["1"] > max(shares["0"], shares["2"])
+    assert _mlp_widths(result) == [allocation["kept"][str(i)]["mlp_channel"] for i in range(3)]
+
+
+def test_refit_error_allocation_of_a_unit_without_a_consumer_is_refused_at_validation(tokenizer):
+    args = {"groups": ["kv_group"], "allocation": {"global": {"by": "refit_error"}}}
+    with pytest.raises(SlimkitError, match=r"by refit_error .* \(got kv_group\); use by: score") as refused:
+        _run(tokenizer, args, {"ratio": 0.2, "of": "model"})
+    assert "\n" not in str(refused.value)

@@ -1,0 +1,169 @@
+"""Allocation by the refit's own error: each layer's kept count chosen by what removing its units costs after the
+least-squares refit of their consumer, relative to that consumer's output.
+
+FLAP's global ranking (:mod:`.ranking`) compares standardised unit scores across layers; a recipe that refits the
+consumer after removal (``reconstruct`` on ``down_proj`` / ``o_proj``) loses not what the removed units carried but
+what the kept ones cannot reproduce of it. That error is known in closed form for every prefix of a unit order at
+once. With the consumer ``W`` (``d_out x n``), its input Gram ``G = X Xᵀ`` and the inputs permuted so the units to
+keep longest come first, the Cholesky factor ``G = L Lᵀ`` gives ``X = L Q`` with orthonormal rows ``Q``; the inputs
+of the first ``m`` columns span the first ``m`` rows of ``Q`` (``L`` is lower triangular), so the least-squares
+refit from them leaves
+
+    E(m) = || (W L)[:, m:] ||²_F
+
+(:func:`prefix_refit_errors`; one factorisation for every kept count). A small ridge (``jitter`` x mean diagonal)
+keeps ``G`` positive definite; the curve is then the ridge refit's error toward zero, close to the stage's own refit
+(which pulls toward the kept columns) where the ridge is small.
+
+Each group's curve is taken relative to its consumer's whole output energy ``E(0 kept) = tr(W G Wᵀ)``, the choice
+the low-rank allocation makes (docs/methods/allocation.md "Low rank"): consumers whose activations differ in scale
+compare by the share of their own output they lose. :func:`allocate_by_error` minimises the sum of those relative
+errors subject to the parameters removed: each group's allowed kept counts (alignment, minimum) become points
+``(parameters removed, error)``, replaced by their lower convex hull, and hull steps of all groups are taken cheapest
+error per parameter first; a step that would pass the budget is skipped with its group's later steps, and what is
+left is filled by single allowed steps (one group's next smaller count), cheapest first, while one fits. The plan
+lands at most ``wanted`` and within ``tolerance`` below it, or :class:`TargetOutOfReach` is raised.
+
+The unit order is the stage's score order (highest kept first) on dense inputs; which units a layer then removes is
+still the stage's choice on its own statistics, so the curve is the allocation's estimate, not the final error.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from slimkit.primitives.allocate.ranking import UnitCosts, total_removed
+from slimkit.primitives.select.plan import TargetOutOfReach
+
+
+def prefix_refit_errors(
+    weight: torch.Tensor, gram: torch.Tensor, unit_columns: torch.Tensor, order: torch.Tensor, jitter: float = 1e-6
+) -> torch.Tensor:
+    """``errors[k]``, ``k = 0..units``: the squared output error of the consumer ``weight`` (``d_out x n``) refitted
+    by least squares from the input columns of the first ``k`` units of ``order``, relative to its whole output
+    energy ``tr(W G Wᵀ)`` (so ``errors[0] = 1`` and ``errors[units] = 0`` up to the ridge).
+
+    ``unit_columns`` is ``[units, per_unit]``: the consumer's input columns each unit occupies; ``order`` the units,
+    the one kept longest first. Columns no unit occupies are always kept (they come first)."""
+    units = unit_columns.shape[0]
+    if order.numel() != units or sorted(order.tolist()) != list(range(units)):
+        raise ValueError(f"order must be a permutation of the {units} units")
+    g = gram.detach().double().cpu()
+    w = weight.detach().double().cpu()
+    if g.shape != (w.shape[1], w.shape[1]):
+        raise ValueError(f"gram {tuple(g.shape)} does not match the weight's {w.shape[1]} inputs")
+    columns = unit_columns.cpu()
+    occupied = torch.zeros(w.shape[1], dtype=torch.bool)
+    occupied[columns.flatten()] = True
+    free = torch.nonzero(~occupied).flatten()
+    permutation = torch.cat([free, columns[order.cpu()].flatten()])
+    g = g[permutation][:, permutation]
+    ridge = jitter * float(g.diagonal().mean()) if g.numel() else 0.0
+    factor = torch.linalg.cholesky(g + ridge * torch.eye(g.shape[0], dtype=g.dtype))
+    energies = (w[:, permutation] @ factor).pow(2).sum(0)
+    per_unit = energies[free.numel() :].reshape(units, -1).sum(1)
+    tail = torch.cat([per_unit.flip(0).cumsum(0).flip(0), per_unit.new_zeros(1)])  # tail[k]: units k.. removed
+    total = energies.sum()
+    return tail / total if total > 0 else torch.zeros_like(tail)
+
+
+@dataclass(frozen=True)
+class _Step:
+    group: int
+    start: int  # kept count before the step
+    kept: int  # kept count after it
+    removed: int  # parameters the step removes
+    error: float  # relative error it adds
+
+    @property
+    def slope(self) -> float:
+        return self.error / self.removed
+
+
+def _hull_steps(index: int, cost: UnitCosts, errors: torch.Tensor) -> list[_Step]:
+    """The lower convex hull of one group's (parameters removed, relative error) over its allowed kept counts, as
+    steps from the whole group."""
+    points = [(cost.removed(k), float(errors[k]), k) for k in sorted(cost.allowed(), reverse=True)]
+    hull: list[tuple[int, float, int]] = []
+    for point in points:  # x = removed increases; keep the lower hull
+        while len(hull) >= 2:
+            (x1, y1, _), (x2, y2, _) = hull[-2], hull[-1]
+            above = (y2 - y1) * (point[0] - x1) - (point[1] - y1) * (x2 - x1)
+            if above > 1e-12 * (x2 - x1) * (point[0] - x1):  # hull[-1] above the chord (not by rounding)
+                hull.pop()
+            else:
+                break
+        hull.append(point)
+    return [_Step(index, a[2], b[2], b[0] - a[0], max(b[1] - a[1], 0.0)) for a, b in itertools.pairwise(hull)]
+
+
+def _step_order(steps: list[_Step]) -> list[int]:
+    """Steps cheapest first; a group's steps keep their own order (each starts where the previous one ended), so
+    its slopes are read as non-decreasing (equal slopes differ by rounding on a straight curve)."""
+    keys: list[tuple[float, int, int]] = []
+    running: dict[int, float] = {}
+    for position, step in enumerate(steps):
+        slope = max(step.slope, running.get(step.group, 0.0))
+        running[step.group] = slope
+        keys.append((slope, step.group, position))
+    return sorted(range(len(steps)), key=keys.__getitem__)
+
+
+def allocate_by_error(errors: list[torch.Tensor], costs: list[UnitCosts], wanted: int, tolerance: int) -> list[int]:
+    """Kept units per group removing ``wanted`` parameters (at most it, at least ``wanted - tolerance``) with the
+    least sum of relative refit errors (``errors[g][k]``: group ``g`` keeping ``k`` units, :func:`prefix_refit_errors`),
+    each count one its group allows. Raises :class:`TargetOutOfReach` when the steps that fit cannot land."""
+    if len(errors) != len(costs):
+        raise ValueError(f"{len(errors)} error curves for {len(costs)} groups")
+    for curve, cost in zip(errors, costs, strict=True):
+        if curve.numel() != cost.size + 1:
+            raise ValueError(f"an error curve needs {cost.size + 1} values (kept 0..{cost.size}), got {curve.numel()}")
+    most = total_removed(costs, [min(c.allowed()) for c in costs])
+    if wanted > most + tolerance:
+        raise TargetOutOfReach(wanted, tolerance, most, None)
+    steps = [step for i, (c, e) in enumerate(zip(costs, errors, strict=True)) for step in _hull_steps(i, c, e)]
+    order = _step_order(steps)
+    kept = [cost.size for cost in costs]
+    blocked: set[int] = set()
+    removed = 0
+    for k in order:
+        step = steps[k]
+        if step.group in blocked or kept[step.group] != step.start:
+            continue
+        if removed + step.removed > wanted:
+            blocked.add(step.group)  # its later steps start from this one
+            continue
+        kept[step.group] = step.kept
+        removed += step.removed
+    removed = _fill(errors, costs, kept, removed, wanted)
+    if removed < wanted - tolerance:
+        raise TargetOutOfReach(wanted, tolerance, removed, None)
+    return kept
+
+
+def _fill(errors: list[torch.Tensor], costs: list[UnitCosts], kept: list[int], removed: int, wanted: int) -> int:
+    """Single allowed steps (one group's next smaller count, off the hull where a hull step was too large), cheapest
+    error per parameter first, while one fits under ``wanted``; ``kept`` is updated. Returns the parameters removed."""
+    while True:
+        best: tuple[float, int, int, int] | None = None
+        for i, (cost, curve) in enumerate(zip(costs, errors, strict=True)):
+            smaller = [k for k in cost.allowed() if k < kept[i]]
+            if not smaller:
+                continue
+            step = cost.removed(smaller[-1]) - cost.removed(kept[i])
+            if removed + step > wanted:
+                continue
+            slope = max(float(curve[smaller[-1]] - curve[kept[i]]), 0.0) / step
+            if best is None or slope < best[0]:
+                best = (slope, i, smaller[-1], step)
+        if best is None:
+            return removed
+        _slope, i, count, step = best
+        kept[i] = count
+        removed += step
+
+
+__all__ = ["allocate_by_error", "prefix_refit_errors"]
