@@ -31,6 +31,7 @@ still the stage's choice on its own statistics, so the curve is the allocation's
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,23 +52,39 @@ def prefix_refit_errors(
     units = unit_columns.shape[0]
     if order.numel() != units or sorted(order.tolist()) != list(range(units)):
         raise ValueError(f"order must be a permutation of the {units} units")
-    g = gram.detach().double().cpu()
-    w = weight.detach().double().cpu()
+    g = gram.detach().double()  # on the Gram's device (a GPU's Cholesky at 8B widths), the curve returned on CPU
+    w = weight.detach().to(g.device, torch.float64)
     if g.shape != (w.shape[1], w.shape[1]):
         raise ValueError(f"gram {tuple(g.shape)} does not match the weight's {w.shape[1]} inputs")
-    columns = unit_columns.cpu()
-    occupied = torch.zeros(w.shape[1], dtype=torch.bool)
+    columns = unit_columns.to(g.device)
+    occupied = torch.zeros(w.shape[1], dtype=torch.bool, device=g.device)
     occupied[columns.flatten()] = True
     free = torch.nonzero(~occupied).flatten()
-    permutation = torch.cat([free, columns[order.cpu()].flatten()])
+    permutation = torch.cat([free, columns[order.to(g.device)].flatten()])
     g = g[permutation][:, permutation]
-    ridge = jitter * float(g.diagonal().mean()) if g.numel() else 0.0
-    factor = torch.linalg.cholesky(g + ridge * torch.eye(g.shape[0], dtype=g.dtype))
+    scale = float(g.diagonal().mean())
+    if not math.isfinite(scale):
+        raise ValueError("the consumer's input Gram has non-finite entries (NaN/inf activations)")
+    if scale <= 0:  # the consumer reads nothing but zeros: removing any unit loses nothing
+        return torch.zeros(units + 1, dtype=torch.float64)
+    factor = _cholesky(g, jitter * scale)
     energies = (w[:, permutation] @ factor).pow(2).sum(0)
     per_unit = energies[free.numel() :].reshape(units, -1).sum(1)
     tail = torch.cat([per_unit.flip(0).cumsum(0).flip(0), per_unit.new_zeros(1)])  # tail[k]: units k.. removed
     total = energies.sum()
-    return tail / total if total > 0 else torch.zeros_like(tail)
+    return (tail / total if total > 0 else torch.zeros_like(tail)).cpu()
+
+
+def _cholesky(gram: torch.Tensor, ridge: float) -> torch.Tensor:
+    """Cholesky factor of ``gram + ridge I``, the ridge raised tenfold (up to six times) where rounding leaves it
+    indefinite (columns that are exact copies)."""
+    eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    for _ in range(6):
+        factor, info = torch.linalg.cholesky_ex(gram + ridge * eye)
+        if int(info) == 0:
+            return factor
+        ridge *= 10.0
+    raise ValueError(f"the consumer's input Gram is not positive definite even with a ridge of {ridge / 10:g}")
 
 
 @dataclass(frozen=True)

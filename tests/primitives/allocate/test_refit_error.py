@@ -24,7 +24,8 @@ def _least_squares_error(weight: torch.Tensor, inputs: torch.Tensor, kept_column
 def test_the_prefix_curve_is_the_least_squares_refit_error_at_every_kept_count():
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(8, 200, generator=generator, dtype=torch.float64)
-    inputs[5] = inputs[0] + 0.5 * inputs[2]  # a unit the others reproduce: removing it alone costs nothing
+    # a column the others nearly reproduce (exactly would make G singular): removing it costs almost nothing
+    inputs[5] = inputs[0] + 0.5 * inputs[2] + 1e-2 * torch.randn(200, generator=generator, dtype=torch.float64)
     weight = torch.randn(3, 8, generator=generator, dtype=torch.float64)
     columns = torch.arange(8).reshape(4, 2)  # units of two columns: (0,1) (2,3) (4,5) (6,7)
     order = torch.tensor([3, 0, 1, 2])  # kept longest first
@@ -83,3 +84,10 @@ def test_a_budget_beyond_every_minimum_is_out_of_reach():
     costs = [UnitCosts("mlp_channel", 0, 8, 10, minimum=4)]
     with pytest.raises(TargetOutOfReach):
         allocate_by_error([_linear(8, 0.1)], costs, wanted=60, tolerance=5)
+
+
+def test_a_consumer_reading_only_zeros_loses_nothing_and_a_non_finite_gram_is_refused():
+    columns, order = torch.tensor([[0], [1]]), torch.tensor([1, 0])
+    assert torch.equal(prefix_refit_errors(torch.ones(2, 2), torch.zeros(2, 2), columns, order), torch.zeros(3))
+    with pytest.raises(ValueError, match="non-finite"):
+        prefix_refit_errors(torch.ones(2, 2), torch.full((2, 2), float("nan")), columns, order)
