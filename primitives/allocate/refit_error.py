@@ -15,14 +15,20 @@ refit from them leaves
 keeps ``G`` positive definite; the curve is then the ridge refit's error toward zero, close to the stage's own refit
 (which pulls toward the kept columns) where the ridge is small.
 
-Each group's curve is taken relative to its consumer's whole output energy ``E(0 kept) = tr(W G Wᵀ)``, the choice
-the low-rank allocation makes (docs/methods/allocation.md "Low rank"): consumers whose activations differ in scale
-compare by the share of their own output they lose. :func:`allocate_by_error` minimises the sum of those relative
-errors subject to the parameters removed: each group's allowed kept counts (alignment, minimum) become points
-``(parameters removed, error)``, replaced by their lower convex hull, and hull steps of all groups are taken cheapest
-error per parameter first; a step that would pass the budget is skipped with its group's later steps, and what is
-left is filled by single allowed steps (one group's next smaller count), cheapest first, while one fits. The plan
-lands at most ``wanted`` and within ``tolerance`` below it, or :class:`TargetOutOfReach` is raised.
+Each group's curve is taken relative to its consumer's output **per output dimension**: the error of every output
+coordinate over that coordinate's own energy, averaged over the coordinates, so ``errors[0 kept] = 1`` in every
+layer. Relative to the whole output energy ``tr(W G Wᵀ)`` instead (the low-rank allocation's choice,
+docs/methods/allocation.md "Low rank") was measured and failed: in the layers of SmolLM2 whose down_proj writes a
+massive activation (one output dimension holds 69-99% of its output energy in layers 2, 9, 11 and 28), keeping the
+few channels that write it keeps almost all of that energy, so those layers were stripped to 1-23 channels and
+WikiText-2 went from 46.72 to 523.6 at 20% (``quality``, docs/methods/allocation.md).
+
+:func:`allocate_by_error` minimises the sum of those relative errors subject to the parameters removed: each group's
+allowed kept counts (alignment, minimum) become points ``(parameters removed, error)``, replaced by their lower
+convex hull, and hull steps of all groups are taken cheapest error per parameter first; a step that would pass the
+budget is skipped with its group's later steps, and what is left is filled by single allowed steps (one group's next
+smaller count), cheapest first, while one fits. The plan lands at most ``wanted`` and within ``tolerance`` below it,
+or :class:`TargetOutOfReach` is raised.
 
 The unit order is the stage's score order (highest kept first) on dense inputs; which units a layer then removes is
 still the stage's choice on its own statistics, so the curve is the allocation's estimate, not the final error.
@@ -44,8 +50,9 @@ def prefix_refit_errors(
     weight: torch.Tensor, gram: torch.Tensor, unit_columns: torch.Tensor, order: torch.Tensor, jitter: float = 1e-6
 ) -> torch.Tensor:
     """``errors[k]``, ``k = 0..units``: the squared output error of the consumer ``weight`` (``d_out x n``) refitted
-    by least squares from the input columns of the first ``k`` units of ``order``, relative to its whole output
-    energy ``tr(W G Wᵀ)`` (so ``errors[0] = 1`` and ``errors[units] = 0`` up to the ridge).
+    by least squares from the input columns of the first ``k`` units of ``order``, each output dimension's error
+    over that dimension's energy, averaged over the dimensions (so ``errors[0] = 1`` and ``errors[units] = 0`` up to
+    the ridge; output dimensions the consumer never writes are left out).
 
     ``unit_columns`` is ``[units, per_unit]``: the consumer's input columns each unit occupies; ``order`` the units,
     the one kept longest first. Columns no unit occupies are always kept (they come first)."""
@@ -68,11 +75,15 @@ def prefix_refit_errors(
     if scale <= 0:  # the consumer reads nothing but zeros: removing any unit loses nothing
         return torch.zeros(units + 1, dtype=torch.float64)
     factor = _cholesky(g, jitter * scale)
-    energies = (w[:, permutation] @ factor).pow(2).sum(0)
-    per_unit = energies[free.numel() :].reshape(units, -1).sum(1)
+    energies = (w[:, permutation] @ factor).pow(2)  # [d_out, n]: each output dimension's share per input column
+    totals = energies.sum(1, keepdim=True)
+    live = totals.squeeze(1) > 0
+    if not bool(live.any()):
+        return torch.zeros(units + 1, dtype=torch.float64)
+    shares = (energies[live] / totals[live]).mean(0)  # every output dimension weighs the same
+    per_unit = shares[free.numel() :].reshape(units, -1).sum(1)
     tail = torch.cat([per_unit.flip(0).cumsum(0).flip(0), per_unit.new_zeros(1)])  # tail[k]: units k.. removed
-    total = energies.sum()
-    return (tail / total if total > 0 else torch.zeros_like(tail)).cpu()
+    return tail.cpu()
 
 
 def _cholesky(gram: torch.Tensor, ridge: float) -> torch.Tensor:

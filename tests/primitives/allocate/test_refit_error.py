@@ -1,5 +1,6 @@
 """Allocation by the refit's own error: the prefix curve from one Cholesky factor equals the least-squares refit's
-error at every kept count, and the allocation lands on the budget taking the cheapest error per parameter first."""
+error (per output dimension) at every kept count, and the allocation lands on the budget taking the cheapest error
+per parameter first."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from slimkit.primitives.select.plan import TargetOutOfReach
 
 
 def _least_squares_error(weight: torch.Tensor, inputs: torch.Tensor, kept_columns: list[int]) -> float:
-    """||W X - W' X_K||² / ||W X||² with W' the plain least-squares refit (explicit solve)."""
+    """Mean over output dimensions i of ||(W X - W' X_K)_i||² / ||(W X)_i||², W' the plain least-squares refit
+    (explicit solve)."""
     target = weight @ inputs
     if not kept_columns:
         return 1.0
     kept = inputs[kept_columns]
     refit = torch.linalg.lstsq(kept.T, target.T).solution.T
-    return float((target - refit @ kept).pow(2).sum() / target.pow(2).sum())
+    return float(((target - refit @ kept).pow(2).sum(1) / target.pow(2).sum(1)).mean())
 
 
 def test_the_prefix_curve_is_the_least_squares_refit_error_at_every_kept_count():
@@ -91,3 +93,13 @@ def test_a_consumer_reading_only_zeros_loses_nothing_and_a_non_finite_gram_is_re
     assert torch.equal(prefix_refit_errors(torch.ones(2, 2), torch.zeros(2, 2), columns, order), torch.zeros(3))
     with pytest.raises(ValueError, match="non-finite"):
         prefix_refit_errors(torch.ones(2, 2), torch.full((2, 2), float("nan")), columns, order)
+
+
+def test_one_massive_output_dimension_does_not_hide_the_others():
+    """Output 0 is a hundred times larger than output 1 and reads only unit 0: keeping unit 0 keeps almost all the
+    output energy, but half of the output dimensions lose everything."""
+    generator = torch.Generator().manual_seed(2)
+    inputs = torch.randn(2, 300, generator=generator, dtype=torch.float64)
+    weight = torch.tensor([[100.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    curve = prefix_refit_errors(weight, inputs @ inputs.T, torch.tensor([[0], [1]]), torch.tensor([0, 1]), 1e-12)
+    assert float(curve[1]) == pytest.approx(0.5, abs=0.02)  # output 1 lost (but its chance correlation with x0)
