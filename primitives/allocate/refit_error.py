@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import torch
 
 from slimkit.primitives.allocate.ranking import UnitCosts, total_removed
+from slimkit.primitives.allocate.steps import BudgetStep, take_cheapest
 from slimkit.primitives.select.plan import TargetOutOfReach
 
 
@@ -98,20 +98,7 @@ def _cholesky(gram: torch.Tensor, ridge: float) -> torch.Tensor:
     raise ValueError(f"the consumer's input Gram is not positive definite even with a ridge of {ridge / 10:g}")
 
 
-@dataclass(frozen=True)
-class _Step:
-    group: int
-    start: int  # kept count before the step
-    kept: int  # kept count after it
-    removed: int  # parameters the step removes
-    error: float  # relative error it adds
-
-    @property
-    def slope(self) -> float:
-        return self.error / self.removed
-
-
-def _hull_steps(index: int, cost: UnitCosts, errors: torch.Tensor) -> list[_Step]:
+def _hull_steps(index: int, cost: UnitCosts, errors: torch.Tensor) -> list[BudgetStep]:
     """The lower convex hull of one group's (parameters removed, relative error) over its allowed kept counts, as
     steps from the whole group."""
     points = [(cost.removed(k), float(errors[k]), k) for k in sorted(cost.allowed(), reverse=True)]
@@ -125,19 +112,7 @@ def _hull_steps(index: int, cost: UnitCosts, errors: torch.Tensor) -> list[_Step
             else:
                 break
         hull.append(point)
-    return [_Step(index, a[2], b[2], b[0] - a[0], max(b[1] - a[1], 0.0)) for a, b in itertools.pairwise(hull)]
-
-
-def _step_order(steps: list[_Step]) -> list[int]:
-    """Steps cheapest first; a group's steps keep their own order (each starts where the previous one ended), so
-    its slopes are read as non-decreasing (equal slopes differ by rounding on a straight curve)."""
-    keys: list[tuple[float, int, int]] = []
-    running: dict[int, float] = {}
-    for position, step in enumerate(steps):
-        slope = max(step.slope, running.get(step.group, 0.0))
-        running[step.group] = slope
-        keys.append((slope, step.group, position))
-    return sorted(range(len(steps)), key=keys.__getitem__)
+    return [BudgetStep(index, a[2], b[2], b[0] - a[0], max(b[1] - a[1], 0.0)) for a, b in itertools.pairwise(hull)]
 
 
 def allocate_by_error(errors: list[torch.Tensor], costs: list[UnitCosts], wanted: int, tolerance: int) -> list[int]:
@@ -153,19 +128,8 @@ def allocate_by_error(errors: list[torch.Tensor], costs: list[UnitCosts], wanted
     if wanted > most + tolerance:
         raise TargetOutOfReach(wanted, tolerance, most, None)
     steps = [step for i, (c, e) in enumerate(zip(costs, errors, strict=True)) for step in _hull_steps(i, c, e)]
-    order = _step_order(steps)
     kept = [cost.size for cost in costs]
-    blocked: set[int] = set()
-    removed = 0
-    for k in order:
-        step = steps[k]
-        if step.group in blocked or kept[step.group] != step.start:
-            continue
-        if removed + step.removed > wanted:
-            blocked.add(step.group)  # its later steps start from this one
-            continue
-        kept[step.group] = step.kept
-        removed += step.removed
+    removed = take_cheapest(steps, kept, wanted)
     removed = _fill(errors, costs, kept, removed, wanted)
     if removed < wanted - tolerance:
         raise TargetOutOfReach(wanted, tolerance, removed, None)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from slimkit.primitives.allocate.steps import BudgetStep, take_cheapest
 from slimkit.primitives.lowrank.allocation import dense_params, lowrank_params
 
 
@@ -123,19 +124,9 @@ def allocate_ranks(spectra: list[MatrixSpectrum], wanted: int, tolerance: int = 
     if most < wanted - tolerance:
         raise RankBudgetOutOfReach(wanted, most)
     steps = [step for i, spectrum in enumerate(spectra) for step in hull_steps(i, spectrum)]
-    order = sorted(range(len(steps)), key=lambda k: (steps[k].slope, steps[k].matrix, k))
     ranks: list[int | None] = [None] * len(spectra)
-    blocked: set[int] = set()
-    saved = 0
-    for k in order:
-        step = steps[k]
-        if step.matrix in blocked or ranks[step.matrix] != step.start:
-            continue
-        if saved + step.saved > wanted:
-            blocked.add(step.matrix)  # its later steps depend on this one
-            continue
-        ranks[step.matrix] = step.rank
-        saved += step.saved
+    budget_steps = [BudgetStep(s.matrix, s.start, s.rank, s.saved, s.error) for s in steps]
+    saved = take_cheapest(budget_steps, ranks, wanted)
     if saved < wanted - tolerance:
         raise ValueError(
             f"the rank steps land at {saved:,} parameters saved, more than the tolerance {tolerance:,} below {wanted:,}"
