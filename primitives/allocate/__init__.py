@@ -6,6 +6,9 @@
   (:func:`search_levels`).
 * :mod:`.fitness`: the search's fitness, the KL divergence of a candidate against cached dense log-probabilities
   (:func:`mean_kl`), and candidates assembled by masking units (:func:`masked_units`).
+* :mod:`.refit_error`: kept counts by the least-squares refit error of the units' consumer at every count
+  (:func:`~.refit_error.prefix_refit_errors`, :func:`~.refit_error.allocate_by_error`; ``by: refit_error``).
+* :mod:`.steps`: the cheapest-first sweep over items' hull steps under one budget (:func:`~.steps.take_cheapest`).
 * :mod:`.settings`: a stage's ``allocation`` argument (:func:`parse_allocation`).
 
 Method note: docs/methods/allocation.md.
