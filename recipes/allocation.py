@@ -55,7 +55,7 @@ from slimkit.primitives.device.offload import resident
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance.compose import score_groups
-from slimkit.primitives.importance.obs import OBS_CONSUMERS
+from slimkit.primitives.importance.obs import OBS_CONSUMERS, consumer_inputs
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach, check_shapes, keep_indices
 from slimkit.recipes.allocated import LayerAllocation, allocation_key
@@ -232,7 +232,7 @@ class UnitScores:
         held = batches[self.scoring_batches :]
         report: dict = {"method": _method(args)}
         try:
-            if isinstance(settings, GlobalSettings) and settings.by == "refit_error":
+            if self.by_error:
                 kept = allocate_by_error(self.errors, costs, wanted, tolerance)
                 report["by"] = "refit_error"
             elif isinstance(settings, GlobalSettings):
@@ -270,10 +270,9 @@ class UnitScores:
 
 def _refit_errors(group: Group, model: torch.nn.Module, stats: dict, scores: torch.Tensor) -> torch.Tensor:
     """The group's relative refit-error curve on the dense pass's consumer Gram, units kept in score order."""
-    member = next(m for m in group.members if m.param == "weight" and m.dim == 1)
-    consumer = stats["dense_consumers"][OBS_CONSUMERS[group.kind]]
+    weight, gram, columns = consumer_inputs(group, model, stats, "allocation by refit_error")
     order = torch.argsort(scores.double(), descending=True, stable=True)
-    return prefix_refit_errors(member.tensor(model), consumer.gram, member.indices, order)
+    return prefix_refit_errors(weight, gram, columns, order)
 
 
 def _layer_shares(costs: list[UnitCosts], kept: list[int]) -> dict[str, float]:

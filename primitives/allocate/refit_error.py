@@ -68,7 +68,7 @@ def prefix_refit_errors(
     occupied[columns.flatten()] = True
     free = torch.nonzero(~occupied).flatten()
     permutation = torch.cat([free, columns[order.to(g.device)].flatten()])
-    g = g[permutation][:, permutation]
+    g = g[permutation[:, None], permutation]  # one copy (ours: the ridge goes onto its diagonal in place)
     scale = float(g.diagonal().mean())
     if not math.isfinite(scale):
         raise ValueError("the consumer's input Gram has non-finite entries (NaN/inf activations)")
@@ -87,15 +87,17 @@ def prefix_refit_errors(
 
 
 def _cholesky(gram: torch.Tensor, ridge: float) -> torch.Tensor:
-    """Cholesky factor of ``gram + ridge I``, the ridge raised tenfold (up to six times) where rounding leaves it
-    indefinite (columns that are exact copies)."""
-    eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    """Cholesky factor of ``gram + ridge I`` (``gram``'s diagonal is raised in place: no second Gram-sized copy), the
+    ridge raised tenfold (up to six times) where rounding leaves it indefinite (columns that are exact copies)."""
+    added = 0.0
     for _ in range(6):
-        factor, info = torch.linalg.cholesky_ex(gram + ridge * eye)
+        gram.diagonal().add_(ridge - added)
+        added = ridge
+        factor, info = torch.linalg.cholesky_ex(gram)
         if int(info) == 0:
             return factor
         ridge *= 10.0
-    raise ValueError(f"the consumer's input Gram is not positive definite even with a ridge of {ridge / 10:g}")
+    raise ValueError(f"the consumer's input Gram is not positive definite even with a ridge of {added:g}")
 
 
 def _hull_steps(index: int, cost: UnitCosts, errors: torch.Tensor) -> list[BudgetStep]:
