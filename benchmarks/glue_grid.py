@@ -204,7 +204,13 @@ def task_model(task: str, seed: int, folder: Path, sets: list[str], opts: RunOpt
     report_path, recipe_path = folder / "report.json", folder / "model" / "recipe.yaml"
     wall = None
     report = None
-    base = {"id": model_id(task, seed), "task": task, "seed": seed, "name": "task-model"}
+    base = {
+        "id": model_id(task, seed),
+        "task": task,
+        "seed": seed,
+        "name": "task-model",
+        "device": opts.device or "cpu",
+    }
     if report_path.is_file() and recipe_path.is_file() and (folder / "model" / "config.json").is_file():
         recipe = yaml.safe_load(recipe_path.read_text()) or {}
         if recipe.get("task") == task and recipe.get("seed") == seed:
@@ -264,7 +270,7 @@ def compressed_row(
 ) -> dict[str, Any]:
     rid = row_id(task, row.name, ratio, seed)
     out: dict[str, Any] = {"id": rid, "task": task, "name": row.name, "recipe": row.recipe, "ratio": ratio}
-    out.update(seed=seed, status="ok")
+    out.update(seed=seed, device=opts.device or "cpu", status="ok")
     # Not strict: a row whose masks overshoot the target is measured and flagged (report target.met).
     sets = [f"model={model}", f"task={task}", f"seed={seed}", f"target.ratio={ratio}", "target.strict=false"]
     index = mask_stage_index(row.recipe)
@@ -402,7 +408,12 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}`  ",
         f"Machine: {result['machine'].get('cpu', '?')}, {result['machine'].get('cores', '?')} cores"
-        f"{', ' + result['device'] if result.get('device') else ''}; wall {result.get('wall_s', 0):.0f} s.",
+        f"{', ' + result['device'] if result.get('device') else ''}; wall {result.get('wall_s', 0):.0f} s."
+        + (
+            f" Finished rows reused from `{result['reused_from']}` (the device of each run is in the last table)."
+            if result.get("reused_from")
+            else ""
+        ),
         "",
         "Dev metric (accuracy; STS-B: Spearman) as mean [min-max] over the seeds that finished. Sparsity: Eq. 30 of "
         "the binary masks. Settle gap: mean |expected sparsity - target| over the last fifth of the mask steps.",
@@ -437,16 +448,17 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## Every run",
         "",
-        "| run | dev metric | Eq. 30 sparsity | expected sparsity at every tenth of the mask steps | masked = fused | "
-        "status |",
-        "| --- | ---: | ---: | --- | ---: | --- |",
+        "| run | device | dev metric | Eq. 30 sparsity | expected sparsity at every tenth of the mask steps | "
+        "masked = fused | status |",
+        "| --- | --- | ---: | ---: | --- | ---: | --- |",
     ]
     for row in rows:
         trace = " ".join(f"{v:.2f}" for v in row.get("trace") or []) or "-"
         agreement = (row.get("masked_vs_fused") or {}).get("prediction_agreement")
         status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row.get('reason', '')}"
         lines.append(
-            f"| {row['id']} | {_fmt(row.get('value'), '.4f')} | {_fmt(row.get('binary_sparsity'), '.2%')} | {trace} | "
+            f"| {row['id']} | {row.get('device') or result.get('device') or 'cpu'} | {_fmt(row.get('value'), '.4f')} | "
+            f"{_fmt(row.get('binary_sparsity'), '.2%')} | {trace} | "
             f"{_fmt(agreement, '.3f')} | {status} |"
         )
     return "\n".join(lines) + "\n"
@@ -459,21 +471,27 @@ def job_id(job: tuple[Any, ...]) -> str:
 
 def reused_rows(path: Path, jobs: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
     """The jobs an earlier results file finished: compressed rows with status ok, and task models whose folder still
-    holds the model (a task model that is gone is trained again, for the rows still to run)."""
+    holds the model or whose rows are all finished (a task model that is gone is trained again only when a row still
+    needs it). Each kept row records the device it ran on (an older file's rows: the file's ``device``)."""
     if not path.is_file():
         raise BenchError(f"--reuse: {path} is not a file")
     try:
-        earlier = {row["id"]: row for row in json.loads(path.read_text()).get("rows", [])}
+        data = json.loads(path.read_text())
+        earlier = {row["id"]: {"device": data.get("device") or "cpu", **row} for row in data.get("rows", [])}
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise BenchError(f"--reuse: {path} is not a glue_grid results file ({error})") from None
     kept = {}
     for job in jobs:
         row = earlier.get(job_id(job))
-        if row is None or row.get("status") != "ok":
+        if row is not None and row.get("status") == "ok" and job[0] == "row":
+            kept[job] = row
+    for job in jobs:
+        row = earlier.get(job_id(job))
+        if job[0] != "model" or row is None or row.get("status") != "ok":
             continue
-        if job[0] == "model" and not (Path(row.get("model") or "") / "config.json").is_file():
-            continue
-        kept[job] = row
+        needed = any(j[0] == "row" and j[1:3] == job[1:3] and j not in kept for j in jobs)
+        if not needed or (Path(row.get("model") or "") / "config.json").is_file():
+            kept[job] = row
     return kept
 
 
@@ -537,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         "claims": [],
     }
     if done:
+        result["reused_from"] = str(args.reuse)
         print(f"reusing {len(done)} finished rows of {args.reuse}", flush=True)
     lock = threading.Condition()
     pending = [job for job in jobs if job not in done]

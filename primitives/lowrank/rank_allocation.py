@@ -48,21 +48,6 @@ class MatrixSpectrum:
         return 0 if rank is None else dense_params(self.d_in, self.d_out) - lowrank_params(self.d_in, self.d_out, rank)
 
 
-@dataclass(frozen=True)
-class HullStep:
-    """One step of a matrix's lower convex hull: from ``start`` (None: dense) to rank ``rank``."""
-
-    matrix: int
-    start: int | None
-    rank: int
-    saved: int
-    error: float
-
-    @property
-    def slope(self) -> float:
-        return self.error / self.saved
-
-
 class RankBudgetOutOfReach(ValueError):
     """No allocation of the ranks saves the wanted parameters (``most``: every matrix at its lowest rank)."""
 
@@ -94,8 +79,9 @@ def relative_tail(energies: torch.Tensor) -> torch.Tensor:
     return tail / total if total > 0 else torch.zeros_like(tail)
 
 
-def hull_steps(index: int, spectrum: MatrixSpectrum) -> list[HullStep]:
-    """The lower convex hull of one matrix's (parameters saved, relative error) options, as steps from dense."""
+def hull_steps(index: int, spectrum: MatrixSpectrum) -> list[BudgetStep]:
+    """The lower convex hull of one matrix's (parameters saved, relative error) options, as steps from dense (state
+    None) to ranks: ``end`` the rank, ``amount`` the parameters the step saves, ``cost`` the relative error it adds."""
     low, high = spectrum.min_rank, min(spectrum.max_rank, spectrum.energies.numel())
     if high < 1 or low > high:
         return []
@@ -105,10 +91,10 @@ def hull_steps(index: int, spectrum: MatrixSpectrum) -> list[HullStep]:
     # the rank where the first step (dense -> r) costs least per parameter; ties: the lowest rank (saves most)
     first = int(torch.argmin(tail[ranks] / saved))
     best = int(ranks[first])
-    steps = [HullStep(index, None, best, int(saved[first]), float(tail[best]))]
+    steps = [BudgetStep(index, None, best, int(saved[first]), float(tail[best]))]
     width = spectrum.d_in + spectrum.d_out
     for rank in range(best - 1, low - 1, -1):
-        steps.append(HullStep(index, rank + 1, rank, width, float(tail[rank] - tail[rank + 1])))
+        steps.append(BudgetStep(index, rank + 1, rank, width, float(tail[rank] - tail[rank + 1])))
     return steps
 
 
@@ -125,8 +111,7 @@ def allocate_ranks(spectra: list[MatrixSpectrum], wanted: int, tolerance: int = 
         raise RankBudgetOutOfReach(wanted, most)
     steps = [step for i, spectrum in enumerate(spectra) for step in hull_steps(i, spectrum)]
     ranks: list[int | None] = [None] * len(spectra)
-    budget_steps = [BudgetStep(s.matrix, s.start, s.rank, s.saved, s.error) for s in steps]
-    saved = take_cheapest(budget_steps, ranks, wanted)
+    saved = take_cheapest(steps, ranks, wanted)
     if saved < wanted - tolerance:
         raise ValueError(
             f"the rank steps land at {saved:,} parameters saved, more than the tolerance {tolerance:,} below {wanted:,}"
@@ -139,7 +124,6 @@ def saved_params(spectra: list[MatrixSpectrum], ranks: list[int | None]) -> int:
 
 
 __all__ = [
-    "HullStep",
     "MatrixSpectrum",
     "RankBudgetOutOfReach",
     "allocate_ranks",

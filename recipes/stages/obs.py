@@ -47,6 +47,7 @@ from slimkit.primitives.arch import LayerView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance import ScorerSpec, parse_scorer
+from slimkit.primitives.importance.obs import OBS_CONSUMERS
 from slimkit.primitives.reconstruct import DEFAULT_OBS_DAMPING, embed_columns, obs_prune, output_error
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import Fraction, SelectionRules, check_shapes, kept_counts, validate_counts
@@ -59,8 +60,6 @@ from slimkit.recipes.stages.scoring import roles_of
 from slimkit.recipes.stages.selection import SelectionArgs
 
 ObsKind = Literal["mlp_channel", "attention_head"]
-CONSUMER: dict[str, str] = {"mlp_channel": "down", "attention_head": "o"}
-"""The projection that reads each kind's units (its input columns are the OBS groups)."""
 
 
 class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
@@ -88,10 +87,10 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
         return roles_of(self.groups)
 
     def layer_grams(self) -> frozenset[str]:
-        return frozenset(CONSUMER[kind] for kind in self.groups)
+        return frozenset(OBS_CONSUMERS[kind] for kind in self.groups)
 
     def rewrites_kept(self) -> frozenset[str]:
-        return frozenset(CONSUMER[kind] for kind in self.groups)
+        return frozenset(OBS_CONSUMERS[kind] for kind in self.groups)
 
 
 def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch.Tensor:
@@ -104,7 +103,7 @@ def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch
 
 def _consumer(layer: LayerView, kind: str, stats: dict) -> nn.Linear:
     """The consumer of ``kind`` in ``layer``, checked to be the plain dense projection the statistics saw."""
-    role = CONSUMER[kind]
+    role = OBS_CONSUMERS[kind]
     module = layer.linear(role)
     snapshot = stats["dense_consumers"][role]
     weight = getattr(module, "weight", None)
@@ -123,7 +122,7 @@ def _consumer(layer: LayerView, kind: str, stats: dict) -> nn.Linear:
 
 def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats: dict, damping: float) -> dict:
     """Greedy OBS on the group's consumer, then remove the chosen units and write the updated consumer."""
-    role = CONSUMER[group.kind]
+    role = OBS_CONSUMERS[group.kind]
     module = _consumer(layer, group.kind, stats)
     snapshot = stats["dense_consumers"][role]
     columns = consumer_columns(group, module, ctx.model)
@@ -206,7 +205,7 @@ def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, sta
         _consumer(layer, group.kind, stats)
     entry = _report(ctx, args, fraction)
     for group, kept in zip(groups, counts, strict=True):
-        role = CONSUMER[group.kind]
+        role = OBS_CONSUMERS[group.kind]
         entry["layers"].setdefault(role, {})[str(layer.index)] = _prune_group(
             ctx, layer, group, kept, stats, args.damping
         )

@@ -747,12 +747,19 @@ def test_glue_grid_reuses_finished_rows_of_an_earlier_run(tmp_path):
         {"id": "sst2:sp3-bert@50#s0", "status": "ok", "value": 0.8},
         {"id": "sst2:cofi-bert@50#s0", "status": "failed", "reason": "stopped at the deadline"},
     ]
-    earlier.write_text(json.dumps({"rows": rows}))
+    earlier.write_text(json.dumps({"device": "cuda", "rows": rows}))
     jobs = [("model", "sst2", 0), ("model", "rte", 0), ("row", "sst2", 0, "sp3-bert", 0.5)]
-    jobs += [("row", "sst2", 0, "cofi-bert", 0.5), ("row", "sst2", 1, "sp3-bert", 0.5)]
+    jobs += [("row", "sst2", 0, "cofi-bert", 0.5), ("row", "sst2", 1, "sp3-bert", 0.5), ("row", "rte", 0, "x", 0.5)]
     kept = reused_rows(earlier, jobs)
-    # the finished row and the task model still on disk; not the failed row, the lost model or an unrun seed
+    # the finished row and the task model still on disk; not the failed row, the lost model a row still needs, or
+    # an unrun seed; every kept row says where it ran
     assert set(kept) == {("model", "sst2", 0), ("row", "sst2", 0, "sp3-bert", 0.5)}
+    assert {row["device"] for row in kept.values()} == {"cuda"}
+    # a lost task model none of whose rows is left to run is kept (not trained again for nothing)
+    rows += [{"id": "rte:x@50#s0", "status": "ok", "value": 0.5, "device": "cpu"}]
+    earlier.write_text(json.dumps({"device": "cuda", "rows": rows}))
+    kept = reused_rows(earlier, jobs)
+    assert ("model", "rte", 0) in kept and kept[("row", "rte", 0, "x", 0.5)]["device"] == "cpu"
 
 
 def test_scale_power_fit_and_recipe_without_recovery():

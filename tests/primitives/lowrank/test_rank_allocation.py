@@ -41,11 +41,11 @@ def test_hull_starts_at_the_cheapest_rank_per_parameter_and_its_slopes_rise():
     s = spectrum([8.0, 1.0, 0.5, 0.3, 0.2])  # total 10: tails 0.2, 0.1, 0.05, 0.02 at ranks 1..4
     steps = hull_steps(0, s)
     # error per parameter: rank 4 0.02/20 = 0.001, rank 3 0.05/40, rank 2 0.1/60, rank 1 0.2/80 -> rank 4 first
-    assert (steps[0].start, steps[0].rank, steps[0].saved) == (None, 4, 20)
-    assert [(st.start, st.rank) for st in steps[1:]] == [(4, 3), (3, 2), (2, 1)]
+    assert (steps[0].start, steps[0].end, steps[0].amount) == (None, 4, 20)
+    assert [(st.start, st.end) for st in steps[1:]] == [(4, 3), (3, 2), (2, 1)]
     slopes = [st.slope for st in steps]
     assert slopes == sorted(slopes)
-    assert [st.saved for st in steps[1:]] == [20, 20, 20]
+    assert [st.amount for st in steps[1:]] == [20, 20, 20]
 
 
 def test_the_matrix_whose_energy_is_concentrated_loses_more():
