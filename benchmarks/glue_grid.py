@@ -18,7 +18,9 @@ Lagrangian settled). Claims (``claims:`` in the grid file, ``A > B`` per task an
 with every seed of ``B`` (:func:`benchmarks.claims.compare`): holds, does not hold, or within noise.
 
 ``--reuse EARLIER.json`` keeps the finished rows of an earlier run of the grid and runs the rest (a grid larger than
-one device session, continued in the next: task models whose folder is gone are trained again first).
+one device session, continued in the next: task models whose folder is gone are trained again first); ``--rerun
+ID,...`` runs those finished rows again (e.g. rows whose task model was trained on another device, rerun on this
+one's task models so that both sides of a claim start from the same ones). Each row records its device.
 
 Bad options or grid files print one ``error: ...`` line and exit 2; a failed run becomes a "failed" row.
 """
@@ -139,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reuse", type=Path, default=None, help="an earlier results .json of this grid: its finished rows are kept"
     )
+    parser.add_argument("--rerun", default=None, help="with --reuse: these row ids run again (comma-separated)")
     parser.add_argument("--task-models", type=Path, default=Path("runs/glue-task-models"), help="task-model runs")
     parser.add_argument("--keep", type=Path, default=Path("runs/bench-glue"), help="folder of the row runs")
     parser.add_argument("--name", default="glue", help="results are OUT/<date>-<name>.*")
@@ -533,6 +536,12 @@ def main(argv: list[str] | None = None) -> int:
                 for ratio in row.ratios or grid.settings.ratios
             ]
         done = reused_rows(args.reuse, jobs) if args.reuse else {}
+        if args.rerun is not None:
+            if args.reuse is None:
+                raise BenchError("--rerun needs --reuse")
+            ids = {job_id(j): j for j in jobs if j[0] == "row"}
+            rerun = _csv(args.rerun, str, list(ids), "rerun") or []
+            done = {job: row for job, row in done.items() if job_id(job) not in rerun}
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
