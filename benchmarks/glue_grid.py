@@ -131,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--grid", type=Path, default=GRID_FILE, help="the grid file (default grid-glue.yaml)")
     parser.add_argument("--tasks", default=None, help="only these tasks (comma-separated; default: the grid's)")
     parser.add_argument("--seeds", default=None, help="only these seeds (comma-separated; default: the grid's)")
+    parser.add_argument("--ratios", default=None, help="only these ratios (comma-separated, e.g. 0.7)")
     parser.add_argument("--rows", default=None, help="only these rows (comma-separated names; default: all)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every row")
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time (use with --threads 1)")
@@ -518,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         grid = load_glue_grid(args.grid)
         tasks = _csv(args.tasks, str, grid.settings.tasks, "tasks") or grid.settings.tasks
         seeds = _csv(args.seeds, int, grid.settings.seeds, "seeds") or grid.settings.seeds
+        all_ratios = sorted({*grid.settings.ratios, *(r for row in grid.rows for r in row.ratios or [])})
+        only = _csv(args.ratios, float, all_ratios, "ratios") or all_ratios
         names = _csv(args.rows, str, [r.name for r in grid.rows], "rows") or [r.name for r in grid.rows]
         if args.threads is not None and args.threads < 1:
             raise BenchError(f"--threads must be at least 1, got {args.threads}")
@@ -534,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                 for task in tasks
                 for row in rows
                 for ratio in row.ratios or grid.settings.ratios
+                if ratio in only
             ]
         done = reused_rows(args.reuse, jobs) if args.reuse else {}
         if args.rerun is not None:

@@ -733,6 +733,7 @@ def test_glue_grid_claims_over_seeds_and_table(tmp_path):
     assert main(["--jobs", "0"]) == 2 and main(["--deadline-s", "0"]) == 2
     assert main(["--reuse", str(tmp_path / "missing.json")]) == 2
     assert main(["--rerun", "sst2:sp3-bert@50#s0"]) == 2  # needs --reuse
+    assert main(["--ratios", "0.3"]) == 2
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"rows": []}))
     assert main(["--reuse", str(earlier), "--rerun", "sst2:nope@50#s0"]) == 2
