@@ -214,10 +214,10 @@ def check_memory_plan(recipe: Recipe, placement: Any, model: Any = None) -> Memo
 
 def _source_config(recipe: Recipe) -> Any:
     from slimkit.primitives.io.load import folder_config
-    from slimkit.primitives.sources import check_source
+    from slimkit.primitives.sources import resolve_source
 
-    folder, _info = check_source(recipe.model.source)
-    return folder_config(folder)
+    folder, _info = resolve_source(recipe.model.source)
+    return folder_config(folder)  # checks the folder as slimkit.load does
 
 
 OOM_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
