@@ -419,8 +419,9 @@ def markdown(result: dict[str, Any]) -> str:
             else ""
         ),
         "",
-        "Dev metric (accuracy; STS-B: Spearman) as mean [min-max] over the seeds that finished. Sparsity: Eq. 30 of "
-        "the binary masks. Settle gap: mean |expected sparsity - target| over the last fifth of the mask steps.",
+        "Dev metric (accuracy; STS-B: Spearman) as mean [min-max] over the seeds that finished (with the seeds per "
+        "device where they ran on more than one; seconds are then means over devices). Sparsity: Eq. 30 of the binary "
+        "masks. Settle gap: mean |expected sparsity - target| over the last fifth of the mask steps.",
         "",
         "| task | row | seeds | dev metric | Eq. 30 sparsity | settle gap | mask steps | s/step | wall s |",
         "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
@@ -435,8 +436,12 @@ def markdown(result: dict[str, Any]) -> str:
         def avg(key: str, members: list[dict[str, Any]] = ok) -> float | None:
             return _mean([m[key] for m in members if m.get(key) is not None])
 
+        devices = [m.get("device") or result.get("device") or "cpu" for m in ok]
+        mixed = (
+            f" ({', '.join(f'{d} {devices.count(d)}' for d in sorted(set(devices)))})" if len(set(devices)) > 1 else ""
+        )
         lines.append(
-            f"| {task} | {label} | {len(ok)}/{len(members)} | {_spread([m['value'] for m in ok])} | "
+            f"| {task} | {label} | {len(ok)}/{len(members)}{mixed} | {_spread([m['value'] for m in ok])} | "
             f"{_fmt(avg('binary_sparsity'), '.2%')} | {_fmt(avg('settle_gap'), '.3f')} | "
             f"{_fmt(avg('mask_steps'), '.0f')} | {_fmt(avg('seconds_per_step'), '.3f')} | "
             f"{_fmt(avg('wall_s'), '.0f')} |"

@@ -726,6 +726,8 @@ def test_glue_grid_claims_over_seeds_and_table(tmp_path):
     result = {"name": "t", "date": "d", "command": "c", "machine": {}, "rows": rows, "claims": [], "wall_s": 1}
     table = markdown(result)
     assert "| sst2 | sp3-bert@50 | 2/2 | 0.8050 [0.8000-0.8100] |" in table
+    rows[1]["device"] = "cuda"  # seeds run on two devices: the row says how many on each
+    assert "| sst2 | sp3-bert@50 | 2/2 (cpu 1, cuda 1) | 0.8050" in markdown({**result, "rows": rows})
     bad = tmp_path / "bad.yaml"
     bad.write_text("rows: [{name: a, recipe: sp3-bert}]\nclaims: [{id: x, claim: c, source: s, better: a, worse: b}]\n")
     assert main(["--grid", str(bad)]) == 2
