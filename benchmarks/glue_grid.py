@@ -389,6 +389,11 @@ def decide_claims(
     return decided
 
 
+def _device(row: dict[str, Any], result: dict[str, Any]) -> str:
+    """Where ``row`` ran (a row of an older results file: the file's device)."""
+    return row.get("device") or result.get("device") or "cpu"
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -436,7 +441,7 @@ def markdown(result: dict[str, Any]) -> str:
         def avg(key: str, members: list[dict[str, Any]] = ok) -> float | None:
             return _mean([m[key] for m in members if m.get(key) is not None])
 
-        devices = [m.get("device") or result.get("device") or "cpu" for m in ok]
+        devices = [_device(m, result) for m in ok]
         mixed = (
             f" ({', '.join(f'{d} {devices.count(d)}' for d in sorted(set(devices)))})" if len(set(devices)) > 1 else ""
         )
@@ -466,7 +471,7 @@ def markdown(result: dict[str, Any]) -> str:
         agreement = (row.get("masked_vs_fused") or {}).get("prediction_agreement")
         status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row.get('reason', '')}"
         lines.append(
-            f"| {row['id']} | {row.get('device') or result.get('device') or 'cpu'} | {_fmt(row.get('value'), '.4f')} | "
+            f"| {row['id']} | {_device(row, result)} | {_fmt(row.get('value'), '.4f')} | "
             f"{_fmt(row.get('binary_sparsity'), '.2%')} | {trace} | "
             f"{_fmt(agreement, '.3f')} | {status} |"
         )
@@ -478,10 +483,13 @@ def job_id(job: tuple[Any, ...]) -> str:
     return model_id(job[1], job[2]) if job[0] == "model" else row_id(job[1], job[3], job[4], job[2])
 
 
-def reused_rows(path: Path, jobs: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+def reused_rows(
+    path: Path, jobs: list[tuple[Any, ...]], rerun: frozenset[str] = frozenset()
+) -> dict[tuple[Any, ...], dict[str, Any]]:
     """The jobs an earlier results file finished: compressed rows with status ok, and task models whose folder still
     holds the model or whose rows are all finished (a task model that is gone is trained again only when a row still
-    needs it). Each kept row records the device it ran on (an older file's rows: the file's ``device``)."""
+    needs it; rows whose id is in ``rerun`` are not kept). Each kept row records the device it ran on (an older file's
+    rows: the file's ``device``)."""
     if not path.is_file():
         raise BenchError(f"--reuse: {path} is not a file")
     try:
@@ -489,17 +497,11 @@ def reused_rows(path: Path, jobs: list[tuple[Any, ...]]) -> dict[tuple[Any, ...]
         earlier = {row["id"]: {"device": data.get("device") or "cpu", **row} for row in data.get("rows", [])}
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise BenchError(f"--reuse: {path} is not a glue_grid results file ({error})") from None
-    kept = {}
-    for job in jobs:
-        row = earlier.get(job_id(job))
-        if row is not None and row.get("status") == "ok" and job[0] == "row":
-            kept[job] = row
-    for job in jobs:
-        row = earlier.get(job_id(job))
-        if job[0] != "model" or row is None or row.get("status") != "ok":
-            continue
-        needed = any(j[0] == "row" and j[1:3] == job[1:3] and j not in kept for j in jobs)
-        if not needed or (Path(row.get("model") or "") / "config.json").is_file():
+    finished = {job: earlier[job_id(job)] for job in jobs if earlier.get(job_id(job), {}).get("status") == "ok"}
+    kept = {job: row for job, row in finished.items() if job[0] == "row" and job_id(job) not in rerun}
+    to_run = {job[1:3] for job in jobs if job[0] == "row" and job not in kept}  # (task, seed) of rows still to run
+    for job, row in finished.items():
+        if job[0] == "model" and (job[1:3] not in to_run or (Path(row.get("model") or "") / "config.json").is_file()):
             kept[job] = row
     return kept
 
@@ -544,13 +546,10 @@ def main(argv: list[str] | None = None) -> int:
                 for ratio in row.ratios or grid.settings.ratios
                 if ratio in only
             ]
-        done = reused_rows(args.reuse, jobs) if args.reuse else {}
-        if args.rerun is not None:
-            if args.reuse is None:
-                raise BenchError("--rerun needs --reuse")
-            ids = {job_id(j): j for j in jobs if j[0] == "row"}
-            rerun = _csv(args.rerun, str, list(ids), "rerun") or []
-            done = {job: row for job, row in done.items() if job_id(job) not in rerun}
+        if args.rerun is not None and args.reuse is None:
+            raise BenchError("--rerun needs --reuse")
+        rerun = _csv(args.rerun, str, [job_id(j) for j in jobs if j[0] == "row"], "rerun") or []
+        done = reused_rows(args.reuse, jobs, frozenset(rerun)) if args.reuse else {}
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

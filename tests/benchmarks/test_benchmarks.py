@@ -767,6 +767,9 @@ def test_glue_grid_reuses_finished_rows_of_an_earlier_run(tmp_path):
     earlier.write_text(json.dumps({"device": "cuda", "rows": rows}))
     kept = reused_rows(earlier, jobs)
     assert ("model", "rte", 0) in kept and kept[("row", "rte", 0, "x", 0.5)]["device"] == "cpu"
+    # a row run again needs its task model: the lost one is then trained again
+    kept = reused_rows(earlier, jobs, frozenset({"rte:x@50#s0"}))
+    assert ("model", "rte", 0) not in kept and ("row", "rte", 0, "x", 0.5) not in kept
 
 
 def test_scale_power_fit_and_recipe_without_recovery():
