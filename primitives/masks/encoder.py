@@ -22,7 +22,7 @@ from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.masks.hooks import apply_masks
-from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues, apply_rank_prior
 from slimkit.primitives.masks.settings import EncoderHidden, EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import binarize, dense_size, expected_size
 from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
@@ -360,6 +360,8 @@ def train_encoder_masks(
         init_drop=settings.init_drop,
         seed=seed,
     )
+    if settings.rank_prior > 0:
+        apply_rank_prior(masks, settings.rank_prior)
     residual = residual_mode(settings.hidden)
     total = dense_size(shape)
     goal = MaskTarget(target, total)

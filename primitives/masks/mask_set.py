@@ -349,3 +349,20 @@ class MaskSet(nn.Module):
 
     def forward(self) -> MaskValues:
         return self.sample() if self.training else self.deterministic()
+
+
+def apply_rank_prior(masks: MaskSet, spread: float) -> None:
+    """Tilt the start of every hidden gate on a PCA-ordered stream by its coordinate's rank, in place.
+
+    Coordinate ``k`` of a ``d``-wide gate (a decoder's per-group gate, an encoder's per-norm gate: both
+    streams are in decreasing order of explained variance after the projection) moves by
+    ``spread · (1/2 − k/(d − 1))``: the first component gains ``spread/2``, the last loses as much, the mean
+    ``log α`` is unchanged. CoFi's start draws the same noise on every coordinate, and in a PCA basis a
+    dropped leading component costs far more than a dropped trailing one. A shared (CoFi) hidden gate is on
+    raw dimensions and is left alone.
+    """
+    for gate in [*(masks.group_hidden or ()), *(masks.norm_hidden or ())]:
+        d = gate.log_alpha.numel()
+        ranks = torch.arange(d, dtype=gate.log_alpha.dtype, device=gate.log_alpha.device)
+        with torch.no_grad():
+            gate.log_alpha.add_(spread * (0.5 - ranks / max(d - 1, 1)))

@@ -38,6 +38,10 @@ class MaskSettings(BaseModel):
     distill: float = Field(0.0, ge=0)
     """Weight of the distillation loss to the unmasked model's logits (decoders: KL of the next-token
     distributions; encoders: KL for classification, MSE for regression; 0: the task loss alone)."""
+    rank_prior: float = Field(0.0, ge=0)
+    """Spread of the hidden gates' initial log alpha over their principal-component rank (our addition): coordinate k
+    of a d-wide gate starts at log alpha + rank_prior · (1/2 − k/(d−1)) (0: CoFi's uniform start). Needs gates on a
+    PCA-ordered stream: a decoder's per-group gates, an encoder's per_norm gates."""
 
 
 class StreamMaskSettings(MaskSettings):
@@ -47,13 +51,16 @@ class StreamMaskSettings(MaskSettings):
     """Hidden-dimension gates, one per layer group, besides the FFN filter gates (false: filters only)."""
     mask_steps: int = Field(100, ge=1)
     """Optimizer steps with the masks (after ``finetune_steps``); then they are binarised and fused."""
-    rank_prior: float = Field(0.0, ge=0)
-    """Spread of the hidden gates' initial log alpha over their principal-component rank: coordinate k of a group
-    starts at log alpha + rank_prior · (1/2 − k/(d−1)) (0: CoFi's uniform start)."""
     kept_value: Literal["trained", "one"] = "trained"
     """What a kept mask entry is fused as: trained (its deterministic value, sigmoid(log alpha) stretched and
     clamped, usually below 1: SP3 §3.3) or one (the 0/1 mask alone: kept units keep their weights unscaled), to
     separate the fractional values (sp3-llm's D5) from the training budget."""
+
+    @model_validator(mode="after")
+    def _prior_needs_hidden(self) -> StreamMaskSettings:
+        if self.rank_prior > 0 and not self.hidden:
+            raise ValueError(f"rank_prior: {self.rank_prior:g} tilts the hidden gates; hidden: false has none")
+        return self
 
     @property
     def total_steps(self) -> int:
@@ -98,6 +105,11 @@ class EncoderMaskSettings(MaskSettings):
     def _some_mask_steps(self) -> EncoderMaskSettings:
         if self.dimension_steps + self.joint_steps < 1:
             raise ValueError("dimension_steps + joint_steps must be >= 1")
+        if self.rank_prior > 0 and self.hidden != "per_norm":
+            raise ValueError(
+                f"rank_prior: {self.rank_prior:g} orders gates by principal-component rank, which needs "
+                f"hidden: per_norm (after pca_project_post); hidden: {self.hidden} has none: set rank_prior: 0"
+            )
         joining = [name for name in ("head", "layer") if getattr(self, name)]
         if joining and self.joint_steps < 1:
             raise ValueError(

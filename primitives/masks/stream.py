@@ -21,7 +21,7 @@ from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
 from slimkit.primitives.masks.hooks import apply_masks
-from slimkit.primitives.masks.mask_set import MaskSet, MaskShape
+from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, apply_rank_prior
 from slimkit.primitives.masks.settings import StreamMaskSettings
 from slimkit.primitives.masks.sparsity import binarize, stream_model_size
 from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
@@ -37,16 +37,6 @@ def _kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         )
         / student.shape[1]
     )
-
-
-def apply_rank_prior(masks: MaskSet, spread: float) -> None:
-    """Tilt each hidden gate's start by the rank of its coordinate (the stream is in PCA order)."""
-    for gate in masks.group_hidden or ():
-        d = gate.log_alpha.numel()
-        ranks = torch.arange(d, dtype=gate.log_alpha.dtype, device=gate.log_alpha.device)
-        tilt = spread * (0.5 - ranks / max(d - 1, 1))
-        with torch.no_grad():
-            gate.log_alpha.add_(tilt)
 
 
 def train_stream_masks(
@@ -141,4 +131,4 @@ def train_stream_masks(
     }
 
 
-__all__ = ["apply_rank_prior", "train_stream_masks"]
+__all__ = ["train_stream_masks"]

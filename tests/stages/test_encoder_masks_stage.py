@@ -65,6 +65,11 @@ def model_dirs(tmp_path):
             ["stages.2.args.joint_steps=0"],
             "stages.2: args: joint_steps: 0 leaves the head and layer gates untrained",
         ),
+        (
+            "bert",
+            ["stages.2.args.hidden=shared", "stages.2.args.rank_prior=4"],
+            "stages.2: args: rank_prior: 4 orders gates by principal-component rank, which needs hidden: per_norm",
+        ),
     ],
 )
 def test_cli_refuses_in_one_line(monkeypatch, capsys, tmp_path, model_dirs, model, changes, fragment):

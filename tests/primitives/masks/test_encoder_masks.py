@@ -112,6 +112,35 @@ def test_per_norm_mask_set_maps_one_gate_per_norm():
     assert len(masks.level_parameters("dimension")) == 2 * LAYERS + 1 + LAYERS  # norms + filters
 
 
+def test_rank_prior_tilts_every_per_norm_gate_and_not_a_shared_one():
+    from slimkit.primitives.masks.mask_set import apply_rank_prior
+
+    shape = MaskShape.from_view(slimkit.primitives.arch.ModelView(_model()))
+    masks = MaskSet(shape, hidden="per_norm", intermediate=False, init_std=0.0, init_drop=0.05)
+    start = float(masks.norm_hidden[0].log_alpha.detach()[0])  # log(0.95 / 0.05) everywhere
+    apply_rank_prior(masks, 4.0)
+    for gate in masks.norm_hidden:  # coordinate k of 32 moves by 4 (1/2 - k/31): +2 first, -2 last, mean kept
+        expected = start + 4.0 * (0.5 - torch.arange(D) / (D - 1))
+        torch.testing.assert_close(gate.log_alpha.detach(), expected)
+    assert float(masks.gates["f"][0].log_alpha.detach()[0]) == pytest.approx(start)  # filter gates are not PCA-ordered
+    shared = MaskSet(shape, hidden="shared", intermediate=False, init_std=0.0, init_drop=0.05)
+    apply_rank_prior(shared, 4.0)
+    assert bool((shared.shared_hidden.log_alpha == start).all())
+
+
+def test_rank_prior_needs_pca_ordered_hidden_gates():
+    from pydantic import ValidationError
+
+    from slimkit.primitives.masks.settings import StreamMaskSettings
+
+    assert EncoderMaskSettings(rank_prior=4.0).rank_prior == 4.0
+    for hidden in ("shared", "none"):
+        with pytest.raises(ValidationError, match=f"needs hidden: per_norm .*hidden: {hidden} has none"):
+            EncoderMaskSettings(hidden=hidden, rank_prior=4.0)
+    with pytest.raises(ValidationError, match="hidden: false has none"):
+        StreamMaskSettings(hidden=False, rank_prior=4.0)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fused_per_norm_model_equals_the_masked_projected_model(seed):
     model = _projected()
@@ -172,9 +201,10 @@ def test_shared_mode_slices_layernorms_and_counts_blocks():
 def test_training_reaches_the_target_and_reports():
     model = _projected()
     batches = [_batch(30 + i, batch=4, labels=True) for i in range(3)]
-    settings = EncoderMaskSettings(finetune_steps=1, dimension_steps=3, joint_steps=3, distill=1.0)
+    settings = EncoderMaskSettings(finetune_steps=1, dimension_steps=3, joint_steps=3, distill=1.0, rank_prior=2.0)
     report = train_encoder_masks(model, batches, settings, 0.4, check_batches=[_batch(7)])
     assert report["steps"] == 7 and report["levels"] == ["dimension", "head", "layer"]
+    assert report["config"]["rank_prior"] == 2.0
     assert report["binary_sparsity"] >= 0.4
     assert report["binary_sparsity"] <= 0.4 + 0.005  # the budget-aware selection, default tolerance
     placeholder = report["fused"]["placeholder_params"]

@@ -174,7 +174,7 @@ def test_mask_training_meets_the_target_and_the_run_reloads(tmp_path, tiny_llama
 
 
 def test_rank_prior_starts_the_gates_in_principal_component_order():
-    from slimkit.primitives.masks.stream import apply_rank_prior
+    from slimkit.primitives.masks.mask_set import apply_rank_prior
 
     model = _projected("llama-untied")
     masks = MaskSet.from_view(
