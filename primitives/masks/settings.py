@@ -105,16 +105,20 @@ class EncoderMaskSettings(MaskSettings):
     def _some_mask_steps(self) -> EncoderMaskSettings:
         if self.dimension_steps + self.joint_steps < 1:
             raise ValueError("dimension_steps + joint_steps must be >= 1")
-        if self.rank_prior > 0 and self.hidden != "per_norm":
-            raise ValueError(
-                f"rank_prior: {self.rank_prior:g} orders gates by principal-component rank, which needs "
-                f"hidden: per_norm (after pca_project_post); hidden: {self.hidden} has none: set rank_prior: 0"
-            )
         joining = [name for name in ("head", "layer") if getattr(self, name)]
         if joining and self.joint_steps < 1:
             raise ValueError(
                 f"joint_steps: 0 leaves the {' and '.join(joining)} gates untrained (they join in the joint stage); "
                 f"give joint_steps >= 1, or {': false and '.join(joining)}: false for dimension masks only"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _prior_needs_pca_gates(self) -> EncoderMaskSettings:
+        if self.rank_prior > 0 and self.hidden != "per_norm":
+            raise ValueError(
+                f"rank_prior: {self.rank_prior:g} orders gates by principal-component rank, which needs "
+                f"hidden: per_norm (after pca_project_post); hidden: {self.hidden} has none: set rank_prior: 0"
             )
         return self
 
