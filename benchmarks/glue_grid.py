@@ -132,8 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tasks", default=None, help="only these tasks (comma-separated; default: the grid's)")
     parser.add_argument("--seeds", default=None, help="only these seeds (comma-separated; default: the grid's)")
     parser.add_argument("--ratios", default=None, help="only these ratios (comma-separated, e.g. 0.7)")
-    parser.add_argument("--rows", default=None, help="only these rows (comma-separated names; default: all)")
+    parser.add_argument("--rows", default=None, help="only these rows, in this order (comma-separated; default: all)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every row")
+    parser.add_argument(
+        "--order",
+        choices=("seed", "row"),
+        default="seed",
+        help="seed: seed by seed (default); row: row by row, every seed of a row together",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time (use with --threads 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of every run")
     parser.add_argument("--device", default=None, help="--device of every run (e.g. cuda)")
@@ -506,6 +512,26 @@ def reused_rows(
     return kept
 
 
+def job_list(
+    grid: GlueGrid, tasks: list[str], seeds: list[int], rows: list[GlueRow], ratios: list[float], order: str
+) -> list[tuple[Any, ...]]:
+    """The jobs in the order they start: ``("model", task, seed)`` and ``("row", task, seed, name, ratio)``.
+
+    ``seed``: seed by seed, that seed's task models first, then its rows (a run stopped at a deadline leaves whole
+    seeds). ``row``: every task model first, then row by row in the order of ``rows``, each row's ratios, tasks and
+    seeds together (a run stopped at a deadline leaves whole claims: every seed of the rows it reached). A row starts
+    only once its task model has finished, whatever the order."""
+    cells = [(row, ratio) for row in rows for ratio in row.ratios or grid.settings.ratios if ratio in ratios]
+    if order == "row":
+        models: list[tuple[Any, ...]] = [("model", task, seed) for task in tasks for seed in seeds]
+        return models + [("row", t, s, row.name, ratio) for row, ratio in cells for t in tasks for s in seeds]
+    jobs: list[tuple[Any, ...]] = []
+    for seed in seeds:
+        jobs += [("model", task, seed) for task in tasks]
+        jobs += [("row", task, seed, row.name, ratio) for task in tasks for row, ratio in cells]
+    return jobs
+
+
 def _csv(text: str | None, cast: type, allowed: list[Any], what: str) -> list[Any] | None:
     if text is None:
         return None
@@ -535,17 +561,8 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"--jobs must be at least 1, got {args.jobs}")
         if args.deadline_s is not None and args.deadline_s <= 0:
             raise BenchError(f"--deadline-s must be > 0, got {args.deadline_s}")
-        rows = [r for r in grid.rows if r.name in names]
-        jobs: list[tuple[Any, ...]] = []  # seed by seed: the task models first, then that seed's rows
-        for seed in seeds:
-            jobs += [("model", task, seed) for task in tasks]
-            jobs += [
-                ("row", task, seed, row.name, ratio)
-                for task in tasks
-                for row in rows
-                for ratio in row.ratios or grid.settings.ratios
-                if ratio in only
-            ]
+        rows = sorted((r for r in grid.rows if r.name in names), key=lambda r: names.index(r.name))
+        jobs = job_list(grid, tasks, seeds, rows, only, args.order)
         if args.rerun is not None and args.reuse is None:
             raise BenchError("--rerun needs --reuse")
         rerun = _csv(args.rerun, str, [job_id(j) for j in jobs if j[0] == "row"], "rerun") or []

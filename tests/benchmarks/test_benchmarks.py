@@ -741,6 +741,46 @@ def test_glue_grid_claims_over_seeds_and_table(tmp_path):
     assert main(["--reuse", str(earlier), "--rerun", "sst2:nope@50#s0"]) == 2
 
 
+def test_glue_grid_job_orders():
+    from benchmarks.glue_grid import GlueGrid, job_list
+
+    grid = GlueGrid.model_validate(
+        {
+            "settings": {"tasks": ["rte", "mrpc"], "seeds": [0, 1], "ratios": [0.5, 0.7]},
+            "rows": [{"name": "a", "recipe": "sp3-bert"}, {"name": "b", "recipe": "cofi-bert", "ratios": [0.7]}],
+        }
+    )
+    a, b = grid.rows
+    # seed by seed: that seed's task models, then its rows task by task
+    jobs = job_list(grid, ["rte", "mrpc"], [0, 1], [a, b], [0.5, 0.7], "seed")
+    assert jobs[:7] == [
+        ("model", "rte", 0),
+        ("model", "mrpc", 0),
+        ("row", "rte", 0, "a", 0.5),
+        ("row", "rte", 0, "a", 0.7),
+        ("row", "rte", 0, "b", 0.7),
+        ("row", "mrpc", 0, "a", 0.5),
+        ("row", "mrpc", 0, "a", 0.7),
+    ]
+    assert len(jobs) == 2 * (2 + 2 * 3)
+    # row by row in the order given (b first), every task and seed of a row together; only the ratios asked for
+    jobs = job_list(grid, ["rte", "mrpc"], [0, 1], [b, a], [0.7], "row")
+    assert jobs == [
+        ("model", "rte", 0),
+        ("model", "rte", 1),
+        ("model", "mrpc", 0),
+        ("model", "mrpc", 1),
+        ("row", "rte", 0, "b", 0.7),
+        ("row", "rte", 1, "b", 0.7),
+        ("row", "mrpc", 0, "b", 0.7),
+        ("row", "mrpc", 1, "b", 0.7),
+        ("row", "rte", 0, "a", 0.7),
+        ("row", "rte", 1, "a", 0.7),
+        ("row", "mrpc", 0, "a", 0.7),
+        ("row", "mrpc", 1, "a", 0.7),
+    ]
+
+
 def test_glue_grid_reuses_finished_rows_of_an_earlier_run(tmp_path):
     from benchmarks.glue_grid import reused_rows
 
