@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from benchmarks.claims import FAILS, HOLDS, NOT_RUN, compare, describe
+from benchmarks.claims import NOT_RUN, compare, describe
 from benchmarks.grid import BenchError, pct, read_grid_yaml
 from benchmarks.run import OFFLINE_ENV, QUIET_ENV, last_line, machine_info, via_launcher
 from slimkit.primitives.errors import format_validation_error
@@ -332,10 +332,29 @@ def draws(rows: list[dict[str, Any]], task: str, name: str, ratio: float | None)
     ]
 
 
+def seed_gains(rows: list[dict[str, Any]], task: str, better: str, worse: str, ratio: float) -> list[float]:
+    """``better - worse`` for every seed where both finished (both start from that seed's task model)."""
+
+    def by_seed(name: str) -> dict[int, float]:
+        return {
+            r["seed"]: r["value"]
+            for r in rows
+            if r.get("status") == "ok"
+            and r.get("value") is not None
+            and r.get("task") == task
+            and r.get("name") == name
+            and abs(r.get("ratio", -1.0) - ratio) < 1e-9
+        }
+
+    a, b = by_seed(better), by_seed(worse)
+    return [a[seed] - b[seed] for seed in sorted(a.keys() & b.keys())]
+
+
 def decide_claims(
     rows: list[dict[str, Any]], grid: GlueGrid, tasks: list[str], seeds: int | None = None
 ) -> list[dict[str, Any]]:
-    """Every claim per task and ratio over the seeds' pairings, plus SP3's "most on small data" (RTE vs SST-2).
+    """Every claim per task and ratio over the seeds' pairings, plus SP3's "most on small data": SP3's gain over CoFi
+    per seed (both from that seed's task model) on RTE against SST-2, every pairing of gains over both ratios.
 
     A verdict from fewer draws than ``seeds`` (default: the grid's seeds) on either side is marked ``provisional``
     (``"1 of 3 seeds"``): one pairing of single draws is not a decision."""
@@ -368,7 +387,7 @@ def decide_claims(
                 verdict, held = compare(">", a, 1.0, b)
                 gap = sum(a) / len(a) - sum(b) / len(b)
                 if claim.id == "sp3-vs-cofi":
-                    gains.setdefault(task, []).append(gap)
+                    gains.setdefault(task, []).extend(seed_gains(rows, task, claim.better, claim.worse, ratio))
                 evidence = f"{describe(label_a, a)} > {describe(label_b, b)}: {held} of {len(a) * len(b)} pairings"
                 entry |= {"verdict": verdict, "gap": gap, "evidence": evidence}
                 if min(len(a), len(b)) < wanted:
@@ -377,9 +396,13 @@ def decide_claims(
                         partial.add(task)
                 decided.append(entry)
     if any(c.id == "sp3-vs-cofi" for c in grid.claims):
-        if "rte" in gains and "sst2" in gains:
-            rte, sst2 = sum(gains["rte"]) / len(gains["rte"]), sum(gains["sst2"]) / len(gains["sst2"])
-            verdict, evidence = (HOLDS if rte > sst2 else FAILS), f"mean gain rte {rte:+.4f} vs sst2 {sst2:+.4f}"
+        if gains.get("rte") and gains.get("sst2"):
+            rte, sst2 = gains["rte"], gains["sst2"]
+            verdict, held = compare(">", rte, 1.0, sst2)
+            evidence = (
+                f"per-seed gain rte {sum(rte) / len(rte):+.4f} ({len(rte)} seed x ratio) vs sst2 "
+                f"{sum(sst2) / len(sst2):+.4f} ({len(sst2)}): {held} of {len(rte) * len(sst2)} pairings"
+            )
         else:
             verdict, evidence = NOT_RUN, "needs rte and sst2 rows"
         small_data = {
