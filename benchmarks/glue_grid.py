@@ -79,6 +79,8 @@ class GlueRow(_Strict):
     overrides: list[str] = Field(default_factory=list)
     ratios: list[float] | None = None
     """The ratios this row runs at (default: the settings' ratios)."""
+    tasks: list[str] | None = None
+    """The tasks this row runs on (default: the settings' tasks; a diagnostic row may need one)."""
 
 
 class GlueClaim(_Strict):
@@ -108,6 +110,11 @@ def load_glue_grid(path: Path) -> GlueGrid:
     unknown = [t for t in grid.settings.tasks if t not in TASKS]
     if unknown:
         raise BenchError(f"{path}: settings.tasks: unknown task(s) {unknown}; allowed: {', '.join(TASKS)}")
+    for row in grid.rows:
+        outside = [t for t in row.tasks or [] if t not in grid.settings.tasks]
+        if outside or row.tasks == []:
+            what = f"{outside} not among settings.tasks" if outside else "empty"
+            raise BenchError(f"{path}: rows.{row.name}.tasks: {what}; allowed: {', '.join(grid.settings.tasks)}")
     names = [row.name for row in grid.rows]
     if len(set(names)) != len(names):
         raise BenchError(f"{path}: rows: names must be unique, got {names}")
@@ -545,13 +552,19 @@ def job_list(
     seeds together (a run stopped at a deadline leaves whole claims: every seed of the rows it reached). A row starts
     only once its task model has finished, whatever the order."""
     cells = [(row, ratio) for row in rows for ratio in row.ratios or grid.settings.ratios if ratio in ratios]
+
+    def runs(row: GlueRow, task: str) -> bool:
+        return row.tasks is None or task in row.tasks
+
     if order == "row":
         models: list[tuple[Any, ...]] = [("model", task, seed) for task in tasks for seed in seeds]
-        return models + [("row", t, s, row.name, ratio) for row, ratio in cells for t in tasks for s in seeds]
+        return models + [
+            ("row", t, s, row.name, ratio) for row, ratio in cells for t in tasks if runs(row, t) for s in seeds
+        ]
     jobs: list[tuple[Any, ...]] = []
     for seed in seeds:
         jobs += [("model", task, seed) for task in tasks]
-        jobs += [("row", task, seed, row.name, ratio) for task in tasks for row, ratio in cells]
+        jobs += [("row", task, seed, row.name, ratio) for task in tasks for row, ratio in cells if runs(row, task)]
     return jobs
 
 

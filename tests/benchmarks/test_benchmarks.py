@@ -739,6 +739,8 @@ def test_glue_grid_claims_over_seeds_and_table(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rows: [{name: a, recipe: sp3-bert}]\nclaims: [{id: x, claim: c, source: s, better: a, worse: b}]\n")
     assert main(["--grid", str(bad)]) == 2
+    bad.write_text("settings: {tasks: [rte]}\nrows: [{name: a, recipe: sp3-bert, tasks: [stsb]}]\n")
+    assert main(["--grid", str(bad)]) == 2  # a row's task outside the grid's
     assert main(["--tasks", "cola"]) == 2 and main(["--seeds", "7"]) == 2
     assert main(["--jobs", "0"]) == 2 and main(["--deadline-s", "0"]) == 2
     assert main(["--reuse", str(tmp_path / "missing.json")]) == 2
@@ -787,6 +789,11 @@ def test_glue_grid_job_orders():
         ("row", "mrpc", 0, "a", 0.7),
         ("row", "mrpc", 1, "a", 0.7),
     ]
+    # a row limited to some tasks runs only there (its task models still come first)
+    only_mrpc = b.model_copy(update={"tasks": ["mrpc"]})
+    jobs = job_list(grid, ["rte", "mrpc"], [0], [only_mrpc], [0.7], "row")
+    assert jobs == [("model", "rte", 0), ("model", "mrpc", 0), ("row", "mrpc", 0, "b", 0.7)]
+    assert job_list(grid, ["rte", "mrpc"], [0], [only_mrpc], [0.7], "seed")[-1] == ("row", "mrpc", 0, "b", 0.7)
 
 
 def test_glue_grid_reuses_finished_rows_of_an_earlier_run(tmp_path):
