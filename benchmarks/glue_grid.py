@@ -326,10 +326,10 @@ def compressed_row(
 
 
 # -- aggregation and claims --------------------------------------------------------------------------------
-def draws(rows: list[dict[str, Any]], task: str, name: str, ratio: float | None) -> list[float]:
-    """The finished seeds' dev metric of one row at one ratio (``ratio`` None: the task models)."""
+def finished(rows: list[dict[str, Any]], task: str, name: str, ratio: float | None) -> list[dict[str, Any]]:
+    """The finished seeds of one row at one ratio (``ratio`` None: the task models)."""
     return [
-        r["value"]
+        r
         for r in rows
         if r.get("status") == "ok"
         and r.get("value") is not None
@@ -339,21 +339,14 @@ def draws(rows: list[dict[str, Any]], task: str, name: str, ratio: float | None)
     ]
 
 
+def draws(rows: list[dict[str, Any]], task: str, name: str, ratio: float | None) -> list[float]:
+    """The finished seeds' dev metric of one row at one ratio (``ratio`` None: the task models)."""
+    return [r["value"] for r in finished(rows, task, name, ratio)]
+
+
 def seed_gains(rows: list[dict[str, Any]], task: str, better: str, worse: str, ratio: float) -> list[float]:
     """``better - worse`` for every seed where both finished (both start from that seed's task model)."""
-
-    def by_seed(name: str) -> dict[int, float]:
-        return {
-            r["seed"]: r["value"]
-            for r in rows
-            if r.get("status") == "ok"
-            and r.get("value") is not None
-            and r.get("task") == task
-            and r.get("name") == name
-            and abs(r.get("ratio", -1.0) - ratio) < 1e-9
-        }
-
-    a, b = by_seed(better), by_seed(worse)
+    a, b = ({r["seed"]: r["value"] for r in finished(rows, task, name, ratio)} for name in (better, worse))
     return [a[seed] - b[seed] for seed in sorted(a.keys() & b.keys())]
 
 
