@@ -4,7 +4,7 @@ Public API, the same as the command line's:
 
 * :class:`Recipe` (``Recipe.from_yaml("lorap", overrides=["target.ratio=0.3"])``, or ``Recipe(**mapping)``),
 * :func:`run` (``run(recipe, out=None, model=None) -> Result`` with ``.model``, ``.tokenizer`` and ``.report``, the
-  typed :class:`~slimkit.recipes.report.RunReport` that ``report.json`` holds),
+  typed :class:`~slimkit.engine.report.RunReport` that ``report.json`` holds),
 * :func:`evaluate` (perplexity, zero-shot accuracy, GLUE dev metrics, throughput of a model in memory),
 * :func:`load` and :func:`save` for compressed models, :func:`load_source` for named model sources
   (``smollm2-135m``, ``minilm-l6`` or a local Hugging Face folder).
@@ -52,13 +52,13 @@ def run(
     ``evaluate``: run the recipe's evaluations; ``compare_dense``: with them, the dense model's metrics under the same
     settings (measured once per source and settings, then cached) go beside the run's in the report.
     ``overrides``: ``dotted.path=value`` strings, as ``--set`` on the command line.
-    ``tracker``: progress bars (:class:`slimkit.recipes.progress.RichTracker` on a terminal; default none).
+    ``tracker``: progress bars (:class:`slimkit.engine.progress.RichTracker` on a terminal; default none).
     """
     import copy
 
+    from slimkit.engine.runner import RunOptions
+    from slimkit.engine.runner import run as run_recipe
     from slimkit.recipes.loading import validate
-    from slimkit.recipes.runner import RunOptions
-    from slimkit.recipes.runner import run as run_recipe
     from slimkit.recipes.schema import Recipe
 
     if isinstance(recipe, str):
@@ -101,7 +101,7 @@ def __getattr__(name: str):
 
         return Recipe
     if name == "Result":
-        from slimkit.recipes.finish import Result
+        from slimkit.engine.finish import Result
 
         return Result
     if name in ("load", "save"):
@@ -109,7 +109,7 @@ def __getattr__(name: str):
 
         return getattr(io, name)
     if name == "load_source":
-        from slimkit.primitives.sources import load_source
+        from slimkit.primitives.io.model_sources import load_source
 
         return load_source
     if name == "export":

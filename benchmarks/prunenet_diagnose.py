@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from slimkit.primitives.sources import load_source
+    from slimkit.primitives.io.model_sources import load_source
 
     model, _, _ = load_source(args.model, device="cpu", dtype="float32")
     weights = [w.float().contiguous() for w in ffn_weights(model, args.source)]

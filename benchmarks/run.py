@@ -138,7 +138,7 @@ def machine_info() -> dict[str, Any]:
 def placement_of(model) -> dict[str, Any]:
     """Where ``model`` is and in which dtype, as a run report's ``placement`` states it (``device``, ``dtype`` and,
     on CUDA, ``gpu``, ``gpu_memory_gib``, ``cuda``)."""
-    from slimkit.primitives.device.settings import Placement
+    from slimkit.primitives.device.placement import Placement
 
     parameter = next(model.parameters())
     return Placement(parameter.device, parameter.dtype).describe()
@@ -148,7 +148,7 @@ def _gpu_info() -> dict[str, Any]:
     """The current CUDA device as a run report describes it: ``gpu`` (name), ``gpu_memory_gib``, ``cuda``."""
     import torch
 
-    from slimkit.primitives.device.settings import Placement
+    from slimkit.primitives.device.placement import Placement
 
     described = Placement(torch.device("cuda", torch.cuda.current_device()), torch.float32).describe()
     return {key: described[key] for key in ("gpu", "gpu_memory_gib", "cuda")}
@@ -172,11 +172,11 @@ _RESIDUAL_NAMES = ("residual", "basis_change", "basischange")
 
 
 def read_report(folder: Path):
-    """The run report ``folder/report.json`` (:class:`slimkit.recipes.report.RunReport`), or None when it is missing
+    """The run report ``folder/report.json`` (:class:`slimkit.engine.report.RunReport`), or None when it is missing
     or not one (a report of an older slimkit that lacks a field this one needs)."""
     from pydantic import ValidationError
 
-    from slimkit.recipes.report import RunReport
+    from slimkit.engine.report import RunReport
 
     try:
         return RunReport.model_validate_json((folder / "report.json").read_text())
@@ -358,8 +358,8 @@ class Bench:
         }
 
     def dense_row(self) -> dict[str, Any]:
+        from slimkit.engine.report import MACS_SEQ_LEN
         from slimkit.primitives.evaluate.counting import count_macs, params_by_part
-        from slimkit.recipes.report import MACS_SEQ_LEN
 
         metrics, details, seconds = self.evaluate(self.dense)
         total = params_by_part(self.dense)["total"]
@@ -508,9 +508,9 @@ class Bench:
         return folder, wall, None
 
     def run_job(self, job: Job) -> dict[str, Any]:
+        from slimkit.engine.report import MACS_SEQ_LEN
         from slimkit.primitives.evaluate.counting import count_macs
         from slimkit.primitives.io import read_manifest
-        from slimkit.recipes.report import MACS_SEQ_LEN
 
         row, overrides, raw = self.prepare(job)
         if overrides is None:
@@ -639,9 +639,9 @@ def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from benchmarks.claims import evaluate_claims
+    from slimkit.engine.report import peak_rss_mb
     from slimkit.primitives.evaluate.run import preflight_eval_data
     from slimkit.primitives.io import versions
-    from slimkit.recipes.report import peak_rss_mb
 
     grid, settings, jobs = plan(args)
     name = args.name or ("quick" if args.quick else "grid")

@@ -312,7 +312,7 @@ def model_folder(
     if folder.exists():
         shutil.rmtree(folder)
     if tokenizer is None:
-        from slimkit.primitives.sources import resolve_source
+        from slimkit.primitives.io.model_sources import resolve_source
 
         tokenizer, _info = resolve_source("smollm2-135m")
     seconds = build_model(shape, dtype, folder, tokenizer, device)
@@ -795,7 +795,7 @@ def _names(value: str | None) -> list[str] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slimkit.primitives.data_paths import cache_root
+    from slimkit.primitives.datasets.data_paths import cache_root
 
     parser = _Parser(prog="python -m benchmarks.scale", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -869,7 +869,7 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
         shapes += sweep_shapes(args.quick)
     offload = None
     if (args.offload_memory or "").lower() != "none":
-        from slimkit.primitives.device.settings import parse_size
+        from slimkit.primitives.device.placement import parse_size
 
         if args.offload_shape:
             if args.offload_shape not in REAL:
@@ -925,7 +925,7 @@ def estimated_cost(shape: Shape, recipe: str, offloaded: bool) -> float:
 
 def llm_recipes() -> list[str]:
     """Every bundled recipe for a causal LM (``--recipes all``): the encoder (GLUE) recipes left out."""
-    from slimkit.primitives.sources import SOURCES
+    from slimkit.primitives.io.model_sources import SOURCES
     from slimkit.recipes.loading import bundled_recipes, parse_yaml
 
     found = []
@@ -968,7 +968,7 @@ def skipped_row(shape: Shape, sweeps: list[str], recipe: str, memory: str | None
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     import torch
 
-    from slimkit.primitives.device.settings import parse_size
+    from slimkit.primitives.device.placement import parse_size
     from slimkit.primitives.io import versions
 
     shapes, recipes, offload = plan(args)

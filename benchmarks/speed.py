@@ -119,7 +119,7 @@ def _llamacpp_models(
 
 def _window_perplexities(loaded: list[tuple[str, Any, Any]], exports: dict[str, dict[str, Any]], tokens: int) -> None:
     """Perplexity of one WikiText-2 window in PyTorch and in llama.cpp, into each export record."""
-    from slimkit.primitives import textdata
+    from slimkit.primitives.datasets import textdata
     from slimkit.primitives.evaluate.llamacpp import gguf_logits, nll_perplexity
     from slimkit.primitives.evaluate.perplexity import corpus_ids
 

@@ -120,11 +120,11 @@ def recipe_run(
 ) -> None:
     """Compress a model with a recipe; writes OUT/model, OUT/report.json and OUT/report.md."""
     import slimkit
+    from slimkit.engine.output_safety import check_output_dir, source_inputs
+    from slimkit.engine.progress import RichTracker
+    from slimkit.engine.report_files import markdown
     from slimkit.primitives.io.describe import saved_structure
     from slimkit.recipes.loading import load_recipe
-    from slimkit.recipes.output_safety import check_output_dir, source_inputs
-    from slimkit.recipes.progress import RichTracker
-    from slimkit.recipes.report_files import markdown
 
     all_overrides = list(overrides or [])
     settings = {"source": model, "device": device, "dtype": dtype, "max_memory": max_memory, "save_dtype": save_dtype}
@@ -277,7 +277,7 @@ def _stage_doc(definition: Any) -> str:
     body = "\n".join(own.splitlines()[1:]).strip()  # the first line is the summary, printed above
     if body:
         return _strip_roles(body)
-    from slimkit.recipes.registry import STAGES
+    from slimkit.engine.registry import STAGES
 
     module = inspect.getmodule(definition.fn)
     text = inspect.getdoc(module) or own
@@ -298,7 +298,7 @@ def stage_list() -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from slimkit.recipes.registry import stage_def, stage_names
+    from slimkit.engine.registry import stage_def, stage_names
 
     table = Table("stage", "scope", "summary")
     for name in stage_names():
@@ -313,7 +313,7 @@ def stage_show(name: Annotated[str, typer.Argument(help="A registered stage (see
     from rich.table import Table
     from rich.text import Text
 
-    from slimkit.recipes.registry import stage_def, stage_names
+    from slimkit.engine.registry import stage_def, stage_names
 
     try:
         definition = stage_def(name)
@@ -388,11 +388,11 @@ def eval_command(
     """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput."""
     from rich.table import Table
 
+    from slimkit.engine.progress import RichTracker
     from slimkit.primitives.evaluate.counting import count_params
     from slimkit.primitives.evaluate.run import check_eval_length, evaluate_model, preflight_eval_data
     from slimkit.primitives.files.guard import check_not_input, write_text_file
-    from slimkit.primitives.sources import check_source, load_source
-    from slimkit.recipes.progress import RichTracker
+    from slimkit.primitives.io.model_sources import check_source, load_source
     from slimkit.recipes.schema import eval_options
 
     if json_out is not None:

@@ -18,7 +18,7 @@ eval:
 ```
 
 GLUE (BERT encoders): ``task: sst2`` (or mrpc, rte, stsb) makes the loaded encoder a sequence
-classifier for that task (:func:`slimkit.primitives.finetune.glue.task_model`), lets stages that need
+classifier for that task (:func:`slimkit.primitives.finetune.glue_task_model.task_model`), lets stages that need
 a task model run (``glue_finetune``), lets ``calibration.dataset: glue`` mean that task's train split,
 and changes the evaluation defaults: ``eval.glue`` on the task's dev split instead of perplexity
 (a classifier has no language-model head, so ``eval.perplexity`` and ``eval.zeroshot`` are refused).
@@ -50,13 +50,13 @@ from pydantic import (
     model_validator,
 )
 
-from slimkit.primitives.device.settings import check_device_name, check_dtype_name, parse_size
+from slimkit.engine.registry import stage_def, stage_names
+from slimkit.primitives.datasets.textdata import CORPORA
+from slimkit.primitives.device.placement import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.errors import SlimkitError, format_validation_error, unknown
-from slimkit.primitives.textdata import CORPORA
-from slimkit.recipes.registry import stage_def, stage_names
 
 if TYPE_CHECKING:  # stage_args imports this module
-    from slimkit.recipes.stage_args import StageArgs
+    from slimkit.engine.stage_args import StageArgs
 
 TargetOf = Literal["model", "layers", "mlp", "attention"]
 
@@ -92,7 +92,7 @@ def check_zeroshot_task(name: str) -> str:
 
 
 def check_glue_task(name: str) -> str:
-    from slimkit.primitives.gluedata import GLUE_TASKS
+    from slimkit.primitives.datasets.gluedata import GLUE_TASKS
 
     if name not in GLUE_TASKS:
         raise ValueError(unknown("GLUE task", name, GLUE_TASKS))
@@ -105,7 +105,7 @@ def is_glue_dataset(name: str) -> bool:
 
 def check_calibration_dataset(name: str) -> str:
     """A text corpus, ``glue`` (the recipe's task's train split) or ``glue-<task>``."""
-    from slimkit.primitives.gluedata import GLUE_TASKS
+    from slimkit.primitives.datasets.gluedata import GLUE_TASKS
 
     tasks = [f"glue-{t}" for t in GLUE_TASKS]
     if name in CORPORA or name == "glue" or name in tasks:
@@ -350,9 +350,9 @@ class ExportItem(Strict):
 
 
 DeviceName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_device_name, name))]
-"""auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.device.settings.check_device_name`)."""
+"""auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.device.placement.check_device_name`)."""
 DtypeName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_dtype_name, name))]
-"""auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.device.settings.check_dtype_name`)."""
+"""auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.device.placement.check_dtype_name`)."""
 
 
 class ModelConfig(Strict):
@@ -532,7 +532,7 @@ class Recipe(Strict):
     def _alignment_and_allocation(self) -> Recipe:
         """``target.align`` and a stage's ``round_to`` agree where both round a kind; a search's held-out batches
         leave calibration batches to score on."""
-        from slimkit.recipes.stages.selection import SelectionArgs
+        from slimkit.stages.selection import SelectionArgs
 
         for where, spec in self.stage_places():
             args = spec.parsed_args()

@@ -16,10 +16,7 @@ Method note: docs/methods/allocation.md.
 
 from __future__ import annotations
 
-from slimkit.primitives.allocate.fitness import consumer_masks, dense_log_probs, masked_units, mean_kl
-from slimkit.primitives.allocate.ranking import UnitCosts, global_ranking, standardize, total_removed, unit_costs
-from slimkit.primitives.allocate.search import SearchResult, SearchTrace, search_levels, uniform_start
-from slimkit.primitives.allocate.settings import (
+from slimkit.primitives.allocate.allocation_settings import (
     ALLOCATIONS,
     LEVEL_LADDERS,
     Allocation,
@@ -27,6 +24,9 @@ from slimkit.primitives.allocate.settings import (
     SearchSettings,
     parse_allocation,
 )
+from slimkit.primitives.allocate.fitness import consumer_masks, dense_log_probs, masked_units, mean_kl
+from slimkit.primitives.allocate.ranking import UnitCosts, global_ranking, standardize, total_removed, unit_costs
+from slimkit.primitives.allocate.search import SearchResult, SearchTrace, search_levels, uniform_start
 
 __all__ = [
     "ALLOCATIONS",

@@ -7,7 +7,7 @@ small calibration set does not tokenise the whole corpus.
 
 GLUE datasets (``glue-sst2``, ``glue-mrpc``, ``glue-rte``, ``glue-stsb``) pack ``examples`` training
 examples of the task (SP3 section 4.1: 512) into one stream and draw non-overlapping windows of it;
-see :func:`slimkit.primitives.gluedata.calibration_ids`.
+see :func:`slimkit.primitives.datasets.gluedata.calibration_ids`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from slimkit.primitives import gluedata, textdata
+from slimkit.primitives.datasets import gluedata, textdata
 from slimkit.primitives.errors import SlimkitError
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimkit.primitives.device.settings import Placement, dtype_name, format_size
+from slimkit.primitives.device.placement import Placement, dtype_name, format_size
 from slimkit.primitives.errors import SlimkitError
 
 

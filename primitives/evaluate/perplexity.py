@@ -1,6 +1,6 @@
 """Perplexity over non-overlapping windows of a tokenised corpus.
 
-The corpus (see :mod:`slimkit.primitives.textdata`) is tokenised once, cut into consecutive
+The corpus (see :mod:`slimkit.primitives.datasets.textdata`) is tokenised once, cut into consecutive
 windows of ``seq_len`` tokens, and the first ``max_tokens // seq_len`` windows are scored
 (``max_tokens=None``: all of them). Every window is scored independently (no context carried
 over), each predicting its tokens 2..L, as GPTQ/SparseGPT/Wanda-style evaluation does; the
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.nn import functional as F
 
-from slimkit.primitives import textdata
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.datasets import textdata
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from slimkit.primitives.data_paths import cache_root
+from slimkit.primitives.datasets.data_paths import cache_root
 from slimkit.primitives.files.atomic import staging_file
 
 CACHE_FOLDER = "dense-metrics"

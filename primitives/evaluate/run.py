@@ -83,7 +83,7 @@ class NoProgress:
 
 def preflight_eval_data(config: EvalSettings) -> None:
     """Read every data file the evaluations will need now, so a missing one fails before any compute."""
-    from slimkit.primitives import gluedata, textdata
+    from slimkit.primitives.datasets import gluedata, textdata
 
     if config.perplexity is not None:
         for dataset in config.perplexity.datasets:
@@ -131,7 +131,7 @@ def evaluate_perplexity(
     model, tokenizer, settings: PerplexitySettings, progress: ProgressTasks, result: Evaluation
 ) -> None:
     """``<dataset>_ppl`` for each dataset; its bar counts the evaluation windows."""
-    from slimkit.primitives import textdata
+    from slimkit.primitives.datasets import textdata
     from slimkit.primitives.evaluate.perplexity import PerplexityResult, corpus_ids, perplexity_of_windows, windows_of
 
     result.details["perplexity"] = []
@@ -170,8 +170,8 @@ def evaluate_zeroshot_tasks(model, tokenizer, settings: ZeroshotSettings, result
 
 def evaluate_glue_task(model, tokenizer, settings: GlueSettings, progress: ProgressTasks, result: Evaluation) -> None:
     """GLUE dev metrics as ``glue_<task>_<metric>``; the task is the settings', else the one the model records."""
-    from slimkit.primitives import gluedata
-    from slimkit.primitives.evaluate.glue import evaluate_glue
+    from slimkit.primitives.datasets import gluedata
+    from slimkit.primitives.evaluate.glue_metrics import evaluate_glue
 
     task = settings.task or getattr(getattr(model, "config", None), "finetuning_task", None)
     if task is None:

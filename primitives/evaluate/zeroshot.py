@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from slimkit.primitives.data_paths import cache_root, data_file
+from slimkit.primitives.datasets.data_paths import cache_root, data_file
 from slimkit.primitives.errors import SlimkitError
 
 __all__ = ["ZEROSHOT_TASKS", "check_request_lengths", "evaluate_zeroshot", "prepare_task_data"]

@@ -39,7 +39,7 @@ from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_
 from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
-from slimkit.primitives.sources import load_source, resolve_source
+from slimkit.primitives.io.model_sources import load_source, resolve_source
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"

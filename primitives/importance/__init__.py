@@ -232,7 +232,7 @@ def coupled_gradients(model: nn.Module, groups: list[Group], args: Mapping[str, 
 
 register_scorer("coupled", needs=("gradients",), kinds=COUPLED_KINDS, gradients=coupled_gradients)(coupled_scores)
 
-from slimkit.primitives.importance.obs import OBS_KINDS, obs_scores  # noqa: E402
+from slimkit.primitives.importance.obs_saliency import OBS_KINDS, obs_scores  # noqa: E402
 
 register_scorer("obs", needs=("dense_consumers",), kinds=OBS_KINDS)(obs_scores)
 

@@ -350,7 +350,7 @@ def describe_model(model: nn.Module, folder: str | os.PathLike | None = None, na
 
 def describe_source(source: str) -> Description:
     """Load a model source (name or folder) with :func:`slimkit.load_source` and describe it."""
-    from slimkit.primitives.sources import load_source
+    from slimkit.primitives.io.model_sources import load_source
 
     model, _tokenizer, info = load_source(source)
     return describe_model(model, Path(info.path), info.name)

@@ -350,7 +350,7 @@ def load(
     ``modules`` and ``layer_widths`` are compared with the saved tensor shapes; any disagreement is one
     :class:`SlimkitError` line naming the file and the entry. transformers never runs the folder's code.
     """
-    from slimkit.primitives.device.settings import Placement
+    from slimkit.primitives.device.placement import Placement
 
     placement = Placement.resolve(device, dtype, max_memory)
     directory = Path(directory).expanduser()
@@ -454,7 +454,7 @@ def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, off
     import tempfile
     import weakref
 
-    from slimkit.primitives.data_paths import cache_root
+    from slimkit.primitives.datasets.data_paths import cache_root
     from slimkit.primitives.device.offload import load_offloaded
 
     if offload_folder is None:

@@ -23,7 +23,8 @@ matmul, so the MAC break-even (:func:`max_useful_rank` with ``mac_fraction=1``) 
 be no slower than dense: ``mac_fraction=0.75`` was no slower for both shapes.
 """
 
-from slimkit.primitives.lowrank.allocation import (
+from slimkit.primitives.lowrank.module import LowRankLinear, lowrank_entries, materialise_lowrank, member_target
+from slimkit.primitives.lowrank.rank_budget import (
     allocate_attention,
     allocated_params,
     dense_params,
@@ -32,7 +33,6 @@ from slimkit.primitives.lowrank.allocation import (
     max_useful_rank,
     rank_for_budget,
 )
-from slimkit.primitives.lowrank.module import LowRankLinear, lowrank_entries, materialise_lowrank, member_target
 from slimkit.primitives.lowrank.svd import (
     activation_weighted_svd,
     clamp_norms,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from slimkit.primitives.allocate.steps import BudgetStep, take_cheapest
-from slimkit.primitives.lowrank.allocation import dense_params, lowrank_params
+from slimkit.primitives.lowrank.rank_budget import dense_params, lowrank_params
 
 
 @dataclass(frozen=True)

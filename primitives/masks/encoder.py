@@ -23,7 +23,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.masks.hooks import apply_masks
 from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues, apply_rank_prior
-from slimkit.primitives.masks.settings import EncoderHidden, EncoderMaskSettings
+from slimkit.primitives.masks.mask_settings import EncoderHidden, EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import binarize, dense_size, expected_size
 from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
 from slimkit.primitives.projection.adapters import basis_change_params
@@ -322,7 +322,7 @@ def train_encoder_masks(
 ) -> dict:
     """Train, binarise and fuse SP3's (or CoFi's) masks on a GLUE task model in place; returns a report.
 
-    ``batches``: tokenised GLUE batches with ``labels`` (:func:`slimkit.primitives.gluedata.encode`),
+    ``batches``: tokenised GLUE batches with ``labels`` (:func:`slimkit.primitives.datasets.gluedata.encode`),
     one per optimiser step, reused cyclically when fewer. ``check_batches`` (optional): batches on
     which the masked (binary masks) and the fused model are compared (``masked_vs_fused``). ``target``: the
     sparsity to reach under Eq. 30 (attention and FFN matrices, plus residual matrices with per_norm);

@@ -22,7 +22,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
 from slimkit.primitives.masks.hooks import apply_masks
 from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, apply_rank_prior
-from slimkit.primitives.masks.settings import StreamMaskSettings
+from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 from slimkit.primitives.masks.sparsity import binarize, stream_model_size
 from slimkit.primitives.masks.training import MaskTarget, run_settings, train_masks
 

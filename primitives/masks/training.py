@@ -35,8 +35,8 @@ from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.loop import Divergence, FloatMaster, checked_backward, master_step, non_finite_problem
 from slimkit.primitives.masks.mask_set import MaskSet, MaskValues
+from slimkit.primitives.masks.mask_settings import MaskSettings
 from slimkit.primitives.masks.schedule import MaskSchedule
-from slimkit.primitives.masks.settings import MaskSettings
 from slimkit.primitives.masks.sparsity import Lagrangian, lagrangian_optimizer
 
 StepLoss = Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor]]

@@ -23,12 +23,6 @@ from slimkit.primitives.projection.adapters import (
     basis_change_params,
     basis_changes,
 )
-from slimkit.primitives.projection.allocation import (
-    projected_param_count,
-    uniform_widths,
-    variance_widths,
-    widths_for_params,
-)
 from slimkit.primitives.projection.fuse import (
     fuse_boundary,
     fuse_embeddings,
@@ -63,6 +57,12 @@ from slimkit.primitives.projection.postnorm import (
     slice_post_norm_hidden,
 )
 from slimkit.primitives.projection.slice import slice_stream, stream_groups
+from slimkit.primitives.projection.widths import (
+    projected_param_count,
+    uniform_widths,
+    variance_widths,
+    widths_for_params,
+)
 
 __all__ = [
     "BasisChange",

@@ -19,12 +19,6 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, run_layer
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection.adapters import basis_change_params, basis_changes
-from slimkit.primitives.projection.allocation import (
-    projected_param_count,
-    uniform_widths,
-    variance_widths,
-    widths_for_params,
-)
 from slimkit.primitives.projection.fuse import (
     Residual,
     fuse_boundary,
@@ -46,6 +40,12 @@ from slimkit.primitives.projection.pca import (
     PrincipalComponents,
     identity_components,
     principal_components,
+)
+from slimkit.primitives.projection.widths import (
+    projected_param_count,
+    uniform_widths,
+    variance_widths,
+    widths_for_params,
 )
 
 

@@ -24,7 +24,7 @@ from slimkit.primitives.reconstruct.least_squares import (
     refit_to_dense,
 )
 from slimkit.primitives.reconstruct.lowrank_refit import refit_left
-from slimkit.primitives.reconstruct.obs import (
+from slimkit.primitives.reconstruct.obs_update import (
     ObsOrder,
     ObsPrune,
     ObsStep,

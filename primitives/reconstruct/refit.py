@@ -1,5 +1,5 @@
 """Refitting one consumer projection of a layer after an earlier stage removed some of its inputs or made it a
-low-rank pair: the maths behind the ``reconstruct`` stage (:mod:`slimkit.recipes.stages.reconstruct` tells the
+low-rank pair: the maths behind the ``reconstruct`` stage (:mod:`slimkit.stages.reconstruct` tells the
 choices and the measurements).
 
 * :class:`RefitSettings`: the ridge, the target and whether weights and bias move.

@@ -491,8 +491,8 @@ def test_kept_dense_row_is_stored_and_reused_under_the_same_settings(tmp_path):
 
 
 def test_structure_params_from_reports_and_models(llama):
+    from slimkit.engine.report import StageReport
     from slimkit.primitives.lowrank import LowRankLinear
-    from slimkit.recipes.report import StageReport
 
     assert StageReport.from_stage({"fractions": {}}, trains=False, calibration_tokens=640).params_added is None
     projection = StageReport.from_stage({"residual_params": 1200, "params_without_residual": 5}, False, 640)

@@ -11,7 +11,7 @@ import pytest
 from pydantic import Field, ValidationError
 
 from slimkit.cli.main import _default_text, _reflow, _type_name
-from slimkit.recipes.registry import stage_def, stage_names
+from slimkit.engine.registry import stage_def, stage_names
 from slimkit.recipes.schema import Strict
 
 STAGES = stage_names()

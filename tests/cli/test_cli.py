@@ -122,7 +122,7 @@ def test_recipe_run_prints_its_report_ending_with_the_dense_comparison(monkeypat
 
 def test_data_file_missing(monkeypatch, capsys, tmp_path, tiny_llama_dir):
     monkeypatch.setenv("SLIMKIT_DATA_DIR", str(tmp_path / "empty"))
-    from slimkit.primitives import textdata
+    from slimkit.primitives.datasets import textdata
 
     textdata.documents.cache_clear()
     file = write_recipe(tmp_path / "r.yaml", tiny_recipe(tiny_llama_dir))
@@ -135,7 +135,7 @@ def test_data_file_missing(monkeypatch, capsys, tmp_path, tiny_llama_dir):
 def test_data_file_unreadable(monkeypatch, capsys, tmp_path, tiny_llama_dir):
     import shutil
 
-    from slimkit.primitives import textdata
+    from slimkit.primitives.datasets import textdata
 
     data = tmp_path / "data"
     (data / "ptb").mkdir(parents=True)
@@ -152,7 +152,7 @@ def test_interrupted_run_leaves_nothing_that_loads(monkeypatch, capsys, tmp_path
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("slimkit.recipes.finish.evaluate_model", interrupt)
+    monkeypatch.setattr("slimkit.engine.finish.evaluate_model", interrupt)
     file = write_recipe(tmp_path / "r.yaml", tiny_recipe(tiny_llama_dir))
     out = tmp_path / "o"
     code, _, err = run_cli(monkeypatch, capsys, "recipe", "run", file, "--out", str(out))

@@ -98,7 +98,7 @@ def test_unknown_names_in_recipes_suggest_the_closest():
 
 
 def test_unknown_model_source_suggests_the_closest():
-    from slimkit.primitives.sources import resolve_source
+    from slimkit.primitives.io.model_sources import resolve_source
 
     with pytest.raises(
         SlimkitError, match=r"unknown model source 'smollm2-135'; did you mean 'smollm2-135m'\? known: "

@@ -7,6 +7,8 @@ import json
 import torch
 
 import slimkit
+from slimkit.engine.report import RunReport
+from slimkit.engine.report_files import markdown, plot_widths
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.io.describe import (
     describe_model,
@@ -18,8 +20,6 @@ from slimkit.primitives.io.describe import (
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.primitives.projection.adapters import attach_basis_change
 from slimkit.primitives.surgery import prune_layer
-from slimkit.recipes.report import RunReport
-from slimkit.recipes.report_files import markdown, plot_widths
 from tests.cli.test_cli import run_cli
 from tests.tiny import tiny_llama
 

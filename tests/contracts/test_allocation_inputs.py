@@ -107,7 +107,7 @@ def test_an_allocated_target_out_of_reach_is_refused_before_scoring(monkeypatch,
     def no_scoring(*_args, **_kwargs):
         raise AssertionError("the allocation pre-pass ran")
 
-    monkeypatch.setattr("slimkit.recipes.allocation.dense_layer_statistics", no_scoring)
+    monkeypatch.setattr("slimkit.engine.allocation_prepass.dense_layer_statistics", no_scoring)
     changes = {"stages": _stage(allocation={"global": {}}), "target": {"ratio": 0.2, "align": {"mlp_channel": 64}}}
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(tiny_recipe(_model(tmp_path), **changes)))

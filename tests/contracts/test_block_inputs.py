@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slimkit.recipes import runner
+from slimkit.engine import runner
 from tests.cli.test_cli import assert_one_line_error, run_cli, write_recipe
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_opt

@@ -14,7 +14,7 @@ import slimkit
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover, merge_lora, train_lora
 from slimkit.primitives.io.save import non_finite_tensors
-from slimkit.primitives.masks.settings import StreamMaskSettings
+from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 from slimkit.primitives.masks.stream import train_stream_masks
 from slimkit.primitives.masks.training import MaskTarget
 from slimkit.recipes.loading import load_recipe, validate
@@ -267,7 +267,7 @@ def test_save_reads_offloaded_weights_to_check_them(tmp_path):
 
 def test_a_run_without_an_output_folder_refuses_nan_weights_after_the_stages(tiny_llama_dir, monkeypatch):
     """The Python API without ``out`` never saves, so the runner checks the weights itself after the stages."""
-    from slimkit.recipes import runner
+    from slimkit.engine import runner
 
     original = runner.run_stages
 

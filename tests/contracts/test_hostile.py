@@ -35,12 +35,12 @@ import pytest
 import torch
 
 import slimkit
+from slimkit.engine.output_safety import RUN_MARKER
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
 from slimkit.primitives.export.gguf_file import place_file
 from slimkit.primitives.files import lock
-from slimkit.primitives.sources import SOURCES, NamedSource
-from slimkit.recipes.output_safety import RUN_MARKER
+from slimkit.primitives.io.model_sources import SOURCES, NamedSource
 from tests.cli.test_cli import run_cli
 from tests.contracts.hostile import (
     copy_model,

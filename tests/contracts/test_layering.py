@@ -13,8 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ("primitives", "recipes", "cli", "benchmarks", "data")
-UPPER_LAYERS = ("slimkit.recipes", "slimkit.cli", "slimkit.benchmarks", "benchmarks", "recipes", "cli")
+SOURCE = ("primitives", "engine", "stages", "recipes", "cli", "benchmarks", "data")
+UPPER_LAYERS = (
+    "slimkit.recipes",
+    "slimkit.engine",
+    "slimkit.stages",
+    "slimkit.cli",
+    "slimkit.benchmarks",
+    "benchmarks",
+    "recipes",
+    "cli",
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ def test_the_scan_resolves_relative_imports_and_finds_both_kinds(tmp_path):
     )
     assert module_name(module, tmp_path) == "slimkit.primitives.family.module"
     assert [str(found) for found in upper_layer_imports([module], tmp_path)] == [
-        "primitives/family/module.py:2: from slimkit.recipes.runner import run",
+        "primitives/family/module.py:2: from slimkit.engine.runner import run",
         "primitives/family/module.py:4: import benchmarks.run",
     ]
     assert [str(found) for found in private_name_imports([module], tmp_path)] == [

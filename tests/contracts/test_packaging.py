@@ -14,7 +14,7 @@ def test_every_package_folder_is_listed_in_pyproject():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     found = {"slimkit", "slimkit.data"}
-    for top in ("primitives", "recipes", "cli"):
+    for top in ("primitives", "engine", "stages", "recipes", "cli"):
         for init in (ROOT / top).rglob("__init__.py"):
             relative = init.parent.relative_to(ROOT / top).parts
             found.add(".".join(("slimkit", top, *relative)))
@@ -22,7 +22,7 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 
 def test_package_data_resolves_from_the_import_namespace():
-    from slimkit.primitives.data_paths import data_root
+    from slimkit.primitives.datasets.data_paths import data_root
     from slimkit.recipes.loading import bundled_recipes
 
     assert (data_root() / "wikitext2" / "SOURCE.md").is_file()

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 import slimkit
+from slimkit.engine import output_safety, runner
+from slimkit.engine.output_safety import RUN_MARKER, check_output_dir
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files import atomic as paths
 from slimkit.primitives.files.lock import acquire_lock
-from slimkit.recipes import output_safety, runner
-from slimkit.recipes.output_safety import RUN_MARKER, check_output_dir
 from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_llama

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 import slimkit
-from slimkit.primitives import textdata
+from slimkit.primitives.datasets import textdata
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.llamacpp import gguf_logits, load_gguf, nll_perplexity
 from slimkit.primitives.evaluate.perplexity import corpus_ids

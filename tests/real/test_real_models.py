@@ -16,7 +16,7 @@ import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.evaluate.counting import count_params
 from slimkit.primitives.evaluate.perplexity import perplexity
-from slimkit.primitives.sources import resolve_source
+from slimkit.primitives.io.model_sources import resolve_source
 from slimkit.recipes.loading import load_recipe
 
 pytestmark = pytest.mark.real

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import slimkit
+from slimkit.engine.context import Context
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.lowrank import layer_ratio
-from slimkit.recipes.context import Context
 from slimkit.recipes.schema import Target
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import tiny_llama

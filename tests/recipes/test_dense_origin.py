@@ -11,7 +11,7 @@ import torch
 
 import slimkit
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.sources import dense_origin
+from slimkit.primitives.io.model_sources import dense_origin
 from slimkit.recipes.loading import validate
 from tests.tiny import tiny_llama
 

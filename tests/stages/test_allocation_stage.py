@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import slimkit
+from slimkit.engine import runner
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
-from slimkit.recipes import runner
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import tiny_llama
 

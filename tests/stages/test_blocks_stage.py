@@ -9,7 +9,7 @@ import torch
 import slimkit
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.blocks import removed_blocks
-from slimkit.recipes.stages.blocks import RemoveBlocksArgs
+from slimkit.stages.blocks import RemoveBlocksArgs
 from tests.recipes.test_recipes import tiny_recipe
 
 DENSE = 58_848

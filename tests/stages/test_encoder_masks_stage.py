@@ -8,7 +8,7 @@ import torch
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection.heads import slice_heads
-from slimkit.recipes.stages.encoder_masks import MaskTrainEncoderArgs
+from slimkit.stages.encoder_masks import MaskTrainEncoderArgs
 from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.tiny import byte_tokenizer, tiny_bert, tiny_llama, tiny_qwen3
 

@@ -11,11 +11,18 @@ import torch
 from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
 
 import slimkit
-from slimkit.primitives import gluedata
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.datasets import gluedata
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.evaluate.glue import average_ranks, evaluate_glue, f1_score, glue_metrics, pearson, spearman
-from slimkit.primitives.finetune.glue import GlueFinetuneConfig, finetune_glue, task_model
+from slimkit.primitives.evaluate.glue_metrics import (
+    average_ranks,
+    evaluate_glue,
+    f1_score,
+    glue_metrics,
+    pearson,
+    spearman,
+)
+from slimkit.primitives.finetune.glue_task_model import GlueFinetuneConfig, finetune_glue, task_model
 from slimkit.recipes.loading import validate
 from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.tiny import tiny_bert, tiny_llama

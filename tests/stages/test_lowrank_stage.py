@@ -150,7 +150,7 @@ def test_an_allocation_lowrank_cannot_take_is_refused(tmp_path, allocation, mess
 
 
 def test_a_share_the_matrices_cannot_save_is_refused_before_calibration(tokenizer, monkeypatch):
-    from slimkit.recipes import runner
+    from slimkit.engine import runner
 
     def no_calibration(ctx):
         raise AssertionError("calibrated before the refusal")
@@ -177,7 +177,7 @@ def test_lora_after_a_global_rank_allocation_adapts_dense_and_low_rank_layers_of
 
 
 def test_the_rank_and_channel_allocations_share_one_dense_pass(tokenizer, monkeypatch):
-    from slimkit.recipes import allocation
+    from slimkit.engine import allocation_prepass as allocation
 
     passes = []
     real = allocation.dense_layer_statistics

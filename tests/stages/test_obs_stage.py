@@ -8,15 +8,15 @@ import pytest
 import torch
 
 import slimkit
+from slimkit.engine.context import Context
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.importance import score_group
 from slimkit.primitives.reconstruct import gram_hooks, inverse_hessian, obs_prune, refit_least_squares
 from slimkit.primitives.reconstruct.consumer import DenseConsumer
-from slimkit.recipes.context import Context
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.stages.obs import ObsPruneLayerArgs, obs_prune_layer
+from slimkit.stages.obs_prune import ObsPruneLayerArgs, obs_prune_layer
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import model_output, tiny_llama
 

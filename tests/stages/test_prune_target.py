@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import slimkit
+from slimkit.engine.context import Context
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
-from slimkit.recipes.context import Context
-from slimkit.recipes.stages import prune as prune_module
-from slimkit.recipes.stages.prune import PruneArgs, prune
+from slimkit.stages import prune as prune_module
+from slimkit.stages.prune import PruneArgs, prune
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import tiny_llama
 

@@ -1,5 +1,5 @@
 """`reconstruct` at the top level: a layer-by-layer refit against the reloaded dense model after a model-scope stage
-(recipes/stages/reconstruct_model.py)."""
+(stages/reconstruct_model.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import slimkit
+from slimkit.engine.runner import run
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.recipes.runner import run
-from slimkit.recipes.stages.reconstruct import ReconstructArgs
+from slimkit.stages.reconstruct import ReconstructArgs
 from tests.conftest import saved_tiny_llama
 from tests.recipes.test_recipes import tiny_recipe
 from tests.stages.test_reconstruct_stage import assert_refused_in_one_line

@@ -12,7 +12,7 @@ from slimkit.primitives.groups import build_groups
 from slimkit.primitives.importance import member_tensors
 from slimkit.primitives.importance.compose import parse_scorer, spec_gradients
 from slimkit.primitives.importance.coupled import coupled_gradient_weights
-from slimkit.recipes.stages.prune import PruneArgs
+from slimkit.stages.prune import PruneArgs
 from tests.tiny import tiny_llama
 
 

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 import slimkit
 from slimkit.primitives.device.offload import is_offloaded
-from slimkit.primitives.device.settings import Placement, format_size, parse_size, resolve_device, resolve_dtype
+from slimkit.primitives.device.placement import Placement, format_size, parse_size, resolve_device, resolve_dtype
 from slimkit.primitives.errors import SlimkitError
 from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.tiny import byte_tokenizer, model_output, tiny_llama

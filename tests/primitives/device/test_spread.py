@@ -9,7 +9,7 @@ from accelerate import init_empty_weights
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.device.offload import module_bytes, spread_device_map
-from slimkit.primitives.device.settings import spread_gpus
+from slimkit.primitives.device.placement import spread_gpus
 from slimkit.primitives.errors import SlimkitError
 from tests.tiny import tiny_llama
 

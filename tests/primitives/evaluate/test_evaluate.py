@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from slimkit.primitives import textdata
+from slimkit.primitives.datasets import textdata
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.perplexity import perplexity, perplexity_of_windows, windows_of
 from slimkit.primitives.evaluate.speed import throughput

@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from slimkit.primitives.data_paths import data_root
+from slimkit.primitives.datasets.data_paths import data_root
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.zeroshot import (
     ZEROSHOT_TASKS,

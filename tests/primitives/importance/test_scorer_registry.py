@@ -10,7 +10,7 @@ from slimkit.primitives.calibration.gradients import accumulate_gradients
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.importance import SCORERS, score_group
-from slimkit.recipes.stages.scoring import input_norms
+from slimkit.stages.scoring import input_norms
 
 KINDS = ("mlp_channel", "attention_head", "kv_group", "hidden_feature")
 

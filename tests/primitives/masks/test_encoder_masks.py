@@ -12,11 +12,11 @@ from transformers import BertConfig, BertForSequenceClassification
 
 import slimkit
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.evaluate.glue import evaluate_glue
+from slimkit.primitives.evaluate.glue_metrics import evaluate_glue
 from slimkit.primitives.masks.encoder import counted_weights, fuse_encoder_masks, train_encoder_masks
 from slimkit.primitives.masks.hooks import apply_masks
 from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
-from slimkit.primitives.masks.settings import EncoderMaskSettings
+from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import expected_size
 from slimkit.primitives.projection import project_post_norm
 from slimkit.recipes.loading import validate
@@ -131,7 +131,7 @@ def test_rank_prior_tilts_every_per_norm_gate_and_not_a_shared_one():
 def test_rank_prior_needs_pca_ordered_hidden_gates():
     from pydantic import ValidationError
 
-    from slimkit.primitives.masks.settings import StreamMaskSettings
+    from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 
     assert EncoderMaskSettings(rank_prior=4.0).rank_prior == 4.0
     for hidden in ("shared", "none"):

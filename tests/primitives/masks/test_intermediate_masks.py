@@ -20,7 +20,7 @@ from slimkit.primitives.masks.encoder import (
 )
 from slimkit.primitives.masks.hooks import apply_masks
 from slimkit.primitives.masks.mask_set import MaskSet, MaskShape, MaskValues
-from slimkit.primitives.masks.settings import EncoderMaskSettings
+from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import expected_size
 from slimkit.primitives.projection.heads import project_heads
 from tests.primitives.masks.test_encoder_masks import HEADS, INTER, LAYERS, D, _batch, _model, _projected

@@ -522,10 +522,10 @@ def test_mask_settings_are_declared_once_and_checked_once():
     from pydantic import ValidationError
 
     from slimkit.primitives.errors import SlimkitError
-    from slimkit.primitives.masks.settings import EncoderMaskSettings, MaskSettings, StreamMaskSettings
+    from slimkit.primitives.masks.mask_settings import EncoderMaskSettings, MaskSettings, StreamMaskSettings
     from slimkit.primitives.masks.training import MaskTarget, run_settings
-    from slimkit.recipes.stages.encoder_masks import MaskTrainEncoderArgs
-    from slimkit.recipes.stages.masks import MaskTrainArgs
+    from slimkit.stages.encoder_masks import MaskTrainEncoderArgs
+    from slimkit.stages.masks import MaskTrainArgs
 
     with pytest.raises(SlimkitError, match=r"^mask training: target must be in \(0, 1\), got 1.5"):
         MaskTarget(1.5, 10)

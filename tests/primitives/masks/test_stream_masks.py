@@ -195,7 +195,7 @@ def test_rank_prior_starts_the_gates_in_principal_component_order():
 
 
 def test_mask_training_with_distillation_runs_and_fuses():
-    from slimkit.primitives.masks.settings import StreamMaskSettings
+    from slimkit.primitives.masks.mask_settings import StreamMaskSettings
     from slimkit.primitives.masks.stream import train_stream_masks
     from slimkit.primitives.masks.training import MaskTarget
 
@@ -237,7 +237,7 @@ def test_own_embedding_basis_at_full_width_is_exact_and_sliced_in_its_own_coordi
 def test_kept_value_one_keeps_the_kept_filters_unscaled(kept_value):
     # Weights frozen (learning_rate 0): with kept_value one every fused down_proj column is an original column
     # exactly; with the trained values (below 1 after the masks move) the kept columns are scaled.
-    from slimkit.primitives.masks.settings import StreamMaskSettings
+    from slimkit.primitives.masks.mask_settings import StreamMaskSettings
     from slimkit.primitives.masks.stream import train_stream_masks
     from slimkit.primitives.masks.training import MaskTarget
 

@@ -1,0 +1,267 @@
+"""The run's last phase: the target checked, the weights checked finite, the model saved and exported, evaluated,
+the typed report built and written, and the output folder published in one step."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from safetensors import SafetensorError
+
+import slimkit
+from slimkit.engine import output_safety
+from slimkit.engine.context import Context
+from slimkit.engine.dense_comparison import compare_with_dense
+from slimkit.engine.progress import Timings
+from slimkit.engine.registry import stage_def
+from slimkit.engine.report import (
+    MACS_SEQ_LEN,
+    RunReport,
+    StageReport,
+    TargetOutcome,
+    peak_rss_mb,
+)
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.device.memory_model import MemoryPlan
+from slimkit.primitives.device.offload import is_offloaded
+from slimkit.primitives.device.placement import Placement, dtype_name, peak_memory_mb
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import count_macs, params_by_part
+from slimkit.primitives.evaluate.run import Evaluation, evaluate_model
+from slimkit.primitives.files.atomic import staging_dir
+from slimkit.primitives.files.guard import write_failure
+from slimkit.primitives.io import versions
+from slimkit.primitives.io.save import non_finite_tensors
+from slimkit.recipes.schema import Recipe
+
+
+@dataclass
+class Result:
+    """What a run returns: the compressed model, its tokenizer, the typed report, and the output folder."""
+
+    model: Any
+    tokenizer: Any
+    report: RunReport
+    out: Path | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run goes besides its recipe: evaluate at all, and compare with the dense model's metrics."""
+
+    evaluate: bool = True
+    compare_dense: bool = True
+    """Put the dense model's metrics (same evaluation settings, computed once and cached) beside the run's."""
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What the earlier phases measured for the report: placement, the dense widths and MACs, the calibration set's
+    description."""
+
+    placement: Placement
+    widths_before: list[dict[str, int]]
+    macs_before: int
+    calibration: dict[str, Any] | None
+    memory_plan: MemoryPlan | None = None
+
+
+def target_outcome(
+    recipe: Recipe, dense: dict[str, int], now: dict[str, int], shares: dict[str, float]
+) -> TargetOutcome:
+    """The report's ``target`` entry: wanted, achieved, tolerance, whether it is met, and each stage's share."""
+    target = recipe.target
+    achieved = target.achieved(dense, now)
+    return TargetOutcome(
+        ratio=target.ratio,
+        of=target.of,
+        achieved=achieved,
+        tolerance=target.tolerance,
+        strict=target.strict,
+        met=target.met(achieved),
+        shares=shares,
+        align=dict(target.align),
+    )
+
+
+def check_result(
+    ctx: Context, start: RunStart, shares: dict[str, float], save_dtype: torch.dtype | None
+) -> TargetOutcome:
+    """The target met (or flagged), the save dtype applied, the weights finite; returns the target's outcome."""
+    recipe = ctx.recipe
+    outcome = target_outcome(recipe, ctx.params_before, params_by_part(ctx.model), shares)
+    if not outcome.met:
+        if recipe.target.strict:
+            raise SlimkitError(outcome.missed_message())
+        ctx.notes.append(f"target not met: {outcome.missed_message().split('; removed by stage')[0]}")
+    calibration = start.calibration
+    if calibration and recipe.eval.perplexity and calibration["dataset"] in recipe.eval.perplexity.datasets:
+        ctx.notes.append(
+            f"calibration and perplexity evaluation both use {calibration['dataset']}: "
+            "the perplexity on it is optimistic"
+        )
+    computed = start.placement.dtype
+    if save_dtype is not None and save_dtype != computed:
+        ctx.model.to(dtype=save_dtype)
+        ctx.notes.append(f"weights computed in {dtype_name(computed)}, saved and evaluated in {dtype_name(save_dtype)}")
+    bad, checked = non_finite_tensors(ctx.model)
+    if bad:
+        cast = f" after the cast to save_dtype {dtype_name(save_dtype)}" if save_dtype is not None else ""
+        raise SlimkitError(
+            f"{len(bad)} of {checked} tensors hold NaN/inf after the stages{cast} ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); nothing was written"
+        )
+    return outcome
+
+
+def finish(
+    ctx: Context,
+    start: RunStart,
+    shares: dict[str, float],
+    save_dtype: torch.dtype | None,
+    out_path: Path | None,
+    force: bool,
+    options: RunOptions,
+    timings: Timings,
+) -> Result:
+    """Check, save, export, evaluate, report and publish; returns the run's :class:`Result`."""
+    outcome = check_result(ctx, start, shares, save_dtype)
+    staging = None
+    try:
+        staging = staging_dir(out_path) if out_path is not None else None
+        exports = save_model(ctx, start, staging, timings) if staging is not None else []
+        evaluation, dense = Evaluation(), None
+        if options.evaluate:
+            evaluation = evaluate_model(ctx.model, ctx.tokenizer, ctx.recipe.eval, ctx.tracker)
+            for label, seconds in evaluation.seconds.items():
+                timings.add(label, seconds)
+            ctx.notes.extend(evaluation.notes)
+            if options.compare_dense:
+                dense = compare_with_dense(ctx, start.placement, save_dtype or start.placement.dtype, timings)
+        report = build_report(ctx, start, outcome, evaluation, save_dtype, timings)
+        report.dense = dense
+        if staging is not None and out_path is not None:
+            from slimkit.engine.report_files import write_report
+            from slimkit.primitives.io.describe import folder_loaders
+
+            loaders = folder_loaders(staging / "model")
+            report.loaders = [{"loader": v.loader, "answer": v.answer, "detail": v.detail} for v in loaders]
+            report.export = exports or None
+            for name, writer in ctx.artifacts.items():
+                writer(staging / name)
+            write_report(report, staging)
+            output_safety.pause_for_test("replace")
+            output_safety.publish(staging, out_path, force)
+    except OSError as error:  # a full disk, a file-size limit, a folder that became unwritable
+        raise write_failure(f"--out {out_path}", error) from None
+    except SafetensorError as error:  # the same, met while safetensors wrote the weights
+        raise SlimkitError(f"--out {out_path}: cannot write the weights ({error}); nothing was replaced") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    failed = [item for item in exports if "error" in item]
+    if failed:
+        raise SlimkitError(
+            f"the model and report are in {out_path}, but {len(failed)} export(s) failed: "
+            + "; ".join(f"{item['format']} {item['path']}: {item['error']}" for item in failed)
+        )
+    return Result(ctx.model, ctx.tokenizer, report, out_path)
+
+
+def save_model(ctx: Context, start: RunStart, staging: Path, timings: Timings) -> list[dict[str, Any]]:
+    """The model (with its manifest and recipe) into ``staging/model``, then the recipe's exports; returns those."""
+    recipe = ctx.recipe
+    raw = recipe.source()
+    manifest = {
+        "recipe_name": recipe.name,
+        "recipe": raw,
+        "seed": recipe.seed,
+        "source": ctx.source,
+        "calibration": start.calibration,
+        "target": recipe.target.model_dump(),
+        **ctx.manifest,
+    }
+    with timings.stage("save"):
+        slimkit.save(ctx.model, ctx.tokenizer, staging / "model", manifest=manifest)
+        output_safety.pause_for_test("save")  # weights written, recipe and report not yet
+        (staging / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return run_exports(recipe, ctx.model, ctx.tokenizer, staging, timings)
+
+
+def run_exports(recipe: Recipe, model: Any, tokenizer: Any, folder: Path, timings: Timings) -> list[dict[str, Any]]:
+    """The recipe's ``export:`` items, written under ``folder``; a refused export is recorded, not raised
+    (the caller reports it after the run's results are safely written)."""
+    from slimkit.primitives.export import export
+
+    results = []
+    for index, item in enumerate(recipe.export):
+        target = folder / item.target()
+        with timings.stage(f"export{'' if index == 0 else f'#{index + 1}'}"):
+            try:
+                if is_offloaded(model):
+                    raise SlimkitError("an offloaded model is exported from its saved folder: run slimkit export on it")
+                result = export(model, target, item.format, item.type, tokenizer=tokenizer).as_dict()
+                result["path"] = item.target()
+            except SlimkitError as error:
+                result = {"format": item.format, "path": item.target(), "error": str(error)}
+        results.append(result)
+    return results
+
+
+def stage_reports(ctx: Context, calibration: dict[str, Any] | None) -> dict[str, StageReport]:
+    """Each stage's recorded mapping as a typed :class:`StageReport` (``lora#2``: the second lora stage)."""
+    tokens = int((calibration or {}).get("tokens") or 0)
+    reports = {}
+    for key, recorded in ctx.stage_report.items():
+        try:
+            trains = stage_def(key.split("#")[0]).trains
+        except KeyError:  # a report under a name that is no stage's
+            trains = False
+        reports[key] = StageReport.from_stage(recorded, trains, tokens)
+    return reports
+
+
+def build_report(
+    ctx: Context,
+    start: RunStart,
+    outcome: TargetOutcome,
+    evaluation: Evaluation,
+    save_dtype: torch.dtype | None,
+    timings: Timings,
+) -> RunReport:
+    recipe, placement = ctx.recipe, start.placement
+    before, after = ctx.params_before, params_by_part(ctx.model)
+    return RunReport(
+        recipe=recipe.name,
+        model=ctx.source["name"],
+        seed=recipe.seed,
+        target=outcome,
+        params={
+            "before": before["total"],
+            "after": after["total"],
+            "removed_ratio": 1.0 - after["total"] / before["total"],
+            "by_part_before": before,
+            "by_part_after": after,
+        },
+        macs={"before": start.macs_before, "after": count_macs(ctx.model, MACS_SEQ_LEN), "seq_len": MACS_SEQ_LEN},
+        timings_s=timings.as_dict(),
+        peak_rss_mb=peak_rss_mb(),
+        placement={
+            **placement.describe(),
+            "offloaded": is_offloaded(ctx.model),
+            "peak_gpu_mb": peak_memory_mb(placement.device),
+            "save_dtype": dtype_name(save_dtype) if save_dtype is not None else None,
+        },
+        metrics=evaluation.metrics,
+        evaluation=evaluation.details,
+        calibration=start.calibration,
+        memory_plan=start.memory_plan.describe() if start.memory_plan is not None else None,
+        stages=stage_reports(ctx, start.calibration),
+        layers={"before": start.widths_before, "after": ModelView(ctx.model).layer_widths()},
+        notes=ctx.notes,
+        versions=versions(),
+    )

@@ -1,0 +1,123 @@
+"""Running layer-scoped stages one layer at a time.
+
+For each layer: run it on its captured inputs with hooks that accumulate each projection's input
+norms, apply the stages with those statistics, then produce the next layer's inputs. With
+``propagate="compressed"`` (the ``sequential`` stage) the next inputs come from the compressed
+layer, so later layers see the errors of earlier ones, as SparseGPT/Wanda/LoRAP do; with
+``"dense"`` (a layer stage at the top level) they come from the layer before compression, which
+equals calibrating the whole dense model once. Only one layer's activations are alive at a time,
+so peak memory is the model plus one layer's calibration activations. A stage that declares
+``layer_grams`` (``reconstruct``) also gets, for those projection roles, the dense weight and the Gram
+matrix of its inputs from this pass (``stats["dense_consumers"]``), taken before any stage changes the layer.
+With ``propagate="compressed"``, a stage that declares ``dense_targets`` (``reconstruct`` with ``target: dense``)
+makes the block carry a second stream: the dense model's hidden states on the same calibration batches, advanced
+through each layer *before* the block's stages change it. For those roles a paired pass runs the dense layer on both
+streams batch by batch and accumulates ``C = Σ x_d x_cᵀ`` (dense input x compressed input of the consumer) and
+``Σ x_d`` (:class:`~slimkit.primitives.reconstruct.consumer.DenseConsumer`: ``cross``, ``dense_sum``). Cost: one
+extra set of hidden states of the calibration batches (tokens x hidden size in the model's dtype: 9.4 MB for
+smollm2-135m at 32 x 128 tokens in float32), one batch of consumer inputs at a time, a ``d_in x d_in`` float64
+matrix per role, and two more forwards of each layer. Without such a stage nothing of this is built. At the top
+level (``propagate="dense"``) the inputs already are the dense model's, so ``C = G`` and no second stream is needed.
+On a model offloaded by ``model.max_memory`` each layer is brought onto the compute device for its turn and written back
+afterwards (:func:`slimkit.primitives.device.offload.resident`), so the device holds one layer at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+
+from slimkit.engine.context import Context
+from slimkit.engine.registry import stage_def
+from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, input_norm_hooks, run_layer
+from slimkit.primitives.device.offload import resident
+from slimkit.primitives.reconstruct.consumer import dense_consumer, paired_pass
+from slimkit.primitives.reconstruct.gram import gram_hooks
+from slimkit.recipes.schema import StageSpec
+
+
+def run_layerwise(
+    ctx: Context,
+    stages: list[StageSpec],
+    propagate: Literal["dense", "compressed"],
+    on_layer: Callable[[int], None] | None = None,
+) -> None:
+    view = ctx.view
+    definitions = [(stage_def(s.stage), s.parsed_args()) for s in stages]
+    needs_stats = any(a.needs_calibration() for _d, a in definitions)
+    inputs = capture_layer_inputs(ctx.model, view.layer(0).module, ctx.calibration_batches()) if needs_stats else None
+    targets = frozenset().union(*(a.dense_targets() for _d, a in definitions))
+    # The dense stream starts equal to the compressed one (same embeddings); its tensors are replaced, never changed.
+    dense = None
+    if inputs is not None and targets and propagate == "compressed":
+        dense = LayerInputs(list(inputs.hidden), inputs.kwargs)
+    names = {id(module): name for name, module in ctx.model.named_modules()}
+    for layer in view.layers:
+        with resident(ctx.model, names[id(layer.module)], layer.module):
+            _compress_layer(ctx, definitions, layer.index, inputs, propagate, dense)
+        if on_layer is not None:
+            on_layer(layer.index)
+
+
+def layer_statistics(
+    view: ModelView,
+    layer: LayerView,
+    inputs: LayerInputs,
+    roles: Sequence[str] = (),
+    paired: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    targets: frozenset[str] = frozenset(),
+) -> tuple[dict, list[torch.Tensor]]:
+    """Run ``layer`` on ``inputs`` with hooks: the statistics a layer stage reads (``input_norms`` of every projection,
+    ``dense_consumers`` of ``roles``: the weight and input Gram before any stage changes them, with the paired
+    pass's cross terms for the dense ``targets``; ``tokens``, ``layer_inputs``) and the layer's outputs."""
+    consumers = {role: layer.linear(role) for role in roles if role in layer.roles}  # not a removed block's
+    with input_norm_hooks(view.linears([layer])) as accumulators, gram_hooks(consumers) as grams:
+        outputs = run_layer(layer.module, inputs)
+    stats: dict = {"input_norms": {path: acc.norms() for path, acc in accumulators.items()}}
+    if roles:  # the dense layer's consumers, before any stage of the block changes them
+        stats["dense_consumers"] = {
+            role: dense_consumer(module, grams[role], (paired or {}).get(role), role in targets)
+            for role, module in consumers.items()
+        }
+    stats["tokens"] = inputs.tokens
+    stats["layer_inputs"] = inputs
+    return stats, outputs
+
+
+def _compress_layer(
+    ctx: Context,
+    definitions: list,
+    index: int,
+    inputs: LayerInputs | None,
+    propagate: Literal["dense", "compressed"],
+    dense: LayerInputs | None = None,
+) -> None:
+    """Calibrate layer ``index`` on ``inputs``, run the stages on it, and advance ``inputs`` (and the dense stream
+    ``dense``, when there is one) to its outputs.
+
+    ``stats["block"]`` tells a stage where it runs: ``propagate`` and the names of the block's stages before it
+    (``earlier``), so a stage that needs an earlier one (``reconstruct``) can say so."""
+    layer = ctx.view.layer(index)
+    stats: dict = {}
+    outputs = None
+    dense_outputs = None
+    if inputs is not None:
+        roles = sorted(frozenset().union(*(a.layer_grams() for _d, a in definitions)))
+        targets = sorted(frozenset().union(*(a.dense_targets() for _d, a in definitions)) & set(roles))
+        paired: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if dense is not None and targets:
+            consumers = {r: layer.linear(r) for r in targets}
+            paired, dense_outputs = paired_pass(layer.module, consumers, inputs, dense)
+        stats, outputs = layer_statistics(ctx.view, layer, inputs, roles, paired, frozenset(targets))
+    for position, (definition, args) in enumerate(definitions):
+        stats["block"] = {"propagate": propagate, "earlier": [d.name for d, _ in definitions[:position]]}
+        definition.fn(ctx, args, ctx.view.layer(index), stats)
+    if inputs is not None:
+        if propagate == "compressed":
+            outputs = run_layer(ctx.view.layer(index).module, inputs)
+        inputs.hidden = outputs
+    if dense is not None and dense_outputs is not None:
+        dense.hidden = dense_outputs

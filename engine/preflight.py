@@ -1,0 +1,233 @@
+"""Checks a run makes before any compute: placement, dtypes, exports, calibration length, evaluation, data files.
+
+Each raises :class:`~slimkit.primitives.errors.SlimkitError` with one line naming the field, what is wrong and what
+is allowed; none changes anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from slimkit.engine.allocation_prepass import check_reachable
+from slimkit.engine.context import Context
+from slimkit.engine.dispatch import block_children, block_plan
+from slimkit.engine.rank_prepass import check_rank_reachable
+from slimkit.engine.registry import stage_def
+from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
+from slimkit.primitives.device.placement import DTYPES, Placement, resolve_device
+from slimkit.primitives.errors import SlimkitError
+from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
+from slimkit.stages.lowrank import LowRankArgs
+from slimkit.stages.prune import layer_fraction
+from slimkit.stages.selection import SelectionArgs
+
+
+def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
+    """Read the calibration data file now, so a missing one fails before any compute."""
+    from slimkit.primitives.datasets import gluedata, textdata
+
+    if calibration is None:
+        return
+    task = gluedata.calibration_task(calibration.dataset)
+    if task is not None:
+        gluedata.read_split(task, "train")
+    else:
+        textdata.documents(calibration.dataset)
+
+
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _unsaveable(data: Any) -> tuple[str, Any] | None:
+    """The dotted path and value of the first thing in ``data`` that YAML's safe dumper and JSON cannot both
+    write (numpy scalars, dates, sets, objects, non-string keys), or None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if type(key) is not str:
+                    return f"{path}.{key!r}".lstrip("."), key
+                stack.append((f"{path}.{key}".lstrip("."), item))
+        elif type(value) is list:
+            stack.extend((f"{path}.{index}".lstrip("."), item) for index, item in enumerate(value))
+        elif type(value) not in _PLAIN_SCALARS:
+            return path, value
+    return None
+
+
+def check_recipe_saveable(recipe: Recipe) -> None:
+    """The recipe's mapping is saved as ``recipe.yaml`` and in the manifest's JSON once the run is done: refuse,
+    before any compute, a value neither can hold (a numpy scalar or a tuple from the Python API, a date)."""
+    found = _unsaveable(recipe.source())
+    if found is not None:
+        path, value = found
+        kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+        raise SlimkitError(
+            f"recipe {path or 'mapping'}: a {kind} ({str(value)[:40]}) cannot be saved in recipe.yaml; give plain "
+            "values (str, int, float, bool, None, lists and mappings with string keys)"
+        )
+
+
+def model_placement(recipe: Recipe, model: Any = None) -> Placement:
+    """Where the run computes: the recipe's ``model`` fields, or the given in-memory model's own device and
+    dtype (a recipe that names another device or dtype for it is refused: nothing is moved silently)."""
+    settings = recipe.model
+    if model is None:
+        return Placement.resolve(settings.device, settings.dtype, settings.max_memory)
+    first = next(model.parameters())
+    if settings.max_memory is not None:
+        raise SlimkitError("model.max_memory applies when slimkit loads the model, not to a model given in memory")
+    for field, wanted, actual in (("device", settings.device, first.device), ("dtype", settings.dtype, first.dtype)):
+        if wanted != "auto":
+            resolved = resolve_device(wanted) if field == "device" else DTYPES[wanted]
+            if resolved != actual and not (field == "device" and resolved.type == actual.type == "cuda"):
+                raise SlimkitError(
+                    f"model.{field}: the recipe asks for {wanted} but the model given has {actual}; "
+                    f"move or cast the model first, or leave model.{field}: auto"
+                )
+    return Placement(first.device, first.dtype)
+
+
+def check_stage_dtypes(recipe: Recipe, dtype: torch.dtype) -> None:
+    """Refuse stages that cannot run with the weights' dtype, before anything is loaded."""
+    if dtype != torch.float16:
+        return
+    for spec in recipe.flat_stages():
+        if stage_def(spec.stage).trains:
+            raise SlimkitError(
+                f"stage '{spec.stage}' trains through the model, which float16 weights cannot do without loss "
+                "scaling (activations and gradients overflow or underflow); use model.dtype bfloat16 or float32"
+            )
+
+
+def check_export_model(recipe: Recipe, model: Any) -> None:
+    """Refuse, before any compression, an ``export:`` item the model's type can never satisfy."""
+    from slimkit.primitives.export import EXPORTABLE_MODEL_TYPES, HF_MODEL_TYPES
+
+    model_type = getattr(model.config, "model_type", None)
+    for index, item in enumerate(recipe.export):
+        allowed = EXPORTABLE_MODEL_TYPES if item.format == "gguf" else HF_MODEL_TYPES
+        if model_type not in allowed or recipe.task is not None:
+            raise SlimkitError(
+                f"export.{index}: format {item.format} writes {', '.join(allowed)} language models; "
+                f"this run's model is {'a GLUE task model' if recipe.task else repr(model_type)}"
+            )
+
+
+def check_stage_models(recipe: Recipe, model: Any) -> None:
+    """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), before calibration."""
+    for spec in recipe.flat_stages():
+        spec.parsed_args().check_model(model)
+
+
+def dense_reloaders(recipe: Recipe) -> list[str]:
+    """The stages that reload the dense model during the run: ``distill`` with steps to train (its teacher) and a
+    top-level ``reconstruct`` (its refit target), as ``stages.N (NAME)`` labels."""
+    found = []
+    for index, item in enumerate(recipe.stages):
+        if isinstance(item, SequentialSpec) or item.stage not in ("distill", "reconstruct"):
+            continue
+        if item.stage == "reconstruct" or item.parsed_args().steps > 0:
+            found.append(f"stages.{index} ({item.stage})")
+    return found
+
+
+def check_dense_reachable(recipe: Recipe, source: dict[str, Any]) -> None:
+    """Refuse, before any compute, a recipe that reloads the dense model when a slimkit output is compressed whose
+    dense origin is not on this machine (``source["compressed_from"]``, from
+    :func:`~slimkit.primitives.io.model_sources.dense_origin`), and a distillation hidden-state term after a PCA
+    projection
+    (:func:`~slimkit.stages.distill.check_hidden_term`). A model given in memory is refused by the stage
+    itself (:func:`~slimkit.stages.dense_source.reload_dense`)."""
+    from slimkit.stages.distill import check_hidden_term
+
+    reloaders = dense_reloaders(recipe)
+    origin = source.get("compressed_from")
+    if reloaders and origin is not None and origin.get("path") is None:
+        raise SlimkitError(f"{reloaders[0]}: reloads the dense model, but {origin['missing']}")
+    for spec in recipe.flat_stages():
+        if spec.stage == "distill":
+            check_hidden_term(recipe, source, spec.parsed_args())
+
+
+def check_calibration_length(recipe: Recipe, model: Any) -> None:
+    """Refuse, before calibrating, a ``calibration.seq_len`` longer than the model's positions
+    (its config's ``max_position_embeddings``, when it has one)."""
+    config = recipe.calibration_config()
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if config is None or not isinstance(limit, int) or config.seq_len <= limit:
+        return
+    raise SlimkitError(
+        f"calibration.seq_len: {config.seq_len} is longer than the model's max_position_embeddings ({limit}); "
+        f"use at most {limit}"
+    )
+
+
+def check_eval_model(recipe: Recipe, model: Any) -> None:
+    """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head),
+    and perplexity windows longer than the model's positions."""
+    from slimkit.primitives.arch.support import task_of
+    from slimkit.primitives.evaluate.run import check_eval_length
+
+    check_eval_length(recipe.eval, model, "eval.perplexity.seq_len")
+    if recipe.task is not None or task_of(model.config) != "encoder":
+        return
+    wanted = [
+        name for name, config in (("perplexity", recipe.eval.perplexity), ("zeroshot", recipe.eval.zeroshot)) if config
+    ]
+    if wanted:
+        raise SlimkitError(
+            f"eval.{wanted[0]}: needs a causal language model, and this run's model is an encoder; set "
+            f"eval.{wanted[0]}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
+        )
+
+
+def check_offloaded_stages(recipe: Recipe, model: Any) -> None:
+    """Whole-model stages cannot run on an offloaded model: refuse them before any compute."""
+    if not is_offloaded(model):
+        return
+    for item in recipe.stages:
+        if not isinstance(item, SequentialSpec):
+            check_stage_fits(model, item.stage, stage_def(item.stage).scope)
+
+
+def check_save_dtype(recipe: Recipe, placement: Placement, model: Any) -> torch.dtype | None:
+    """The dtype the weights are saved in when it differs from the compute dtype's setting (None: the model's
+    own); an offloaded model is saved in its own dtype, so a ``save_dtype`` for it is refused."""
+    save_dtype = DTYPES[recipe.model.save_dtype] if recipe.model.save_dtype else None
+    if save_dtype is not None and save_dtype != placement.dtype and is_offloaded(model):
+        raise SlimkitError("model.save_dtype: an offloaded model is saved in its own dtype; leave save_dtype unset")
+    return save_dtype
+
+
+def check_target_reachable(ctx: Context) -> None:
+    """Before calibration: the first block's uniform layer-wise stages solve their share on the shapes alone, so a
+    target their (aligned) units cannot land on is refused in one line before any compute; its allocated stages
+    (global, search) are refused when even every group at its fewest allowed units falls short (where exactly they
+    land depends on scores: checked when the block starts, still before any weight changes). Later blocks are
+    checked when they start."""
+    children, _propagate = block_children(ctx.recipe.stages[0])
+    solving = []
+    for spec in children:
+        args = spec.parsed_args()
+        if isinstance(args, SelectionArgs) and args.allocates and args.budget() == "solve":
+            solving.append((spec.stage, args))
+        elif isinstance(args, LowRankArgs) and args.global_settings() is not None:
+            solving.append((spec.stage, args))
+    if not solving:
+        return
+    ctx.start_block()
+    ctx.block_planned = block_plan(ctx, children)
+    try:
+        for stage, args in solving:
+            if isinstance(args, LowRankArgs):
+                check_rank_reachable(ctx, args)
+            elif args.allocation_settings() == "uniform":
+                layer_fraction(ctx, args, stage)
+            else:
+                check_reachable(ctx, stage, args)
+    finally:  # the runner starts the block again when it runs
+        ctx.block_start, ctx.block_planned, ctx.block_cache = {}, 0, {}

@@ -1,0 +1,276 @@
+"""``cce`` (model scope): coupled-components elimination, iterative evaluate-and-prune (Algorithm 1).
+
+CCE (../shared/papers/cce-coupled-components-elimination.md). Each iteration:
+
+1. draws calibration samples (the run's calibration set first, then fresh ones drawn with seeds from
+   the run's generator, recorded in the report: the paper takes 10 new C4 sentences of 64 tokens);
+2. scores attention heads (per layer), MLP channels (per layer) and hidden features (model-wide)
+   with ``scorer`` (any registered scorer or composition, :mod:`.scoring`): ``coupled`` (Eqs. 2-6, 8;
+   :mod:`slimkit.primitives.importance.coupled`) from per-batch gradients, either LoRAPrune's LoRA
+   proxy (``gradients: lora``, the paper's choice) or the true gradients (``full``); per-batch scores
+   are smoothed with PLATON (Eq. 7) over the iteration's batches (``platon: true``; PLATON's state
+   starts afresh each iteration, since units and samples change). ``magnitude`` (the paper's L2
+   baseline with ``aggregation: l2``) and ``random`` need no data and are evaluated once per
+   iteration; ``taylor`` (per-weight, LLM-Pruner), ``activation`` and blends are also accepted.
+   ``feature_scope`` says over which product Eq. 8 takes |.| under GQA (query_head, kv_group,
+   layer; see :mod:`slimkit.primitives.importance.coupled`). Memory: ``full`` holds one gradient
+   per scored projection weight (in the weights' dtype) besides the backward pass, about a second
+   copy of the projection weights (smollm2-135m in float32: 0.42 GB; LLaMA-7B: about 13 GB in
+   bfloat16, 26 GB in float32); ``lora`` holds the adapters, their AdamW state and the per-batch
+   factors (tens of MB at rank 8);
+3. removes, in every layer, the lowest-scoring heads and MLP channels, and the lowest-scoring hidden
+   features from every matrix (``remove_units``: heads, MLP channels, hidden features as the pruning
+   core's groups).
+
+How much per iteration (:mod:`slimkit.primitives.select.iterative`): the paper removes one head,
+r * d_k MLP kernels (r = im / (heads * d_k)) and d_k features per iteration, i.e. the fraction
+1/heads of every width when d_m = heads * d_k; ``step`` (default 1/heads) is that fraction, the
+final fraction is solved on exact parameter counts so that what is left of the recipe target when
+the stage starts is removed (the last step is shortened), or given as ``ratio``; ``iterations``
+instead splits it into equal steps. Widths after iteration t are
+rounded from the dense widths, so rounding does not accumulate.
+
+Grouped-query attention (the paper's ChatGLM3 rule, generalised): query heads are removed evenly
+from every KV group, the lowest-scoring ones within each group, and KV heads are kept, so every KV
+group keeps the same number of query heads, HF's ``repeat_kv`` layout (consecutive query heads share
+a KV head) stays valid and no reordering is needed (the paper's Figure 2 reorders ChatGLM3's
+interleaved layout); heads therefore go in multiples of the KV-head count and a layer keeps at least
+one query head per KV group. Removing whole KV groups was not chosen: on smollm2 one KV group is a
+third of the attention, and its k/v kernels have no per-head score. Hidden features keep at least
+one head_dim. A target beyond these floors fails before anything is pruned.
+
+Reported per iteration: the fraction, the calibration seed, mean loss, widths, parameters, seconds,
+``gradient_state_mb`` (exact bytes of the gradient state the path holds: every scored weight's
+gradient for ``full``; adapters, their gradients, AdamW moments and stored factors for ``lora``),
+``gradient_peak_mb`` (sampled peak RSS above the phase's start, see
+:mod:`slimkit.primitives.evaluate.memory` for why it is noisy) and ``process_peak_rss_mb``.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.engine.stage_args import BudgetMode
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import params_by_part
+from slimkit.primitives.evaluate.memory import MB, PeakRSS
+from slimkit.primitives.groups import Group
+from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_gradients, spec_names
+from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
+from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
+from slimkit.stages.scoring import ScoringArgs, gradient_options, input_norms, roles_of
+
+Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
+KINDS: tuple[str, ...] = SCHEDULE_KINDS
+
+
+class CceArgs(ScoringArgs):
+    scorer: str | dict = "coupled"
+    """Importance scorer: coupled (CCE Eqs. 2-6, 8), magnitude (with aggregation l2: the paper's L2
+    baseline), random, taylor, activation, or a composition ({blend: ...}; smoothing is ``platon``)."""
+    kinds: list[Kind] = Field(default_factory=lambda: list(KINDS), min_length=1)
+    """Which components are eliminated: attention_head, mlp_channel, hidden_feature."""
+    ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
+    """Final fraction of every dense width removed; None: solved from what is left of the recipe target."""
+    step: float | None = Field(None, gt=0.0, le=1.0)
+    """Fraction of every dense width removed per iteration; None: 1/heads (the paper's one head per iteration)."""
+    iterations: int | None = Field(None, ge=1)
+    """Split the target into this many equal steps instead of ``step``."""
+    feature_scope: Literal["query_head", "kv_group", "layer"] = "kv_group"
+    """Where Eq. 8 takes |.| for hidden-feature scores (scorer coupled): per query head's product (the paper's
+    per-head reading applied to GQA query heads, whose k/v gradient share is a minimum-norm guess),
+    per KV group (the smallest product whose gradient the factors determine; equals query_head without
+    GQA), or per layer. Recorded in the report; other scorers ignore it."""
+    gradients: Literal["lora", "full"] = "lora"
+    """Gradients the scorer reads: lora (LoRAPrune's Eq. 9 proxy, the paper's choice) or full (the true
+    gradient of each calibration batch's loss w.r.t. the scored weights, back-propagated per batch and
+    smoothed/averaged as scores). Memory of full: one gradient per scored weight in the weights' dtype,
+    i.e. about the projection weights once more (135M float32: ~0.4 GB; a 7B model: ~13 GB in bfloat16,
+    ~26 GB in float32) plus the backward pass's activations; lora holds only adapters and their factors."""
+    lora_rank: int = Field(8, ge=1)
+    """Rank of the proxy's LoRA adapters (gradients: lora)."""
+    lora_alpha: float = Field(16.0, gt=0)
+    """Scaling alpha of the proxy's adapters (gradients: lora)."""
+    lora_steps: int = Field(5, ge=0)
+    """AdamW steps on the iteration's samples before the proxy gradients are read (the paper: 5)."""
+    lora_learning_rate: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    """Learning rate of those steps (gradients: lora)."""
+    platon: bool = True
+    """Smooth per-batch scores with PLATON (Eq. 7); false averages them."""
+    x1: float = Field(0.5, ge=0.0, lt=1.0)
+    """PLATON's importance smoothing factor (Eq. 7; the paper: 0.5)."""
+    x2: float = Field(0.5, ge=0.0, lt=1.0)
+    """PLATON's uncertainty smoothing factor (Eq. 7; the paper: 0.5)."""
+    fresh_samples: bool = True
+    """Draw new calibration samples for every iteration after the first (false: reuse the run's set)."""
+
+    @model_validator(mode="after")
+    def _compatible(self) -> CceArgs:
+        self.check_kinds(self.kinds)
+        if self.platon and isinstance(self.scorer_spec(), Smoothed):
+            raise ValueError("scorer: platon is set twice (the stage's platon: true and the scorer's); give one")
+        if self.step is not None and self.iterations is not None:
+            raise ValueError("step and iterations: give one of them (or neither for 1/heads per iteration)")
+        if len(set(self.kinds)) != len(self.kinds):
+            raise ValueError(f"kinds: each kind once (got {', '.join(self.kinds)})")
+        if self.gradients == "lora" and (self.stats_device != "model" or self.checkpoint_layers):
+            raise ValueError(
+                "stats_device / checkpoint_layers: apply to gradients: full (lora holds only adapter factors)"
+            )
+        if self.gradients == "lora" and "taylor" in spec_names(self.scorer_spec()):
+            raise ValueError(
+                "gradients: lora estimates Linear weights only, and taylor also scores embeddings and norms; "
+                "use gradients: full with scorer: taylor"
+            )
+        return self
+
+    def scorer_args(self) -> dict:
+        return {**super().scorer_args(), "feature_scope": self.feature_scope}
+
+    def scores_features_coupled(self) -> bool:
+        """Whether ``feature_scope`` is read: the coupled scorer scores hidden features."""
+        return "hidden_feature" in self.kinds and "coupled" in spec_names(self.scorer_spec())
+
+    def needs_gradients(self) -> bool:
+        return "gradients" in self.needs()
+
+    def needs_data(self) -> bool:
+        return bool(self.needs())
+
+    def needs_calibration(self) -> bool:
+        return self.needs_data()
+
+    def budget(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else "solve"
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.kinds)
+
+
+def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Tensor], int | None]:
+    """The iteration's calibration batches and the seed they were drawn with."""
+    if iteration == 0 or not args.fresh_samples:
+        return ctx.calibration_batches(), ctx.recipe.seed
+    config = ctx.recipe.calibration_config()
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator))
+    ids = calibration_batches(ctx.tokenizer, CalibrationSpec(config.dataset, config.samples, config.seq_len, seed))
+    return list(ids.split(config.batch_size)), seed
+
+
+def _gradient_weights(ctx: Context, args: CceArgs, groups: list[Group]) -> list[torch.Tensor]:
+    """Only the weights the scorers read for these groups (groups the stage does not prune need none)."""
+    return list(spec_gradients(args.scorer_spec(), ctx.model, groups, args.scorer_args()).tensors)
+
+
+def _evaluate(ctx: Context, args: CceArgs, groups: list[Group], batches, seed: int) -> tuple[list[torch.Tensor], dict]:
+    """Scores of every group for one iteration, and what the evaluation cost."""
+    scorer_args = args.scorer_args()
+    spec = args.scorer_spec()
+    if not args.needs_gradients():
+        stats: dict = {"input_norms": input_norms(ctx.model, batches)} if "input_norms" in args.needs() else {}
+        return score_groups(spec, groups, ctx.model, [stats], generator=ctx.generator, **scorer_args), {}
+    weights = _gradient_weights(ctx, args, groups)
+    accumulator = ScoreAccumulator(Smoothed(spec, args.x1, args.x2) if args.platon else spec)
+    losses: list[float] = []
+    report: dict = {}
+    with PeakRSS() as memory:
+        if args.gradients == "lora":
+            config = LoraProxyConfig(args.lora_rank, args.lora_alpha, args.lora_steps, args.lora_learning_rate, seed)
+            source = lora_gradients(ctx.model, batches, weights, config)
+        else:
+            source = full_gradients(ctx.model, batches, weights, **gradient_options(args))
+        for batch, gradients in zip(batches, source, strict=True):
+            stats = {"gradients": gradients}
+            if "input_norms" in args.needs():
+                stats["input_norms"] = input_norms(ctx.model, [batch])
+            accumulator.update(groups, ctx.model, stats, generator=ctx.generator, **scorer_args)
+            losses.append(gradients.loss)
+            report = gradients.report
+    scores = accumulator.scores(groups)
+    cost = {
+        "gradients": args.gradients,
+        "batches": len(losses),
+        "loss": sum(losses) / len(losses),
+        "gradient_peak_mb": memory.delta_mb,
+        "gradient_state_mb": report.get("state_bytes", 0) / MB,
+    }
+    return scores, cost
+
+
+def _widths(ctx: Context) -> dict:
+    view = ctx.view
+    return {
+        "heads": [layer.num_heads for layer in view.layers],
+        "mlp": [layer.mlp_width for layer in view.layers],
+        "hidden": view.hidden_size,
+    }
+
+
+@register_stage(
+    "cce",
+    args=CceArgs,
+    scope="model",
+    paper="CCE Algorithm 1, Eqs. 2-8 (coupled components, PLATON smoothing Eq. 7)",
+)
+def cce(ctx: Context, args: CceArgs) -> None:
+    """Iteratively score coupled components (heads, MLP kernels, features) and remove the lowest until the target."""
+    if args.needs_gradients() and ModelView(ctx.model).head is None:
+        raise SlimkitError(
+            f"cce: scorer {args.scorer} needs a causal LM (the calibration loss); this model has no LM head"
+        )
+    schedule = plan_schedule(  # raises before any change when the floors forbid the target
+        ctx.model,
+        args.kinds,
+        final=args.ratio,
+        step=args.step,
+        iterations=args.iterations,
+        part=ctx.recipe.target.part,
+        wanted=ctx.params_to_remove(),
+    )
+    history: list[dict] = []
+    report = {
+        "scorer": args.scorer_name(),
+        "gradients": args.gradients if args.needs_gradients() else None,
+        "feature_scope": args.feature_scope if args.scores_features_coupled() else None,
+        "platon": args.platon,
+        "kinds": list(args.kinds),
+        "step": schedule.step,
+        "final_fraction": schedule.final,
+        "iterations": history,
+    }
+    ctx.report_stage("cce", report)
+    state: dict = {}
+
+    def score(iteration: int, groups: list[Group]) -> list[torch.Tensor]:
+        state["started"] = time.perf_counter()
+        batches, seed = _batches(ctx, args, iteration) if args.needs_data() else ([], None)
+        scores, state["cost"] = _evaluate(ctx, args, groups, batches, seed if seed is not None else ctx.recipe.seed)
+        state["seed"] = seed
+        return scores
+
+    with ctx.tracker.task("cce iterations", len(schedule.fractions)) as advance:
+
+        def record(iteration: int, fraction: float) -> None:
+            entry = {"iteration": iteration + 1, "fraction": fraction, "seed": state["seed"], **state["cost"]}
+            entry.update(_widths(ctx))
+            entry["params"] = params_by_part(ctx.model)["total"]
+            entry["seconds"] = time.perf_counter() - state["started"]
+            entry["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+            history.append(entry)
+            advance(1)
+
+        run_schedule(ctx.model, schedule, score, record)
+    peaks = [h["gradient_peak_mb"] for h in history if "gradient_peak_mb" in h]
+    if peaks:
+        report["gradient_peak_mb"] = max(peaks)
+        report["gradient_state_mb"] = max(h["gradient_state_mb"] for h in history if "gradient_state_mb" in h)
+    ctx.manifest["cce"] = {"iteration_seeds": [h["seed"] for h in history], "fractions": list(schedule.fractions)}

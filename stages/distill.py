@@ -1,0 +1,123 @@
+"""``distill`` (model scope): LoRA recovery trained against the dense teacher's logits (KL), merged into the weights.
+
+The ``lora`` stage with its loss replaced (issue #17): the same arguments and budget (``steps`` x
+``batch_size`` windows of ``seq_len`` tokens of ``dataset``, the recipe's seed, the same adapters and
+optimizer), so a ``distill`` row and a ``lora`` row compare at equal steps and tokens. The loss is the
+token-level forward KL(teacher || student) at ``temperature`` (times ``temperature**2``), plus
+``hidden_weight`` times the per-layer normalised hidden-state error (see
+:mod:`slimkit.primitives.finetune.distill`).
+
+The teacher (``teacher: dense``, the only one for now) is the dense model the recipe started from, loaded
+again from the recipe's model source onto the student's device in the student's dtype when the stage
+starts, and freed when it ends. Memory: two models at once, the dense teacher (the dense parameter count x
+the dtype's bytes: about 0.54 GB for smollm2-135m in float32) beside the compressed student with its adapters,
+AdamW state and activations, plus per step the teacher's logits (batch x seq_len x vocab in the model's dtype); the
+KL's float32 softmax temporaries live for 1,024 tokens at a time (chunks recomputed in the backward pass,
+:func:`~slimkit.primitives.finetune.distill.distill_loss`). A teacher that cannot be loaded (a model given in
+memory has no source to reload; out of memory) is one :class:`SlimkitError` line saying so.
+
+Budget: like ``lora``, it removes no parameters (budget ``none``) and trains (refused with float16 weights).
+``benchmarks/run.py`` turns it off (``steps=0``) for "without recovery" rows, as it does ``lora``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+from torch import nn
+
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune import LoraConfig, lora_recover
+from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
+from slimkit.recipes.schema import Recipe
+from slimkit.stages.dense_source import release_memory, reload_dense
+from slimkit.stages.lora import LoraArgs, default_lora_targets
+
+PROJECTING_STAGES = ("pca_project", "pca_project_post")
+
+
+class DistillArgs(LoraArgs):
+    temperature: float = Field(1.0, gt=0)
+    """Softmax temperature T of both models' logits (> 0, finite); the KL is multiplied by T**2."""
+    hidden_weight: float = Field(0.0, ge=0.0)
+    """Weight of the hidden-state term (per-layer squared error / teacher's mean squared norm); 0: logits only."""
+    teacher: Literal["dense"] = "dense"
+    """The teacher: dense = the recipe's model source reloaded (the uncompressed model)."""
+
+
+def check_hidden_term(recipe: Recipe, source: dict[str, Any], args: DistillArgs) -> None:
+    """The hidden-state term compares residual streams coordinate by coordinate: refuse it after a PCA projection
+    (the student's stream is in another basis, even at full width), in this recipe or in an earlier run that made
+    the input model (``source["compressed_from"]["stages"]``). The runner calls it before any compute."""
+    if args.hidden_weight <= 0:
+        return
+    projected = [s.stage for s in recipe.flat_stages() if s.stage in PROJECTING_STAGES]
+    if projected:
+        raise SlimkitError(
+            f"distill: hidden_weight > 0 compares hidden states with the dense teacher's, but this recipe's "
+            f"{projected[0]} stage changes the hidden-state basis; set hidden_weight: 0"
+        )
+    earlier = [name for name in (source.get("compressed_from") or {}).get("stages", []) if name in PROJECTING_STAGES]
+    if earlier:
+        raise SlimkitError(
+            f"distill: hidden_weight > 0 compares hidden states with the dense teacher's, but the input model "
+            f"was made by a {earlier[0]} stage, which changes the hidden-state basis; set hidden_weight: 0"
+        )
+
+
+def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
+    """The dense teacher on the student's device in its dtype, and what the report records about it."""
+    if ctx.recipe.task is not None:
+        raise SlimkitError(
+            f"distill: needs a causal language model's logits; this recipe makes a {ctx.recipe.task} task model"
+        )
+    dense = reload_dense(
+        ctx,
+        "distill",
+        what="dense teacher",
+        device=None,
+        why="teacher: dense",
+        instead="use the lora stage",
+        holds="the stage holds two models at once: the teacher needs about {need} beside the student",
+    )
+    info = {
+        "teacher": "dense",
+        "teacher_source": dense.source,
+        "teacher_load_seconds": dense.load_seconds,
+        "teacher_weights": dense.weights,
+    }
+    return dense.model, info
+
+
+@register_stage(
+    "distill",
+    args=DistillArgs,
+    scope="model",
+    trains=True,
+    paper="LoRA recovery by knowledge distillation (Hinton et al. 2015 KL at temperature T) from the dense model",
+)
+def distill(ctx: Context, args: DistillArgs) -> None:
+    """Recover with LoRA adapters trained to match the dense teacher's logits (KL), then merge them into the weights."""
+    values = args.model_dump(exclude={"temperature", "hidden_weight", "teacher"})
+    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
+    config = LoraConfig(**values, seed=ctx.recipe.seed)
+    settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
+    if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
+        ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config)
+        skipped = {"kl_first": None, "kl_last": None, "kls": [], "teacher": args.teacher, "teacher_load_seconds": 0.0}
+        ctx.report_stage("distill", {**report, **skipped, "note": "steps 0: no training, teacher not loaded"})
+        return
+    teacher, info = load_teacher(ctx)
+    cuda = any(p.device.type == "cuda" for p in teacher.parameters())
+    try:
+        with ctx.tracker.task("distill", config.steps) as advance:
+            ctx.model, report = distill_recover(
+                ctx.model, teacher, ctx.tokenizer, config, settings, progress=lambda _step: advance(1)
+            )
+    finally:
+        del teacher
+        release_memory(cuda)
+    ctx.report_stage("distill", {**report, **info})

@@ -1,0 +1,126 @@
+"""``mask_train_encoder`` (model scope): SP3's (or CoFi's) learned masks on a GLUE task model, binarised and fused.
+
+The BERT setting of SP3 (Hu et al., §3.2, §3.3, Appendix C, D.2): after ``glue_finetune`` (the task
+model) and ``pca_project_post`` (full-width projection, one PCA basis per hidden LayerNorm),
+``hidden: per_norm`` trains one hidden gate per LayerNorm, FFN filter gates and, in the joint stage,
+head and layer gates, with the task loss plus the Lagrangian (Eq. 14) on Eq. 30's expected sparsity;
+binarises at the threshold meeting ``target.ratio`` and fuses. ``hidden: shared`` on the unprojected
+model is the CoFi-style masks-only baseline (Table 2). See
+:mod:`slimkit.primitives.masks.encoder` for the loss, the count and the fusing.
+
+The target is a sparsity of Eq. 30's count (``target.of: layers``): the attention (q, k, v, o) and FFN
+(up, down) weight matrices plus, with ``per_norm``, the residual matrices W_R; embeddings, norms,
+biases, pooler and classifier are not counted (CoFi). ``intermediate: true`` adds SP3's MHA-intermediate masks: the
+heads are projected at full width from the recipe's calibration batches (Eqs. 10-12), one gate per projected q/k
+and v/o dimension joins the dimension masks, and each head keeps its own widths when fused (q, k, v, o counted at
+their kept widths). Batches: the task's train split in the
+seeded order of :func:`slimkit.primitives.datasets.gluedata.training_order`, ``batch_size`` examples per
+optimiser step. ``check_examples`` dev examples (None: all) compare the masked and the fused model
+(exactly equal with ``per_norm``; not with ``shared``, whose sliced LayerNorms change their statistics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
+from slimkit.primitives.datasets import gluedata
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.masks.encoder import check_encoder_masks, train_encoder_masks
+from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
+
+
+class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
+    """The mask settings (:class:`~slimkit.primitives.masks.mask_settings.EncoderMaskSettings`) and the task data."""
+
+    batch_size: int = Field(16, ge=1)
+    """Training examples per optimizer step."""
+    max_length: int = Field(128, ge=8)
+    """Tokens per example; longer examples are truncated."""
+    check_examples: int | None = Field(None, ge=0)
+    """Dev examples for the masked-vs-fused comparison (None: the whole dev split; 0: none)."""
+
+    def needs_task(self) -> bool:
+        return True
+
+    def budget(self) -> BudgetMode:
+        return "solve"
+
+    def touches(self) -> frozenset[str]:
+        return ALL_ROLES
+
+    def needs_calibration(self) -> bool:
+        # the MHA-intermediate projections read the calibration batches
+        return self.intermediate and self.intermediate_basis == "pca"
+
+    def check_model(self, model: Any) -> None:
+        try:
+            check_encoder_masks(model, self)
+        except SlimkitError as error:
+            raise SlimkitError(f"mask_train_encoder: {error}") from None
+
+
+@register_stage(
+    "mask_train_encoder",
+    args=MaskTrainEncoderArgs,
+    scope="model",
+    paper="SP3 §3.2 (masks on a post-norm encoder); CoFi (Xia et al. 2022) for the masks-only baseline",
+    trains=True,
+)
+def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
+    """Train SP3's per-norm (or CoFi's shared) hidden, filter, head and layer masks on the GLUE task; fuse."""
+    target = ctx.recipe.target
+    if target.of != "layers":
+        raise SlimkitError(
+            f"mask_train_encoder counts Eq. 30 (block matrices and residual matrices): set target.of: layers "
+            f"(got {target.of})"
+        )
+    task = ctx.recipe.task
+    examples = gluedata.read_split(task, "train")
+    needed = args.total_steps * args.batch_size
+    order: list[int] = []
+    epoch = 0
+    while len(order) < needed:
+        order += gluedata.training_order(len(examples), ctx.recipe.seed, epoch)
+        epoch += 1
+    chosen = [examples[i] for i in order[:needed]]
+    batches = list(gluedata.batches(ctx.tokenizer, chosen, args.batch_size, args.max_length))
+    check = None
+    if args.check_examples != 0:
+        dev = gluedata.load_examples(task, "dev", args.check_examples)
+        check = list(gluedata.batches(ctx.tokenizer, dev, 64, args.max_length))
+    with ctx.tracker.task(f"mask_train_encoder {task}", args.total_steps) as advance:
+        report = train_encoder_masks(
+            ctx.model,
+            batches,
+            args,
+            target.ratio,
+            ctx.recipe.seed,
+            lambda _step: advance(1),
+            check_batches=check,
+            tolerance=target.tolerance,
+            calibration=ctx.calibration_batches() if args.intermediate else None,
+        )
+    report["epochs"] = needed / len(examples)
+    report["examples_seen"] = needed
+    ctx.report_stage("mask_train_encoder", report)
+    agreement = report["fused"].get("masked_vs_fused", {})
+    ctx.notes.append(
+        f"mask_train_encoder: {report['steps']} steps in {report['seconds']:.0f} s; Eq. 30 sparsity "
+        f"{report['binary_sparsity']:.2%} (fused model's counted weights: {report['achieved_sparsity']:.2%})"
+        + (
+            f"; masked vs fused on dev: {agreement['prediction_agreement']:.2%} same predictions"
+            if "prediction_agreement" in agreement
+            else ""
+        )
+    )
+    if report["fused"]["placeholder_heads"] or report["fused"]["placeholder_filters"]:
+        ctx.notes.append(
+            f"mask_train_encoder: placeholder head in layers {report['fused']['placeholder_heads']}, placeholder "
+            f"filter in layers {report['fused']['placeholder_filters']} (zero output; "
+            f"{report['fused']['placeholder_params']:,} weights)"
+        )

@@ -1,0 +1,73 @@
+"""``lora`` (model scope): LoRA recovery fine-tuning with peft, merged into the weights."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.engine.stage_args import StageArgs
+from slimkit.primitives.finetune import LoraConfig, lora_recover
+from slimkit.primitives.lowrank import LowRankLinear
+from slimkit.recipes.schema import check_corpus
+
+
+class LoraArgs(StageArgs):
+    rank: int = Field(8, ge=1)
+    """Rank r of every adapter pair (A: r x in, B: out x r)."""
+    alpha: float = Field(16.0, gt=0)
+    """LoRA scaling numerator: the adapter's update is scaled by alpha / rank."""
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input during training, in [0, 1)."""
+    target_modules: list[str] | None = None
+    """Linear module names to adapt; None: every attention and MLP projection of the layers."""
+    learning_rate: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the adapter parameters (constant; base weights stay frozen)."""
+    steps: int = Field(50, ge=0)
+    """Optimizer steps (0: no training, the model is left as it is)."""
+    batch_size: int = Field(4, ge=1)
+    """Token windows per optimizer step."""
+    seq_len: int = Field(128, ge=2)
+    """Tokens per training window."""
+    dataset: str = "alpaca"
+    """Local corpus the training windows are drawn from: wikitext2, ptb, c4 or alpaca."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay of the adapter parameters (0: none)."""
+
+    _dataset = field_validator("dataset")(check_corpus)
+
+
+def default_lora_targets(ctx: Context) -> tuple[str, ...]:
+    """Every projection of the layers by name; low-rank pairs are adapted through their two factors
+    (peft wraps Linear layers only), LoRAP's "LoRA on both pruned linears and low-rank factors". A projection
+    name that is low-rank in some layers and dense in others (a global rank allocation) is named by its dense
+    modules' full paths, so peft never meets a low-rank pair under that name."""
+    names: set[str] = set()
+    dense: dict[str, list[str]] = {}
+    lowrank: set[str] = set()
+    view = ctx.view
+    for layer in view.layers:
+        for role in layer.roles:
+            path = view.path_of(layer.linear(role))
+            suffix = path.rsplit(".", 1)[-1]
+            if isinstance(layer.linear(role), LowRankLinear):
+                names.update(("first", "second"))
+                lowrank.add(suffix)
+            else:
+                dense.setdefault(suffix, []).append(path)
+    for suffix, paths in dense.items():
+        names.update(paths if suffix in lowrank else (suffix,))
+    return tuple(sorted(names))
+
+
+@register_stage(
+    "lora", args=LoraArgs, scope="model", trains=True, paper="LoRA (Hu et al. 2022) recovery, merged into the weights"
+)
+def lora(ctx: Context, args: LoraArgs) -> None:
+    """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
+    values = args.model_dump()
+    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
+    config = LoraConfig(**values, seed=ctx.recipe.seed)
+    with ctx.tracker.task("lora", config.steps) as advance:
+        ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
+    ctx.report_stage("lora", report)

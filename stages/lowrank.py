@@ -1,0 +1,235 @@
+"""``lowrank`` (layer scope): replace projections by low-rank pairs (LoRAP, Li et al. 2024, §3.2).
+
+Each chosen projection W becomes ``LowRankLinear`` factors from activation-weighted SVD (AWSVD,
+Eqs. 5-7, with the layer's calibration input norms), plain truncated SVD (the Table 5 ablation), or, beyond
+LoRAP, ``whiten``: SVD-LLM's whitened SVD with the full Gram of the layer's calibration inputs, which
+minimises the output error on them where AWSVD assumes uncorrelated input features (issue #17).
+The parameter budget of the chosen projections is ``(1 - fraction)`` of their dense count, with
+``fraction`` LoRAP's layer ratio (Appendix C.1) unless ``ratio`` is given. ``allocation: lorap``
+splits an attention budget 1:3 between (W_q + W_k) and (W_v + W_o) by parameter counts, keeping a
+group dense when its share exceeds it (Appendix C "Special Case"); ``uniform`` gives every matrix
+the same fraction (the Table 6 ablation); ``{global: {max_fraction}}`` (beyond LoRAP, issue 30) shares
+the same total among every chosen matrix of every layer by their weighted-SVD spectra on dense inputs,
+decided in the block's pre-pass (:mod:`slimkit.engine.rank_prepass`).
+No rank exceeds the speed cap ``mac_fraction`` of the
+dense MACs: two thin matmuls near the MAC break-even were measured slower than one dense matmul
+on this CPU (see ``slimkit.primitives.lowrank``), and the issue asks that a low-rank layer never be
+slower than dense.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from slimkit.engine.allocation_results import allocated_ranks
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.primitives.allocate.allocation_settings import GlobalSettings, parse_allocation
+from slimkit.primitives.arch import LayerView
+from slimkit.primitives.errors import SlimkitError, unknown
+from slimkit.primitives.evaluate.counting import param_parts
+from slimkit.primitives.lowrank import (
+    LowRankLinear,
+    allocate_attention,
+    dense_params,
+    max_useful_rank,
+    rank_for_budget,
+)
+
+LOWRANK_ALLOCATIONS = ("lorap", "uniform", "global")
+"""How a lowrank stage shares its budget: within each layer (lorap, uniform) or across all of them (global)."""
+
+Role = Literal["q", "k", "v", "o", "gate", "up", "down"]
+
+
+class LowRankArgs(StageArgs):
+    roles: list[Role] = Field(default_factory=lambda: ["q", "k", "v", "o"], min_length=1)
+    """Projections replaced by low-rank pairs (q, k, v, o, gate, up, down)."""
+    method: Literal["awsvd", "whiten", "svd"] = "awsvd"
+    """awsvd: SVD of W diag(||X_j||) (LoRAP Eqs. 5-7, needs calibration); whiten: SVD of W S with S S^T the
+    input Gram (SVD-LLM; minimises the output error on the calibration inputs, needs calibration); svd: plain
+    truncated SVD."""
+    allocation: str | dict[str, Any] = "lorap"
+    """lorap: the attention budget split qk_share : (1 - qk_share) between (W_q + W_k) and (W_v + W_o) in every
+    layer; uniform: every matrix keeps the same fraction; {global: {max_fraction}}: the same total shared among every
+    chosen matrix of every layer, least relative weighted-SVD error per parameter saved first (max_fraction: the
+    most of one matrix's parameters it may lose)."""
+    qk_share: float = Field(0.25, gt=0.0, lt=1.0)
+    """Share of the attention budget for (W_q + W_k) under ``allocation: lorap`` (1:3 -> 0.25)."""
+    mac_fraction: float = Field(0.75, gt=0.0, le=1.0)
+    """Speed cap: a factorisation may cost at most this fraction of the dense MACs."""
+    ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
+    """Fraction of the chosen projections' parameters to remove; None: LoRAP's layer ratio (Appendix C.1)
+    from what is left of the recipe target when the block starts."""
+
+    @field_validator("allocation")
+    @classmethod
+    def _known_allocation(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        name = value if isinstance(value, str) else next(iter(value), None) if isinstance(value, dict) else None
+        if name == "search":
+            raise ValueError(
+                "a search over ranks is not available for lowrank; use {global: {max_fraction}} (every matrix ranked "
+                "by its weighted-SVD spectrum), lorap or uniform"
+            )
+        if name not in LOWRANK_ALLOCATIONS or (isinstance(value, dict) and name != "global"):
+            raise ValueError(unknown("allocation", str(name), LOWRANK_ALLOCATIONS))
+        if name == "global":
+            parse_allocation(value)
+        return value
+
+    def global_settings(self) -> GlobalSettings | None:
+        """The cross-layer allocation's settings; None for lorap or uniform (the same rule in every layer)."""
+        if self.allocation in ("lorap", "uniform"):
+            return None
+        parsed = parse_allocation(self.allocation)
+        return parsed if isinstance(parsed, GlobalSettings) else None
+
+    @model_validator(mode="after")
+    def _lorap_needs_attention(self) -> LowRankArgs:
+        if self.allocation == "lorap" and sorted(self.roles) != ["k", "o", "q", "v"]:
+            raise ValueError("allocation: lorap splits the attention budget; use roles [q, k, v, o] or uniform")
+        return self
+
+    def needs_calibration(self) -> bool:
+        return self.method != "svd"
+
+    def layer_grams(self) -> frozenset[str]:
+        return frozenset(self.roles) if self.method == "whiten" else frozenset()
+
+    def budget(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else "layer"
+
+    def plan(self, ctx: Context) -> int:
+        return planned_removal(ctx, self)
+
+    def touches(self) -> frozenset[str]:
+        return frozenset(self.roles)
+
+    def makes_lowrank(self) -> frozenset[str]:
+        return frozenset(self.roles)
+
+
+def _uniform_ranks(shapes: dict[str, tuple[int, int]], keep: float, mac_fraction: float) -> dict[str, int | None]:
+    ranks: dict[str, int | None] = {}
+    for role, (d_out, d_in) in shapes.items():
+        cap = max_useful_rank(d_in, d_out, mac_fraction)
+        budget = int(keep * dense_params(d_in, d_out))
+        ranks[role] = min(rank_for_budget(d_in, d_out, budget), cap) if cap >= 1 else None
+    return ranks
+
+
+def lowrank_fraction(ctx: Context, args: LowRankArgs) -> float:
+    """The share of the chosen matrices the stage removes: ``ratio``, or LoRAP's layer ratio when the block starts."""
+    if args.ratio is not None:
+        return args.ratio
+    if "lowrank:fraction" not in ctx.block_cache:
+        ctx.block_cache["lowrank:fraction"] = ctx.layer_rule_ratio()
+    return ctx.block_cache["lowrank:fraction"]
+
+
+def layer_shapes(layer: LayerView, roles: list[str]) -> dict[str, tuple[int, int]]:
+    """``role -> (d_out, d_in)`` of the chosen projections of ``layer``, refusing one that is already low-rank."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for role in roles:
+        module = layer.linear(role)
+        if isinstance(module, LowRankLinear):
+            raise SlimkitError(f"layer {layer.index}: {role} is already low-rank")
+        shapes[role] = tuple(module.weight.shape)
+    return shapes
+
+
+def _layer_ranks(ctx: Context, layer: LayerView, args: LowRankArgs, fraction: float) -> dict[str, int | None]:
+    """The rank of every chosen projection of ``layer`` (None: the projection stays dense)."""
+    if args.global_settings() is not None:
+        found = allocated_ranks(ctx, list(args.roles))
+        if found is None:
+            raise SlimkitError(
+                "lowrank: allocation global is decided in the pre-pass of a layer-wise block; run it through a recipe"
+            )
+        return found.ranks[layer.index]
+    shapes = layer_shapes(layer, list(args.roles))
+    if args.allocation == "lorap":
+        budget = int((1.0 - fraction) * sum(dense_params(d_in, d_out) for d_out, d_in in shapes.values()))
+        return allocate_attention(shapes, budget, args.qk_share, args.mac_fraction)
+    return _uniform_ranks(shapes, 1.0 - fraction, args.mac_fraction)
+
+
+def whiten_failure(layer: LayerView, role: str, error: ValueError) -> SlimkitError:
+    """The one line for a projection whose input Gram no damping makes definite (NaN/inf entries)."""
+    return SlimkitError(f"lowrank: layer {layer.index} {role}: method whiten cannot factor it ({error})")
+
+
+def counted(ctx: Context, weight: torch.Tensor, parts: dict | None = None) -> bool:
+    """Whether ``weight``'s parameters count toward the recipe target's part."""
+    part = ctx.recipe.target.part
+    name, in_layers = (parts or param_parts(ctx.model))[id(weight)]
+    return part == "total" or name == part or (part == "layers" and in_layers)
+
+
+def planned_removal(ctx: Context, args: LowRankArgs) -> int:
+    """Parameters of the target's part the stage will remove (ranks depend on shapes only; under a global allocation
+    the wanted share until the block's pre-pass has decided the ranks, then exactly what they save)."""
+    fraction = lowrank_fraction(ctx, args)
+    if args.global_settings() is not None:
+        found = allocated_ranks(ctx, list(args.roles))
+        return found.saved if found is not None else global_wanted(ctx, args, fraction)
+    parts = param_parts(ctx.model)
+    removed = 0
+    for layer in ctx.view.layers:
+        for role, rank in _layer_ranks(ctx, layer, args, fraction).items():
+            weight = layer.linear(role).weight
+            if rank is not None and counted(ctx, weight, parts):
+                d_out, d_in = weight.shape
+                removed += dense_params(d_in, d_out) - rank * (d_in + d_out)
+    return removed
+
+
+def global_wanted(ctx: Context, args: LowRankArgs, fraction: float) -> int:
+    """What a global allocation removes: ``fraction`` of every chosen matrix's parameters together (the total the
+    per-layer rules aim at), all of them counted by the target."""
+    parts = param_parts(ctx.model)
+    total = 0
+    for layer in ctx.view.layers:
+        layer_shapes(layer, list(args.roles))  # refuses a projection that is already low-rank
+        for role in args.roles:
+            weight = layer.linear(role).weight
+            if not counted(ctx, weight, parts):
+                raise SlimkitError(
+                    f"lowrank: allocation global shares parameters of target.of {ctx.recipe.target.of}, and "
+                    f"{role} is not part of it; drop it from roles or use allocation uniform"
+                )
+            total += weight.numel()
+    return int(fraction * total)
+
+
+@register_stage(
+    "lowrank",
+    args=LowRankArgs,
+    scope="layer",
+    paper="LoRAP §3.2 (Eqs. 5-7, AWSVD; 1:3 parameter allocation; Appendix C.1 layer ratio)",
+)
+def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> None:
+    """Replace projections of one layer by (activation-weighted) SVD factor pairs within a budget."""
+    fraction = lowrank_fraction(ctx, args)
+    ranks = _layer_ranks(ctx, layer, args, fraction)
+    view = ctx.view
+    for role, rank in ranks.items():
+        if rank is None:
+            continue
+        linear = layer.linear(role)
+        norms = stats["input_norms"][view.path_of(linear)] if args.method == "awsvd" else None
+        gram = stats["dense_consumers"][role].gram if args.method == "whiten" else None
+        try:
+            layer.set_linear(role, LowRankLinear.from_linear(linear, rank, norms, gram=gram))
+        except ValueError as error:  # a Gram with NaN/inf entries
+            raise whiten_failure(layer, role, error) from None
+    if "lowrank:report" not in ctx.block_cache:  # one report per block
+        entry: dict = {"fraction": fraction, "ranks": {}}
+        if (found := allocated_ranks(ctx, list(args.roles))) is not None:
+            entry["allocation"] = found.report
+        ctx.block_cache["lowrank:report"] = ctx.report_stage("lowrank", entry)
+    ctx.stage_report[ctx.block_cache["lowrank:report"]]["ranks"][str(layer.index)] = ranks

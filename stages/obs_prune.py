@@ -1,0 +1,217 @@
+"""OBS structured pruning stage: choose and remove units by greedy optimal brain surgeon (issue #17).
+
+``obs_prune_layer`` (layer scope, inside ``sequential``) removes MLP channels and attention heads of one
+layer the way ZipLM / SlimGPT do: the units are the input column groups of their *consumer*
+(``down_proj``: one column per channel; ``o_proj``: ``head_dim`` columns per head), and with
+``H = G + λI`` (``G`` the Gram of the consumer's dense inputs on the calibration tokens, captured by the
+block's statistics pass; ``λ = damping · mean(diag G)``) the stage repeatedly removes the group whose
+removal, with the optimal update of the remaining columns, raises ``||W X − W' X||²`` least, updates
+``W`` and ``H⁻¹``, and repeats (:func:`slimkit.primitives.reconstruct.obs_prune`). Selection and the
+refit of the consumer are one computation; the producers (gate/up rows, q rows, and k/v rows when a head
+owns them) are then sliced by the same surgery ``prune_layer`` uses
+(:func:`slimkit.primitives.surgery.remove_units`), and the consumer gets the OBS-updated kept columns.
+
+Choices recorded here:
+
+* Budget: the same as ``prune_layer`` (its :func:`~slimkit.stages.prune.layer_fraction`, called
+  with this stage's arguments): an explicit ``ratio``, ``ratio_rule: solve`` (the fraction whose plan
+  removes what is left of the target, solved once per block on the shapes when the block started) or
+  ``ratio_rule: layer`` (LoRAP's layer ratio). Kept counts and their rounding (``round_to``, ``min_keep``,
+  GQA multiples) come from :func:`~slimkit.primitives.select.plan.kept_counts` and are validated before
+  any weight changes. Every eligible layer loses the same fraction (uniform), as in ``prune_layer``, unless
+  ``allocation`` is ``{global: ...}`` or ``{search: ...}``: then each layer's count comes from the block's allocation
+  pre-pass (:mod:`slimkit.engine.allocation_prepass`, units ranked by their one-shot OBS cost on dense Grams).
+* GQA: query heads must stay even per KV group (as ``prune_layer``'s selection keeps them), so each KV
+  group loses the same number of heads: the greedy step takes the cheapest head among the KV groups
+  whose quota is not yet met (``obs_prune``'s ``blocks``). Without GQA a head owns its k/v rows.
+* The greedy OBS runs on the consumer as the statistics pass saw it; a consumer another stage of the
+  block already changed (narrower, different values, a low-rank pair) is refused in one line: put
+  ``obs_prune_layer`` first in the block.
+* ``damping`` defaults to OBS's 0.01 and must be positive: OBS needs ``H⁻¹``. It pulls the update
+  towards the dense weight (``+ λ||W' − W||²``), not towards zero. At ``damping → 0`` the update equals
+  the plain least-squares refit on the kept columns (``reconstruct`` with ``toward: zero``).
+* The report gives, per role and layer, the removed units in removal order, the relative output error
+  ``tr(ΔW G ΔWᵀ) / tr(W G Wᵀ)`` with the OBS update (``error``) and of the same removal without it
+  (``error_unrefit``), and how ``H⁻¹`` was computed.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from slimkit.engine.allocation_results import allocated_fraction, allocation_entry
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.primitives.arch import LayerView
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.importance import ScorerSpec, parse_scorer
+from slimkit.primitives.importance.obs_saliency import OBS_CONSUMERS
+from slimkit.primitives.reconstruct import DEFAULT_OBS_DAMPING, embed_columns, obs_prune, output_error
+from slimkit.primitives.select import eligible_layers
+from slimkit.primitives.select.plan import Fraction, SelectionRules, check_shapes, kept_counts, validate_counts
+from slimkit.primitives.surgery import remove_units
+from slimkit.stages.prune import layer_fraction, planned_layer_removal
+from slimkit.stages.scoring import roles_of
+from slimkit.stages.selection import SelectionArgs
+
+ObsKind = Literal["mlp_channel", "attention_head"]
+
+
+class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
+    allocates: ClassVar[bool] = True
+
+    damping: float = Field(DEFAULT_OBS_DAMPING, gt=0.0, allow_inf_nan=False)
+    """OBS Hessian damping as a fraction of mean(diag(G)) (ZipLM / SparseGPT percdamp 0.01); > 0."""
+
+    def rules(self) -> SelectionRules:
+        """prune_layer's selection rules (uniform, no protected units)."""
+        return SelectionRules("uniform", dict(self.round_to), self.min_keep, 0.0)
+
+    def needs_calibration(self) -> bool:
+        return True
+
+    def allocation_scorer(self) -> tuple[ScorerSpec, dict]:
+        """The allocation pre-pass ranks units by their one-shot OBS cost (the ``obs`` scorer: the greedy's first
+        step, damping 0.01) on the dense consumer Grams."""
+        return parse_scorer("obs"), {}
+
+    def plan(self, ctx: Context) -> int:
+        return planned_layer_removal(ctx, self)
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.groups)
+
+    def layer_grams(self) -> frozenset[str]:
+        return frozenset(OBS_CONSUMERS[kind] for kind in self.groups)
+
+    def rewrites_kept(self) -> frozenset[str]:
+        return frozenset(OBS_CONSUMERS[kind] for kind in self.groups)
+
+
+def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch.Tensor:
+    """``[units, per_unit]`` input columns of ``module`` (the consumer) that the group's units occupy."""
+    for member in group.members:
+        if member.param == "weight" and member.dim == 1 and model.get_submodule(member.module) is module:
+            return member.indices
+    raise SlimkitError(f"obs_prune_layer: layer {group.layer} {group.kind} has no input columns of its consumer")
+
+
+def _consumer(layer: LayerView, kind: str, stats: dict) -> nn.Linear:
+    """The consumer of ``kind`` in ``layer``, checked to be the plain dense projection the statistics saw."""
+    role = OBS_CONSUMERS[kind]
+    module = layer.linear(role)
+    snapshot = stats["dense_consumers"][role]
+    weight = getattr(module, "weight", None)
+    if (
+        not isinstance(module, nn.Linear)
+        or weight is None
+        or weight.shape != snapshot.weight.shape
+        or not torch.equal(weight.detach(), snapshot.weight.to(weight.device))
+    ):
+        raise SlimkitError(
+            f"obs_prune_layer: layer {layer.index} {role} was changed by an earlier stage of the block; "
+            "OBS needs the dense consumer, so put obs_prune_layer first in its sequential block"
+        )
+    return module
+
+
+def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats: dict, damping: float) -> dict:
+    """Greedy OBS on the group's consumer, then remove the chosen units and write the updated consumer."""
+    role = OBS_CONSUMERS[group.kind]
+    module = _consumer(layer, group.kind, stats)
+    snapshot = stats["dense_consumers"][role]
+    columns = consumer_columns(group, module, ctx.model)
+    width = snapshot.weight.shape[1]
+    result = obs_prune(
+        snapshot.weight,
+        snapshot.gram,
+        list(columns),
+        group.size - kept,
+        damping=damping,
+        blocks=group.extra.get("kv_groups", 1),
+    )
+    unrefit = embed_columns(
+        snapshot.weight[:, result.kept_columns.to(snapshot.weight.device)], result.kept_columns, width
+    )
+    error_unrefit = output_error(snapshot.weight, unrefit, snapshot.gram, relative=True)
+    error = output_error(snapshot.weight, embed_columns(result.weight, result.kept_columns, width), snapshot.gram, True)
+    remove_units(ctx.model, group, torch.tensor(result.kept_groups, dtype=torch.long))
+    target = layer.linear(role)
+    if target.weight.shape != result.weight.shape:  # surgery and OBS must agree on the kept columns
+        raise SlimkitError(
+            f"obs_prune_layer: layer {layer.index} {role} has shape {tuple(target.weight.shape)} after surgery, "
+            f"OBS kept {tuple(result.weight.shape)}"
+        )
+    with torch.no_grad():
+        target.weight.copy_(result.weight.to(device=target.weight.device, dtype=target.weight.dtype))
+    return {
+        "kept": kept,
+        "of": group.size,
+        "removed": result.removed_groups,
+        "error": error,
+        "error_unrefit": error_unrefit,
+        "damping": result.info.damping,
+        "method": result.info.method,
+    }
+
+
+def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: Fraction) -> dict:
+    """The block's report entry (one per block, updated layer by layer); with an allocation, ``allocation`` holds
+    the per-layer shares and ``unit_fraction`` the mean fraction of each kind over the layers."""
+    key = f"obs_prune_layer:{'+'.join(args.groups)}:report"
+    if key not in ctx.block_cache:
+        allocation = allocation_entry(ctx, "obs_prune_layer", args)
+        entry = {"unit_fraction": fraction, "groups": list(args.groups), "damping": args.damping, "roles": {}}
+        if allocation:
+            entry = {**entry, "unit_fraction": allocation["mean_unit_fraction"], "allocation": allocation}
+        ctx.block_cache[key] = ctx.report_stage("obs_prune_layer", {**entry, "layers": {}})
+    return ctx.stage_report[ctx.block_cache[key]]
+
+
+@register_stage(
+    "obs_prune_layer",
+    args=ObsPruneLayerArgs,
+    scope="layer",
+    paper="ZipLM (Kurtic et al. 2023) Eqs. 2-3 / SlimGPT (Ling et al. 2024): greedy structured OBS, layer by layer",
+)
+def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, stats: dict) -> None:
+    """Choose and remove one layer's MLP channels / heads by greedy OBS, updating down_proj / o_proj."""
+    if "dense_consumers" not in stats:
+        raise SlimkitError("obs_prune_layer needs the layer's calibration statistics (run it inside sequential)")
+    if layer.index not in eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last):
+        return
+    fraction = allocated_fraction(ctx, "obs_prune_layer", args, layer.index)  # the pre-pass's share of this layer
+    if fraction is None:
+        key = f"obs_prune_layer:{'+'.join(args.groups)}"
+        if key not in ctx.block_cache:  # solved once per block, on the shapes the block started with
+            ctx.block_cache[key] = layer_fraction(
+                ctx, args, "obs_prune_layer"
+            )  # prune_layer's budget, with these args' rules
+        fraction = ctx.block_cache[key]
+    # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
+    groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
+    if not groups:
+        return
+    rules = args.rules_for(ctx.recipe.target)
+    check_shapes(groups, rules)
+    counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, rules)
+    validate_counts(groups, counts, fraction, rules)
+    for group in groups:  # every consumer is checked before any weight changes
+        _consumer(layer, group.kind, stats)
+    entry = _report(ctx, args, fraction)
+    for group, kept in zip(groups, counts, strict=True):
+        role = OBS_CONSUMERS[group.kind]
+        entry["layers"].setdefault(role, {})[str(layer.index)] = _prune_group(
+            ctx, layer, group, kept, stats, args.damping
+        )
+    for role, per_layer in entry["layers"].items():
+        entry["roles"][role] = {
+            "layers": len(per_layer),
+            "mean_error": sum(r["error"] for r in per_layer.values()) / len(per_layer),
+            "mean_error_unrefit": sum(r["error_unrefit"] for r in per_layer.values()) / len(per_layer),
+        }

@@ -1,0 +1,281 @@
+"""Pruning stages.
+
+* ``prune`` (model scope): score coupling groups of the chosen kinds in the eligible layers with
+  statistics of the model as it is when the stage starts (input norms, calibration-loss gradients,
+  or both, as the scorer needs them), choose kept units by the selection rules so the recipe target
+  is met, check the whole plan, then remove the units.
+* ``prune_layer`` (layer scope, usable inside ``sequential``): the same for one layer at a time,
+  with that layer's statistics (uniform selection; no gradients, no hidden features).
+
+Any registered scorer or composition (:mod:`.scoring`) can score any group kind it supports:
+``activation`` (Wanda/LoRAP), ``magnitude``, ``taylor`` (LLM-Pruner), ``random``, ``coupled`` (CCE),
+``{platon: ...}``, ``{blend: ...}``.
+
+The removal fraction follows the recipe's one budget (:class:`~slimkit.recipes.schema.Target`):
+``ratio_rule: solve`` finds the fraction whose plan removes what is left of the target when the stage
+(or its ``sequential`` block) starts, minus what the block's other stages plan to remove (so
+``lowrank`` then ``prune_layer`` lands on the target); ``ratio_rule: layer`` is LoRAP's layer ratio
+Ratio_l = left / (layers x Param_layer) (Appendix C.1) so that every layer's sub-layers lose the same
+fraction; an explicit ``ratio`` is used as given and checked against the target when the run ends.
+``prune_layer`` with ``allocation: {global: ...}`` or ``{search: ...}`` takes each layer's fraction from the block's
+allocation pre-pass instead (:mod:`slimkit.engine.allocation_prepass`). Kept counts follow ``round_to`` and the recipe's
+``target.align`` (:meth:`~slimkit.stages.selection.SelectionArgs.rules_for`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from slimkit.engine.allocation_results import allocated_fraction, allocation_entry
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.primitives.arch import LayerView
+from slimkit.primitives.calibration import input_norm_hooks
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.counting import param_parts
+from slimkit.primitives.groups import Group, build_groups
+from slimkit.primitives.importance import ScorerSpec
+from slimkit.primitives.importance.compose import score_groups, spec_smooths
+from slimkit.primitives.importance.obs_saliency import OBS_CONSUMERS
+from slimkit.primitives.projection.adapters import basis_change_params
+from slimkit.primitives.select import eligible_layers
+from slimkit.primitives.select.plan import (
+    Fraction,
+    SelectionRules,
+    TargetOutOfReach,
+    check_shapes,
+    kept_counts,
+    plan,
+    removed_params,
+    solve_fraction,
+    solve_target,
+)
+from slimkit.primitives.surgery import remove_units
+from slimkit.stages.scoring import ScoringArgs, evaluations, roles_of
+from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
+
+GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
+
+
+class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
+    selection: Literal["uniform", "global"] = "uniform"
+    """uniform: every group loses the same fraction; global: one score threshold per kind across layers."""
+    protect_lowest: float = Field(0.0, ge=0.0, lt=1.0)
+    """Retain the least important fraction of units (LoRAP Eq. 11: 0.01)."""
+
+    @model_validator(mode="after")
+    def _compatible(self) -> PruneArgs:
+        if "attention_head" in self.groups and "kv_group" in self.groups:
+            raise ValueError("groups: choose attention_head or kv_group, not both")
+        self.check_kinds(self.groups)
+        return self
+
+    def rules(self) -> SelectionRules:
+        return SelectionRules(self.selection, dict(self.round_to), self.min_keep, self.protect_lowest)
+
+    def needs_calibration(self) -> bool:
+        return bool(self.needs())
+
+    def touches(self) -> frozenset[str]:
+        return roles_of(self.groups)
+
+
+class PruneLayerArgs(PruneArgs):
+    allocates: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _layer_scope(self) -> PruneLayerArgs:
+        if self.selection != "uniform":
+            raise ValueError("selection: prune_layer works one layer at a time; use uniform (or the prune stage)")
+        if "gradients" in self.needs():
+            raise ValueError(
+                f"scorer: {self.scorer_name()} needs whole-model gradients, and prune_layer sees one layer's "
+                "activations; use the prune stage"
+            )
+        if "hidden_feature" in self.groups:
+            raise ValueError("groups: hidden_feature spans every layer; use the prune stage")
+        if self.allocation_settings() != "uniform" and spec_smooths(self.scorer_spec()):
+            raise ValueError(
+                f"allocation: the allocation pre-pass scores each layer once, and scorer {self.scorer_name()} "
+                "smooths over batches; use a plain scorer or allocation: uniform"
+            )
+        return self
+
+    def allocation_scorer(self) -> tuple[ScorerSpec, dict]:
+        """The scorer (and its arguments) the allocation pre-pass ranks this stage's units by: the stage's own."""
+        return self.scorer_spec(), self.scorer_args()
+
+    def plan(self, ctx: Context) -> int:
+        return planned_layer_removal(ctx, self)
+
+    def layer_grams(self) -> frozenset[str]:
+        """Consumer Grams (down for channels, o for heads) for a scorer that reads them (``obs``)."""
+        if "dense_consumers" not in self.needs():
+            return frozenset()
+        return frozenset(OBS_CONSUMERS[k] for k in self.groups if k in OBS_CONSUMERS)
+
+
+def solve_on_target(
+    ctx: Context, name: str, args: PruneArgs, groups: list[Group], scores: list[torch.Tensor]
+) -> Fraction:
+    """The fraction (shared, or per kind where a coarse kind jumps over the target) whose plan removes what is
+    left of the target within its tolerance. A strict target no plan of these units can meet is refused in one
+    line naming the stage, the nearest achievable ratios and what to change; a non-strict one keeps the nearest
+    shared fraction (the run is flagged when it ends)."""
+    target = ctx.recipe.target
+    dense = ctx.params_before[target.part]
+    wanted = ctx.params_to_remove()
+    rules = args.rules_for(target)
+    check_shapes(groups, rules)
+    try:
+        return solve_target(ctx.model, groups, scores, rules, target.part, wanted, round(target.tolerance * dense))
+    except TargetOutOfReach as miss:
+        if not target.strict:
+            return solve_fraction(ctx.model, groups, scores, rules, target.part, wanted)
+        nearest = nearest_ratios(target, dense, wanted, miss)
+        raise SlimkitError(out_of_reach(name, args, target, nearest)) from None
+
+
+def fraction_before_scores(ctx: Context, name: str, args: PruneArgs, groups: list[Group]) -> Fraction | None:
+    """The fraction known before any score: the explicit ratio, LoRAP's layer ratio, or, for uniform selection
+    (whose plan depends only on the shapes), solved on the target; None for global selection (solved on the
+    scores)."""
+    if args.ratio is not None:
+        return args.ratio
+    if args.ratio_rule == "layer":
+        return ctx.layer_rule_ratio()
+    if args.rules().mode == "uniform":
+        return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
+    return None
+
+
+def _score_and_prune(
+    ctx: Context, args: PruneArgs, groups: list[Group], stats: Iterable[dict], fraction: Fraction | None
+) -> Fraction:
+    scores = score_groups(args.scorer_spec(), groups, ctx.model, stats, generator=ctx.generator, **args.scorer_args())
+    rules = args.rules_for(ctx.recipe.target)
+    check_shapes(groups, rules)
+    if fraction is None:
+        fraction = solve_on_target(ctx, "prune", args, groups, scores)
+    keeps = plan(groups, scores, fraction, rules)  # validated before any weight changes
+    for group, keep in zip(groups, keeps, strict=True):
+        remove_units(ctx.model, group, keep)
+    return fraction
+
+
+def _record(ctx: Context, name: str, fraction: Fraction, args: PruneArgs, layers: list[int] | None = None) -> None:
+    """One report per stage and block (``prune``, ``prune#2``, ... when a recipe prunes twice). ``fraction_mode``:
+    ``shared`` (one unit fraction for every kind), ``per_kind`` (``unit_fraction`` by kind: a coarse kind
+    jumped over the target, so it keeps the nearest step and the other kinds land the total) or ``allocated``
+    (each layer its own, decided by the allocation pre-pass: ``allocation`` holds the per-layer shares, and
+    ``unit_fraction`` the mean fraction of each kind over the layers)."""
+    key = f"{name}:{'+'.join(args.groups)}:report"
+    if key in ctx.block_cache:
+        return
+    allocation = allocation_entry(ctx, name, args)
+    entry = {
+        "unit_fraction": allocation["mean_unit_fraction"] if allocation else fraction,
+        "fraction_mode": "allocated" if allocation else "per_kind" if isinstance(fraction, dict) else "shared",
+        "groups": list(args.groups),
+        "scorer": args.scorer_name(),
+    }
+    if layers is not None:
+        entry["layers"] = layers
+    if allocation:
+        entry["allocation"] = allocation
+    ctx.block_cache[key] = ctx.report_stage(name, entry)
+
+
+@register_stage(
+    "prune",
+    args=PruneArgs,
+    scope="model",
+    paper="LLM-Pruner (Ma et al. 2023) Eqs. 3-5 with scorer taylor; Wanda-style channels; LoRAP Eq. 11",
+)
+def prune(ctx: Context, args: PruneArgs) -> None:
+    """Score coupling groups on the model and remove the least important units to meet the target."""
+    if "dense_consumers" in args.needs():
+        raise SlimkitError(f"prune: scorer {args.scorer_name()} needs per-layer Grams; use prune_layer (in sequential)")
+    view = ctx.view
+    if "hidden_feature" in args.groups and basis_change_params(ctx.model):
+        raise SlimkitError(
+            "prune: groups: hidden_feature cannot prune a model with residual matrices (an earlier pca_project "
+            "with several bases); prune heads or MLP channels, or slice the stream with pca_project's ratio"
+        )
+    layers = eligible_layers(view.num_layers, args.skip_first, args.skip_last)
+    groups: list[Group] = []
+    for kind in args.groups:
+        groups += build_groups(ctx.model, kind, None if kind == "hidden_feature" else layers)
+    fraction = fraction_before_scores(ctx, "prune", args, groups)  # a target out of reach is refused here
+    stats = evaluations(ctx.model, args.scorer_spec(), ctx.calibration_batches(), groups, args)  # one at a time
+    fraction = _score_and_prune(ctx, args, groups, stats, fraction)
+    _record(ctx, "prune", fraction, args, layers)
+
+
+def _layer_groups(ctx: Context, args: PruneLayerArgs) -> list[Group]:
+    eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
+    return [g for kind in args.groups for g in build_groups(ctx.model, kind, eligible)]
+
+
+def _removed_at(ctx: Context, args: PruneLayerArgs, groups: list[Group], fraction: Fraction) -> int:
+    counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, args.rules_for(ctx.recipe.target))
+    return removed_params(ctx.model, groups, counts, ctx.recipe.target.part, param_parts(ctx.model))
+
+
+def layer_fraction(ctx: Context, args: PruneLayerArgs, name: str = "prune_layer") -> Fraction:
+    """The unit fraction of every eligible layer: the explicit ratio, LoRAP's layer ratio, or solved so
+    the block's removals meet what is left of the target (on the shapes when the block started); ``name``:
+    the stage a refusal names."""
+    if args.ratio is not None:
+        return args.ratio
+    if args.ratio_rule == "layer":
+        return ctx.layer_rule_ratio()
+    groups = _layer_groups(ctx, args)
+    return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
+
+
+def planned_layer_removal(ctx: Context, args: PruneLayerArgs) -> int:
+    """Parameters of the target's part prune_layer will remove with an explicit or layer-rule fraction."""
+    return _removed_at(ctx, args, _layer_groups(ctx, args), layer_fraction(ctx, args))
+
+
+def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
+    """One ``input_norms`` dict per calibration batch (for smoothing scorers), re-running the layer."""
+    inputs = stats["layer_inputs"]
+    modules = ctx.view.linears([layer])
+    result = []
+    for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
+        with input_norm_hooks(modules) as accumulators, torch.no_grad():
+            layer.module(hidden, **kwargs)
+        result.append({"input_norms": {path: acc.norms() for path, acc in accumulators.items()}})
+    return result
+
+
+@register_stage(
+    "prune_layer",
+    args=PruneLayerArgs,
+    scope="layer",
+    paper="LoRAP §3.3 (Eqs. 8-11): activation-scored MLP channels, layer by layer",
+)
+def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dict) -> None:
+    """Score and remove units of one layer (inside `sequential`, with that layer's statistics)."""
+    eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
+    if layer.index not in eligible:
+        return
+    # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
+    groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
+    if not groups:
+        return
+    fraction = allocated_fraction(ctx, "prune_layer", args, layer.index)  # the pre-pass's share of this layer
+    if fraction is None:  # uniform: solved once per block, at the first eligible layer (on the block's shapes)
+        key = f"prune_layer:{'+'.join(args.groups)}"
+        if key not in ctx.block_cache:
+            ctx.block_cache[key] = layer_fraction(ctx, args)
+        fraction = ctx.block_cache[key]
+    evaluations_ = _per_batch_norms(ctx, layer, stats) if spec_smooths(args.scorer_spec()) else [stats]
+    _score_and_prune(ctx, args, groups, evaluations_, fraction)
+    _record(ctx, "prune_layer", fraction, args)

@@ -1,0 +1,155 @@
+"""``prunenet`` (model scope): calibration-free MLP channel pruning with a learned policy.
+
+PruneNet (Sengupta et al., ICLR 2025; ../shared/papers/prunenet-policy-learning.md): one policy
+learner scores the rows of every layer's FFN1 from the weights alone (Eq. 3), trained with
+REINFORCE on the Kolmogorov-Smirnov distance between the singular values of the original and the
+compressed FFN1 (Eqs. 6-7, Algorithm 1); the kept rows of FFN1 (and the gate) and the same columns
+of FFN2 are then removed with the MLP-channel group. No calibration data is read.
+
+The removal ratio of each layer's channels follows the recipe target (``of: mlp`` directly; ``of:
+model`` or ``layers`` solved on exact parameter counts), or ``ratio``; ``schedule: linear`` spreads
+it over the layers with the same mean (Table 7). ``policy: DIR`` loads a saved policy and skips
+training (Table 6: one policy reused across ratios); the trained policy is saved with the run as
+``OUT/policy/`` unless ``save_policy: false``.
+
+Training reads the recipe ``seed``: it seeds the policy's initialisation and every sampling draw
+of training; the final selection (``policy`` sampling, ``random`` rows) uses the run's generator,
+seeded by the same ``seed``. So runs with different seeds differ, and one seed repeats exactly.
+``returns`` and ``update`` choose between the paper's printed Eq. 7 and the authors' released
+code (see the argument docs, and the recipe's comment for the measurement behind the defaults).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from slimkit.engine.context import Context
+from slimkit.engine.registry import register_stage
+from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.primitives.groups import build_groups
+from slimkit.primitives.policy.prunenet import (
+    PruneNetPolicy,
+    ffn_weights,
+    layer_ratios,
+    load_policy,
+    policy_keep_indices,
+    save_policy,
+    train_policy,
+)
+from slimkit.primitives.select.plan import SelectionRules, solve_fraction
+from slimkit.primitives.surgery import remove_units
+
+
+class PruneNetArgs(StageArgs):
+    selection: Literal["policy", "random", "deterministic"] = "policy"
+    """``policy`` samples from the learned distribution; ``random`` / ``deterministic`` (top-k of
+    W_imp) are the Tables 16-17 ablations."""
+    source: Literal["up", "gate", "down"] = "up"
+    """Which matrix the policy reads: FFN1 (``up``), the gate, or FFN2's columns (Table 19)."""
+    episodes: int = Field(20, ge=0)
+    """REINFORCE episodes of policy training (the paper: 20; 0: the untrained initial policy, an ablation);
+    ignored with ``policy`` or ``selection: random``."""
+    learning_rate: float = Field(5e-4, gt=0)
+    """AdamW learning rate of the policy (the paper: 5e-4)."""
+    gamma: float = Field(0.99, ge=0.0, le=1.0)
+    """Discount γ of the return (Eq. 7 / the released code's ``γ^l``), in [0, 1] (the paper: 0.99)."""
+    returns: Literal["own", "future", "to_go"] = "own"
+    """The return G_l each layer's action is scored with (``slimkit.primitives.policy.prunenet``'s docstring):
+    ``own`` = γ^l · D_l, the layer's own KS penalty (Algorithm 1 lines 17-18 define D_l per layer; the
+    authors' released code, ``_discount_rewards``, weights each layer by γ^i · reward_i); ``future`` =
+    Σ_k γ^k D_{l+k+1}, Eq. 7 / Algorithm 1 line 19 as printed, which leaves the layer's own penalty out,
+    so its expected update is zero; ``to_go`` = Σ_k γ^k D_{l+k} (own plus future penalties)."""
+    update: Literal["layer", "episode"] = "layer"
+    """``layer``: one AdamW step per layer after each episode's sampling, as the released code's
+    ``_training`` does; ``episode``: one step per episode on the sum over layers (Algorithm 1 line 22)."""
+    baseline: bool = False
+    """Subtract the mean return of the previous episodes (per layer) to reduce the gradient's variance."""
+    distance: Literal["ks", "ad"] = "ks"
+    """Distance between singular-value spectra: ``ks`` (Kolmogorov-Smirnov, Eq. 6), ``ad`` (Anderson-Darling)."""
+    spectrum_dtype: Literal["float32", "float64"] = "float32"
+    """Precision of the singular-value computations (float64: slower, more exact)."""
+    ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    """Fraction of each layer's MLP channels to remove; None follows the recipe target."""
+    schedule: Literal["uniform", "linear"] = "uniform"
+    """Per-layer ratios: ``uniform`` (all equal) or ``linear`` (a ramp, same mean, later layers lose less; Table 7)."""
+    policy: str | None = None
+    """Folder of a saved policy to reuse without training."""
+    save_policy: bool = True
+    """Save the trained policy with the run as OUT/policy/ (for reuse through ``policy``)."""
+
+    def budget(self) -> BudgetMode:
+        return "explicit" if self.ratio is not None else "solve"
+
+    def touches(self) -> frozenset[str]:
+        return frozenset({"gate", "up", "down"})
+
+
+def _channel_ratio(ctx: Context) -> float:
+    """The MLP-channel fraction that removes what is left of the recipe target: for ``of: mlp`` that share of
+    the MLP (channels carry equal parameters), otherwise solved on exact counts, rounding included."""
+    if ctx.recipe.target.of == "mlp":
+        return ctx.params_to_remove() / ctx.block_start["mlp"]
+    groups = build_groups(ctx.model, "mlp_channel")
+    scores = [torch.zeros(g.size) for g in groups]
+    return solve_fraction(ctx.model, groups, scores, SelectionRules(), ctx.recipe.target.part, ctx.params_to_remove())
+
+
+@register_stage(
+    "prunenet",
+    args=PruneNetArgs,
+    scope="model",
+    paper="PruneNet Eqs. 3-7, Algorithm 1 (policy learning with a KS spectral reward)",
+)
+def prunenet(ctx: Context, args: PruneNetArgs) -> None:
+    """Learn (or load) a PruneNet policy from the FFN weights and remove MLP channels with it."""
+    ratio = args.ratio if args.ratio is not None else _channel_ratio(ctx)
+    weights = ffn_weights(ctx.model, args.source)
+    ratios = layer_ratios(ratio, len(weights), args.schedule)
+    report: dict = {"channel_ratio": ratio, "layer_ratios": ratios, "selection": args.selection}
+    if args.policy is not None:
+        policy = load_policy(Path(args.policy))
+        report["policy"] = {"loaded_from": args.policy}
+    elif args.selection == "random":  # the Table 16 ablation needs no learner
+        n, d = weights[0].shape
+        policy = PruneNetPolicy(n, d, selection="random")
+        report["policy"] = {"episodes": 0}
+    else:
+        dtype = torch.float64 if args.spectrum_dtype == "float64" else torch.float32
+        with ctx.tracker.task("prunenet policy", None):
+            policy, training = train_policy(
+                weights,
+                ratios,
+                episodes=args.episodes,
+                lr=args.learning_rate,
+                gamma=args.gamma,
+                baseline=args.baseline,
+                seed=ctx.recipe.seed,
+                spectrum_dtype=dtype,
+                distance=args.distance,
+                returns=args.returns,
+                update=args.update,
+            )
+        report["policy"] = {
+            "episodes": len(training.episode_penalty),
+            "returns": args.returns,
+            "update": args.update,
+            "optimizer_steps": training.optimizer_steps,
+            "seed": ctx.recipe.seed,
+            "episode_penalty": training.episode_penalty,
+            "seconds": training.seconds,
+        }
+        if args.save_policy:
+            ctx.artifacts["policy"] = lambda folder, trained=policy: save_policy(trained, folder)
+    policy.to(device=weights[0].device, dtype=torch.float32)  # float32 policy next to the weights it scores
+    groups = build_groups(ctx.model, "mlp_channel")
+    keeps = [
+        policy_keep_indices(policy, weight, layer_ratio, args.selection, ctx.generator)
+        for weight, layer_ratio in zip(weights, ratios, strict=True)
+    ]
+    for group, keep in zip(groups, keeps, strict=True):
+        remove_units(ctx.model, group, keep)
+    ctx.report_stage("prunenet", report)
