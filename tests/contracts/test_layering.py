@@ -101,7 +101,7 @@ def test_the_scan_resolves_relative_imports_and_finds_both_kinds(tmp_path):
     module = tmp_path / "primitives" / "family" / "module.py"
     module.write_text(
         "from __future__ import annotations\n"
-        "from ...recipes.runner import run\n"
+        "from ...engine.runner import run\n"
         "from ..other import _helper, public\n"
         "import benchmarks.run\n"
     )
