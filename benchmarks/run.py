@@ -38,6 +38,7 @@ from benchmarks.grid import (
     resolve_settings,
     select_entries,
 )
+from benchmarks.inputs import OneLineParser, check_folder_option, read_json_file, read_yaml_file
 from benchmarks.seeds import add_norm_mean, seed_groups
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,9 +63,7 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of usage + message
-        raise BenchError(message)
+_Parser = OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,14 +172,19 @@ _RESIDUAL_NAMES = ("residual", "basis_change", "basischange")
 
 def read_report(folder: Path):
     """The run report ``folder/report.json`` (:class:`slimkit.recipes.report.RunReport`), or None when it is missing
-    or not one (a report of an older slimkit that lacks a field this one needs)."""
+    or not one (a report of an older slimkit that lacks a field this one needs); read with bounds
+    (:func:`benchmarks.inputs.read_json_file`: a FIFO, a huge or deeply nested file is one line)."""
     from pydantic import ValidationError
 
     from slimkit.recipes.report import RunReport
 
+    path = folder / "report.json"
+    if not os.path.lexists(path):
+        return None
+    data = read_json_file(path, "a kept run report")
     try:
-        return RunReport.model_validate_json((folder / "report.json").read_text())
-    except (OSError, ValidationError):
+        return RunReport.model_validate(data)
+    except ValidationError:
         return None
 
 
@@ -386,9 +390,11 @@ class Bench:
     def read_row(self, path: Path, settings: Settings | None = None) -> dict[str, Any] | None:
         """The row stored at ``path`` if it was measured under ``settings`` (default these; marked as
         reused), else None."""
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
-        stored = json.loads(path.read_text())
+        stored = read_json_file(path, "a kept row")
+        if not isinstance(stored.get("row"), dict):
+            raise BenchError(f"a kept row: {path} holds no 'row' object; delete it to measure the row again")
         if _normalised(stored.get("settings")) != json.loads(json.dumps((settings or self.settings).model_dump())):
             return None
         return {**stored["row"], "evaluation_reused": True}
@@ -470,11 +476,9 @@ class Bench:
 
     def reusable(self, folder: Path, raw: dict[str, Any]) -> bool:
         """With ``--resume``: ``folder`` holds a finished run of exactly this recipe (after overrides)."""
-        import yaml
-
         if not (self.resume and (folder / "report.json").is_file() and (folder / "model" / "recipe.yaml").is_file()):
             return False
-        return yaml.safe_load((folder / "model" / "recipe.yaml").read_text()) == raw
+        return read_yaml_file(folder / "model" / "recipe.yaml", "a kept recipe") == raw
 
     def stored_row(self, folder: Path, raw: dict[str, Any], settings: Settings | None = None) -> dict[str, Any] | None:
         """With ``--resume``: the row measured earlier on this run folder under the same settings, if any."""
@@ -634,6 +638,9 @@ def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
         raise BenchError("--reuse-only needs --resume (and --keep DIR)")
     if args.resume and args.keep is None:
         raise BenchError("--resume needs --keep DIR (the folder whose runs it reuses)")
+    check_folder_option("--out", args.out, "the results")
+    if args.keep is not None:
+        check_folder_option("--keep", args.keep, "the kept runs")
     return grid, settings, jobs
 
 
