@@ -17,7 +17,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from benchmarks.grid import (
 )
 from benchmarks.inputs import OneLineParser, check_folder_option, read_json_file, read_yaml_file
 from benchmarks.seeds import add_norm_mean, seed_groups
+from slimkit.primitives.files.removal import discard
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROW_FILE = "bench-row.json"
@@ -592,7 +592,7 @@ class Bench:
         del model
         gc.collect()
         if not self.keep:
-            shutil.rmtree(folder / "model", ignore_errors=True)
+            discard(folder / "model")
         elif row["status"] == "ok":  # --resume continues an interrupted grid without measuring this row again
             self.write_row(folder / ROW_FILE, row, settings)
         return row

@@ -35,7 +35,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, swap_in
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
-from slimkit.primitives.files.marker import read_marker, write_marker
+from slimkit.primitives.files.marker import read_marker, unlisted_hint, write_marker
 from slimkit.primitives.files.removal import NOT_LISTED, Blocker, remove_owned, survey
 from slimkit.recipes.progress import Tracker
 
@@ -124,6 +124,7 @@ def refuse_unowned(out: Path, blockers: list[Blocker], replaces: str) -> None:
     if first.reason == NOT_LISTED:
         raise SlimkitError(
             f"--out {out} holds {first.path}, which slimkit did not write; --force replaces only {replaces}"
+            + unlisted_hint(out, RUN_MARKER)
         )
     raise SlimkitError(
         f"--out {out} holds {first.path}, {first.reason}; --force never deletes across a file-system boundary: "

@@ -84,7 +84,7 @@ def check_replaceable_export(folder: Path) -> None:
     if first.reason == NOT_LISTED:
         raise SlimkitError(
             f"--out {folder} holds {first.path}, which slimkit export did not write; --force replaces only a folder "
-            "holding nothing but an earlier export"
+            "holding nothing but an earlier export" + marker.unlisted_hint(folder, EXPORT_MARKER)
         )
     raise SlimkitError(
         f"--out {folder} holds {first.path}, {first.reason}; --force never deletes across a file-system boundary: "

@@ -51,18 +51,39 @@ def _paths(record: dict[str, Any], key: str, path: Path) -> set[str]:
     return found
 
 
+def lists_top_level_only(folder: Path, name: str) -> bool:
+    """Whether ``folder``'s marker ``name`` was written before markers listed every depth (it has no ``folders``);
+    False when it cannot be read."""
+    try:
+        return "folders" not in _read(folder / name)
+    except SlimkitError:
+        return False
+
+
+def unlisted_hint(folder: Path, name: str) -> str:
+    """What to add to a refusal naming a path the marker does not list: for a marker that lists top-level names
+    only, that it cannot vouch for what lies below them."""
+    if not lists_top_level_only(folder, name):
+        return ""
+    return f" ({name} was written by an earlier slimkit and lists top-level names only; delete the folder yourself)"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    from slimkit.primitives.io.folder import read_json_object
+
+    return read_json_object(path, max_bytes=MAX_MARKER_BYTES, follow_symlinks=False, what="a marker")
+
+
 def read_marker(folder: Path, name: str) -> set[str]:
     """The relative paths ``folder``'s marker ``name`` lists (files and folders, the marker itself added), or one
     :class:`SlimkitError` line naming the marker and what is wrong with it."""
-    from slimkit.primitives.io.folder import read_json_object
-
     path = folder / name
     if not os.path.lexists(path):
         raise SlimkitError(f"{path}: no such file")
-    record = read_json_object(path, max_bytes=MAX_MARKER_BYTES, follow_symlinks=False, what="a marker")
+    record = _read(path)
     if "files" not in record:
         raise SlimkitError(f"{path}: it lists no 'files'")
     return _paths(record, "files", path) | _paths(record, "folders", path) | {name}
 
 
-__all__ = ["MAX_ENTRIES", "MAX_MARKER_BYTES", "read_marker", "write_marker"]
+__all__ = ["MAX_ENTRIES", "MAX_MARKER_BYTES", "lists_top_level_only", "read_marker", "unlisted_hint", "write_marker"]

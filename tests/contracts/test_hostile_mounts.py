@@ -247,3 +247,20 @@ def test_a_planted_leftover_with_a_20_digit_pid_is_left_alone(monkeypatch, capsy
     code, _, err = run_cli(monkeypatch, capsys, "export", str(templates["model"]), "--out", str(tmp_path / "m.gguf"))
     assert code == 0, err
     assert gguf_planted.read_text() == "theirs"
+
+
+def test_run_force_over_an_output_whose_marker_lists_top_level_names_only_says_so(
+    monkeypatch, capsys, tmp_path, templates
+):
+    """A marker an earlier slimkit wrote cannot vouch for what is inside ``model/``: refused, with what to do."""
+    out = Path(shutil.copytree(templates["run"], tmp_path / "out"))
+    top = sorted(p.name for p in out.iterdir() if p.name != RUN_MARKER)
+    (out / RUN_MARKER).write_text(json.dumps({"written_by": "slimkit recipe run", "files": top}))
+    line = refused(
+        monkeypatch,
+        capsys,
+        run_args(tmp_path, templates["model"], out, "--force"),
+        "which slimkit did not write",
+        tmp_path,
+    )
+    assert "holds model/" in line and "lists top-level names only; delete the folder yourself" in line

@@ -9,7 +9,13 @@ import time
 import pytest
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.files.marker import MAX_MARKER_BYTES, read_marker, write_marker
+from slimkit.primitives.files.marker import (
+    MAX_MARKER_BYTES,
+    lists_top_level_only,
+    read_marker,
+    unlisted_hint,
+    write_marker,
+)
 
 NAME = ".slimkit-export.json"
 
@@ -71,3 +77,11 @@ def test_a_marker_that_is_not_an_object_or_lists_nothing_is_refused(tmp_path):
     refused(tmp_path, "expected a JSON object")
     (tmp_path / NAME).write_text("{}")
     refused(tmp_path, "lists no 'files'")
+
+
+def test_a_marker_listing_top_level_names_only_is_named_in_refusals(tmp_path):
+    (tmp_path / NAME).write_text(json.dumps({"files": ["model"]}))
+    assert lists_top_level_only(tmp_path, NAME)
+    assert "lists top-level names only" in unlisted_hint(tmp_path, NAME)
+    write_marker(tmp_path, NAME, {})
+    assert not lists_top_level_only(tmp_path, NAME) and unlisted_hint(tmp_path, NAME) == ""
