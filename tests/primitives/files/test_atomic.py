@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from slimkit.primitives.files.atomic import MAX_PID, leftover_pid, pid_alive, remove_leftovers
 from tests.mounting import bind_mount
 
@@ -39,3 +41,15 @@ def test_a_dead_runs_partial_folder_holding_a_bind_mount_keeps_the_mounted_files
         assert (users / "data.txt").read_text() == "keep"
         assert not (partial / "model" / "half.safetensors").exists()
     assert (users / "data.txt").read_text() == "keep"
+
+
+def test_a_lock_file_holding_no_ascii_process_id_is_refused_in_one_line(tmp_path):
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.primitives.files.lock import acquire_lock
+
+    for text in ("²\n", "9" * 30 + "\n"):
+        (tmp_path / ".out.lock").write_text(text)
+        with pytest.raises(SlimkitError, match="is not a slimkit lock file"):
+            acquire_lock(tmp_path / "out")
+    (tmp_path / ".out.lock").write_text("123\n")  # a lock file a killed process left: taken over
+    acquire_lock(tmp_path / "out").release()
