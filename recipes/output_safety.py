@@ -35,8 +35,8 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, swap_in
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
-from slimkit.primitives.files.marker import read_marker, unlisted_hint, write_marker
-from slimkit.primitives.files.removal import NOT_LISTED, Blocker, remove_owned, survey
+from slimkit.primitives.files.marker import check_only_listed, read_marker, write_marker
+from slimkit.primitives.files.removal import remove_owned
 from slimkit.recipes.progress import Tracker
 
 RUN_MARKER = ".slimkit-run.json"
@@ -112,24 +112,7 @@ def check_replaceable(out: Path, force: bool) -> None:
             f"--out {out} is not a slimkit output (it holds {entries[0] if entries else RUN_MARKER}, and no readable "
             f"{RUN_MARKER}{why}); --force replaces only slimkit run outputs and empty folders"
         ) from None
-    refuse_unowned(out, survey(out, written), "a folder holding nothing but an earlier run's output")
-
-
-def refuse_unowned(out: Path, blockers: list[Blocker], replaces: str) -> None:
-    """One line naming the first thing in ``out`` that ``--force`` may not delete (``replaces`` says what it
-    replaces), or nothing."""
-    if not blockers:
-        return
-    first = blockers[0]
-    if first.reason == NOT_LISTED:
-        raise SlimkitError(
-            f"--out {out} holds {first.path}, which slimkit did not write; --force replaces only {replaces}"
-            + unlisted_hint(out, RUN_MARKER)
-        )
-    raise SlimkitError(
-        f"--out {out} holds {first.path}, {first.reason}; --force never deletes across a file-system boundary: "
-        "unmount it or move it out first"
-    )
+    check_only_listed(out, RUN_MARKER, written, "slimkit", "a folder holding nothing but an earlier run's output")
 
 
 def write_run_marker(staging: Path) -> None:

@@ -38,7 +38,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import dense_tensors
 from slimkit.primitives.files import marker
 from slimkit.primitives.files.atomic import staging_dir, swap_in
-from slimkit.primitives.files.removal import NOT_LISTED, discard, remove_owned, survey
+from slimkit.primitives.files.removal import discard, remove_owned
 from slimkit.primitives.io.compat import removed_blocks_phrase
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -77,18 +77,8 @@ def check_replaceable_export(folder: Path) -> None:
             f"--out {folder} was not written by slimkit export (no readable {EXPORT_MARKER}{why}); --force replaces "
             "only model folders that slimkit export wrote"
         ) from None
-    blockers = survey(folder, written)
-    if not blockers:
-        return
-    first = blockers[0]
-    if first.reason == NOT_LISTED:
-        raise SlimkitError(
-            f"--out {folder} holds {first.path}, which slimkit export did not write; --force replaces only a folder "
-            "holding nothing but an earlier export" + marker.unlisted_hint(folder, EXPORT_MARKER)
-        )
-    raise SlimkitError(
-        f"--out {folder} holds {first.path}, {first.reason}; --force never deletes across a file-system boundary: "
-        "unmount it or move it out first"
+    marker.check_only_listed(
+        folder, EXPORT_MARKER, written, "slimkit export", "a folder holding nothing but an earlier export"
     )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.files.removal import listing
+from slimkit.primitives.files.removal import NOT_LISTED, listing, survey
 
 MAX_MARKER_BYTES = 4 << 20
 """The largest marker read (one lists a few hundred paths: a few KiB)."""
@@ -68,6 +68,26 @@ def unlisted_hint(folder: Path, name: str) -> str:
     return f" ({name} was written by an earlier slimkit and lists top-level names only; delete the folder yourself)"
 
 
+def check_only_listed(folder: Path, name: str, listed: set[str], writer: str, replaces: str) -> None:
+    """One :class:`SlimkitError` line naming the first thing in ``folder`` that ``--force`` may not delete: an entry
+    its marker ``name`` does not list (``listed``), at any depth, or a mount point or another file system
+    (:func:`~slimkit.primitives.files.removal.survey`); ``writer`` (``slimkit``, ``slimkit export``) wrote the
+    folder and ``--force`` replaces only ``replaces``."""
+    blockers = survey(folder, listed)
+    if not blockers:
+        return
+    first = blockers[0]
+    if first.reason == NOT_LISTED:
+        raise SlimkitError(
+            f"--out {folder} holds {first.path}, which {writer} did not write; --force replaces only {replaces}"
+            + unlisted_hint(folder, name)
+        )
+    raise SlimkitError(
+        f"--out {folder} holds {first.path}, {first.reason}; --force never deletes across a file-system boundary: "
+        "unmount it or move it out first"
+    )
+
+
 def _read(path: Path) -> dict[str, Any]:
     from slimkit.primitives.io.folder import read_json_object
 
@@ -86,4 +106,12 @@ def read_marker(folder: Path, name: str) -> set[str]:
     return _paths(record, "files", path) | _paths(record, "folders", path) | {name}
 
 
-__all__ = ["MAX_ENTRIES", "MAX_MARKER_BYTES", "lists_top_level_only", "read_marker", "unlisted_hint", "write_marker"]
+__all__ = [
+    "MAX_ENTRIES",
+    "MAX_MARKER_BYTES",
+    "check_only_listed",
+    "lists_top_level_only",
+    "read_marker",
+    "unlisted_hint",
+    "write_marker",
+]
