@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.grid import BenchError
+from benchmarks.inputs import check_folder_option, read_json_file
 from benchmarks.run import (
     OFFLINE_ENV,
     QUIET_ENV,
@@ -882,6 +883,8 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
         memory = args.offload_memory or (half_the_layers(shape, args) if args.quick else OFFLOAD_MEMORY)
         parse_size(memory)
         offload = (shape, memory)
+    check_folder_option("--out", args.out, "the results")
+    check_folder_option("--models-dir", args.models_dir, "the saved scale models")
     return shapes, recipes, offload
 
 
@@ -1107,7 +1110,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def _main(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
     if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
-        result = json.loads(args.render.read_text())
+        result = read_json_file(args.render, "--render")
         args.render.with_suffix(".md").write_text(markdown(result))
         return
     run(args, argv)

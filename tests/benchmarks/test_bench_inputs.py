@@ -211,3 +211,13 @@ def test_the_readers_and_the_folder_check(tmp_path):
     check_folder_option("--out", tmp_path / "new" / "results", "the results")
     with pytest.raises(BenchError, match="a path cannot hold a NUL byte"):
         check_folder_option("--out", Path("a\0b"), "the results")
+
+
+def test_scale_checks_its_folders_and_reads_render_files_with_bounds(capsys, tmp_path):
+    from benchmarks import scale
+
+    (tmp_path / "results").write_text("a file")
+    one_line(capsys, tmp_path, scale.main, ["--quick", "--out", str(tmp_path / "results")], "is a file, not a folder")
+    one_line(capsys, tmp_path, scale.main, ["--quick", "--models-dir", "/"], "--models-dir / is the filesystem root")
+    (tmp_path / "old.json").write_text("[" * 100_000 + "]" * 100_000)
+    one_line(capsys, tmp_path, scale.main, ["--render", str(tmp_path / "old.json")], "nested more than")
