@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from benchmarks.claims import NOT_RUN, compare, describe
 from benchmarks.grid import BenchError, pct, read_grid_yaml
+from benchmarks.inputs import OneLineParser, check_folder_option, read_json_file, read_yaml_file
 from benchmarks.run import OFFLINE_ENV, QUIET_ENV, last_line, machine_info, via_launcher
 from slimkit.primitives.errors import format_validation_error
 
@@ -134,7 +134,7 @@ def load_glue_grid(path: Path) -> GlueGrid:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.glue_grid", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m benchmarks.glue_grid", description=__doc__.splitlines()[0])
     parser.add_argument("--grid", type=Path, default=GRID_FILE, help="the grid file (default grid-glue.yaml)")
     parser.add_argument("--tasks", default=None, help="only these tasks (comma-separated; default: the grid's)")
     parser.add_argument("--seeds", default=None, help="only these seeds (comma-separated; default: the grid's)")
@@ -229,9 +229,12 @@ def task_model(task: str, seed: int, folder: Path, sets: list[str], opts: RunOpt
         "device": opts.device or "cpu",
     }
     if report_path.is_file() and recipe_path.is_file() and (folder / "model" / "config.json").is_file():
-        recipe = yaml.safe_load(recipe_path.read_text()) or {}
-        if recipe.get("task") == task and recipe.get("seed") == seed:
-            report = json.loads(report_path.read_text())
+        try:  # a kept run read with bounds: a hostile file fails this row in one line, never the grid
+            recipe = read_yaml_file(recipe_path, "a kept task-model recipe")
+            if isinstance(recipe, dict) and recipe.get("task") == task and recipe.get("seed") == seed:
+                report = read_json_file(report_path, "a kept task-model report")
+        except BenchError as error:
+            return {**base, "status": "failed", "reason": str(error), "wall_s": None}
     if report is None:
         report, wall, error = _run("glue-finetune", folder, [f"task={task}", f"seed={seed}", *sets], opts)
         if report is None:
@@ -521,8 +524,8 @@ def reused_rows(
     rows: the file's ``device``)."""
     if not path.is_file():
         raise BenchError(f"--reuse: {path} is not a file")
+    data = read_json_file(path, "--reuse")
     try:
-        data = json.loads(path.read_text())
         earlier = {row["id"]: {"device": data.get("device") or "cpu", **row} for row in data.get("rows", [])}
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise BenchError(f"--reuse: {path} is not a glue_grid results file ({error})") from None
@@ -576,8 +579,11 @@ def _csv(text: str | None, cast: type, allowed: list[Any], what: str) -> list[An
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
+        check_folder_option("--out", args.out, "the results")
+        check_folder_option("--keep", args.keep, "the row runs")
+        check_folder_option("--task-models", args.task_models, "the task-model runs")
         grid = load_glue_grid(args.grid)
         tasks = _csv(args.tasks, str, grid.settings.tasks, "tasks") or grid.settings.tasks
         seeds = _csv(args.seeds, int, grid.settings.seeds, "seeds") or grid.settings.seeds

@@ -1,6 +1,6 @@
 """The benchmark grid as data: which recipes run at which ratios, with which budgets and claims.
 
-``benchmarks/grid.yaml`` (or ``--grid FILE``) is read with ``yaml.safe_load`` and validated here;
+``benchmarks/grid.yaml`` (or ``--grid FILE``) is read with the recipes' bounded YAML loader and validated here;
 any problem is a :class:`BenchError` with one line naming the field. :func:`expand` turns the
 entries into :class:`Job` s, one per recipe x ratio x recovery setting, in the file's order.
 
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slimkit.primitives.errors import format_validation_error
@@ -207,19 +206,20 @@ def seed_suffix(seed: int) -> str:
 
 
 def read_grid_yaml(path: Path) -> Any:
-    """The parsed YAML of a grid file; :class:`BenchError` (one line, with the line and column) when unreadable."""
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except OSError as error:
-        raise BenchError(f"cannot read grid file {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise BenchError(f"{path}:{where} YAML error: {problem}") from None
+    """The parsed YAML of a grid file, read with the recipes' bounds (:func:`benchmarks.inputs.read_yaml_file`);
+    :class:`BenchError` (one line, with the line and column) when unreadable."""
+    from benchmarks.inputs import read_yaml_file
+
+    return read_yaml_file(Path(path), "grid file")
 
 
-def load_grid(path: Path = GRID_FILE) -> GridFile:
+MAX_CLAIMS_FROM = 8
+"""How many grid files a chain of ``claims_from`` may pass through."""
+
+
+def load_grid(path: Path = GRID_FILE, _chain: tuple[Path, ...] = ()) -> GridFile:
+    """The grid file ``path`` validated, with the claims of the files its ``claims_from`` names (a chain of at most
+    :data:`MAX_CLAIMS_FROM` files, no file twice: a cycle is one line)."""
     data = read_grid_yaml(path)
     try:
         grid = GridFile.model_validate(data)
@@ -229,7 +229,17 @@ def load_grid(path: Path = GRID_FILE) -> GridFile:
         source = Path(path).parent / grid.claims_from
         if source.resolve() == Path(path).resolve():
             raise BenchError(f"{path}: claims_from names the file itself")
-        inherited = load_grid(source).claims
+        chain = (*_chain, Path(path).resolve())
+        if source.resolve() in chain:
+            cycle = " -> ".join(str(p) for p in (*chain[chain.index(source.resolve()) :], source.resolve()))
+            raise BenchError(
+                f"{path}: claims_from makes a cycle ({cycle}); name a grid file that holds the claims itself"
+            )
+        if len(chain) >= MAX_CLAIMS_FROM:
+            raise BenchError(
+                f"{path}: claims_from chains more than {MAX_CLAIMS_FROM} grid files; name the source directly"
+            )
+        inherited = load_grid(source, chain).claims
         ids = [c.id for c in inherited + grid.claims]
         twice = sorted({i for i in ids if ids.count(i) > 1})
         if twice:

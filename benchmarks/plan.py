@@ -22,11 +22,13 @@ after overrides is not compared here, as ``--resume`` does: a changed recipe is 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.grid import Job, Settings
+from benchmarks.grid import BenchError, Job, Settings
+from benchmarks.inputs import read_json_file
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_COMPRESS_S = 300.0
@@ -69,9 +71,9 @@ def history(results: Path = RESULTS) -> dict[tuple[str, float, bool], list[float
     """``(recipe name, ratio, recovery) -> [process wall seconds]`` of every compression on record."""
     found: dict[tuple[str, float, bool], list[float]] = {}
     for path in sorted(results.glob("*.json")):
-        try:
-            rows = json.loads(path.read_text()).get("rows")
-        except (OSError, ValueError, AttributeError):
+        try:  # an estimate: a results file that cannot be read (bounded: no FIFO, size, depth) is left out
+            rows = read_json_file(path, "a results file").get("rows")
+        except BenchError:
             continue
         for row in rows if isinstance(rows, list) else []:
             cost = row.get("cost") if isinstance(row, dict) else None
@@ -115,11 +117,8 @@ def _done(folder: Path, settings: Settings) -> str | None:
     from benchmarks.run import ROW_FILE
 
     row_file = folder / ROW_FILE
-    if row_file.is_file():
-        try:
-            stored = json.loads(row_file.read_text()).get("settings")
-        except (OSError, ValueError):
-            stored = None
+    if os.path.lexists(row_file):
+        stored = read_json_file(row_file, "a kept row").get("settings")
         if stored == json.loads(json.dumps(settings.model_dump())):
             return "measured"
     return "compressed" if (folder / "report.json").is_file() else None

@@ -17,7 +17,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,9 @@ from benchmarks.grid import (
     resolve_settings,
     select_entries,
 )
+from benchmarks.inputs import OneLineParser, check_folder_option, read_json_file, read_yaml_file
 from benchmarks.seeds import add_norm_mean, seed_groups
+from slimkit.primitives.files.removal import discard
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROW_FILE = "bench-row.json"
@@ -62,9 +63,7 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of usage + message
-        raise BenchError(message)
+_Parser = OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,14 +172,19 @@ _RESIDUAL_NAMES = ("residual", "basis_change", "basischange")
 
 def read_report(folder: Path):
     """The run report ``folder/report.json`` (:class:`slimkit.engine.report.RunReport`), or None when it is missing
-    or not one (a report of an older slimkit that lacks a field this one needs)."""
+    or not one (a report of an older slimkit that lacks a field this one needs); read with bounds
+    (:func:`benchmarks.inputs.read_json_file`: a FIFO, a huge or deeply nested file is one line)."""
     from pydantic import ValidationError
 
     from slimkit.engine.report import RunReport
 
+    path = folder / "report.json"
+    if not os.path.lexists(path):
+        return None
+    data = read_json_file(path, "a kept run report")
     try:
-        return RunReport.model_validate_json((folder / "report.json").read_text())
-    except (OSError, ValidationError):
+        return RunReport.model_validate(data)
+    except ValidationError:
         return None
 
 
@@ -358,8 +362,8 @@ class Bench:
         }
 
     def dense_row(self) -> dict[str, Any]:
-        from slimkit.engine.report import MACS_SEQ_LEN
         from slimkit.primitives.evaluate.counting import count_macs, params_by_part
+        from slimkit.engine.report import MACS_SEQ_LEN
 
         metrics, details, seconds = self.evaluate(self.dense)
         total = params_by_part(self.dense)["total"]
@@ -386,9 +390,11 @@ class Bench:
     def read_row(self, path: Path, settings: Settings | None = None) -> dict[str, Any] | None:
         """The row stored at ``path`` if it was measured under ``settings`` (default these; marked as
         reused), else None."""
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
-        stored = json.loads(path.read_text())
+        stored = read_json_file(path, "a kept row")
+        if not isinstance(stored.get("row"), dict):
+            raise BenchError(f"a kept row: {path} holds no 'row' object; delete it to measure the row again")
         if _normalised(stored.get("settings")) != json.loads(json.dumps((settings or self.settings).model_dump())):
             return None
         return {**stored["row"], "evaluation_reused": True}
@@ -470,11 +476,9 @@ class Bench:
 
     def reusable(self, folder: Path, raw: dict[str, Any]) -> bool:
         """With ``--resume``: ``folder`` holds a finished run of exactly this recipe (after overrides)."""
-        import yaml
-
         if not (self.resume and (folder / "report.json").is_file() and (folder / "model" / "recipe.yaml").is_file()):
             return False
-        return yaml.safe_load((folder / "model" / "recipe.yaml").read_text()) == raw
+        return read_yaml_file(folder / "model" / "recipe.yaml", "a kept recipe") == raw
 
     def stored_row(self, folder: Path, raw: dict[str, Any], settings: Settings | None = None) -> dict[str, Any] | None:
         """With ``--resume``: the row measured earlier on this run folder under the same settings, if any."""
@@ -508,9 +512,9 @@ class Bench:
         return folder, wall, None
 
     def run_job(self, job: Job) -> dict[str, Any]:
-        from slimkit.engine.report import MACS_SEQ_LEN
         from slimkit.primitives.evaluate.counting import count_macs
         from slimkit.primitives.io import read_manifest
+        from slimkit.engine.report import MACS_SEQ_LEN
 
         row, overrides, raw = self.prepare(job)
         if overrides is None:
@@ -588,7 +592,7 @@ class Bench:
         del model
         gc.collect()
         if not self.keep:
-            shutil.rmtree(folder / "model", ignore_errors=True)
+            discard(folder / "model")
         elif row["status"] == "ok":  # --resume continues an interrupted grid without measuring this row again
             self.write_row(folder / ROW_FILE, row, settings)
         return row
@@ -634,14 +638,17 @@ def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
         raise BenchError("--reuse-only needs --resume (and --keep DIR)")
     if args.resume and args.keep is None:
         raise BenchError("--resume needs --keep DIR (the folder whose runs it reuses)")
+    check_folder_option("--out", args.out, "the results")
+    if args.keep is not None:
+        check_folder_option("--keep", args.keep, "the kept runs")
     return grid, settings, jobs
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from benchmarks.claims import evaluate_claims
-    from slimkit.engine.report import peak_rss_mb
     from slimkit.primitives.evaluate.run import preflight_eval_data
     from slimkit.primitives.io import versions
+    from slimkit.engine.report import peak_rss_mb
 
     grid, settings, jobs = plan(args)
     name = args.name or ("quick" if args.quick else "grid")

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.grid import BenchError
+from benchmarks.inputs import check_folder_option, read_json_file
 from benchmarks.run import (
     OFFLINE_ENV,
     QUIET_ENV,
@@ -34,6 +34,7 @@ from benchmarks.run import (
     machine_info,
     via_launcher,
 )
+from slimkit.primitives.files.removal import discard, remove_owned
 
 RECIPES = ("lorap", "wanda-channels", "llm-pruner", "sp3-oneshot")
 RECOVERY_STAGES = frozenset({"lora", "distill"})
@@ -291,7 +292,7 @@ def build_model(shape: Shape, dtype: str, folder: Path, tokenizer_dir: Path, dev
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
         os.replace(tmp, folder)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard(tmp)
     del model
     gc.collect()
     if torch.device(device).type == "cuda":
@@ -309,8 +310,10 @@ def model_folder(
     wanted = json.dumps(asdict(shape) | {"dtype": dtype}, sort_keys=True, default=str)
     if stamp.is_file() and stamp.read_text() == wanted:
         return folder, None
-    if folder.exists():
-        shutil.rmtree(folder)
+    if os.path.lexists(folder):  # a stale model of another shape: deleted, never across a mount
+        left = remove_owned(folder)
+        if left:
+            raise BenchError(f"--models-dir: cannot replace {folder}: it holds {left[0].phrase(folder)}")
     if tokenizer is None:
         from slimkit.primitives.io.model_sources import resolve_source
 
@@ -520,7 +523,7 @@ def run_one(
             return {**row, "status": status, "reason": f"exit {done.returncode}: {reason}"[:400]}
         report = json.loads((out / "report.json").read_text())
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        discard(work)
     stages = {k: v for k, v in (report.get("timings_s") or {}).get("stages", {}).items() if not k.startswith("eval:")}
     compress = sum(v for k, v in stages.items() if k == "calibration" or k[:1].isdigit())
     placement = report.get("placement") or {}
@@ -880,6 +883,8 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
         memory = args.offload_memory or (half_the_layers(shape, args) if args.quick else OFFLOAD_MEMORY)
         parse_size(memory)
         offload = (shape, memory)
+    check_folder_option("--out", args.out, "the results")
+    check_folder_option("--models-dir", args.models_dir, "the saved scale models")
     return shapes, recipes, offload
 
 
@@ -1105,7 +1110,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def _main(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
     if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
-        result = json.loads(args.render.read_text())
+        result = read_json_file(args.render, "--render")
         args.render.with_suffix(".md").write_text(markdown(result))
         return
     run(args, argv)

@@ -3,7 +3,6 @@ the typed report built and written, and the output folder published in one step.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import Evaluation, evaluate_model
 from slimkit.primitives.files.atomic import staging_dir
 from slimkit.primitives.files.guard import write_failure
+from slimkit.primitives.files.removal import discard
 from slimkit.primitives.io import versions
 from slimkit.primitives.io.save import non_finite_tensors
 from slimkit.recipes.schema import Recipe
@@ -155,14 +155,15 @@ def finish(
                 writer(staging / name)
             write_report(report, staging)
             output_safety.pause_for_test("replace")
-            output_safety.publish(staging, out_path, force)
+            for note in output_safety.publish(staging, out_path, force):
+                ctx.tracker.log(note)
     except OSError as error:  # a full disk, a file-size limit, a folder that became unwritable
         raise write_failure(f"--out {out_path}", error) from None
     except SafetensorError as error:  # the same, met while safetensors wrote the weights
         raise SlimkitError(f"--out {out_path}: cannot write the weights ({error}); nothing was replaced") from None
     finally:
         if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+            discard(staging)
     failed = [item for item in exports if "error" in item]
     if failed:
         raise SlimkitError(

@@ -4,10 +4,12 @@ The output folder ``OUT`` (``--out``) is handled safely:
 
 * it is checked before the model is loaded (:func:`check_output_dir`): never the filesystem root, the home
   folder, the working directory or one of its parents, nor the model it reads, a folder inside it or one holding
-  it (:mod:`slimkit.primitives.files.guard`), nor a mount point (it could not be replaced in one rename); its
-  parent must be writable; a non-empty ``OUT`` needs ``force``, which replaces only an earlier run's output:
-  a folder holding :data:`RUN_MARKER` (written into every output just before it is published, listing what the
-  run wrote) and nothing the marker does not list;
+  it, by identity under any alias (:mod:`slimkit.primitives.files.guard`), nor a mount point by the kernel's
+  mount table (it could not be replaced in one rename); its parent must be writable; a non-empty ``OUT`` needs
+  ``force``, which replaces only an earlier run's output: a folder holding :data:`RUN_MARKER` (written into every
+  output just before it is published, listing every file and folder the run wrote, at every depth) and nothing
+  the marker does not list, at any depth, and no mount; the old output is deleted through
+  :mod:`slimkit.primitives.files.removal`, which never crosses a file-system boundary;
 * one run at a time writes ``OUT``: the run holds the lock ``.OUT.lock`` beside it (:func:`claimed_output`);
   a second run fails at once, naming the first one's pid;
 * everything is written to a hidden sibling ``.OUT.partial-PID-XXXX`` and put in place at the end in one step
@@ -20,9 +22,7 @@ Test hook: ``SLIMKIT_TEST_PAUSE_AT`` (see :func:`pause_for_test`).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -31,14 +31,16 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from slimkit.engine.progress import Tracker
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, swap_in
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.files.marker import check_only_listed, read_marker, write_marker
+from slimkit.primitives.files.removal import remove_owned
+from slimkit.engine.progress import Tracker
 
 RUN_MARKER = ".slimkit-run.json"
-"""The file a run writes into its output folder just before publishing it: the names it wrote (``files``)."""
+"""The file a run writes into its output folder just before publishing it: what it wrote (``files``, ``folders``)."""
 
 
 def source_inputs(source: str) -> list[Path]:
@@ -67,10 +69,6 @@ def _check_output_path(out: Path, force: bool, inputs: Iterable[str | os.PathLik
     check_output_location("--out", out, inputs, "a run")
     if out.exists() and not out.is_dir():
         raise SlimkitError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and os.path.ismount(out):
-        raise SlimkitError(
-            f"--out {out} is a mount point, which a run cannot replace in one rename; name a folder inside it"
-        )
     check_writable(out, force)
     if out.is_dir() and any(out.iterdir()):
         check_replaceable(out, force)
@@ -91,43 +89,36 @@ def check_writable(out: Path, force: bool) -> None:
 
 
 def written_by_run(folder: Path) -> set[str] | None:
-    """The names ``folder``'s :data:`RUN_MARKER` lists (what a run wrote there), or None without a readable one."""
-    marker = folder / RUN_MARKER
-    if marker.is_symlink() or not marker.is_file():
-        return None
+    """The relative paths ``folder``'s :data:`RUN_MARKER` lists (what a run wrote there, at every depth), or None
+    without a readable one (read with bounds: :func:`~slimkit.primitives.files.marker.read_marker`)."""
     try:
-        record = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_marker(folder, RUN_MARKER)
+    except SlimkitError:
         return None
-    files = record.get("files") if isinstance(record, dict) else None
-    return {str(name) for name in files} if isinstance(files, list) else None
 
 
 def check_replaceable(out: Path, force: bool) -> None:
     """A non-empty ``out`` is replaced only with ``force`` and only when it is a run's output: it holds
-    :data:`RUN_MARKER` and nothing the marker does not list (the user's own files are never replaced)."""
+    :data:`RUN_MARKER` and nothing the marker does not list, at any depth (the user's own files are never
+    replaced), and no mount point or other file system (:func:`~slimkit.primitives.files.removal.survey`)."""
     if not force:
         raise SlimkitError(f"--out {out}: output directory exists and is not empty (use --force to replace it)")
-    written = written_by_run(out)
-    entries = sorted(entry.name for entry in out.iterdir() if entry.name != RUN_MARKER)
-    if written is None:
+    try:
+        written = read_marker(out, RUN_MARKER)
+    except SlimkitError as error:
+        entries = sorted(entry.name for entry in out.iterdir() if entry.name != RUN_MARKER)
+        why = "" if not os.path.lexists(out / RUN_MARKER) else f": {error}"
         raise SlimkitError(
             f"--out {out} is not a slimkit output (it holds {entries[0] if entries else RUN_MARKER}, and no readable "
-            f"{RUN_MARKER}); --force replaces only slimkit run outputs and empty folders"
-        )
-    other = [name for name in entries if name not in written]
-    if other:
-        raise SlimkitError(
-            f"--out {out} holds {other[0]}, which slimkit did not write; --force replaces only a folder holding "
-            "nothing but an earlier run's output"
-        )
+            f"{RUN_MARKER}{why}); --force replaces only slimkit run outputs and empty folders"
+        ) from None
+    check_only_listed(out, RUN_MARKER, written, "slimkit", "a folder holding nothing but an earlier run's output")
 
 
 def write_run_marker(staging: Path) -> None:
-    """Record in ``staging``'s :data:`RUN_MARKER` every name in it (what this run wrote)."""
-    files = sorted(entry.name for entry in staging.iterdir() if entry.name != RUN_MARKER)
-    record = {"written_by": "slimkit recipe run", "files": files}
-    (staging / RUN_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    """Record in ``staging``'s :data:`RUN_MARKER` every file and folder in it, at every depth (what this run
+    wrote)."""
+    write_marker(staging, RUN_MARKER, {"written_by": "slimkit recipe run"})
 
 
 @contextmanager
@@ -165,7 +156,7 @@ def claimed_output(
     except OSError as error:
         raise SlimkitError(f"--out {out}: cannot create the lock file beside it ({error.strerror})") from None
     try:
-        notes = remove_leftovers(out)
+        notes = remove_leftovers(out, marker=RUN_MARKER)
         for note in notes:
             tracker.log(note)
         try:
@@ -177,9 +168,11 @@ def claimed_output(
         lock.release()
 
 
-def publish(staging: Path, out: Path, force: bool) -> None:
+def publish(staging: Path, out: Path, force: bool) -> list[str]:
     """Put the finished ``staging`` folder at ``out`` in one step, after checking ``out`` once more (something
-    may have written there during the run); the previous result is deleted only once the new one is in place."""
+    may have written there during the run); the previous result is deleted only once the new one is in place, and
+    only what its marker lists (:func:`~slimkit.primitives.files.removal.remove_owned`). Returns a line for each
+    thing it had to keep (the previous result's folder, beside ``out``)."""
     try:
         check_output_dir(out, force)
     except SlimkitError as error:
@@ -190,8 +183,21 @@ def publish(staging: Path, out: Path, force: bool) -> None:
         with signals_deferred():
             aside = swap_in(staging, out)
     finally:
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+        left = remove_previous(aside) if aside is not None else []
+    return left
+
+
+def remove_previous(aside: Path) -> list[str]:
+    """Delete the previous output moved aside to ``aside`` (what its marker lists; an empty folder has none);
+    one line when something had to stay."""
+    listed = written_by_run(aside) or set()
+    try:
+        left = remove_owned(aside, listed)
+    except OSError as error:
+        return [f"kept the previous output in {aside}: deleting it failed ({error.strerror or error})"]
+    if not left:
+        return []
+    return [f"kept the previous output in {aside}: it holds {left[0].phrase(aside)}, which slimkit does not delete"]
 
 
 PAUSE_AT = "SLIMKIT_TEST_PAUSE_AT"

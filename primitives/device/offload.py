@@ -23,7 +23,6 @@ and are refused on an offloaded model: :func:`check_stage_fits`.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +33,7 @@ from torch import nn
 
 from slimkit.primitives.device.placement import Placement, dtype_name, format_size
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.files.removal import discard
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
@@ -238,7 +238,7 @@ def resident(model: nn.Module, name: str, module: nn.Module) -> Iterator[nn.Modu
     weights = {key: t.detach().to("cpu") for key, t in module.named_parameters()}
     if where == "disk":
         folder = state.folder / "slimkit-layers" / name
-        shutil.rmtree(folder, ignore_errors=True)
+        discard(folder)
         offload_state_dict(folder, weights)
         del weights
         weights_map: Any = OffloadedWeightsLoader(save_folder=str(folder))

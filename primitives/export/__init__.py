@@ -35,7 +35,13 @@ from torch import nn
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_file import EXPORTABLE_MODEL_TYPES, GGUF_TYPES, GgufResult, write_gguf
-from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_replaceable_export, write_hf
+from slimkit.primitives.export.hf_folder import (
+    EXPORT_MARKER,
+    HF_MODEL_TYPES,
+    HfResult,
+    check_replaceable_export,
+    write_hf,
+)
 from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
@@ -160,7 +166,7 @@ def _export_claimed(
     inputs: list[Path],
 ) -> GgufResult | HfResult:
     """The export once this process holds ``target``'s lock."""
-    remove_leftovers(target)  # what a killed export left beside it
+    remove_leftovers(target, marker=EXPORT_MARKER if format == "hf" else None)  # what a killed export left
     check_export_target(format, target, force, inputs)  # again, now that no other export writes it
     if not isinstance(model, nn.Module):
         model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))

@@ -13,17 +13,17 @@ dense tensors, so the caller's model is never modified. The written folder is ch
 moved into place: loaded back with stock ``from_pretrained`` (no slimkit code) and compared with
 the compressed model on a fixed batch of token ids (``verify``; max abs logit difference).
 
-The folder also holds :data:`EXPORT_MARKER`, a small JSON file listing every file the export wrote. It is what
-lets ``--force`` replace the folder later: :func:`check_replaceable_export` accepts only a folder that holds the
-marker and nothing the marker does not list, so a project folder that merely has a ``config.json`` is never
-replaced.
+The folder also holds :data:`EXPORT_MARKER`, a small JSON file listing every file and folder the export wrote, at
+every depth (:mod:`slimkit.primitives.files.marker`). It is what lets ``--force`` replace the folder later:
+:func:`check_replaceable_export` accepts only a folder that holds the marker and nothing the marker does not list,
+at any depth, and no mount, so a project folder that merely has a ``config.json`` is never replaced; the old
+folder is deleted through :mod:`slimkit.primitives.files.removal` (only what the marker lists, never across a
+mount).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,9 @@ from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import dense_tensors
+from slimkit.primitives.files import marker
 from slimkit.primitives.files.atomic import staging_dir, swap_in
+from slimkit.primitives.files.removal import discard, remove_owned
 from slimkit.primitives.io.compat import removed_blocks_phrase
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -45,38 +47,39 @@ EXPORT_MARKER = ".slimkit-export.json"
 
 
 def write_marker(folder: Path) -> None:
-    """Record, in ``folder``'s :data:`EXPORT_MARKER`, every file now in it (what this export wrote)."""
-    files = sorted(entry.name for entry in folder.iterdir() if entry.name != EXPORT_MARKER)
-    record = {"written_by": "slimkit export", "format": "hf", "files": files}
-    (folder / EXPORT_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    """Record, in ``folder``'s :data:`EXPORT_MARKER`, every file and folder now in it, at every depth (what this
+    export wrote)."""
+    marker.write_marker(folder, EXPORT_MARKER, {"written_by": "slimkit export", "format": "hf"})
+
+
+def written_by_export(folder: Path) -> set[str] | None:
+    """The relative paths ``folder``'s :data:`EXPORT_MARKER` lists, or None without a readable one."""
+    try:
+        return marker.read_marker(folder, EXPORT_MARKER)
+    except SlimkitError:
+        return None
 
 
 def check_replaceable_export(folder: Path) -> None:
-    """One line unless ``folder`` is an earlier hf export: it holds a ``config.json`` and the export marker, and
-    nothing the marker does not list (another program's or the user's files)."""
+    """One line unless ``folder`` is an earlier hf export: it holds a ``config.json`` and the export marker (read
+    with bounds: :func:`~slimkit.primitives.files.marker.read_marker`), and nothing the marker does not list, at
+    any depth, and no mount point or other file system (:func:`~slimkit.primitives.files.removal.survey`)."""
     if not (folder / "config.json").is_file():
         raise SlimkitError(
             f"--out {folder} is not a model folder (no config.json); --force replaces only model folders that "
             "slimkit export wrote"
         )
     try:
-        record = json.loads((folder / EXPORT_MARKER).read_text())
-        written = set(record["files"]) if isinstance(record, dict) and isinstance(record.get("files"), list) else None
-    except (OSError, ValueError, TypeError, KeyError):
-        written = None
-    if written is None:
+        written = marker.read_marker(folder, EXPORT_MARKER)
+    except SlimkitError as error:
+        why = "" if not os.path.lexists(folder / EXPORT_MARKER) else f": {error}"
         raise SlimkitError(
-            f"--out {folder} was not written by slimkit export (no readable {EXPORT_MARKER}); --force replaces only "
-            "model folders that slimkit export wrote"
-        )
-    other = sorted(
-        entry.name for entry in folder.iterdir() if entry.name != EXPORT_MARKER and entry.name not in written
+            f"--out {folder} was not written by slimkit export (no readable {EXPORT_MARKER}{why}); --force replaces "
+            "only model folders that slimkit export wrote"
+        ) from None
+    marker.check_only_listed(
+        folder, EXPORT_MARKER, written, "slimkit export", "a folder holding nothing but an earlier export"
     )
-    if other:
-        raise SlimkitError(
-            f"--out {folder} holds {other[0]}, which slimkit export did not write; --force replaces only a folder "
-            "holding nothing but an earlier export"
-        )
 
 
 def removed_blocks_refusal(removed: dict[str, list[int]]) -> str:
@@ -180,9 +183,9 @@ def write_hf(
         _check_target(target, replace)
         aside = swap_in(staging, target)
         if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+            remove_owned(aside, written_by_export(aside) or set())
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        discard(staging)
     return HfResult(target, dense.merged, dense.added_params, difference)
 
 

@@ -18,9 +18,10 @@ import errno
 import os
 import re
 import secrets
-import shutil
 import tempfile
 from pathlib import Path
+
+from slimkit.primitives.files.removal import remove_owned
 
 
 def staging_dir(target: Path) -> Path:
@@ -57,13 +58,28 @@ def _sibling_prefix(target: Path, kind: str) -> str:
     return f".{target.name}.{kind}-{os.getpid()}-"
 
 
+MAX_PID = 4_194_304
+"""The largest process id Linux hands out (``PID_MAX_LIMIT``); macOS stays below 100,000."""
+
+
 def _leftover_pattern(target: Path) -> re.Pattern[str]:
-    return re.compile(rf"\.{re.escape(target.name)}\.(partial|replaced)-(\d+)-")
+    return re.compile(rf"\.{re.escape(target.name)}\.(partial|replaced)-([1-9]\d{{0,9}})-")
+
+
+def leftover_pid(target: Path, name: str) -> tuple[str, int] | None:
+    """``(kind, pid)`` when ``name`` is a hidden sibling slimkit writes beside ``target``
+    (``.NAME.partial-PID-XXXX`` or ``.NAME.replaced-PID-XXXX``) with a process id no larger than :data:`MAX_PID`;
+    None for any other name (a 20-digit number is no process id)."""
+    match = _leftover_pattern(target).match(name)
+    if match is None:
+        return None
+    pid = int(match[2])
+    return (match[1], pid) if 0 < pid <= MAX_PID else None
 
 
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (another user's process counts; so does an unreaped zombie)."""
-    if pid <= 0:
+    if not 0 < pid <= MAX_PID:
         return False
     try:
         os.kill(pid, 0)
@@ -74,37 +90,53 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def remove_leftovers(target: Path) -> list[str]:
+def remove_leftovers(target: Path, marker: str | None = None) -> list[str]:
     """Clean the hidden siblings of ``target`` that a dead process left; returns one line per thing done.
 
     A ``.NAME.partial-PID-*`` whose process is gone is deleted. A ``.NAME.replaced-PID-*`` whose process is gone
     is the previous result, moved aside just before the new one was renamed in: it is moved back to ``target``
-    when ``target`` is missing (the process died between the two renames), else deleted. Siblings of a live
-    process (the caller's own included) and names without a process id are left alone.
+    when ``target`` is missing (the process died between the two renames), else deleted (with ``marker``, the
+    name of the marker such a result holds, only what that marker lists). Siblings of a live process (the
+    caller's own included) and names without a process id in range (:func:`leftover_pid`) are left alone.
+    Deleting goes through :func:`~slimkit.primitives.files.removal.remove_owned`: never across a mount, and what
+    it leaves is named in the returned lines.
     """
     if not target.parent.is_dir():
         return []
-    pattern = _leftover_pattern(target)
     done = []
     for path in sorted(target.parent.iterdir()):
-        match = pattern.match(path.name)
-        if match is None or pid_alive(int(match[2])):
+        parsed = leftover_pid(target, path.name)
+        if parsed is None or pid_alive(parsed[1]):
             continue
-        kind, pid = match[1], match[2]
+        kind, pid = parsed
         if kind == "replaced" and not os.path.lexists(target):
             os.replace(path, target)
             done.append(f"restored {target} from {path.name}, the previous result a run (pid {pid}) left aside")
+            continue
+        listed = _marker_listing(path, marker) if kind == "replaced" else None
+        left = remove_owned(path, listed)
+        if left:
+            done.append(
+                f"kept {path.name} in {target.parent}, left by a run (pid {pid}) that did not finish: it holds "
+                f"{left[0].phrase(path)}, which slimkit does not delete"
+            )
         else:
-            _remove(path)
             done.append(f"removed {path.name} in {target.parent}, left by a run (pid {pid}) that did not finish")
     return done
+
+
+def _marker_listing(folder: Path, marker: str | None) -> set[str] | None:
+    """What ``folder``'s ``marker`` lists; None without a marker name or a marker file; an unreadable marker lists
+    nothing (so nothing inside is deleted)."""
+    if marker is None or not os.path.lexists(folder / marker):
+        return None
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.primitives.files.marker import read_marker
+
+    try:
+        return read_marker(folder, marker)
+    except SlimkitError:
+        return set()
 
 
 def _exchange(a: Path, b: Path) -> bool:

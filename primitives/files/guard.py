@@ -4,7 +4,10 @@
 * Never a protected folder: the filesystem root, the home folder, the current working directory or a parent of
   it (:func:`protected_reason`).
 * Never an input: an output that is an input of the command, lies inside one, or holds one is refused
-  (:func:`overlap_reason`, :func:`check_not_input`), so no command replaces or writes into what it reads.
+  (:func:`overlap_reason`, :func:`check_not_input`), so no command replaces or writes into what it reads. Paths
+  are compared by identity (``(st_dev, st_ino)``) under every alias the kernel's mount table shows
+  (:mod:`slimkit.primitives.files.mounts`), so a bind-mounted or linked alias is the same path.
+* Never a mount point (it cannot be replaced in one rename), by the kernel's mount table.
 * A small file (``eval --json``) is written to a hidden sibling and renamed into place (:func:`write_text_file`):
   never through a symbolic link, never half-written; a write that fails (full disk, file-size limit, no
   permission) is one line naming the file and the reason.
@@ -22,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.files.mounts import ancestor_identities, identity, is_mount_point, mount_table, nearest_existing
 
 NAME_MAX_BYTES = 255
 """The longest file name (one path component, in bytes) Linux and macOS file systems take."""
@@ -42,39 +46,49 @@ def check_path_name(option: str, path: Path) -> None:
 
 
 def protected_reason(out: Path) -> str | None:
-    """Why ``out`` may never be an output, or None: it resolves to the filesystem root, the home folder, the
-    current working directory or a parent of it."""
+    """Why ``out`` may never be an output, or None: it is the filesystem root, the home folder, the current working
+    directory or a parent of it, by path or by identity (``(st_dev, st_ino)``: the same folder under a bind mount or
+    a symbolic link counts)."""
     resolved = out.expanduser().resolve()
-    if resolved == Path(resolved.anchor):
+    out_id = identity(resolved)
+    if resolved == Path(resolved.anchor) or (out_id is not None and out_id == identity(resolved.anchor)):
         return "the filesystem root"
     try:
-        if resolved == Path.home().resolve():
-            return "the home folder"
+        home = Path.home().resolve()
     except (RuntimeError, KeyError):  # no home folder known
-        pass
+        home = None
+    if home is not None and (resolved == home or (out_id is not None and out_id == identity(home))):
+        return "the home folder"
     try:
         cwd = Path.cwd().resolve()
     except FileNotFoundError:  # the working directory was deleted
         return None
-    if resolved == cwd:
+    if resolved == cwd or (out_id is not None and out_id == identity(cwd)):
         return "the current working directory"
-    if cwd.is_relative_to(resolved):
+    if cwd.is_relative_to(resolved) or (out_id is not None and out_id in ancestor_identities(cwd)):
         return "a parent of the current working directory"
     return None
 
 
 def overlap_reason(out: Path, inputs: Iterable[str | os.PathLike]) -> str | None:
-    """Why ``out`` would overwrite an input, or None: it is one of ``inputs`` (files or folders, symbolic links
-    resolved), lies inside one, or is a folder holding one."""
-    resolved = out.expanduser().resolve()
+    """Why ``out`` would overwrite an input, or None: it is one of ``inputs`` (files or folders), lies inside one, or
+    is a folder holding one. Compared by identity (``(st_dev, st_ino)``) under every path the kernel's mount table
+    shows them at, so a bind-mounted alias, a symbolic link or a hard link is the same input; inputs that do not
+    exist are compared by resolved path."""
+    expanded = out.expanduser()
+    resolved = expanded.resolve()
+    table = mount_table()
+    out_id = identity(resolved)
+    out_chain = ancestor_identities(nearest_existing(expanded), table)
     for source in inputs:
         source_path = Path(source).expanduser()
         read = source_path.resolve()
-        if resolved == read:
+        read_id = identity(read)
+        if resolved == read or (read_id is not None and read_id == out_id):
             return f"the input {source_path} itself"
-        if resolved.is_relative_to(read):
+        if resolved.is_relative_to(read) or (read_id is not None and read_id in out_chain):
             return f"inside the input {source_path}"
-        if read.is_relative_to(resolved):
+        if read.is_relative_to(resolved) or (out_id is not None and out_id in ancestor_identities(read, table)):
             return f"a folder holding the input {source_path}"
     return None
 
@@ -117,7 +131,7 @@ def write_text_file(path: Path, text: str, option: str) -> None:
 def check_output_location(option: str, out: Path, inputs: Iterable[str | os.PathLike], writer: str) -> None:
     """The checks every output path gets before any work (``writer``, e.g. "a run", names who writes it): a name
     file systems take, not a protected folder, not an input, a name of its own (not ``.`` or ``..``), not a
-    symbolic link."""
+    symbolic link, not a mount point (by the kernel's mount table: bind mounts of the same file system included)."""
     check_path_name(option, out)
     reason = protected_reason(out)
     if reason is not None:
@@ -128,6 +142,10 @@ def check_output_location(option: str, out: Path, inputs: Iterable[str | os.Path
     if out.is_symlink():
         raise SlimkitError(
             f"{option} {out} is a symbolic link; slimkit never writes through one: name the file or folder itself"
+        )
+    if os.path.lexists(out) and is_mount_point(out):
+        raise SlimkitError(
+            f"{option} {out} is a mount point, which {writer} cannot replace in one rename; name a folder inside it"
         )
 
 

@@ -45,10 +45,16 @@ def _holder(fd: int) -> int | None:
     """The pid the lock's holder wrote in it (it writes just after locking: allow it a moment), or None."""
     for _ in range(20):
         text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        if text.isdigit():
+        if _is_pid_text(text):
             return int(text)
         time.sleep(0.01)
     return None
+
+
+def _is_pid_text(text: str) -> bool:
+    """A process id as a lock holds it: ASCII digits, at most 10 of them (``"²"`` is a digit to ``str.isdigit``
+    but no number to ``int``)."""
+    return text.isascii() and text.isdigit() and len(text) <= 10
 
 
 def _still_named(fd: int, path: Path) -> bool:
@@ -84,7 +90,7 @@ def _open_lock_file(path: Path) -> int:
             raise
     status = os.fstat(fd)
     text = os.pread(fd, 64, 0).decode(errors="replace").strip() if stat.S_ISREG(status.st_mode) else "?"
-    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1 or not (text == "" or text.isdigit()):
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1 or not (text == "" or _is_pid_text(text)):
         os.close(fd)
         raise SlimkitError(f"{path} is not a slimkit lock file (it is named like one); move it away")
     return fd

@@ -116,17 +116,43 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A model folder's JSON object file, or one :class:`SlimkitError` line naming the file and what is wrong."""
+def read_json_object(
+    path: Path, *, max_bytes: int = MAX_JSON_BYTES, follow_symlinks: bool = True, what: str = "a JSON file"
+) -> dict[str, Any]:
+    """A model folder's JSON object file, or one :class:`SlimkitError` line naming the file and what is wrong.
+
+    At most ``max_bytes`` are read (the size is checked on the opened file, so a file that grows is cut off, and
+    ``/dev/zero`` or a FIFO is refused without reading); with ``follow_symlinks`` False a symbolic link at ``path``
+    is refused (``what`` names the file in that line)."""
+    if not follow_symlinks and path.is_symlink():
+        raise SlimkitError(f"{path} is a symbolic link; slimkit reads {what} only as a plain file")
     size = check_regular_file(path).st_size
-    if size > MAX_JSON_BYTES:
-        raise SlimkitError(f"{path}: {size:,} bytes, more than the {MAX_JSON_BYTES >> 20} MiB a JSON file may hold")
+    limit = f"{max_bytes >> 20} MiB" if max_bytes >= 1 << 20 else f"{max_bytes:,} bytes"
+    if size > max_bytes:
+        raise SlimkitError(f"{path}: {size:,} bytes, more than the {limit} {what} may hold")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0))
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise SlimkitError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        handle = os.open(path, flags)
     except OSError as error:
         raise SlimkitError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        status = os.fstat(handle)
+        if not stat.S_ISREG(status.st_mode):  # swapped since it was checked
+            raise SlimkitError(
+                f"{path} is {_kind(status.st_mode)}, not a regular file; slimkit reads regular files only"
+            )
+        with os.fdopen(handle, "rb", closefd=False) as stream:
+            raw = stream.read(max_bytes + 1)
+    except OSError as error:
+        raise SlimkitError(f"cannot read {path}: {error.strerror or error}") from None
+    finally:
+        os.close(handle)
+    if len(raw) > max_bytes:
+        raise SlimkitError(f"{path}: more than the {limit} {what} may hold")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SlimkitError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
         data = json.loads(text)
     except RecursionError:

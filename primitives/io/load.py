@@ -450,18 +450,18 @@ def load(
 
 
 def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, offload_folder: Any) -> nn.Module:
-    import shutil
     import tempfile
     import weakref
 
     from slimkit.primitives.datasets.data_paths import cache_root
     from slimkit.primitives.device.offload import load_offloaded
+    from slimkit.primitives.files.removal import discard
 
     if offload_folder is None:
         (cache_root() / "offload").mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="run-", dir=cache_root() / "offload"))
         model = load_offloaded(cls, directory, config, placement, folder)
-        weakref.finalize(model, shutil.rmtree, str(folder), True)
+        weakref.finalize(model, discard, folder)
         return model
     return load_offloaded(cls, directory, config, placement, Path(offload_folder))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from slimkit.primitives.datasets.data_paths import cache_root
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.lock import LockHeld, SiblingLock, acquire_lock
+from slimkit.primitives.files.removal import discard
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def _write_converted(source: NamedSource, package_dir: Path, target: Path) -> No
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard(tmp)
 
 
 def resolve_source(source: str) -> tuple[Path, SourceInfo]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import acquire_lock
+from slimkit.primitives.files.removal import discard
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.projection.manifest import projection_entries
@@ -266,4 +266,4 @@ def _write_folder(
             target.rmdir()
         os.replace(tmp, target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard(tmp)

@@ -885,8 +885,9 @@ def test_run_expands_home_in_out(models, tmp_path, monkeypatch):
     recipe = tiny_recipe(models.plain)
     slimkit.run(recipe, out="~/x", evaluate=False)
     assert (tmp_path / "home" / "x" / "report.json").is_file() and not (tmp_path / "~").exists()
-    written = json.loads((tmp_path / "home" / "x" / RUN_MARKER).read_text())["files"]
-    assert set(written) == {p.name for p in (tmp_path / "home" / "x").iterdir()} - {RUN_MARKER}
+    marker = json.loads((tmp_path / "home" / "x" / RUN_MARKER).read_text())
+    everything = {p.relative_to(tmp_path / "home" / "x").as_posix() for p in (tmp_path / "home" / "x").rglob("*")}
+    assert {*marker["files"], *marker["folders"]} == everything - {RUN_MARKER}
 
 
 def test_a_recipe_value_recipe_yaml_cannot_hold_is_refused_before_loading(models, tmp_path):

@@ -36,6 +36,18 @@ def recipe(model_dir: Path, name: str) -> dict:
     return tiny_recipe(model_dir, name=name, eval={"perplexity": None})
 
 
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Ctrl-C raises KeyboardInterrupt here and in the runs these tests start, however the suite was started: a
+    job started in the background (``make test-fast &``, nohup, some CI runners) inherits SIGINT ignored, and a
+    child process started from it would ignore SIGINT too (exec keeps an ignored signal ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     tokenizer = byte_tokenizer()
@@ -130,8 +142,13 @@ def test_force_refuses_a_folder_that_is_not_a_slimkit_output(tmp_path, model_dir
 
 
 def test_force_replaces_slimkit_outputs_and_empty_folders(tmp_path):
-    """A run's output is what its marker lists (issue 28: a report.json alone no longer makes a folder a run's)."""
-    marker = {"written_by": "slimkit recipe run", "files": ["model", "report.json", "report.md"]}
+    """A run's output is what its marker lists, at every depth (a report.json alone does not make a folder a run's;
+    a marker listing top-level names only does not cover what is inside ``model/``)."""
+    marker = {
+        "written_by": "slimkit recipe run",
+        "files": ["model/slimkit_manifest.json", "report.json", "report.md"],
+        "folders": ["model"],
+    }
     for name, files in [
         ("run", ["report.json", RUN_MARKER]),
         ("run-model-only", ["model/slimkit_manifest.json", RUN_MARKER]),
@@ -147,10 +164,16 @@ def test_force_replaces_slimkit_outputs_and_empty_folders(tmp_path):
         ("report-only", ["report.json"], "is not a slimkit output"),
         ("saved-model", ["slimkit_manifest.json", "config.json"], "is not a slimkit output"),
         ("run-and-notes", ["report.json", RUN_MARKER, "notes.txt"], "holds notes.txt, which slimkit did not write"),
+        (
+            "run-and-nested-notes",
+            ["model/slimkit_manifest.json", "model/notes.txt", RUN_MARKER],
+            "holds model/notes.txt, which slimkit did not write",
+        ),
     ]:
         folder = tmp_path / name
         folder.mkdir()
         for file in files:
+            (folder / file).parent.mkdir(exist_ok=True)
             (folder / file).write_text(json.dumps(marker) if file == RUN_MARKER else "{}")
         with pytest.raises(SlimkitError, match=message):
             check_output_dir(folder, force=True)

@@ -1,0 +1,90 @@
+"""What the benchmark tools read and where they write, under the rules the ``slimkit`` CLI follows.
+
+The benchmark entry points (``benchmarks.run``, ``benchmarks.glue_grid``, the claims of a grid) are user-facing:
+
+* grid files and kept ``recipe.yaml`` files are read by :func:`read_yaml_file`: a regular file (never a FIFO or a
+  device), at most :data:`MAX_YAML_BYTES`, UTF-8, through the recipes' bounded loader
+  (:func:`~slimkit.recipes.safe_yaml.load_yaml`: nesting, alias expansion, keys and tags checked);
+* kept ``bench-row.json``, ``report.json`` and ``--reuse`` results files by :func:`read_json_file`: the model
+  folders' bounded JSON reader (:func:`~slimkit.primitives.io.folder.read_json_object`: size, depth, no FIFO);
+* a results folder (``--out``) and a runs folder (``--keep``) are checked before any work by
+  :func:`check_folder_option`: a name file systems take, never the filesystem root, the home folder, the working
+  directory or a parent of it (:func:`~slimkit.primitives.files.guard.protected_reason`), never an existing file.
+
+Every refusal is one :class:`~benchmarks.grid.BenchError` line (``error: ...``, exit status 2), bad options too
+(:class:`OneLineParser`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benchmarks.grid import BenchError
+from slimkit.primitives.errors import SlimkitError
+
+MAX_YAML_BYTES = 1 << 20
+"""The largest grid or kept recipe file read (a grid is a few KiB)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one :class:`BenchError` line (printed ``error: ...``, exit 2) instead of
+    the usage text and a message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise BenchError(message)
+
+
+def read_yaml_file(path: Path, what: str) -> Any:
+    """The value of the YAML file ``path`` (``what`` names it in errors, e.g. "grid file"), read as the module says."""
+    from slimkit.primitives.io.folder import check_regular_file
+    from slimkit.recipes.safe_yaml import load_yaml
+
+    try:
+        size = check_regular_file(Path(path)).st_size
+        if size > MAX_YAML_BYTES:
+            raise BenchError(f"{what} {path}: {size:,} bytes, more than the {MAX_YAML_BYTES >> 10} KiB it may hold")
+        text = Path(path).read_text(encoding="utf-8")
+        return load_yaml(text, str(path))
+    except SlimkitError as error:
+        raise BenchError(f"{what}: {error}") from None
+    except UnicodeDecodeError as error:
+        raise BenchError(f"{what} {path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise BenchError(f"cannot read {what} {path}: {error.strerror or error}") from None
+
+
+def read_json_file(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (``what`` names it in errors, e.g. "--reuse"), read with bounds."""
+    from slimkit.primitives.io.folder import read_json_object
+
+    try:
+        return read_json_object(Path(path))
+    except SlimkitError as error:
+        raise BenchError(f"{what}: {error}") from None
+
+
+def check_folder_option(option: str, path: Path, writes: str) -> None:
+    """One line, before any work, for a folder option (``--out``, ``--keep``) no benchmark may write in: a name no
+    file system takes, a protected folder, or an existing file. ``writes`` says what goes there."""
+    from slimkit.primitives.files.guard import check_path_name, protected_reason
+
+    try:
+        check_path_name(option, Path(path))
+    except SlimkitError as error:
+        raise BenchError(str(error)) from None
+    reason = protected_reason(Path(path))
+    if reason is not None:
+        raise BenchError(f"{option} {path} is {reason}; {writes} go in a folder of their own: name a new folder")
+    expanded = Path(path).expanduser()
+    if expanded.exists() and not expanded.is_dir():
+        raise BenchError(f"{option} {path} is a file, not a folder; {writes} go in a folder: name a folder")
+    ancestor = expanded.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise BenchError(f"{option} {path}: {ancestor} is a file, not a folder")
+
+
+__all__ = ["MAX_YAML_BYTES", "OneLineParser", "check_folder_option", "read_json_file", "read_yaml_file"]
