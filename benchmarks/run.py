@@ -362,8 +362,8 @@ class Bench:
         }
 
     def dense_row(self) -> dict[str, Any]:
-        from slimkit.primitives.evaluate.counting import count_macs, params_by_part
         from slimkit.engine.report import MACS_SEQ_LEN
+        from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 
         metrics, details, seconds = self.evaluate(self.dense)
         total = params_by_part(self.dense)["total"]
@@ -512,9 +512,9 @@ class Bench:
         return folder, wall, None
 
     def run_job(self, job: Job) -> dict[str, Any]:
+        from slimkit.engine.report import MACS_SEQ_LEN
         from slimkit.primitives.evaluate.counting import count_macs
         from slimkit.primitives.io import read_manifest
-        from slimkit.engine.report import MACS_SEQ_LEN
 
         row, overrides, raw = self.prepare(job)
         if overrides is None:
@@ -646,9 +646,9 @@ def plan(args: argparse.Namespace) -> tuple[Any, Settings, list[Job]]:
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from benchmarks.claims import evaluate_claims
+    from slimkit.engine.report import peak_rss_mb
     from slimkit.primitives.evaluate.run import preflight_eval_data
     from slimkit.primitives.io import versions
-    from slimkit.engine.report import peak_rss_mb
 
     grid, settings, jobs = plan(args)
     name = args.name or ("quick" if args.quick else "grid")

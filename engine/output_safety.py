@@ -31,13 +31,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from slimkit.engine.progress import Tracker
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, swap_in
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
 from slimkit.primitives.files.marker import check_only_listed, read_marker, write_marker
 from slimkit.primitives.files.removal import remove_owned
-from slimkit.engine.progress import Tracker
 
 RUN_MARKER = ".slimkit-run.json"
 """The file a run writes into its output folder just before publishing it: what it wrote (``files``, ``folders``)."""

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import slimkit
-from slimkit.primitives import export as export_module
-from slimkit.primitives.export.hf_folder import EXPORT_MARKER
 from slimkit.engine import runner
 from slimkit.engine.output_safety import RUN_MARKER
+from slimkit.primitives import export as export_module
+from slimkit.primitives.export.hf_folder import EXPORT_MARKER
 from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.contracts.hostile import copy_model, plain_model, recipe_file, tree_checksum
 from tests.mounting import bind_mount
