@@ -121,8 +121,10 @@ def recipe_run(
     """Compress a model with a recipe; writes OUT/model, OUT/report.json and OUT/report.md."""
     import slimkit
     from slimkit.primitives.io.describe import saved_structure
+    from slimkit.primitives.io.paths import as_path
     from slimkit.recipes.loading import load_recipe
     from slimkit.recipes.output_safety import check_output_dir, source_inputs
+    from slimkit.recipes.preflight import check_output_paths
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.report_files import markdown
 
@@ -130,6 +132,8 @@ def recipe_run(
     settings = {"source": model, "device": device, "dtype": dtype, "max_memory": max_memory, "save_dtype": save_dtype}
     all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
     parsed, _raw = load_recipe(recipe, all_overrides)
+    out = as_path(out, "--out")
+    check_output_paths(parsed, out)
     check_output_dir(out, force, source_inputs(parsed.model.source))
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
     typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
@@ -389,8 +393,9 @@ def eval_command(
     from rich.table import Table
 
     from slimkit.primitives.evaluate.counting import count_params
-    from slimkit.primitives.evaluate.run import check_eval_length, evaluate_model, preflight_eval_data
+    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_head, evaluate_model, preflight_eval_data
     from slimkit.primitives.files.guard import check_not_input, write_text_file
+    from slimkit.primitives.io.finite import check_finite_weights
     from slimkit.primitives.sources import check_source, load_source
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.schema import eval_options
@@ -417,6 +422,8 @@ def eval_command(
     preflight_eval_data(eval_config)
     loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
     check_eval_length(eval_config, loaded)
+    check_lm_head(eval_config, loaded, f"model {model}")
+    check_finite_weights(loaded, f"model {model}")
     evaluation = evaluate_model(loaded, tokenizer, eval_config, RichTracker())
     metrics, details = evaluation.metrics, evaluation.details
     table = Table("metric", "value")

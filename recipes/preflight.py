@@ -6,6 +6,7 @@ is allowed; none changes anything.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.device.settings import DTYPES, Placement, resolve_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.io.paths import check_path_length
 from slimkit.recipes.allocation import check_reachable
 from slimkit.recipes.context import Context
 from slimkit.recipes.dispatch import block_children, block_plan
@@ -69,6 +71,28 @@ def check_recipe_saveable(recipe: Recipe) -> None:
             f"recipe {path or 'mapping'}: a {kind} ({str(value)[:40]}) cannot be saved in recipe.yaml; give plain "
             "values (str, int, float, bool, None, lists and mappings with string keys)"
         )
+
+
+RUN_WRITES = (
+    "model/model-00001-of-00099.safetensors",
+    "model/model.safetensors.index.json",
+    "model/special_tokens_map.json",
+    "model/tokenizer_config.json",
+    "model/generation_config.json",
+    "model/slimkit_manifest.json",
+    "report.json",
+)
+"""The longest paths a run writes inside its output folder (the model's shards and side files, the report)."""
+
+
+def check_output_paths(recipe: Recipe, out: Path) -> None:
+    """Refuse, before any compute, an output folder whose files (the model, the report, every ``export:`` item)
+    would be longer paths than the file system takes (``PATH_MAX``, ``NAME_MAX``)."""
+    exports = [
+        item.target() + ("/" + RUN_WRITES[0].removeprefix("model/") if item.format == "hf" else "")
+        for item in recipe.export
+    ]
+    check_path_length("--out", out, [*RUN_WRITES, *exports])
 
 
 def model_placement(recipe: Recipe, model: Any = None) -> Placement:
@@ -169,9 +193,11 @@ def check_eval_model(recipe: Recipe, model: Any) -> None:
     """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head),
     and perplexity windows longer than the model's positions."""
     from slimkit.primitives.arch.support import task_of
-    from slimkit.primitives.evaluate.run import check_eval_length
+    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_head
 
     check_eval_length(recipe.eval, model, "eval.perplexity.seq_len")
+    if recipe.task is None and task_of(model.config) != "encoder":
+        check_lm_head(recipe.eval, model, "the recipe's model")
     if recipe.task is not None or task_of(model.config) != "encoder":
         return
     wanted = [

@@ -109,6 +109,20 @@ def check_eval_length(config: EvalSettings, model: Any, setting: str = "--seq-le
     )
 
 
+def check_lm_head(config: EvalSettings, model: Any, what: str = "the model") -> None:
+    """Refuse perplexity and zero-shot evaluation of a model built without a language-model head (a config whose
+    ``architectures`` names the bare ``LlamaModel`` class, say): it gives hidden states, not next-token logits."""
+    wanted = [name for name, setting in (("perplexity", config.perplexity), ("zero-shot", config.zeroshot)) if setting]
+    get_head = getattr(model, "get_output_embeddings", None)
+    if not wanted or (callable(get_head) and get_head() is not None):
+        return
+    raise SlimkitError(
+        f"{what} was built as {type(model).__name__}, which has no language-model head (its config.json's "
+        f"architectures names that class), so {' and '.join(wanted)} cannot be measured; name a causal LM class "
+        "there (e.g. LlamaForCausalLM) or leave architectures out"
+    )
+
+
 def evaluate_model(model, tokenizer, config: EvalSettings, progress: ProgressTasks | None = None) -> Evaluation:
     """Run the configured evaluations of ``model``."""
     progress = progress or NoProgress()

@@ -39,6 +39,8 @@ from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_
 from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.io.finite import check_finite_weights
+from slimkit.primitives.io.paths import as_path, check_path_length
 from slimkit.primitives.sources import load_source, resolve_source
 
 FORMATS = ("gguf", "hf")
@@ -74,7 +76,8 @@ def check_export_target(
     """The output path, checked before any work: never a protected folder or one of ``inputs`` (the model folder:
     itself, inside it or holding it); what exists there may be replaced only with ``force`` and only when it is an
     earlier export of the same kind."""
-    target = Path(out).expanduser()
+    target = as_path(out, "--out")
+    check_path_length("--out", target)
     check_output_location("--out", target, inputs, "an export")
     if format == "gguf":
         if target.is_dir():
@@ -128,7 +131,9 @@ def export(
     or a structure with no exact merge; nothing is left at ``out`` then.
     """
     type = check_export_args(format, type)
-    inputs = [] if isinstance(model, nn.Module) else [resolve_source(str(model))[0]]
+    if not isinstance(model, nn.Module):
+        model = str(as_path(model, "model"))
+    inputs = [] if isinstance(model, nn.Module) else [resolve_source(model)[0]]
     target = check_export_target(format, out, force, inputs)
     try:
         lock = acquire_lock(target)
@@ -162,8 +167,11 @@ def _export_claimed(
     """The export once this process holds ``target``'s lock."""
     remove_leftovers(target)  # what a killed export left beside it
     check_export_target(format, target, force, inputs)  # again, now that no other export writes it
+    what = "the model given"
     if not isinstance(model, nn.Module):
+        what = f"model {model}"
         model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
+    check_finite_weights(model, what)  # nothing non-finite leaves in an export
     if tokenizer is None and format == "gguf":
         raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
     if format == "gguf":

@@ -224,8 +224,8 @@ def test_save_refuses_nan_weights_and_writes_nothing(tmp_path, tokenizer, dtype)
 
 
 def test_save_checks_big_tensors_in_chunks(monkeypatch, tmp_path, tokenizer):
-    save_module = importlib.import_module("slimkit.primitives.io.save")  # the package exports save(), the function
-    monkeypatch.setattr(save_module, "_CHECK_CHUNK", 100)  # every weight is checked a few rows at a time
+    finite_module = importlib.import_module("slimkit.primitives.io.finite")  # the check save() calls
+    monkeypatch.setattr(finite_module, "CHECK_CHUNK", 100)  # every weight is checked a few rows at a time
     model = tiny_llama(vocab_size=len(tokenizer))
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight[-1, -1] = math.inf  # in the last chunk
