@@ -99,7 +99,7 @@ def _entry_problem(path: Path, identity: Any) -> tuple[dict[str, float] | None, 
     """``(metrics, None)`` for a usable entry, ``(None, why)`` for an unusable one, ``(None, None)`` when absent."""
     try:
         status = path.lstat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None, None
     except OSError as error:
         return None, f"cannot read it ({error.strerror or error})"
