@@ -133,8 +133,8 @@ def recipe_run(
     all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
     parsed, _raw = load_recipe(recipe, all_overrides)
     out = as_path(out, "--out")
-    check_output_paths(parsed, out)
     check_output_dir(out, force, source_inputs(parsed.model.source))
+    check_output_paths(parsed, out)
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
     typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
 

@@ -27,8 +27,10 @@ from slimkit.recipes.stages.selection import SelectionArgs
 
 
 def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
-    """Read the calibration data file now, so a missing one fails before any compute."""
+    """Read the calibration data file now, so a missing one (or an unusable cache folder the datasets library
+    writes to) fails before any compute."""
     from slimkit.primitives import gluedata, textdata
+    from slimkit.primitives.data_paths import cache_root
 
     if calibration is None:
         return
@@ -36,6 +38,7 @@ def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
     if task is not None:
         gluedata.read_split(task, "train")
     else:
+        cache_root()  # usable: checked even when the corpus was read earlier in this process
         textdata.documents(calibration.dataset)
 
 

@@ -60,10 +60,10 @@ def run(
             raise SlimkitError("export: writes inside the run's output folder; give the run an output folder")
         return _execute(recipe, None, False, [], model, tokenizer, options, tracker)
     out_path = as_path(out, "--out")
-    preflight.check_output_paths(recipe, out_path)
     preflight.check_recipe_saveable(recipe)
     inputs = output_safety.source_inputs(recipe.model.source) if model is None else []
     output_safety.check_output_dir(out_path, force, inputs)
+    preflight.check_output_paths(recipe, out_path)
     with terminate_as_interrupt(), output_safety.claimed_output(out_path, force, tracker, inputs) as notes:
         return _execute(recipe, out_path, force, notes, model, tokenizer, options, tracker)
 

@@ -82,9 +82,13 @@ class NoProgress:
 
 
 def preflight_eval_data(config: EvalSettings) -> None:
-    """Read every data file the evaluations will need now, so a missing one fails before any compute."""
+    """Read every data file the evaluations will need now, so a missing one (or an unusable cache folder, which
+    the datasets library and the zero-shot tasks write to) fails before any compute."""
     from slimkit.primitives import gluedata, textdata
+    from slimkit.primitives.data_paths import cache_root
 
+    if config.perplexity is not None or config.zeroshot is not None:
+        cache_root()  # usable: checked even when the corpora were read earlier in this process
     if config.perplexity is not None:
         for dataset in config.perplexity.datasets:
             textdata.documents(dataset)

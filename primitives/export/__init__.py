@@ -77,8 +77,8 @@ def check_export_target(
     itself, inside it or holding it); what exists there may be replaced only with ``force`` and only when it is an
     earlier export of the same kind."""
     target = as_path(out, "--out")
-    check_path_length("--out", target)
     check_output_location("--out", target, inputs, "an export")
+    check_path_length("--out", target)
     if format == "gguf":
         if target.is_dir():
             raise SlimkitError(f"--out {target} is a folder; give a file name such as {target / 'model.gguf'}")

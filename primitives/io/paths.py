@@ -64,7 +64,12 @@ def as_names(value: Any, argument: str) -> list[str] | None:
 def _limits(path: Path) -> tuple[int, int]:
     """``(PATH_MAX, NAME_MAX)`` of the file system the nearest existing folder above ``path`` is on."""
     existing = path
-    while not existing.exists() and existing != existing.parent:
+    while existing != existing.parent:
+        try:
+            if existing.is_dir():
+                break
+        except OSError:  # a name too long to look up
+            pass
         existing = existing.parent
     limits = []
     for name, default in (("PC_PATH_MAX", DEFAULT_PATH_MAX), ("PC_NAME_MAX", DEFAULT_NAME_MAX)):
