@@ -4,7 +4,9 @@ A run that compares its compressed model with the dense one (:func:`dense_metric
 the first time: the metrics are stored under ``SLIMKIT_CACHE_DIR/dense-metrics/<key>.json``, the key a hash of the
 source's *content* (:func:`content_fingerprint`: the SHA-256 of every regular file directly in its folder, weights,
 config and tokenizer alike, so weights rewritten in place with their modification time kept are measured again),
-the compute device type and dtype, and the evaluation settings. The measurement keeps the random state of the run as
+the compute device type and dtype, and the evaluation settings. A large file's digest is remembered under its
+:func:`file_stamp` (device, inode, size, modification and status-change times: the kernel sets the last on every
+write, and no tool can restore it), so a repeat run hashes only what changed. The measurement keeps the random state of the run as
 it was (lm-eval seeds Python's, NumPy's and torch's generators), so a cached and a measured comparison leave the same
 run behind.
 
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import random
+import re
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -45,6 +48,10 @@ MAX_ENTRY_BYTES = 1 << 20
 """The largest cache entry read (one holds a few metrics: well under a KiB)."""
 HASH_CHUNK = 8 << 20
 """Bytes read per step while hashing a file."""
+DIGEST_FOLDER = "file-digests"
+"""Where large files' digests are remembered (under the cache's :data:`CACHE_FOLDER`)."""
+MEMO_MIN_BYTES = 16 << 20
+"""Files at least this large have their digest remembered under their :func:`file_stamp`; smaller ones are hashed."""
 
 
 def file_digest(path: Path) -> str:
@@ -63,9 +70,43 @@ def file_digest(path: Path) -> str:
         os.close(fd)
 
 
+def file_stamp(status: os.stat_result) -> list[int]:
+    """What changes whenever a file's content can have changed: its device, inode, size, modification time and
+    status-change time (``ctime``: set by the kernel on every write, rename or ``utime`` call, so tools that restore
+    the modification time, ``touch -r``, ``tar``, ``rsync -a``, still change it)."""
+    return [status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
+
+
+def _digest_memo() -> Path | None:
+    try:
+        return cache_root() / CACHE_FOLDER / DIGEST_FOLDER
+    except (SlimkitError, OSError):
+        return None
+
+
+def remembered_digest(path: Path, status: os.stat_result) -> str:
+    """:func:`file_digest` of a file of at least :data:`MEMO_MIN_BYTES`, remembered in the cache folder under its
+    :func:`file_stamp`: hashed again only when the stamp changed. Smaller files (and any memo problem) are hashed."""
+    memo = _digest_memo() if status.st_size >= MEMO_MIN_BYTES else None
+    if memo is None:
+        return file_digest(path)
+    stamp = file_stamp(status)
+    entry = memo / f"{hashlib.sha256(os.fsencode(os.path.abspath(path))).hexdigest()[:32]}.json"
+    stored, _problem = _read_entry(entry)
+    digest = stored.get("sha256") if stored is not None and stored.get("stamp") == stamp else None
+    if isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest):
+        return digest
+    digest = file_digest(path)
+    if file_stamp(path.stat()) == stamp:  # unchanged while it was hashed
+        with suppress(SlimkitError, OSError, ValueError):
+            _write_entry(entry, {"path": os.path.abspath(path), "stamp": stamp, "sha256": digest})
+    return digest
+
+
 def content_fingerprint(folder: str | os.PathLike | None) -> list[list[Any]]:
     """``[name, size, sha256]`` of each regular file directly in ``folder`` (symbolic links followed; other kinds
-    listed by name only, never read), sorted by name; empty when there is no folder."""
+    listed by name only, never read), sorted by name; empty when there is no folder. Large files' digests are
+    remembered by :func:`remembered_digest`."""
     if folder is None or not Path(folder).is_dir():
         return []
     entries: list[list[Any]] = []
@@ -76,7 +117,7 @@ def content_fingerprint(folder: str | os.PathLike | None) -> list[list[Any]]:
             entries.append([entry.name, "unreadable"])
             continue
         if stat.S_ISREG(status.st_mode):
-            entries.append([entry.name, status.st_size, file_digest(entry)])
+            entries.append([entry.name, status.st_size, remembered_digest(entry, status)])
         elif not stat.S_ISDIR(status.st_mode):
             entries.append([entry.name, "not a regular file"])
     return entries
@@ -95,8 +136,9 @@ class CacheUse:
     notes: list[str] = field(default_factory=list)
 
 
-def _entry_problem(path: Path, identity: Any) -> tuple[dict[str, float] | None, str | None]:
-    """``(metrics, None)`` for a usable entry, ``(None, why)`` for an unusable one, ``(None, None)`` when absent."""
+def _read_entry(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(object, None)`` for a readable entry, ``(None, why)`` for an unusable one, ``(None, None)`` when absent:
+    a regular file, not a symbolic link, of at most :data:`MAX_ENTRY_BYTES`, holding bounded JSON."""
     try:
         status = path.lstat()
     except (FileNotFoundError, NotADirectoryError):
@@ -110,9 +152,16 @@ def _entry_problem(path: Path, identity: Any) -> tuple[dict[str, float] | None, 
     if status.st_size > MAX_ENTRY_BYTES:
         return None, f"{status.st_size:,} bytes, more than the {MAX_ENTRY_BYTES >> 10} KiB an entry holds"
     try:
-        stored = read_json_object(path)
+        return read_json_object(path), None
     except SlimkitError as error:
         return None, str(error).removeprefix(f"{path}: ")
+
+
+def _entry_problem(path: Path, identity: Any) -> tuple[dict[str, float] | None, str | None]:
+    """``(metrics, None)`` for a usable entry, ``(None, why)`` for an unusable one, ``(None, None)`` when absent."""
+    stored, problem = _read_entry(path)
+    if stored is None:
+        return None, problem
     if stored.get("identity") != identity:
         return None, "it was stored for other settings"
     metrics = stored.get("metrics")
@@ -138,15 +187,15 @@ def kept_random_state() -> Iterator[None]:
             numpy.random.set_state(numpy_state)
 
 
-def _store(path: Path, identity: dict[str, Any], metrics: dict[str, float]) -> None:
-    """Write the entry atomically; an absent or regular-file ``path`` only (a planted link or FIFO is left alone)."""
+def _write_entry(path: Path, data: dict[str, Any]) -> None:
+    """Write an entry atomically; an absent or regular-file ``path`` only (a planted link or FIFO is left alone)."""
     if os.path.lexists(path) and not stat.S_ISREG(path.lstat().st_mode):
         raise SlimkitError(f"{path} is not a regular file")
     if not path.parent.is_dir():
-        path.parent.mkdir()
+        path.parent.mkdir(parents=True)
     partial = staging_file(path)
     try:
-        partial.write_text(json.dumps({"identity": identity, "metrics": metrics}, indent=2) + "\n")
+        partial.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(partial, path)
     finally:
         with suppress(OSError):
@@ -177,7 +226,7 @@ def dense_metrics(
         metrics = measure()
     if path is not None:
         try:
-            _store(path, identity, metrics)
+            _write_entry(path, {"identity": identity, "metrics": metrics})
         except (SlimkitError, OSError, ValueError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
             use.notes.append(f"dense comparison measured, not cached: cannot write {path} ({reason})")

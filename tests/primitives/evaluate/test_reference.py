@@ -226,3 +226,34 @@ def test_file_digest_never_reads_a_fifo(tmp_path):
     with pytest.raises(SlimkitError, match="not a regular file"):
         file_digest(fifo)
     assert content_fingerprint(tmp_path) == [["model.safetensors", "not a regular file"]]
+
+
+def test_a_large_files_digest_is_remembered_until_it_changes(source, monkeypatch):
+    weights = source / "model.safetensors"
+    monkeypatch.setattr(reference, "MEMO_MIN_BYTES", 1024)
+    hashed: list[str] = []
+    real = reference.file_digest
+    monkeypatch.setattr(reference, "file_digest", lambda path: hashed.append(Path(path).name) or real(path))
+    first = content_fingerprint(source)
+    assert sorted(hashed) == ["config.json", "model.safetensors"]
+    hashed.clear()
+    assert content_fingerprint(source) == first and hashed == ["config.json"]  # the large one remembered
+    stamp = weights.stat()
+    weights.write_bytes(b"\x03" * 4096)
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # the modification time restored
+    hashed.clear()
+    changed = content_fingerprint(source)
+    assert "model.safetensors" in hashed and changed != first
+
+
+def test_a_planted_digest_memo_is_not_trusted(source, monkeypatch):
+    monkeypatch.setattr(reference, "MEMO_MIN_BYTES", 1024)
+    truth = content_fingerprint(source)
+    memo = cache_root() / CACHE_FOLDER / reference.DIGEST_FOLDER
+    (entry,) = memo.iterdir()
+    stored = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**stored, "sha256": "not-a-digest"}))
+    assert content_fingerprint(source) == truth
+    entry.unlink()
+    os.mkfifo(entry)
+    assert content_fingerprint(source) == truth and entry.is_fifo()
