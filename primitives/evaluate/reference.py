@@ -6,9 +6,9 @@ source's *content* (:func:`content_fingerprint`: the SHA-256 of every regular fi
 config and tokenizer alike, so weights rewritten in place with their modification time kept are measured again),
 the compute device type and dtype, and the evaluation settings. A large file's digest is remembered under its
 :func:`file_stamp` (device, inode, size, modification and status-change times: the kernel sets the last on every
-write, and no tool can restore it), so a repeat run hashes only what changed. The measurement keeps the random state of the run as
-it was (lm-eval seeds Python's, NumPy's and torch's generators), so a cached and a measured comparison leave the same
-run behind.
+write, and no tool can restore it), so a repeat run hashes only what changed. The measurement keeps the random state
+of the run as it was (lm-eval seeds Python's, NumPy's and torch's generators), so a cached and a measured comparison
+leave the same run behind.
 
 The cache is never trusted input and never costs the run (:class:`CacheUse` says what happened, for the report):
 
