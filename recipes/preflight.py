@@ -145,9 +145,18 @@ def check_export_model(recipe: Recipe, model: Any) -> None:
 
 
 def check_stage_models(recipe: Recipe, model: Any) -> None:
-    """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), before calibration."""
-    for spec in recipe.flat_stages():
-        spec.parsed_args().check_model(model)
+    """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), and a training stage's
+    windows (its ``seq_len``) within the model's positions, before calibration."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    for where, spec in recipe.stage_places():
+        args = spec.parsed_args()
+        seq_len = getattr(args, "seq_len", None)
+        if isinstance(positions, int) and isinstance(seq_len, int) and seq_len > positions:
+            raise SlimkitError(
+                f"{where} ({spec.stage}): args.seq_len {seq_len} is longer than the model's max_position_embeddings "
+                f"({positions}); use at most {positions}"
+            )
+        args.check_model(model)
 
 
 def dense_reloaders(recipe: Recipe) -> list[str]:

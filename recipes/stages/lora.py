@@ -47,8 +47,9 @@ class LoraArgs(StageArgs):
     _dataset = field_validator("dataset")(check_corpus)
 
     def check_model(self, model: Any) -> None:
-        """The rank, the training windows and the named modules against the loaded model, before any stage runs
-        (not when training starts, after the pruning stages)."""
+        """The rank and the named modules against the loaded model, before any stage runs (not when training
+        starts, after the pruning stages; the training windows' ``seq_len`` is checked for every stage by
+        :func:`~slimkit.recipes.preflight.check_stage_models`)."""
         name = type(self).__name__.removesuffix("Args").lower()
         config = getattr(model, "config", None)
         hidden = getattr(config, "hidden_size", None)
@@ -56,12 +57,6 @@ class LoraArgs(StageArgs):
             raise SlimkitError(
                 f"{name}: rank {self.rank} is more than the model's hidden size {hidden}; every adapted projection "
                 f"has the hidden size on one side, so an adapter's rank is at most {hidden}"
-            )
-        positions = getattr(config, "max_position_embeddings", None)
-        if isinstance(positions, int) and self.steps > 0 and self.seq_len > positions:
-            raise SlimkitError(
-                f"{name}: seq_len {self.seq_len} is longer than the model's max_position_embeddings ({positions}); "
-                f"use at most {positions}"
             )
         if self.target_modules:
             # low-rank factors (first, second) exist only once a lowrank stage has made them

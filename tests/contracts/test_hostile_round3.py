@@ -193,7 +193,7 @@ CASES = [
     Case("lora-rank", "7", lora_rank_above_widths, "lora: rank 100000 is more than the model's hidden size 48"),
     Case("lora-learning-rate", "7", lora_absurd_learning_rate, "args.learning_rate: Input should be less than"),
     Case("lora-module", "7", lora_unknown_module, "lora: target_modules: lora target module 'wq' not in the model"),
-    Case("lora-seq-len", "7", lora_windows_past_positions, "lora: seq_len 4096 is longer than the model's"),
+    Case("lora-seq-len", "7", lora_windows_past_positions, "stages.1 (lora): args.seq_len 4096 is longer"),
     Case("out-4044-bytes", "7", out_4044_bytes, "--out: the path is 4044 bytes"),
     Case("export-4090-bytes", "7", export_4090_bytes, "--out: the path is 4090 bytes"),
     Case("out-name-230-bytes", "7", out_name_too_long_for_its_staging_sibling, "a staging sibling needs"),
