@@ -452,8 +452,10 @@ def _check_json_target(path: Path) -> None:
     import os
 
     from slimkit.primitives.files.guard import check_path_name
+    from slimkit.primitives.io.paths import check_path_length
 
     check_path_name("--json", path)
+    check_path_length("--json", path)
     if path.is_symlink():
         raise SlimkitError(f"--json {path} is a symbolic link; slimkit never writes through one: name the file itself")
     if path.is_dir():

@@ -166,6 +166,10 @@ def export_4090_bytes(tmp: Path, template: Path, mp: pytest.MonkeyPatch) -> list
     return ["export", str(template), "--out", str(long_path(tmp, 4090))]
 
 
+def eval_json_4090_bytes(tmp: Path, template: Path, mp: pytest.MonkeyPatch) -> list[str]:
+    return ["eval", str(template), *SMALL_EVAL, "--json", str(long_path(tmp, 4090))]
+
+
 def out_name_too_long_for_its_staging_sibling(tmp: Path, template: Path, mp: pytest.MonkeyPatch) -> list[str]:
     return ["recipe", "run", str(recipe_file(tmp, template)), "--out", str(tmp / ("x" * 230))]
 
@@ -196,6 +200,7 @@ CASES = [
     Case("lora-seq-len", "7", lora_windows_past_positions, "stages.1 (lora): args.seq_len 4096 is longer"),
     Case("out-4044-bytes", "7", out_4044_bytes, "--out: the path is 4044 bytes"),
     Case("export-4090-bytes", "7", export_4090_bytes, "--out: the path is 4090 bytes"),
+    Case("eval-json-4090-bytes", "7", eval_json_4090_bytes, "--json: the path is 4090 bytes"),
     Case("out-name-230-bytes", "7", out_name_too_long_for_its_staging_sibling, "a staging sibling needs"),
     Case("out-unknown-user", "7", out_of_an_unknown_user, "cannot expand ~nosuchuser-slimkit: no user named"),
     Case("export-unknown-user", "7", export_of_an_unknown_user, "cannot expand ~nosuchuser-slimkit: no user"),
