@@ -58,7 +58,7 @@ def run(
     import copy
 
     from slimkit.primitives.errors import SlimkitError
-    from slimkit.primitives.io.paths import as_names, as_path
+    from slimkit.primitives.io.paths import as_names, as_path, path_text
     from slimkit.recipes.loading import validate
     from slimkit.recipes.runner import RunOptions
     from slimkit.recipes.runner import run as run_recipe
@@ -67,7 +67,7 @@ def run(
     overrides = as_names(overrides, "overrides")
     out = None if out is None else as_path(out, "out")
     if isinstance(recipe, (str, bytes, os.PathLike)):
-        recipe = Recipe.from_yaml(str(as_path(recipe, "recipe")), overrides)
+        recipe = Recipe.from_yaml(path_text(recipe, "recipe"), overrides)
     elif not isinstance(recipe, (Recipe, dict)):
         raise SlimkitError(
             f"recipe: expected a Recipe, a bundled recipe name, a YAML path or a mapping, got {type(recipe).__name__}"

@@ -460,10 +460,10 @@ class Recipe(Strict):
         """A bundled recipe name or a YAML file (``str``, ``os.PathLike`` or ``bytes``), with a list of
         ``dotted.path=value`` overrides; a bad recipe (or a bare string for ``overrides``) raises
         :class:`~slimkit.primitives.errors.SlimkitError` with the field path."""
-        from slimkit.primitives.io.paths import as_names, as_path
+        from slimkit.primitives.io.paths import as_names, path_text
         from slimkit.recipes.loading import load_recipe
 
-        return load_recipe(str(as_path(name_or_file, "name_or_file")), as_names(overrides, "overrides"))[0]
+        return load_recipe(path_text(name_or_file, "name_or_file"), as_names(overrides, "overrides"))[0]
 
     def source(self) -> dict[str, Any]:
         """The mapping the recipe was built from (what is saved as ``recipe.yaml`` beside the weights)."""

@@ -40,7 +40,7 @@ from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
 from slimkit.primitives.io.finite import check_finite_weights
-from slimkit.primitives.io.paths import as_path, check_path_length
+from slimkit.primitives.io.paths import as_path, check_path_length, path_text
 from slimkit.primitives.sources import load_source, resolve_source
 
 FORMATS = ("gguf", "hf")
@@ -132,7 +132,7 @@ def export(
     """
     type = check_export_args(format, type)
     if not isinstance(model, nn.Module):
-        model = str(as_path(model, "model"))
+        model = path_text(model, "model")
     inputs = [] if isinstance(model, nn.Module) else [resolve_source(model)[0]]
     target = check_export_target(format, out, force, inputs)
     try:

@@ -1,8 +1,8 @@
 """Paths as the Python API and the commands take them: their types, ``~`` expansion and the kernel's length limits.
 
-* :func:`as_path`: a ``str``, an ``os.PathLike`` or a ``bytes`` path (decoded as the file system does,
-  ``os.fsdecode``) becomes a :class:`~pathlib.Path` with ``~`` / ``~user`` expanded; any other type, or a ``~user``
-  no account matches, is one :class:`SlimkitError` line naming the argument.
+* :func:`path_text` / :func:`as_path`: a ``str``, an ``os.PathLike`` or a ``bytes`` path (decoded as the file system
+  does, ``os.fsdecode``) becomes text / a :class:`~pathlib.Path` with ``~`` / ``~user`` expanded; any other type, or
+  a ``~user`` no account matches, is one :class:`SlimkitError` line naming the argument.
 * :func:`as_names`: a list argument (datasets, tasks, overrides) given as a list or tuple of strings; a bare string
   is refused in one line instead of being iterated letter by letter.
 * :func:`check_path_length`: a path to be written, and the longest path a command writes under it, fit the file
@@ -27,8 +27,10 @@ STAGING_NAME_BYTES = 48
 """Room a hidden staging sibling or lock adds to an output's own name (``.NAME.partial-<pid>-<token>``)."""
 
 
-def as_path(value: Any, argument: str) -> Path:
-    """``value`` (``str``, ``os.PathLike`` or ``bytes``) as a :class:`Path`, ``~`` expanded; one line otherwise."""
+def path_text(value: Any, argument: str) -> str:
+    """``value`` (``str``, ``os.PathLike`` or ``bytes``) as the text of a path, as given (``./x`` stays ``./x``) but
+    with a leading ``~`` or ``~user`` expanded; one :class:`SlimkitError` line for another type, a NUL byte or a
+    ``~user`` no account matches."""
     if isinstance(value, bytes):
         value = os.fsdecode(value)
     elif isinstance(value, os.PathLike):
@@ -41,11 +43,16 @@ def as_path(value: Any, argument: str) -> Path:
     if value.startswith("~"):
         user = value[1:].split("/", 1)[0]
         try:
-            return Path(value).expanduser()
+            return str(Path(value).expanduser())
         except RuntimeError:
             who = f"no user named {user!r}" if user else "no home folder is known (HOME is unset)"
             raise SlimkitError(f"{argument} {value}: cannot expand ~{user}: {who}") from None
-    return Path(value)
+    return value
+
+
+def as_path(value: Any, argument: str) -> Path:
+    """:func:`path_text` as a :class:`Path`."""
+    return Path(path_text(value, argument))
 
 
 def as_names(value: Any, argument: str) -> list[str] | None:
@@ -113,4 +120,4 @@ def check_path_length(argument: str, path: Path, inside: Sequence[str] = ()) -> 
         )
 
 
-__all__ = ["DEFAULT_NAME_MAX", "DEFAULT_PATH_MAX", "as_names", "as_path", "check_path_length"]
+__all__ = ["DEFAULT_NAME_MAX", "DEFAULT_PATH_MAX", "as_names", "as_path", "check_path_length", "path_text"]

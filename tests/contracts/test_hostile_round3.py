@@ -310,16 +310,6 @@ def test_api_evaluate_refuses_non_finite_weights(template, tmp_path):
     assert not (tmp_path / "m.gguf").exists()
 
 
-def test_the_finite_check_names_the_first_tensor_and_copies_nothing(llama):
-    from slimkit.primitives.io.finite import first_non_finite
-
-    assert first_non_finite(llama) is None
-    with torch.no_grad():
-        llama.model.layers[2].self_attn.o_proj.weight[0, 0] = float("-inf")
-        llama.model.layers[0].mlp.gate_proj.weight[1, 1] = float("nan")
-    assert first_non_finite(llama) == "model.layers.0.mlp.gate_proj.weight"
-
-
 @pytest.mark.parametrize("kind", [str, Path, os.fsencode])
 def test_api_paths_may_be_str_pathlike_or_bytes(kind, template, tmp_path):
     recipe = recipe_file(tmp_path, template)
