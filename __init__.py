@@ -45,24 +45,33 @@ def run(
     overrides=None,
     tracker=None,
 ):
-    """Run a recipe (a :class:`Recipe`, a bundled name, a YAML path or a mapping); returns a ``Result``.
+    """Run a recipe (a :class:`Recipe`, a bundled name, a YAML path (``str``, ``os.PathLike`` or ``bytes``) or a
+    mapping); returns a ``Result``.
 
     ``out``: also write ``out/model``, ``out/report.json``, ``out/report.md`` (None: nothing is written).
     ``model``/``tokenizer``: compress this in-memory model instead of the recipe's source.
     ``evaluate``: run the recipe's evaluations; ``compare_dense``: with them, the dense model's metrics under the same
     settings (measured once per source and settings, then cached) go beside the run's in the report.
-    ``overrides``: ``dotted.path=value`` strings, as ``--set`` on the command line.
+    ``overrides``: a list of ``dotted.path=value`` strings, as ``--set`` on the command line (a bare string is refused).
     ``tracker``: progress bars (:class:`slimkit.engine.progress.RichTracker` on a terminal; default none).
     """
     import copy
 
     from slimkit.engine.runner import RunOptions
     from slimkit.engine.runner import run as run_recipe
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.primitives.io.paths import as_names, as_path, path_text
     from slimkit.recipes.loading import validate
     from slimkit.recipes.schema import Recipe
 
-    if isinstance(recipe, str):
-        recipe = Recipe.from_yaml(recipe, overrides)
+    overrides = as_names(overrides, "overrides")
+    out = None if out is None else as_path(out, "out")
+    if isinstance(recipe, (str, bytes, os.PathLike)):
+        recipe = Recipe.from_yaml(path_text(recipe, "recipe"), overrides)
+    elif not isinstance(recipe, (Recipe, dict)):
+        raise SlimkitError(
+            f"recipe: expected a Recipe, a bundled recipe name, a YAML path or a mapping, got {type(recipe).__name__}"
+        )
     elif isinstance(recipe, dict) or overrides:
         from slimkit.recipes.loading import apply_override
 
@@ -85,12 +94,20 @@ def evaluate(
     seq_len: int = 512,
     max_tokens: int | None = 16384,
 ) -> dict[str, float]:
-    """Metrics of a model in memory, as ``slimkit eval`` prints them (``wikitext2_ppl``, ``piqa_acc``, ...)."""
-    from slimkit.primitives.evaluate.run import evaluate_model, preflight_eval_data
+    """Metrics of a model in memory, as ``slimkit eval`` prints them (``wikitext2_ppl``, ``piqa_acc``, ...).
+
+    ``perplexity`` and ``zeroshot`` are lists of names (a bare string is refused); a model with a NaN or inf weight
+    is refused in one line naming it."""
+    from slimkit.primitives.evaluate.run import check_lm_head, evaluate_model, preflight_eval_data
+    from slimkit.primitives.io.finite import check_finite_weights
+    from slimkit.primitives.io.paths import as_names
     from slimkit.recipes.schema import eval_options
 
+    perplexity, zeroshot = as_names(perplexity, "perplexity"), as_names(zeroshot, "zeroshot")
     eval_config = eval_options("evaluate", perplexity, zeroshot, limit, glue, speed, seq_len, max_tokens)
     preflight_eval_data(eval_config)
+    check_lm_head(eval_config, model)
+    check_finite_weights(model, "the model given")
     return evaluate_model(model, tokenizer, eval_config).metrics
 
 

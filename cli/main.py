@@ -121,16 +121,20 @@ def recipe_run(
     """Compress a model with a recipe; writes OUT/model, OUT/report.json and OUT/report.md."""
     import slimkit
     from slimkit.engine.output_safety import check_output_dir, source_inputs
+    from slimkit.engine.preflight import check_output_paths
     from slimkit.engine.progress import RichTracker
     from slimkit.engine.report_files import markdown
     from slimkit.primitives.io.describe import saved_structure
+    from slimkit.primitives.io.paths import as_path
     from slimkit.recipes.loading import load_recipe
 
     all_overrides = list(overrides or [])
     settings = {"source": model, "device": device, "dtype": dtype, "max_memory": max_memory, "save_dtype": save_dtype}
     all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
     parsed, _raw = load_recipe(recipe, all_overrides)
+    out = as_path(out, "--out")
     check_output_dir(out, force, source_inputs(parsed.model.source))
+    check_output_paths(parsed, out)
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
     typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
 
@@ -390,8 +394,9 @@ def eval_command(
 
     from slimkit.engine.progress import RichTracker
     from slimkit.primitives.evaluate.counting import count_params
-    from slimkit.primitives.evaluate.run import check_eval_length, evaluate_model, preflight_eval_data
+    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_head, evaluate_model, preflight_eval_data
     from slimkit.primitives.files.guard import check_not_input, write_text_file
+    from slimkit.primitives.io.finite import check_finite_weights
     from slimkit.primitives.io.model_sources import check_source, load_source
     from slimkit.recipes.schema import eval_options
 
@@ -417,6 +422,8 @@ def eval_command(
     preflight_eval_data(eval_config)
     loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
     check_eval_length(eval_config, loaded)
+    check_lm_head(eval_config, loaded, f"model {model}")
+    check_finite_weights(loaded, f"model {model}")
     evaluation = evaluate_model(loaded, tokenizer, eval_config, RichTracker())
     metrics, details = evaluation.metrics, evaluation.details
     table = Table("metric", "value")
@@ -445,8 +452,10 @@ def _check_json_target(path: Path) -> None:
     import os
 
     from slimkit.primitives.files.guard import check_path_name
+    from slimkit.primitives.io.paths import check_path_length
 
     check_path_name("--json", path)
+    check_path_length("--json", path)
     if path.is_symlink():
         raise SlimkitError(f"--json {path} is a symbolic link; slimkit never writes through one: name the file itself")
     if path.is_dir():

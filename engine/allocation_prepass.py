@@ -191,6 +191,8 @@ class UnitScores:
             raise SlimkitError(
                 f"{stage}: allocation.search.holdout_batches {holdout} leaves none of the {total} calibration "
                 "batches to score on; lower it or raise calibration.samples"
+                if holdout
+                else f"{stage}: allocation: global by refit_error measures on calibration batches, and the run has none"
             )
         self.scoring_batches: int | None = total - holdout
         self.by_error = isinstance(self.settings, GlobalSettings) and self.settings.by == "refit_error"

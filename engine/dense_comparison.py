@@ -2,8 +2,10 @@
 model it came from) evaluated under the same settings.
 
 Measured after the stages (so a recipe's bad input still fails before any evaluation) on a fresh load of the source,
-in the dtype the compressed model is evaluated in, then cached per source and settings
+in the dtype the compressed model is evaluated in, then cached per source content and settings
 (:mod:`slimkit.primitives.evaluate.reference`): only the first run of a source and settings loads it a second time.
+The comparison is optional and never costs the run: a cache problem is a note (measured again or not stored), and a
+dense model that cannot be measured any more is a note saying the comparison was skipped and why.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from slimkit.engine.context import Context
 from slimkit.engine.progress import Timings
 from slimkit.engine.report import DenseComparison
 from slimkit.primitives.device.placement import Placement, dtype_name
-from slimkit.primitives.evaluate.reference import dense_metrics, source_fingerprint
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.reference import content_fingerprint, dense_metrics
 from slimkit.primitives.evaluate.run import evaluate_model
 from slimkit.primitives.io.model_sources import load_source
 from slimkit.stages.dense_source import dense_of
@@ -40,9 +43,15 @@ def compare_with_dense(
     if dense["path"] is None:
         ctx.notes.append(f"no dense comparison: {dense['missing']}")
         return None
+    try:
+        with timings.stage("eval:dense"):  # hashing the dense model's files counts as the comparison's time
+            files = content_fingerprint(dense["path"])
+    except (OSError, SlimkitError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        ctx.notes.append(f"no dense comparison: cannot read the dense model's files in {dense['path']} ({reason})")
+        return None
     identity = {
-        "source": {"name": dense["name"], "path": dense["path"]},
-        "files": source_fingerprint(dense["path"]),
+        "files": files,
         "device": placement.device.type,
         "dtype": dtype_name(dtype),
         "max_memory": placement.max_memory,
@@ -62,5 +71,10 @@ def compare_with_dense(
                 torch.cuda.empty_cache()
 
     with timings.stage("eval:dense"):
-        metrics, cached = dense_metrics(identity, measure)
-    return DenseComparison(metrics=metrics, cached=cached)
+        try:
+            metrics, use = dense_metrics(identity, measure)
+        except SlimkitError as error:  # the dense model changed or went away since the run started
+            ctx.notes.append(f"no dense comparison: the dense model could not be measured ({error})")
+            return None
+    ctx.notes.extend(use.notes)
+    return DenseComparison(metrics=metrics, cached=use.cached)

@@ -6,6 +6,7 @@ is allowed; none changes anything.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from slimkit.engine.registry import stage_def
 from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.device.placement import DTYPES, Placement, resolve_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.io.paths import check_path_length
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
 from slimkit.stages.lowrank import LowRankArgs
 from slimkit.stages.prune import layer_fraction
@@ -25,8 +27,10 @@ from slimkit.stages.selection import SelectionArgs
 
 
 def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
-    """Read the calibration data file now, so a missing one fails before any compute."""
+    """Read the calibration data file now, so a missing one (or an unusable cache folder the datasets library
+    writes to) fails before any compute."""
     from slimkit.primitives.datasets import gluedata, textdata
+    from slimkit.primitives.datasets.data_paths import cache_root
 
     if calibration is None:
         return
@@ -34,6 +38,7 @@ def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
     if task is not None:
         gluedata.read_split(task, "train")
     else:
+        cache_root()  # usable: checked even when the corpus was read earlier in this process
         textdata.documents(calibration.dataset)
 
 
@@ -69,6 +74,28 @@ def check_recipe_saveable(recipe: Recipe) -> None:
             f"recipe {path or 'mapping'}: a {kind} ({str(value)[:40]}) cannot be saved in recipe.yaml; give plain "
             "values (str, int, float, bool, None, lists and mappings with string keys)"
         )
+
+
+RUN_WRITES = (
+    "model/model-00001-of-00099.safetensors",
+    "model/model.safetensors.index.json",
+    "model/special_tokens_map.json",
+    "model/tokenizer_config.json",
+    "model/generation_config.json",
+    "model/slimkit_manifest.json",
+    "report.json",
+)
+"""The longest paths a run writes inside its output folder (the model's shards and side files, the report)."""
+
+
+def check_output_paths(recipe: Recipe, out: Path) -> None:
+    """Refuse, before any compute, an output folder whose files (the model, the report, every ``export:`` item)
+    would be longer paths than the file system takes (``PATH_MAX``, ``NAME_MAX``)."""
+    exports = [
+        item.target() + ("/" + RUN_WRITES[0].removeprefix("model/") if item.format == "hf" else "")
+        for item in recipe.export
+    ]
+    check_path_length("--out", out, [*RUN_WRITES, *exports])
 
 
 def model_placement(recipe: Recipe, model: Any = None) -> Placement:
@@ -118,9 +145,18 @@ def check_export_model(recipe: Recipe, model: Any) -> None:
 
 
 def check_stage_models(recipe: Recipe, model: Any) -> None:
-    """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), before calibration."""
-    for spec in recipe.flat_stages():
-        spec.parsed_args().check_model(model)
+    """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), and a training stage's
+    windows (its ``seq_len``) within the model's positions, before calibration."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    for where, spec in recipe.stage_places():
+        args = spec.parsed_args()
+        seq_len = getattr(args, "seq_len", None)
+        if isinstance(positions, int) and isinstance(seq_len, int) and seq_len > positions:
+            raise SlimkitError(
+                f"{where} ({spec.stage}): args.seq_len {seq_len} is longer than the model's max_position_embeddings "
+                f"({positions}); use at most {positions}"
+            )
+        args.check_model(model)
 
 
 def dense_reloaders(recipe: Recipe) -> list[str]:
@@ -170,9 +206,11 @@ def check_eval_model(recipe: Recipe, model: Any) -> None:
     """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head),
     and perplexity windows longer than the model's positions."""
     from slimkit.primitives.arch.support import task_of
-    from slimkit.primitives.evaluate.run import check_eval_length
+    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_head
 
     check_eval_length(recipe.eval, model, "eval.perplexity.seq_len")
+    if recipe.task is None and task_of(model.config) != "encoder":
+        check_lm_head(recipe.eval, model, "the recipe's model")
     if recipe.task is not None or task_of(model.config) != "encoder":
         return
     wanted = [

@@ -4,10 +4,14 @@ width plot (low-rank ranks and residual maps included when the saved model has t
 from __future__ import annotations
 
 import json
+import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from slimkit.engine.report import MemoryPlanReport, PlacementReport, RunReport
+from slimkit.primitives.datasets.data_paths import cache_root
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import result_lines
 from slimkit.primitives.io.describe import Structure, saved_structure
 
@@ -29,6 +33,9 @@ def plot_widths(
     residual maps) an extra panel of each low-rank pair's rank per role and layer, and dashed lines
     where residual / basis-change maps sit (before the layer whose input they map; at the right edge
     for maps outside the layers, e.g. on the final norm)."""
+    if "MPLCONFIGDIR" not in os.environ:  # matplotlib's font cache under slimkit's cache folder, not the home folder
+        with suppress(SlimkitError):
+            os.environ["MPLCONFIGDIR"] = str(cache_root() / "matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +31,9 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import preflight_eval_data
 from slimkit.primitives.files.guard import terminate_as_interrupt
+from slimkit.primitives.io.finite import check_finite_weights
 from slimkit.primitives.io.model_sources import dense_origin, load_source
+from slimkit.primitives.io.paths import as_path
 from slimkit.recipes.schema import Recipe, is_glue_dataset
 
 
@@ -58,10 +59,11 @@ def run(
         if recipe.export:
             raise SlimkitError("export: writes inside the run's output folder; give the run an output folder")
         return _execute(recipe, None, False, [], model, tokenizer, options, tracker)
-    out_path = Path(out).expanduser()
+    out_path = as_path(out, "--out")
     preflight.check_recipe_saveable(recipe)
     inputs = output_safety.source_inputs(recipe.model.source) if model is None else []
     output_safety.check_output_dir(out_path, force, inputs)
+    preflight.check_output_paths(recipe, out_path)
     with terminate_as_interrupt(), output_safety.claimed_output(out_path, force, tracker, inputs) as notes:
         return _execute(recipe, out_path, force, notes, model, tokenizer, options, tracker)
 
@@ -124,6 +126,7 @@ def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptio
             )
     else:
         source = {"name": "in-memory model", "path": None}
+    check_finite_weights(model, f"model {source['name']}")  # before any compute reads a NaN weight
     if recipe.task is not None:
         from slimkit.primitives.finetune.glue_task_model import task_model
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -455,12 +456,14 @@ class Recipe(Strict):
         return recipe
 
     @classmethod
-    def from_yaml(cls, name_or_file: str, overrides: list[str] | None = None) -> Recipe:
-        """A bundled recipe name or a YAML file, with ``dotted.path=value`` overrides; a bad recipe raises
+    def from_yaml(cls, name_or_file: str | os.PathLike | bytes, overrides: list[str] | None = None) -> Recipe:
+        """A bundled recipe name or a YAML file (``str``, ``os.PathLike`` or ``bytes``), with a list of
+        ``dotted.path=value`` overrides; a bad recipe (or a bare string for ``overrides``) raises
         :class:`~slimkit.primitives.errors.SlimkitError` with the field path."""
+        from slimkit.primitives.io.paths import as_names, path_text
         from slimkit.recipes.loading import load_recipe
 
-        return load_recipe(name_or_file, overrides)[0]
+        return load_recipe(path_text(name_or_file, "name_or_file"), as_names(overrides, "overrides"))[0]
 
     def source(self) -> dict[str, Any]:
         """The mapping the recipe was built from (what is saved as ``recipe.yaml`` beside the weights)."""

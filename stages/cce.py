@@ -102,7 +102,7 @@ class CceArgs(ScoringArgs):
     """Scaling alpha of the proxy's adapters (gradients: lora)."""
     lora_steps: int = Field(5, ge=0)
     """AdamW steps on the iteration's samples before the proxy gradients are read (the paper: 5)."""
-    lora_learning_rate: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    lora_learning_rate: float = Field(1e-4, gt=0, le=1.0, allow_inf_nan=False)
     """Learning rate of those steps (gradients: lora)."""
     platon: bool = True
     """Smooth per-batch scores with PLATON (Eq. 7); false averages them."""

@@ -18,7 +18,7 @@ from slimkit.primitives.finetune.glue_task_model import GlueFinetuneConfig, fine
 
 
 class GlueFinetuneArgs(StageArgs):
-    learning_rate: float = Field(2e-5, gt=0)
+    learning_rate: float = Field(2e-5, gt=0, le=1.0)
     """Peak AdamW learning rate (linear decay to 0; the paper: 1e-5 for BERT on GLUE)."""
     epochs: float = Field(3.0, gt=0)
     """Passes over the (subset of the) train split; fractions allowed; ``max_steps`` may stop it sooner."""

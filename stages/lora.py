@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import StageArgs
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
+from slimkit.primitives.finetune.lora import check_targets
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.recipes.schema import check_corpus
+
+MAX_LEARNING_RATE = 1.0
+"""The largest learning rate a training stage takes: AdamW moves each parameter by about the learning rate per
+step, and no fine-tuning of a pretrained model moves weights by more than 1 per step."""
+LOW_RANK_FACTORS = ("first", "second")
+"""The names of a low-rank pair's two factors (:class:`~slimkit.primitives.lowrank.LowRankLinear`)."""
 
 
 class LoraArgs(StageArgs):
@@ -21,8 +31,8 @@ class LoraArgs(StageArgs):
     """Dropout on the adapters' input during training, in [0, 1)."""
     target_modules: list[str] | None = None
     """Linear module names to adapt; None: every attention and MLP projection of the layers."""
-    learning_rate: float = Field(1e-4, gt=0)
-    """AdamW learning rate of the adapter parameters (constant; base weights stay frozen)."""
+    learning_rate: float = Field(1e-4, gt=0, le=MAX_LEARNING_RATE)
+    """AdamW learning rate of the adapter parameters (constant; base weights stay frozen), in (0, 1]."""
     steps: int = Field(50, ge=0)
     """Optimizer steps (0: no training, the model is left as it is)."""
     batch_size: int = Field(4, ge=1)
@@ -35,6 +45,26 @@ class LoraArgs(StageArgs):
     """AdamW weight decay of the adapter parameters (0: none)."""
 
     _dataset = field_validator("dataset")(check_corpus)
+
+    def check_model(self, model: Any) -> None:
+        """The rank and the named modules against the loaded model, before any stage runs (not when training
+        starts, after the pruning stages; the training windows' ``seq_len`` is checked for every stage by
+        :func:`~slimkit.engine.preflight.check_stage_models`)."""
+        name = type(self).__name__.removesuffix("Args").lower()
+        config = getattr(model, "config", None)
+        hidden = getattr(config, "hidden_size", None)
+        if isinstance(hidden, int) and self.rank > hidden:
+            raise SlimkitError(
+                f"{name}: rank {self.rank} is more than the model's hidden size {hidden}; every adapted projection "
+                f"has the hidden size on one side, so an adapter's rank is at most {hidden}"
+            )
+        if self.target_modules:
+            # low-rank factors (first, second) exist only once a lowrank stage has made them
+            named = tuple(t for t in self.target_modules if t not in LOW_RANK_FACTORS)
+            try:
+                check_targets(model, named)
+            except SlimkitError as error:
+                raise SlimkitError(f"{name}: target_modules: {error}") from None
 
 
 def default_lora_targets(ctx: Context) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ from pydantic import Field, model_validator
 from slimkit.engine.allocation_results import allocated_fraction, allocation_entry
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
+from slimkit.primitives.allocate.allocation_settings import GlobalSettings, SearchSettings
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.errors import SlimkitError
@@ -108,6 +109,15 @@ class PruneLayerArgs(PruneArgs):
     def allocation_scorer(self) -> tuple[ScorerSpec, dict]:
         """The scorer (and its arguments) the allocation pre-pass ranks this stage's units by: the stage's own."""
         return self.scorer_spec(), self.scorer_args()
+
+    def needs_calibration(self) -> bool:
+        """The scorer's data, and calibration batches for an allocation that measures on them whatever the scorer
+        reads: ``global`` by ``refit_error`` (the consumers' dense Grams) and ``search`` (its held-out KL)."""
+        chosen = self.allocation_settings()
+        measures = isinstance(chosen, SearchSettings) or (
+            isinstance(chosen, GlobalSettings) and chosen.by == "refit_error"
+        )
+        return super().needs_calibration() or measures
 
     def plan(self, ctx: Context) -> int:
         return planned_layer_removal(ctx, self)

@@ -53,7 +53,7 @@ class PruneNetArgs(StageArgs):
     episodes: int = Field(20, ge=0)
     """REINFORCE episodes of policy training (the paper: 20; 0: the untrained initial policy, an ablation);
     ignored with ``policy`` or ``selection: random``."""
-    learning_rate: float = Field(5e-4, gt=0)
+    learning_rate: float = Field(5e-4, gt=0, le=1.0)
     """AdamW learning rate of the policy (the paper: 5e-4)."""
     gamma: float = Field(0.99, ge=0.0, le=1.0)
     """Discount γ of the return (Eq. 7 / the released code's ``γ^l``), in [0, 1] (the paper: 0.99)."""

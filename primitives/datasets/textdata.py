@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from slimkit.primitives.datasets.data_paths import data_file
+from slimkit.primitives.datasets.data_paths import data_file, datasets_cache
 from slimkit.primitives.errors import SlimkitError
 
 
@@ -66,14 +66,17 @@ def documents(name: str, split: str | None = None) -> tuple[str, ...]:
     c = corpus(name)
     split = _split(c, split)
     path = str(data_file(c.files[split]))
+    cache_dir = str(datasets_cache())  # under slimkit's cache folder, not the home folder's
     datasets.disable_progress_bars()
     try:
         if c.kind == "stream":
-            lines = datasets.load_dataset("text", data_files=path, split="train", keep_linebreaks=True)["text"]
+            lines = datasets.load_dataset(
+                "text", data_files=path, split="train", keep_linebreaks=True, cache_dir=cache_dir
+            )["text"]
             if name == "ptb":
                 return (" ".join(line.strip() for line in lines),)
             return ("".join(lines).replace("\r\n", "\n"),)
-        records = datasets.load_dataset("json", data_files=path, split="train")
+        records = datasets.load_dataset("json", data_files=path, split="train", cache_dir=cache_dir)
     except SlimkitError:
         raise
     except Exception as error:

@@ -82,9 +82,13 @@ class NoProgress:
 
 
 def preflight_eval_data(config: EvalSettings) -> None:
-    """Read every data file the evaluations will need now, so a missing one fails before any compute."""
+    """Read every data file the evaluations will need now, so a missing one (or an unusable cache folder, which
+    the datasets library and the zero-shot tasks write to) fails before any compute."""
     from slimkit.primitives.datasets import gluedata, textdata
+    from slimkit.primitives.datasets.data_paths import cache_root
 
+    if config.perplexity is not None or config.zeroshot is not None:
+        cache_root()  # usable: checked even when the corpora were read earlier in this process
     if config.perplexity is not None:
         for dataset in config.perplexity.datasets:
             textdata.documents(dataset)
@@ -106,6 +110,20 @@ def check_eval_length(config: EvalSettings, model: Any, setting: str = "--seq-le
     raise SlimkitError(
         f"{setting}: {config.perplexity.seq_len} is longer than the model's max_position_embeddings ({limit}); "
         f"use at most {limit}"
+    )
+
+
+def check_lm_head(config: EvalSettings, model: Any, what: str = "the model") -> None:
+    """Refuse perplexity and zero-shot evaluation of a model built without a language-model head (a config whose
+    ``architectures`` names the bare ``LlamaModel`` class, say): it gives hidden states, not next-token logits."""
+    wanted = [name for name, setting in (("perplexity", config.perplexity), ("zero-shot", config.zeroshot)) if setting]
+    get_head = getattr(model, "get_output_embeddings", None)
+    if not wanted or (callable(get_head) and get_head() is not None):
+        return
+    raise SlimkitError(
+        f"{what} was built as {type(model).__name__}, which has no language-model head (its config.json's "
+        f"architectures names that class), so {' and '.join(wanted)} cannot be measured; name a causal LM class "
+        "there (e.g. LlamaForCausalLM) or leave architectures out"
     )
 
 

@@ -45,7 +45,9 @@ from slimkit.primitives.export.hf_folder import (
 from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.io.finite import check_finite_weights
 from slimkit.primitives.io.model_sources import load_source, resolve_source
+from slimkit.primitives.io.paths import as_path, check_path_length, path_text
 
 FORMATS = ("gguf", "hf")
 GGUF_MAGIC = b"GGUF"
@@ -80,8 +82,9 @@ def check_export_target(
     """The output path, checked before any work: never a protected folder or one of ``inputs`` (the model folder:
     itself, inside it or holding it); what exists there may be replaced only with ``force`` and only when it is an
     earlier export of the same kind."""
-    target = Path(out).expanduser()
+    target = as_path(out, "--out")
     check_output_location("--out", target, inputs, "an export")
+    check_path_length("--out", target)
     if format == "gguf":
         if target.is_dir():
             raise SlimkitError(f"--out {target} is a folder; give a file name such as {target / 'model.gguf'}")
@@ -134,7 +137,9 @@ def export(
     or a structure with no exact merge; nothing is left at ``out`` then.
     """
     type = check_export_args(format, type)
-    inputs = [] if isinstance(model, nn.Module) else [resolve_source(str(model))[0]]
+    if not isinstance(model, nn.Module):
+        model = path_text(model, "model")
+    inputs = [] if isinstance(model, nn.Module) else [resolve_source(model)[0]]
     target = check_export_target(format, out, force, inputs)
     try:
         lock = acquire_lock(target)
@@ -168,8 +173,11 @@ def _export_claimed(
     """The export once this process holds ``target``'s lock."""
     remove_leftovers(target, marker=EXPORT_MARKER if format == "hf" else None)  # what a killed export left
     check_export_target(format, target, force, inputs)  # again, now that no other export writes it
+    what = "the model given"
     if not isinstance(model, nn.Module):
+        what = f"model {model}"
         model, tokenizer, _ = load_source(str(model), device="cpu", dtype=saved_dtype(model))
+    check_finite_weights(model, what)  # nothing non-finite leaves in an export
     if tokenizer is None and format == "gguf":
         raise SlimkitError("GGUF export needs the model's tokenizer (pass tokenizer=...)")
     if format == "gguf":

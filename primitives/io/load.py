@@ -45,6 +45,7 @@ from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
 from slimkit.primitives.io.folder import ModelFolder, check_model_folder, read_json_object
+from slimkit.primitives.io.paths import as_path
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
 from slimkit.primitives.lowrank.module import materialise_lowrank
@@ -353,7 +354,7 @@ def load(
     from slimkit.primitives.device.placement import Placement
 
     placement = Placement.resolve(device, dtype, max_memory)
-    directory = Path(directory).expanduser()
+    directory = as_path(directory, "directory")
     folder = check_model_folder(directory, task)
     task = folder.task
     marked = is_marked(folder.config)

@@ -26,6 +26,7 @@ from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.lock import LockHeld, SiblingLock, acquire_lock
 from slimkit.primitives.files.removal import discard
+from slimkit.primitives.io.paths import path_text
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def check_source(source: str) -> tuple[Path, SourceInfo]:
     """
     from slimkit.primitives.io.load import check_model_folder
 
-    folder, info = resolve_source(source)
+    folder, info = resolve_source(path_text(source, "source"))
     info.task = check_model_folder(folder, info.task).task
     return folder, info
 
@@ -243,7 +244,7 @@ def load_source(
     ``device``, ``dtype``, ``max_memory`` and ``offload_folder`` are :func:`slimkit.load`'s (defaults: CUDA
     in bfloat16 when available, else CPU in float32; no offloading).
     """
-    folder, info = resolve_source(source)
+    folder, info = resolve_source(path_text(source, "source"))
     from slimkit.primitives.io import load
 
     model, tokenizer = load(

@@ -25,6 +25,8 @@ from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import acquire_lock
 from slimkit.primitives.files.removal import discard
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
+from slimkit.primitives.io.finite import non_finite_tensors
+from slimkit.primitives.io.paths import as_path
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.projection.manifest import projection_entries
 
@@ -142,50 +144,6 @@ def _name_tokenizer_class(directory: Path, tokenizer: Any) -> None:
         _write_json(path, data)
 
 
-_CHECK_CHUNK = 1 << 24
-"""Elements per ``torch.isfinite`` call: bounds the temporary boolean tensor (16 MiB) for big weights."""
-
-
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every element of a floating-point ``tensor`` is finite, without copying it."""
-    if tensor.dim() == 0 or tensor.numel() <= _CHECK_CHUNK:
-        return bool(torch.isfinite(tensor).all())
-    rows = max(1, _CHECK_CHUNK // max(1, tensor[0].numel()))
-    return all(bool(torch.isfinite(tensor[start : start + rows]).all()) for start in range(0, len(tensor), rows))
-
-
-def _offloaded_value(model: nn.Module, name: str) -> torch.Tensor:
-    """A meta tensor's value from accelerate's weights map, as ``save_pretrained`` reads it."""
-    from transformers.integrations.accelerate import load_offloaded_parameter
-
-    try:
-        return load_offloaded_parameter(model, name)
-    except (ValueError, KeyError, AttributeError):
-        raise SlimkitError(
-            f"{name} is on the meta device and no offloaded weights hold it; nothing was written"
-        ) from None
-
-
-def non_finite_tensors(model: nn.Module) -> tuple[list[str], int]:
-    """The names of the state-dict tensors of ``model`` holding NaN or inf, and how many tensors were checked.
-
-    Tied tensors are checked once; integer and boolean tensors cannot hold NaN/inf and are not counted.
-    """
-    bad: list[str] = []
-    seen: set[int] = set()
-    checked = 0
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen or not (tensor.is_floating_point() or tensor.is_complex()):
-            continue
-        seen.add(id(tensor))
-        checked += 1
-        value = _offloaded_value(model, name) if tensor.device.type == "meta" else tensor.detach()
-        if not _all_finite(value):
-            bad.append(name)
-        del value
-    return bad, checked
-
-
 def check_finite(model: nn.Module) -> None:
     """Raise :class:`SlimkitError` (one line) when a tensor ``save`` would write holds NaN or inf."""
     bad, checked = non_finite_tensors(model)
@@ -205,7 +163,7 @@ def save(
     parent of it), and one writer at a time (the lock ``.NAME.lock`` beside ``directory``: a second save to the
     same folder is refused in one line while the first runs).
     """
-    target = Path(directory).expanduser()
+    target = as_path(directory, "directory")
     check_output_location("slimkit.save", target, (), "slimkit.save")
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
