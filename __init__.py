@@ -56,7 +56,7 @@ def run(
     """
     import copy
 
-    from slimkit.engine.runner import RunOptions
+    from slimkit.engine.run_result import RunOptions
     from slimkit.engine.runner import run as run_recipe
     from slimkit.recipes.loading import validate
     from slimkit.recipes.schema import Recipe
@@ -101,7 +101,7 @@ def __getattr__(name: str):
 
         return Recipe
     if name == "Result":
-        from slimkit.engine.finish import Result
+        from slimkit.engine.run_result import Result
 
         return Result
     if name in ("load", "save"):

@@ -18,8 +18,7 @@ from slimkit.engine.report import DenseComparison
 from slimkit.primitives.device.placement import Placement, dtype_name
 from slimkit.primitives.evaluate.reference import dense_metrics, source_fingerprint
 from slimkit.primitives.evaluate.run import evaluate_model
-from slimkit.primitives.io.model_sources import load_source
-from slimkit.stages.dense_source import dense_of
+from slimkit.primitives.io.model_sources import dense_of, load_source
 
 
 def compare_with_dense(

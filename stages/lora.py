@@ -7,6 +7,8 @@ from pydantic import Field, field_validator
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage_memory import MemoryInputs, training_memory
+from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.recipes.schema import check_corpus
@@ -35,6 +37,10 @@ class LoraArgs(StageArgs):
     """AdamW weight decay of the adapter parameters (0: none)."""
 
     _dataset = field_validator("dataset")(check_corpus)
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """The backward's activations at the stage's own training batch."""
+        return training_memory(stage, inputs, self.batch_size, self.seq_len)
 
 
 def default_lora_targets(ctx: Context) -> tuple[str, ...]:
