@@ -57,7 +57,7 @@ def run(
     """
     import copy
 
-    from slimkit.engine.runner import RunOptions
+    from slimkit.engine.run_result import RunOptions
     from slimkit.engine.runner import run as run_recipe
     from slimkit.primitives.errors import SlimkitError
     from slimkit.primitives.io.paths import as_names, as_path, path_text
@@ -118,7 +118,7 @@ def __getattr__(name: str):
 
         return Recipe
     if name == "Result":
-        from slimkit.engine.finish import Result
+        from slimkit.engine.run_result import Result
 
         return Result
     if name in ("load", "save"):

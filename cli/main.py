@@ -198,28 +198,10 @@ def _describe(text: str | None) -> str:
     return " ".join((text or "").split())
 
 
-def _reads_its_argument(fn: Any) -> bool:
-    """Whether ``fn`` (a stage's ``needs_calibration``) looks at its argument; True when unsure."""
-    import dis
-
-    code = getattr(fn, "__code__", None)
-    if code is None or code.co_argcount == 0:
-        return True
-    name = code.co_varnames[0]
-    if name in code.co_cellvars:
-        return True
-    for instruction in dis.get_instructions(code):
-        value = instruction.argval
-        loads = value == name or (isinstance(value, tuple) and name in value)
-        if instruction.opname.startswith("LOAD_FAST") and loads:
-            return True
-    return False
-
-
 def _calibration_text(definition: Any) -> str:
-    """Whether the stage reads calibration data: ``yes``/``no`` when that does not depend on its
-    arguments, else the answer with the default arguments and the values of a choice or a flag that
-    change it."""
+    """Whether the stage reads calibration data: ``yes``/``no`` when its arguments class declares that the answer
+    depends on none of them (``calibration_depends_on``), else the answer with the default arguments and the values
+    of those arguments (a choice or a flag) that change it."""
     from pydantic import ValidationError
 
     try:
@@ -227,11 +209,11 @@ def _calibration_text(definition: Any) -> str:
     except ValidationError:  # required arguments: no defaults to ask about
         return "depends on the arguments"
     needs = bool(defaults.needs_calibration())
-    if not _reads_its_argument(definition.args.needs_calibration):
+    if not definition.args.calibration_depends_on:  # declared: the answer is the same for every value
         return "yes" if needs else "no"
     other: list[str] = []
-    for name, field in definition.args.model_fields.items():
-        annotation = field.annotation
+    for name in definition.args.calibration_depends_on:
+        annotation = definition.args.model_fields[name].annotation
         values: tuple[Any, ...] = ()
         if annotation is bool:
             values = (not getattr(defaults, name),)

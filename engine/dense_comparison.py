@@ -21,8 +21,7 @@ from slimkit.primitives.device.placement import Placement, dtype_name
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.reference import content_fingerprint, dense_metrics
 from slimkit.primitives.evaluate.run import evaluate_model
-from slimkit.primitives.io.model_sources import load_source
-from slimkit.stages.dense_source import dense_of
+from slimkit.primitives.io.model_sources import dense_of, load_source
 
 
 def compare_with_dense(

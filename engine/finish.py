@@ -9,21 +9,22 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors import SafetensorError
 
-import slimkit
 from slimkit.engine import output_safety
 from slimkit.engine.context import Context
 from slimkit.engine.dense_comparison import compare_with_dense
+from slimkit.engine.error_translation import output_write_errors
 from slimkit.engine.progress import Timings
 from slimkit.engine.registry import stage_def
 from slimkit.engine.report import (
     MACS_SEQ_LEN,
+    DenseComparison,
     RunReport,
     StageReport,
     TargetOutcome,
     peak_rss_mb,
 )
+from slimkit.engine.run_result import Result, RunOptions
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.device.memory_model import MemoryPlan
 from slimkit.primitives.device.offload import is_offloaded
@@ -32,30 +33,11 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import Evaluation, evaluate_model
 from slimkit.primitives.files.atomic import staging_dir
-from slimkit.primitives.files.guard import write_failure
 from slimkit.primitives.files.removal import discard
-from slimkit.primitives.io import versions
+from slimkit.primitives.io import save, versions
+from slimkit.primitives.io.describe import folder_loaders
 from slimkit.primitives.io.save import non_finite_tensors
 from slimkit.recipes.schema import Recipe
-
-
-@dataclass
-class Result:
-    """What a run returns: the compressed model, its tokenizer, the typed report, and the output folder."""
-
-    model: Any
-    tokenizer: Any
-    report: RunReport
-    out: Path | None = None
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How a run goes besides its recipe: evaluate at all, and compare with the dense model's metrics."""
-
-    evaluate: bool = True
-    compare_dense: bool = True
-    """Put the dense model's metrics (same evaluation settings, computed once and cached) beside the run's."""
 
 
 @dataclass(frozen=True)
@@ -131,36 +113,30 @@ def finish(
     """Check, save, export, evaluate, report and publish; returns the run's :class:`Result`."""
     outcome = check_result(ctx, start, shares, save_dtype)
     staging = None
+    exports: list[dict[str, Any]] = []
     try:
-        staging = staging_dir(out_path) if out_path is not None else None
-        exports = save_model(ctx, start, staging, timings) if staging is not None else []
-        evaluation, dense = Evaluation(), None
-        if options.evaluate:
-            evaluation = evaluate_model(ctx.model, ctx.tokenizer, ctx.recipe.eval, ctx.tracker)
-            for label, seconds in evaluation.seconds.items():
-                timings.add(label, seconds)
-            ctx.notes.extend(evaluation.notes)
-            if options.compare_dense:
-                dense = compare_with_dense(ctx, start.placement, save_dtype or start.placement.dtype, timings)
-        report = build_report(ctx, start, outcome, evaluation, save_dtype, timings)
-        report.dense = dense
-        if staging is not None and out_path is not None:
-            from slimkit.engine.report_files import write_report
-            from slimkit.primitives.io.describe import folder_loaders
+        with output_write_errors(out_path):
+            staging = staging_dir(out_path) if out_path is not None else None
+            exports = save_model(ctx, start, staging, timings) if staging is not None else []
+            evaluation, dense = Evaluation(), None
+            if options.evaluate:
+                evaluation = evaluate_model(ctx.model, ctx.tokenizer, ctx.recipe.eval, ctx.tracker)
+                for label, seconds in evaluation.seconds.items():
+                    timings.add(label, seconds)
+                ctx.notes.extend(evaluation.notes)
+                if options.compare_dense:
+                    dense = compare_with_dense(ctx, start.placement, save_dtype or start.placement.dtype, timings)
+            written = Written(folder_loaders(staging / "model"), exports) if staging is not None else None
+            report = build_report(ctx, start, outcome, evaluation, save_dtype, timings, dense, written)
+            if staging is not None and out_path is not None:
+                from slimkit.engine.report_files import write_report
 
-            loaders = folder_loaders(staging / "model")
-            report.loaders = [{"loader": v.loader, "answer": v.answer, "detail": v.detail} for v in loaders]
-            report.export = exports or None
-            for name, writer in ctx.artifacts.items():
-                writer(staging / name)
-            write_report(report, staging)
-            output_safety.pause_for_test("replace")
-            for note in output_safety.publish(staging, out_path, force):
-                ctx.tracker.log(note)
-    except OSError as error:  # a full disk, a file-size limit, a folder that became unwritable
-        raise write_failure(f"--out {out_path}", error) from None
-    except SafetensorError as error:  # the same, met while safetensors wrote the weights
-        raise SlimkitError(f"--out {out_path}: cannot write the weights ({error}); nothing was replaced") from None
+                for name, writer in ctx.artifacts.items():
+                    writer(staging / name)
+                write_report(report, staging)
+                ctx.tracker.reached("replace")
+                for note in output_safety.publish(staging, out_path, force):
+                    ctx.tracker.log(note)
     finally:
         if staging is not None:
             discard(staging)
@@ -187,8 +163,8 @@ def save_model(ctx: Context, start: RunStart, staging: Path, timings: Timings) -
         **ctx.manifest,
     }
     with timings.stage("save"):
-        slimkit.save(ctx.model, ctx.tokenizer, staging / "model", manifest=manifest)
-        output_safety.pause_for_test("save")  # weights written, recipe and report not yet
+        save(ctx.model, ctx.tokenizer, staging / "model", manifest=manifest)
+        ctx.tracker.reached("save")  # weights written, recipe and report not yet
         (staging / "model" / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return run_exports(recipe, ctx.model, ctx.tokenizer, staging, timings)
 
@@ -226,6 +202,15 @@ def stage_reports(ctx: Context, calibration: dict[str, Any] | None) -> dict[str,
     return reports
 
 
+@dataclass(frozen=True)
+class Written:
+    """What the output folder holds besides the report: who can load the saved model, and the exports."""
+
+    loaders: list[Any]
+    """:func:`~slimkit.primitives.io.describe.folder_loaders` of the saved model."""
+    exports: list[dict[str, Any]]
+
+
 def build_report(
     ctx: Context,
     start: RunStart,
@@ -233,7 +218,11 @@ def build_report(
     evaluation: Evaluation,
     save_dtype: torch.dtype | None,
     timings: Timings,
+    dense: DenseComparison | None = None,
+    written: Written | None = None,
 ) -> RunReport:
+    """The run's report, built once from everything the phases measured (``written``: None when nothing was
+    saved)."""
     recipe, placement = ctx.recipe, start.placement
     before, after = ctx.params_before, params_by_part(ctx.model)
     return RunReport(
@@ -265,4 +254,9 @@ def build_report(
         layers={"before": start.widths_before, "after": ModelView(ctx.model).layer_widths()},
         notes=ctx.notes,
         versions=versions(),
+        dense=dense,
+        loaders=[{"loader": v.loader, "answer": v.answer, "detail": v.detail} for v in written.loaders]
+        if written is not None
+        else None,
+        export=(written.exports or None) if written is not None else None,
     )

@@ -8,7 +8,7 @@ layer, so later layers see the errors of earlier ones, as SparseGPT/Wanda/LoRAP 
 equals calibrating the whole dense model once. Only one layer's activations are alive at a time,
 so peak memory is the model plus one layer's calibration activations. A stage that declares
 ``layer_grams`` (``reconstruct``) also gets, for those projection roles, the dense weight and the Gram
-matrix of its inputs from this pass (``stats["dense_consumers"]``), taken before any stage changes the layer.
+matrix of its inputs from this pass (``stats.dense_consumers``), taken before any stage changes the layer.
 With ``propagate="compressed"``, a stage that declares ``dense_targets`` (``reconstruct`` with ``target: dense``)
 makes the block carry a second stream: the dense model's hidden states on the same calibration batches, advanced
 through each layer *before* the block's stages change it. For those roles a paired pass runs the dense layer on both
@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import BlockPosition, LayerStats
 from slimkit.engine.registry import stage_def
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, input_norm_hooks, run_layer
@@ -69,21 +70,21 @@ def layer_statistics(
     roles: Sequence[str] = (),
     paired: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     targets: frozenset[str] = frozenset(),
-) -> tuple[dict, list[torch.Tensor]]:
+) -> tuple[LayerStats, list[torch.Tensor]]:
     """Run ``layer`` on ``inputs`` with hooks: the statistics a layer stage reads (``input_norms`` of every projection,
     ``dense_consumers`` of ``roles``: the weight and input Gram before any stage changes them, with the paired
     pass's cross terms for the dense ``targets``; ``tokens``, ``layer_inputs``) and the layer's outputs."""
     consumers = {role: layer.linear(role) for role in roles if role in layer.roles}  # not a removed block's
     with input_norm_hooks(view.linears([layer])) as accumulators, gram_hooks(consumers) as grams:
         outputs = run_layer(layer.module, inputs)
-    stats: dict = {"input_norms": {path: acc.norms() for path, acc in accumulators.items()}}
+    stats = LayerStats(input_norms={path: acc.norms() for path, acc in accumulators.items()})
     if roles:  # the dense layer's consumers, before any stage of the block changes them
-        stats["dense_consumers"] = {
+        stats.dense_consumers = {
             role: dense_consumer(module, grams[role], (paired or {}).get(role), role in targets)
             for role, module in consumers.items()
         }
-    stats["tokens"] = inputs.tokens
-    stats["layer_inputs"] = inputs
+    stats.tokens = inputs.tokens
+    stats.layer_inputs = inputs
     return stats, outputs
 
 
@@ -98,10 +99,10 @@ def _compress_layer(
     """Calibrate layer ``index`` on ``inputs``, run the stages on it, and advance ``inputs`` (and the dense stream
     ``dense``, when there is one) to its outputs.
 
-    ``stats["block"]`` tells a stage where it runs: ``propagate`` and the names of the block's stages before it
+    ``stats.block`` tells a stage where it runs: ``propagate`` and the names of the block's stages before it
     (``earlier``), so a stage that needs an earlier one (``reconstruct``) can say so."""
     layer = ctx.view.layer(index)
-    stats: dict = {}
+    stats = LayerStats()
     outputs = None
     dense_outputs = None
     if inputs is not None:
@@ -113,7 +114,7 @@ def _compress_layer(
             paired, dense_outputs = paired_pass(layer.module, consumers, inputs, dense)
         stats, outputs = layer_statistics(ctx.view, layer, inputs, roles, paired, frozenset(targets))
     for position, (definition, args) in enumerate(definitions):
-        stats["block"] = {"propagate": propagate, "earlier": [d.name for d, _ in definitions[:position]]}
+        stats.block = BlockPosition(propagate, [d.name for d, _ in definitions[:position]])
         definition.fn(ctx, args, ctx.view.layer(index), stats)
     if inputs is not None:
         if propagate == "compressed":

@@ -16,17 +16,13 @@ The output folder ``OUT`` (``--out``) is handled safely:
   (:func:`publish`), so ``OUT`` always holds the whole old result or the whole new one; an interrupted run
   (Ctrl-C, or SIGTERM, which is handled like Ctrl-C) deletes its partial folder; those of killed runs are
   deleted by the next run to the same ``OUT``.
-
-Test hook: ``SLIMKIT_TEST_PAUSE_AT`` (see :func:`pause_for_test`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -198,18 +194,3 @@ def remove_previous(aside: Path) -> list[str]:
     if not left:
         return []
     return [f"kept the previous output in {aside}: it holds {left[0].phrase(aside)}, which slimkit does not delete"]
-
-
-PAUSE_AT = "SLIMKIT_TEST_PAUSE_AT"
-
-
-def pause_for_test(point: str) -> None:
-    """Test hook: with ``SLIMKIT_TEST_PAUSE_AT=point`` print ``slimkit: paused at POINT`` on stderr and sleep
-    ``SLIMKIT_TEST_PAUSE_S`` seconds (default 60), so a test can signal the run at that moment. Points:
-    ``compute`` (calibrated, before the stages run), ``save`` (the weights are written into the partial folder,
-    the recipe and report not yet) and ``replace`` (the new output is complete in its partial folder, before it
-    replaces ``out``)."""
-    if os.environ.get(PAUSE_AT) != point:
-        return
-    print(f"slimkit: paused at {point}", file=sys.stderr, flush=True)
-    time.sleep(float(os.environ.get("SLIMKIT_TEST_PAUSE_S", "60")))

@@ -11,19 +11,14 @@ from typing import Any
 
 import torch
 
-from slimkit.engine.allocation_prepass import check_reachable
 from slimkit.engine.context import Context
 from slimkit.engine.dispatch import block_children, block_plan
-from slimkit.engine.rank_prepass import check_rank_reachable
 from slimkit.engine.registry import stage_def
 from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.device.placement import DTYPES, Placement, resolve_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.paths import check_path_length
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
-from slimkit.stages.lowrank import LowRankArgs
-from slimkit.stages.prune import layer_fraction
-from slimkit.stages.selection import SelectionArgs
 
 
 def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
@@ -160,33 +155,27 @@ def check_stage_models(recipe: Recipe, model: Any) -> None:
 
 
 def dense_reloaders(recipe: Recipe) -> list[str]:
-    """The stages that reload the dense model during the run: ``distill`` with steps to train (its teacher) and a
-    top-level ``reconstruct`` (its refit target), as ``stages.N (NAME)`` labels."""
-    found = []
-    for index, item in enumerate(recipe.stages):
-        if isinstance(item, SequentialSpec) or item.stage not in ("distill", "reconstruct"):
-            continue
-        if item.stage == "reconstruct" or item.parsed_args().steps > 0:
-            found.append(f"stages.{index} ({item.stage})")
-    return found
+    """The top-level stages that reload the dense model during the run (:meth:`StageArgs.reloads_dense`:
+    ``distill`` with steps to train, its teacher; ``reconstruct``, its refit target), as ``stages.N (NAME)``."""
+    return [
+        f"stages.{index} ({item.stage})"
+        for index, item in enumerate(recipe.stages)
+        if not isinstance(item, SequentialSpec) and item.parsed_args().reloads_dense()
+    ]
 
 
 def check_dense_reachable(recipe: Recipe, source: dict[str, Any]) -> None:
     """Refuse, before any compute, a recipe that reloads the dense model when a slimkit output is compressed whose
     dense origin is not on this machine (``source["compressed_from"]``, from
-    :func:`~slimkit.primitives.io.model_sources.dense_origin`), and a distillation hidden-state term after a PCA
-    projection
-    (:func:`~slimkit.stages.distill.check_hidden_term`). A model given in memory is refused by the stage
-    itself (:func:`~slimkit.stages.dense_source.reload_dense`)."""
-    from slimkit.stages.distill import check_hidden_term
-
+    :func:`~slimkit.primitives.io.model_sources.dense_origin`), then each stage's own checks of the source
+    (:meth:`StageArgs.check_source`: a distillation hidden-state term after a PCA projection). A model given in
+    memory is refused by the stage itself when it reloads."""
     reloaders = dense_reloaders(recipe)
     origin = source.get("compressed_from")
     if reloaders and origin is not None and origin.get("path") is None:
         raise SlimkitError(f"{reloaders[0]}: reloads the dense model, but {origin['missing']}")
     for spec in recipe.flat_stages():
-        if spec.stage == "distill":
-            check_hidden_term(recipe, source, spec.parsed_args())
+        spec.parsed_args().check_source(recipe, source)
 
 
 def check_calibration_length(recipe: Recipe, model: Any) -> None:
@@ -248,24 +237,13 @@ def check_target_reachable(ctx: Context) -> None:
     land depends on scores: checked when the block starts, still before any weight changes). Later blocks are
     checked when they start."""
     children, _propagate = block_children(ctx.recipe.stages[0])
-    solving = []
-    for spec in children:
-        args = spec.parsed_args()
-        if isinstance(args, SelectionArgs) and args.allocates and args.budget() == "solve":
-            solving.append((spec.stage, args))
-        elif isinstance(args, LowRankArgs) and args.global_settings() is not None:
-            solving.append((spec.stage, args))
-    if not solving:
+    checks = [check for spec in children if (check := spec.parsed_args().reach_check(spec.stage)) is not None]
+    if not checks:
         return
     ctx.start_block()
     ctx.block_planned = block_plan(ctx, children)
     try:
-        for stage, args in solving:
-            if isinstance(args, LowRankArgs):
-                check_rank_reachable(ctx, args)
-            elif args.allocation_settings() == "uniform":
-                layer_fraction(ctx, args, stage)
-            else:
-                check_reachable(ctx, stage, args)
+        for check in checks:
+            check(ctx)
     finally:  # the runner starts the block again when it runs
         ctx.block_start, ctx.block_planned, ctx.block_cache = {}, 0, {}

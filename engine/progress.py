@@ -7,8 +7,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from slimkit.engine.memory_check import memory_errors
-
 Advance = Callable[[int], None]
 
 
@@ -21,6 +19,12 @@ class Tracker:
 
     def log(self, message: str) -> None:
         pass
+
+    def reached(self, point: str) -> None:
+        """A milestone of the run: ``compute`` (calibrated, before the stages run), ``save`` (the weights are written
+        into the partial output folder, the recipe and report not yet) or ``replace`` (the new output is complete in
+        its partial folder, before it replaces the old one). Nothing happens here; a caller's tracker may act (the
+        output-safety tests signal a run at each)."""
 
 
 class RichTracker(Tracker):
@@ -48,15 +52,23 @@ class Timings:
     def __init__(self) -> None:
         self.stages: dict[str, float] = {}
         self.start = time.perf_counter()
+        self._failed: tuple[str, BaseException] | None = None
 
     @contextmanager
     def stage(self, label: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            with memory_errors(label):  # an out-of-memory error becomes one error line naming the stage
-                yield
+            yield
+        except BaseException as error:
+            if self._failed is None or self._failed[1] is not error:  # the innermost step the error left
+                self._failed = (label, error)
+            raise
         finally:
             self.add(label, time.perf_counter() - start)
+
+    def step_of(self, error: BaseException) -> str | None:
+        """The label of the innermost step ``error`` was raised in (None: raised outside every step)."""
+        return self._failed[0] if self._failed is not None and self._failed[1] is error else None
 
     def add(self, label: str, seconds: float) -> None:
         self.stages[label] = self.stages.get(label, 0.0) + seconds

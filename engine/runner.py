@@ -20,10 +20,11 @@ import torch
 from slimkit.engine import finish, output_safety, preflight
 from slimkit.engine.context import Context
 from slimkit.engine.dispatch import run_stages
-from slimkit.engine.finish import Result, RunOptions
+from slimkit.engine.error_translation import run_errors
 from slimkit.engine.memory_check import check_memory_plan
 from slimkit.engine.progress import Timings, Tracker
 from slimkit.engine.report import MACS_SEQ_LEN
+from slimkit.engine.run_result import Result, RunOptions
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.device.memory_model import MemoryPlan
 from slimkit.primitives.device.placement import Placement, dtype_name, reset_peak_memory
@@ -72,21 +73,22 @@ def _execute(recipe, out_path, force, notes, model, tokenizer, options: RunOptio
     """The run itself, once ``out_path`` (if any) is checked and claimed; ``notes`` start the report's notes."""
     placement, memory_plan = _preflight(recipe, model, options)
     timings = Timings()
-    reset_peak_memory(placement.device)
-    with timings.stage("load"):
-        ctx = _load(recipe, placement, model, tokenizer, tracker, notes, options)
-    preflight.check_offloaded_stages(recipe, ctx.model)
-    save_dtype = preflight.check_save_dtype(recipe, placement, ctx.model)
-    ctx.params_before = params_by_part(ctx.model)
-    preflight.check_target_reachable(ctx)  # on shapes alone: an unreachable (aligned) target, before calibration
-    widths_before = ctx.view.layer_widths()
-    macs_before = count_macs(ctx.model, MACS_SEQ_LEN)
-    with timings.stage("calibration"):
-        calibration = _calibrate(ctx)
-    output_safety.pause_for_test("compute")
-    shares = run_stages(ctx, timings)
-    start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
-    return finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
+    with run_errors(timings):  # an out-of-memory error in a step becomes one line naming it
+        reset_peak_memory(placement.device)
+        with timings.stage("load"):
+            ctx = _load(recipe, placement, model, tokenizer, tracker, notes, options)
+        preflight.check_offloaded_stages(recipe, ctx.model)
+        save_dtype = preflight.check_save_dtype(recipe, placement, ctx.model)
+        ctx.params_before = params_by_part(ctx.model)
+        preflight.check_target_reachable(ctx)  # on shapes alone: an unreachable (aligned) target, before calibration
+        widths_before = ctx.view.layer_widths()
+        macs_before = count_macs(ctx.model, MACS_SEQ_LEN)
+        with timings.stage("calibration"):
+            calibration = _calibrate(ctx)
+        tracker.reached("compute")
+        shares = run_stages(ctx, timings)
+        start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
+        return finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
 
 
 def _preflight(recipe: Recipe, model: Any, options: RunOptions) -> tuple[Placement, MemoryPlan | None]:

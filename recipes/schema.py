@@ -204,6 +204,7 @@ class Target(Strict):
 class StageSpec(Strict):
     stage: str
     args: dict[str, Any] = Field(default_factory=dict)
+    _parsed: Any = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _known_stage_and_args(self) -> StageSpec:
@@ -215,10 +216,12 @@ class StageSpec(Strict):
             self.args = definition.args.model_validate(self.args).model_dump()
         except ValidationError as error:
             raise ValueError(format_validation_error(error, prefix="args")) from None
+        self._parsed = definition.args.model_validate(self.args)  # parsed once, as the recipe's mapping reads
         return self
 
     def parsed_args(self) -> StageArgs:
-        return stage_def(self.stage).args.model_validate(self.args)
+        """The stage's typed arguments (parsed once, when the recipe was validated)."""
+        return self._parsed
 
 
 class SequentialSpec(Strict):
@@ -532,31 +535,11 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
-    def _alignment_and_allocation(self) -> Recipe:
-        """``target.align`` and a stage's ``round_to`` agree where both round a kind; a search's held-out batches
-        leave calibration batches to score on."""
-        from slimkit.stages.selection import SelectionArgs
-
+    def _stage_recipe_checks(self) -> Recipe:
+        """Each stage's own checks against the rest of the recipe (:meth:`StageArgs.check_recipe`: a selection
+        stage's ``round_to`` against ``target.align``, a search's held-out batches against the calibration set)."""
         for where, spec in self.stage_places():
-            args = spec.parsed_args()
-            if not isinstance(args, SelectionArgs):
-                continue
-            aligned = self.target.multiples(list(args.round_to))
-            for kind, multiple in args.round_to.items():
-                if kind in aligned and aligned[kind] != multiple:
-                    raise ValueError(
-                        f"{where}: round_to.{kind} {multiple} conflicts with target.align.{kind} "
-                        f"{self.target.align[kind]}; declare it once (target.align applies to every stage)"
-                    )
-            holdout = args.holdout_batches()
-            if holdout:
-                config = self.calibration_config()
-                batches = -(-config.samples // config.batch_size) if config is not None else 0
-                if holdout >= batches:
-                    raise ValueError(
-                        f"{where}: allocation.search.holdout_batches {holdout} leaves none of the {batches} "
-                        "calibration batch(es) to score on; lower it or raise calibration.samples"
-                    )
+            spec.parsed_args().check_recipe(self, where)
         return self
 
     def stage_places(self) -> list[tuple[str, StageSpec]]:

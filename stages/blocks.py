@@ -26,9 +26,11 @@ from torch import nn
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.stage_memory import LAYERWISE_ADVICE, MemoryInputs
 from slimkit.primitives.arch import BLOCK_KINDS, BlockKind
 from slimkit.primitives.blocks import check_removable, kept_per_kind, present_blocks, search_blocks
 from slimkit.primitives.blocks.search import SearchStep
+from slimkit.primitives.device.memory_model import StageMemory, forward_activation_bytes, layer_input_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.select import eligible_layers
 
@@ -62,6 +64,19 @@ class RemoveBlocksArgs(StageArgs):
 
     def needs_calibration(self) -> bool:
         return True
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """The inputs of every layer, kept for the search (:mod:`slimkit.primitives.blocks.search`), and one
+        forward's activations."""
+        samples = inputs.samples
+        if self.batches is not None and inputs.calibration is not None:
+            samples = min(samples, self.batches * inputs.calibration.batch_size)
+        shape, dtype_bytes = inputs.shape, inputs.dtype_bytes
+        memory = StageMemory(stage, advice=f"{LAYERWISE_ADVICE}, or set remove_blocks' batches")
+        kept = layer_input_bytes(shape, samples, inputs.seq_len, dtype_bytes)
+        memory.parts["layer inputs"] = (shape.layers + 1) * kept // 2
+        memory.parts["activations"] = forward_activation_bytes(shape, inputs.tokens, dtype_bytes)
+        return memory
 
     def check_model(self, model: nn.Module) -> None:
         view = check_removable(model)

@@ -58,8 +58,10 @@ from pydantic import Field, model_validator
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import BudgetMode
+from slimkit.engine.stage_memory import ACTIVATION_ADVICE, GRADIENT_ADVICE, MemoryInputs, forward_memory
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.device.memory_model import FLOAT32, StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.evaluate.memory import MB, PeakRSS
@@ -67,7 +69,7 @@ from slimkit.primitives.groups import Group
 from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_gradients, spec_names
 from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
 from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
-from slimkit.stages.scoring import ScoringArgs, gradient_options, input_norms, roles_of
+from slimkit.stages.scoring import ScoringArgs, gradient_options, input_norms, roles_of, scored_params
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
 KINDS: tuple[str, ...] = SCHEDULE_KINDS
@@ -140,9 +142,6 @@ class CceArgs(ScoringArgs):
         """Whether ``feature_scope`` is read: the coupled scorer scores hidden features."""
         return "hidden_feature" in self.kinds and "coupled" in spec_names(self.scorer_spec())
 
-    def needs_gradients(self) -> bool:
-        return "gradients" in self.needs()
-
     def needs_data(self) -> bool:
         return bool(self.needs())
 
@@ -154,6 +153,21 @@ class CceArgs(ScoringArgs):
 
     def touches(self) -> frozenset[str]:
         return roles_of(self.kinds)
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """A gradient scorer: the proxy's adapters with their gradients and AdamW state (``gradients: lora``) or one
+        batch's gradient of every scored weight (``full``), and the backward's activations; else one forward's."""
+        if not self.needs_gradients():
+            return forward_memory(stage, inputs)
+        shape = inputs.shape
+        memory = StageMemory(stage, advice=GRADIENT_ADVICE)
+        if self.gradients == "lora":
+            linears = 4 * (shape.hidden + shape.q_width) + 3 * (shape.hidden + shape.intermediate)
+            memory.parts["adapters"] = shape.layers * self.lora_rank * linears * FLOAT32 * 4  # weights, grads, AdamW
+            memory.advice = ACTIVATION_ADVICE
+        else:
+            memory.parts["gradients"] = scored_params(shape, self.kinds, shape.layers) * inputs.dtype_bytes
+        return self.add_backward_activations(memory, inputs)
 
 
 def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Tensor], int | None]:

@@ -2,8 +2,9 @@
 
 ``distill`` trains against it (its teacher) and ``reconstruct`` at the top level refits against its layers. Both
 reload the model the run started from (for a model slimkit compressed earlier, the dense model it came from:
-:func:`dense_of`) with :func:`slimkit.primitives.io.model_sources.load_source`, in the compressed model's
-dtype, on the device the caller names (``distill``: the student's; ``reconstruct``: the CPU). A model given in memory
+:func:`~slimkit.primitives.io.model_sources.dense_of`) with
+:func:`slimkit.primitives.io.model_sources.load_source`, in the compressed model's dtype, on the device the caller
+names (``distill``: the student's; ``reconstruct``: the CPU). A model given in memory
 (``slimkit.run(recipe, model=...)``) has no source to reload and is refused in one line, as is a source that cannot
 be loaded (out of memory, a folder changed since the run started), naming the memory the dense weights need (dense
 parameter count x the dtype's bytes). The caller frees the model (:func:`release_memory`) when it is done.
@@ -14,7 +15,6 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ from torch import nn
 from slimkit.engine.context import Context
 from slimkit.primitives.device.placement import dtype_name, format_size
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.io.model_sources import load_source
+from slimkit.primitives.io.model_sources import dense_of, load_source
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,6 @@ class ReloadedDense:
     load_seconds: float
     weights: str
     """The dense weights' size in the model's dtype (``format_size``: ``"540.4 MB"``)."""
-
-
-def dense_of(source: dict[str, Any]) -> dict[str, Any]:
-    """The dense model of a run's ``source``: the model a slimkit output was compressed from
-    (``source["compressed_from"]``, set when the run loaded it), else the source itself."""
-    return source.get("compressed_from") or source
 
 
 def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why: str, instead: str, holds: str):

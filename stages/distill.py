@@ -29,6 +29,8 @@ from torch import nn
 
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
+from slimkit.engine.stage_memory import MemoryInputs
+from slimkit.primitives.device.memory_model import StageMemory, weights_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
@@ -46,6 +48,18 @@ class DistillArgs(LoraArgs):
     """Weight of the hidden-state term (per-layer squared error / teacher's mean squared norm); 0: logits only."""
     teacher: Literal["dense"] = "dense"
     """The teacher: dense = the recipe's model source reloaded (the uncompressed model)."""
+
+    def reloads_dense(self) -> bool:
+        return self.steps > 0  # the teacher is loaded only to train against
+
+    def check_source(self, recipe: Recipe, source: dict[str, Any]) -> None:
+        check_hidden_term(recipe, source, self)
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """LoRA's training memory and the dense teacher's weights."""
+        memory = super().memory(stage, inputs)
+        memory.parts["teacher"] = weights_bytes(inputs.shape, inputs.dtype_bytes)
+        return memory
 
 
 def check_hidden_term(recipe: Recipe, source: dict[str, Any], args: DistillArgs) -> None:

@@ -21,7 +21,7 @@ optimiser step. ``check_examples`` dev examples (None: all) compare the masked a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -52,6 +52,8 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
 
     def touches(self) -> frozenset[str]:
         return ALL_ROLES
+
+    calibration_depends_on: ClassVar[tuple[str, ...]] = ("intermediate", "intermediate_basis")
 
     def needs_calibration(self) -> bool:
         # the MHA-intermediate projections read the calibration batches

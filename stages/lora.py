@@ -9,6 +9,8 @@ from pydantic import Field, field_validator
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage_memory import MemoryInputs, training_memory
+from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.lora import check_targets
@@ -65,6 +67,10 @@ class LoraArgs(StageArgs):
                 check_targets(model, named)
             except SlimkitError as error:
                 raise SlimkitError(f"{name}: target_modules: {error}") from None
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """The backward's activations at the stage's own training batch."""
+        return training_memory(stage, inputs, self.batch_size, self.seq_len)
 
 
 def default_lora_targets(ctx: Context) -> tuple[str, ...]:

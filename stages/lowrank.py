@@ -10,7 +10,7 @@ splits an attention budget 1:3 between (W_q + W_k) and (W_v + W_o) by parameter 
 group dense when its share exceeds it (Appendix C "Special Case"); ``uniform`` gives every matrix
 the same fraction (the Table 6 ablation); ``{global: {max_fraction}}`` (beyond LoRAP, issue 30) shares
 the same total among every chosen matrix of every layer by their weighted-SVD spectra on dense inputs,
-decided in the block's pre-pass (:mod:`slimkit.engine.rank_prepass`).
+decided in the block's pre-pass (:mod:`slimkit.stages.lowrank_prepass`).
 No rank exceeds the speed cap ``mac_fraction`` of the
 dense MACs: two thin matmuls near the MAC break-even were measured slower than one dense matmul
 on this CPU (see ``slimkit.primitives.lowrank``), and the issue asks that a low-rank layer never be
@@ -19,17 +19,19 @@ slower than dense.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from slimkit.engine.allocation_results import allocated_ranks
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import BudgetMode, StageArgs
 from slimkit.primitives.allocate.allocation_settings import GlobalSettings, parse_allocation
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.device.memory_model import FLOAT32, ModelShape
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.lowrank import (
@@ -39,6 +41,10 @@ from slimkit.primitives.lowrank import (
     max_useful_rank,
     rank_for_budget,
 )
+from slimkit.stages.allocation_results import allocated_ranks
+
+if TYPE_CHECKING:
+    from slimkit.engine.allocation_prepass import PrePass
 
 LOWRANK_ALLOCATIONS = ("lorap", "uniform", "global")
 """How a lowrank stage shares its budget: within each layer (lorap, uniform) or across all of them (global)."""
@@ -94,8 +100,30 @@ class LowRankArgs(StageArgs):
             raise ValueError("allocation: lorap splits the attention budget; use roles [q, k, v, o] or uniform")
         return self
 
+    calibration_depends_on: ClassVar[tuple[str, ...]] = ("method",)
+
     def needs_calibration(self) -> bool:
         return self.method != "svd"
+
+    def block_matrix_bytes(self, shape: ModelShape) -> int:
+        return 3 * shape.hidden * shape.intermediate * FLOAT32  # one SVD in float32
+
+    def allocation_prepass(self, ctx: Context, stage: str) -> PrePass | None:
+        """With ``allocation: global``: every chosen matrix's spectrum on the block's dense pass, then the ranks
+        (:class:`~slimkit.stages.lowrank_prepass.RankSpectra`)."""
+        if self.global_settings() is None:
+            return None
+        from slimkit.stages.lowrank_prepass import RankSpectra
+
+        return RankSpectra(ctx, self)
+
+    def reach_check(self, stage: str) -> Callable[[Context], None] | None:
+        """With ``allocation: global``: the share refused on shapes alone when the matrices cannot save it."""
+        if self.global_settings() is None:
+            return None
+        from slimkit.stages.lowrank_prepass import check_rank_reachable
+
+        return lambda ctx: check_rank_reachable(ctx, self)
 
     def layer_grams(self) -> frozenset[str]:
         return frozenset(self.roles) if self.method == "whiten" else frozenset()
@@ -212,7 +240,7 @@ def global_wanted(ctx: Context, args: LowRankArgs, fraction: float) -> int:
     scope="layer",
     paper="LoRAP §3.2 (Eqs. 5-7, AWSVD; 1:3 parameter allocation; Appendix C.1 layer ratio)",
 )
-def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: dict) -> None:
+def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: LayerStats) -> None:
     """Replace projections of one layer by (activation-weighted) SVD factor pairs within a budget."""
     fraction = lowrank_fraction(ctx, args)
     ranks = _layer_ranks(ctx, layer, args, fraction)

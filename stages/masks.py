@@ -20,7 +20,9 @@ from pydantic import Field, field_validator
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
+from slimkit.engine.stage_memory import MemoryInputs, training_memory
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 from slimkit.primitives.masks.stream import train_stream_masks
@@ -45,6 +47,10 @@ class MaskTrainArgs(StreamMaskSettings, StageArgs):
 
     def touches(self) -> frozenset[str]:
         return ALL_ROLES
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """The backward's activations at the stage's own training batch."""
+        return training_memory(stage, inputs, self.batch_size, self.seq_len)
 
 
 @register_stage(

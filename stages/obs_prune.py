@@ -43,10 +43,11 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from slimkit.engine.allocation_results import allocated_fraction, allocation_entry
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.device.memory_model import ModelShape
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance import ScorerSpec, parse_scorer
@@ -55,7 +56,9 @@ from slimkit.primitives.reconstruct import DEFAULT_OBS_DAMPING, embed_columns, o
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import Fraction, SelectionRules, check_shapes, kept_counts, validate_counts
 from slimkit.primitives.surgery import remove_units
+from slimkit.stages.allocation_results import allocated_fraction, allocation_entry
 from slimkit.stages.prune import layer_fraction, planned_layer_removal
+from slimkit.stages.reconstruct import consumer_solve_bytes
 from slimkit.stages.scoring import roles_of
 from slimkit.stages.selection import SelectionArgs
 
@@ -74,6 +77,9 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
 
     def needs_calibration(self) -> bool:
         return True
+
+    def block_matrix_bytes(self, shape: ModelShape) -> int:
+        return consumer_solve_bytes(shape)  # the consumer's Gram, as reconstruct's
 
     def allocation_scorer(self) -> tuple[ScorerSpec, dict]:
         """The allocation pre-pass ranks units by their one-shot OBS cost (the ``obs`` scorer: the greedy's first
@@ -101,11 +107,11 @@ def consumer_columns(group: Group, module: nn.Module, model: nn.Module) -> torch
     raise SlimkitError(f"obs_prune_layer: layer {group.layer} {group.kind} has no input columns of its consumer")
 
 
-def _consumer(layer: LayerView, kind: str, stats: dict) -> nn.Linear:
+def _consumer(layer: LayerView, kind: str, stats: LayerStats) -> nn.Linear:
     """The consumer of ``kind`` in ``layer``, checked to be the plain dense projection the statistics saw."""
     role = OBS_CONSUMERS[kind]
     module = layer.linear(role)
-    snapshot = stats["dense_consumers"][role]
+    snapshot = stats.dense_consumers[role]
     weight = getattr(module, "weight", None)
     if (
         not isinstance(module, nn.Linear)
@@ -120,11 +126,11 @@ def _consumer(layer: LayerView, kind: str, stats: dict) -> nn.Linear:
     return module
 
 
-def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats: dict, damping: float) -> dict:
+def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats: LayerStats, damping: float) -> dict:
     """Greedy OBS on the group's consumer, then remove the chosen units and write the updated consumer."""
     role = OBS_CONSUMERS[group.kind]
     module = _consumer(layer, group.kind, stats)
-    snapshot = stats["dense_consumers"][role]
+    snapshot = stats.dense_consumers[role]
     columns = consumer_columns(group, module, ctx.model)
     width = snapshot.weight.shape[1]
     result = obs_prune(
@@ -179,9 +185,9 @@ def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: Fraction) -> dict:
     scope="layer",
     paper="ZipLM (Kurtic et al. 2023) Eqs. 2-3 / SlimGPT (Ling et al. 2024): greedy structured OBS, layer by layer",
 )
-def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, stats: dict) -> None:
+def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, stats: LayerStats) -> None:
     """Choose and remove one layer's MLP channels / heads by greedy OBS, updating down_proj / o_proj."""
-    if "dense_consumers" not in stats:
+    if stats.dense_consumers is None:
         raise SlimkitError("obs_prune_layer needs the layer's calibration statistics (run it inside sequential)")
     if layer.index not in eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last):
         return

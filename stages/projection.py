@@ -43,9 +43,20 @@ from pydantic import Field, field_validator
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
+from slimkit.engine.stage_memory import LAYERWISE_ADVICE, MemoryInputs
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, layer_input_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
+
+
+def projection_memory(stage: str, inputs: MemoryInputs) -> StageMemory:
+    """Every calibration sample's inputs of one layer, and the covariance, its eigenvectors and the rotation."""
+    shape = inputs.shape
+    memory = StageMemory(stage, advice=LAYERWISE_ADVICE)
+    memory.parts["layer inputs"] = layer_input_bytes(shape, inputs.samples, inputs.seq_len, inputs.dtype_bytes)
+    memory.parts["matrices"] = 3 * shape.hidden * shape.hidden * FLOAT32
+    return memory
 
 
 class PCAProjectArgs(StageArgs):
@@ -88,6 +99,9 @@ class PCAProjectArgs(StageArgs):
 
     def touches(self) -> frozenset[str]:
         return ALL_ROLES
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        return projection_memory(stage, inputs)
 
 
 def _keep_params(ctx: Context) -> int:
@@ -158,6 +172,9 @@ class PCAProjectPostArgs(StageArgs):
 
     def touches(self) -> frozenset[str]:
         return ALL_ROLES
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        return projection_memory(stage, inputs)
 
 
 @register_stage(

@@ -30,17 +30,20 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field, model_validator
 
-from slimkit.engine.allocation_results import allocated_fraction, allocation_entry
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
+from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage_memory import ACTIVATION_ADVICE, GRADIENT_ADVICE, MemoryInputs, forward_memory
 from slimkit.primitives.allocate.allocation_settings import GlobalSettings, SearchSettings
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import input_norm_hooks
+from slimkit.primitives.device.memory_model import StageMemory, gradient_sum_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.groups import Group, build_groups
 from slimkit.primitives.importance import ScorerSpec
-from slimkit.primitives.importance.compose import score_groups, spec_smooths
+from slimkit.primitives.importance.compose import score_groups, spec_names, spec_smooths
 from slimkit.primitives.importance.obs_saliency import OBS_CONSUMERS
 from slimkit.primitives.projection.adapters import basis_change_params
 from slimkit.primitives.select import eligible_layers
@@ -56,7 +59,8 @@ from slimkit.primitives.select.plan import (
     solve_target,
 )
 from slimkit.primitives.surgery import remove_units
-from slimkit.stages.scoring import ScoringArgs, evaluations, roles_of
+from slimkit.stages.allocation_results import allocated_fraction, allocation_entry
+from slimkit.stages.scoring import ScoringArgs, evaluations, roles_of, scored_params
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 
 GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
@@ -84,9 +88,31 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
     def touches(self) -> frozenset[str]:
         return roles_of(self.groups)
 
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """A gradient scorer: the float32 gradient sums of the scored weights (on the host with ``stats_device:
+        cpu``), one gradient before it is folded in, the backward's activations; else one forward's activations."""
+        if not self.needs_gradients():
+            return forward_memory(stage, inputs)
+        shape = inputs.shape
+        params = scored_params(shape, self.groups, max(shape.layers - self.skip_first - self.skip_last, 0))
+        memory = StageMemory(stage, advice=GRADIENT_ADVICE)
+        squares = "taylor" in spec_names(self.scorer_spec()) and self.order != "first"
+        sums = gradient_sum_bytes(params, squares)
+        if self.stats_device == "cpu":
+            memory.host_parts["gradient sums"] = sums
+            memory.advice = ACTIVATION_ADVICE
+        else:
+            memory.parts["gradient sums"] = sums
+        largest = shape.embedding_params() if "hidden_feature" in self.groups else shape.mlp_params() // 3
+        memory.parts["one gradient"] = largest * inputs.dtype_bytes  # the largest scored weight's, before it is summed
+        return self.add_backward_activations(memory, inputs)
+
 
 class PruneLayerArgs(PruneArgs):
     allocates: ClassVar[bool] = True
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        return StageArgs.memory(self, stage, inputs)  # one layer at a time: the default, not prune's whole model
 
     @model_validator(mode="after")
     def _layer_scope(self) -> PruneLayerArgs:
@@ -253,9 +279,9 @@ def planned_layer_removal(ctx: Context, args: PruneLayerArgs) -> int:
     return _removed_at(ctx, args, _layer_groups(ctx, args), layer_fraction(ctx, args))
 
 
-def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
+def _per_batch_norms(ctx: Context, layer: LayerView, stats: LayerStats) -> list[dict]:
     """One ``input_norms`` dict per calibration batch (for smoothing scorers), re-running the layer."""
-    inputs = stats["layer_inputs"]
+    inputs = stats.layer_inputs
     modules = ctx.view.linears([layer])
     result = []
     for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
@@ -271,7 +297,7 @@ def _per_batch_norms(ctx: Context, layer: LayerView, stats: dict) -> list[dict]:
     scope="layer",
     paper="LoRAP §3.3 (Eqs. 8-11): activation-scored MLP channels, layer by layer",
 )
-def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: dict) -> None:
+def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: LayerStats) -> None:
     """Score and remove units of one layer (inside `sequential`, with that layer's statistics)."""
     eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
     if layer.index not in eligible:

@@ -30,6 +30,8 @@ from pydantic import Field
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.stage_memory import MemoryInputs, training_memory
+from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.policy.prunenet import (
     PruneNetPolicy,
@@ -80,6 +82,10 @@ class PruneNetArgs(StageArgs):
     """Folder of a saved policy to reuse without training."""
     save_policy: bool = True
     """Save the trained policy with the run as OUT/policy/ (for reuse through ``policy``)."""
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """The policy's training through the model at the calibration batch."""
+        return training_memory(stage, inputs, None, None)
 
     def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else "solve"

@@ -70,9 +70,11 @@ from __future__ import annotations
 from pydantic import Field
 
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import StageArgs
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.device.memory_model import FLOAT64, ModelShape
 from slimkit.primitives.device.offload import is_offloaded
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.reconstruct.bias import bias_refusal
@@ -94,6 +96,12 @@ class ReconstructArgs(RefitSettings, StageArgs):
     def needs_calibration(self) -> bool:
         return True
 
+    def reloads_dense(self) -> bool:
+        return True  # at the top level: its refit target
+
+    def block_matrix_bytes(self, shape: ModelShape) -> int:
+        return consumer_solve_bytes(shape)
+
     def layer_grams(self) -> frozenset[str]:
         return frozenset(self.consumers)
 
@@ -104,13 +112,20 @@ class ReconstructArgs(RefitSettings, StageArgs):
         return frozenset(self.consumers) if self.target == "dense" else frozenset()
 
 
-def _check_placement(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: dict) -> None:
+def consumer_solve_bytes(shape: ModelShape) -> int:
+    """A consumer's float64 input Gram, its kept block, the damped copy, the Cholesky factor and the solve's
+    temporaries: about five d x d float64 matrices at once, d the wider of hidden and intermediate."""
+    widest = max(shape.hidden, shape.intermediate)
+    return 5 * widest * widest * FLOAT64
+
+
+def _check_placement(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: LayerStats) -> None:
     """Refusals before the first refit of a block: outside ``sequential``, first in its block, or a bias the
     architecture cannot carry."""
-    block = stats.get("block", {})
-    if "dense_consumers" not in stats or block.get("propagate") != "compressed":
+    block = stats.block
+    if stats.dense_consumers is None or block is None or block.propagate != "compressed":
         raise SlimkitError("reconstruct runs inside sequential, after the stage that removes units")
-    if not block.get("earlier"):
+    if not block.earlier:
         raise SlimkitError(
             "reconstruct is the first stage of its sequential block, so nothing was removed to refit; put it right "
             "after the stage that removes units (prune_layer)"
@@ -141,7 +156,7 @@ def check_bias(ctx: Context, args: ReconstructArgs, layer: LayerView) -> None:
     "compensation (bias: mean)",
     top_level=lambda ctx, args, index: _top_level(ctx, args, index),
 )
-def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: dict) -> None:
+def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: LayerStats) -> None:
     """Refit down_proj / o_proj from the kept inputs so the layer's output matches the dense layer's."""
     # One report per block, updated layer by layer (the block cache lives as long as the block).
     if "reconstruct:report" not in ctx.block_cache:
@@ -155,7 +170,7 @@ def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: di
         if role not in layer.roles:  # its sub-block was removed (remove_blocks): nothing reads the removed units
             entry.setdefault("removed_block", {}).setdefault(role, []).append(layer.index)
             continue
-        result = refit_role(layer, role, stats["dense_consumers"][role], args, ctx.model, ctx.view)
+        result = refit_role(layer, role, stats.dense_consumers[role], args, ctx.model, ctx.view)
         if result is not None:
             entry["layers"].setdefault(role, {})[str(layer.index)] = result
         else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import stage_def
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, run_layer
@@ -173,7 +174,7 @@ def _refit_layers(
     with ctx.tracker.task(label, view.num_layers) as advance:
         for index in range(view.num_layers):
             roles = plan.refit.get(index, [])
-            stats = {"dense_consumers": dense_consumers(dense.layer(index), roles, inputs, stream, device)}
+            stats = LayerStats(dense_consumers=dense_consumers(dense.layer(index), roles, inputs, stream, device))
             dense.layer_list[index] = nn.Identity()  # free the dense layer (its snapshots hold clones)
             module = view.layer(index).module
             with resident(ctx.model, names[id(module)], module):
@@ -216,10 +217,10 @@ def dense_consumers(
     }
 
 
-def _refit(ctx: Context, layer: LayerView, role: str, stats: dict, args: ReconstructArgs) -> dict | None:
+def _refit(ctx: Context, layer: LayerView, role: str, stats: LayerStats, args: ReconstructArgs) -> dict | None:
     """The in-block refit of one role (:func:`~slimkit.primitives.reconstruct.refit.refit_role`) with the stage's
     settings."""
-    return refit_role(layer, role, stats["dense_consumers"][role], args, ctx.model, ctx.view)
+    return refit_role(layer, role, stats.dense_consumers[role], args, ctx.model, ctx.view)
 
 
 def _record(entry: dict, role: str, index: int, result: dict | None) -> None:

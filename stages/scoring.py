@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import field_validator, model_validator
 from torch import nn
 
 from slimkit.engine.stage_args import ALL_ROLES, StageArgs
+from slimkit.engine.stage_memory import MemoryInputs
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
+from slimkit.primitives.device.memory_model import ModelShape, StageMemory, backward_activation_bytes
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group
@@ -85,8 +87,21 @@ class ScoringArgs(StageArgs):
         parse_scorer(value)
         return value
 
+    calibration_depends_on: ClassVar[tuple[str, ...]] = ("scorer",)
+
     def scorer_spec(self) -> ScorerSpec:
         return parse_scorer(self.scorer)
+
+    def needs_gradients(self) -> bool:
+        return "gradients" in self.needs()
+
+    def add_backward_activations(self, memory: StageMemory, inputs: MemoryInputs) -> StageMemory:
+        """``memory`` with the activations the calibration loss's backward keeps (per layer, or only each layer's
+        input with ``checkpoint_layers``) at one calibration batch."""
+        memory.parts["activations"] = backward_activation_bytes(
+            inputs.shape, inputs.tokens, inputs.dtype_bytes, self.checkpoint_layers
+        )
+        return memory
 
     def scorer_args(self) -> dict[str, Any]:
         return {"aggregation": self.aggregation, "order": self.order, "level": self.level}
@@ -105,6 +120,18 @@ class ScoringArgs(StageArgs):
             if wrong:
                 kinds = ", ".join(sorted(allowed))
                 raise ValueError(f"scorer: {self.scorer_name()} cannot score {wrong[0]} groups; it scores {kinds}")
+
+
+def scored_params(shape: ModelShape, kinds: Sequence[str], layers: int) -> int:
+    """Parameters whose gradients a scorer of these group kinds reads, over ``layers`` eligible layers."""
+    if "hidden_feature" in kinds:
+        return shape.total_params()
+    per_layer = 0
+    if {"attention_head", "kv_group"} & set(kinds):
+        per_layer += shape.attention_params()
+    if "mlp_channel" in kinds:
+        per_layer += shape.mlp_params()
+    return per_layer * layers
 
 
 def input_norms(model: nn.Module, batches: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ recipe's ``target.align``). ``K`` is the stage's unit kinds (the keys ``round_to
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
@@ -16,7 +17,9 @@ from slimkit.primitives.importance.obs_saliency import OBS_CONSUMERS
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach
 
 if TYPE_CHECKING:
-    from slimkit.recipes.schema import Target
+    from slimkit.engine.allocation_prepass import PrePass
+    from slimkit.engine.context import Context
+    from slimkit.recipes.schema import Recipe, Target
 
 K = TypeVar("K", bound=str)
 
@@ -98,6 +101,48 @@ class SelectionArgs(StageArgs, Generic[K]):
         chosen = self.allocation_settings()
         return chosen.holdout_batches if isinstance(chosen, SearchSettings) else 0
 
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """``round_to`` and ``target.align`` agree where both round a kind; a search's held-out batches leave
+        calibration batches to score on."""
+        aligned = recipe.target.multiples(list(self.round_to))
+        for kind, multiple in self.round_to.items():
+            if kind in aligned and aligned[kind] != multiple:
+                raise ValueError(
+                    f"{where}: round_to.{kind} {multiple} conflicts with target.align.{kind} "
+                    f"{recipe.target.align[kind]}; declare it once (target.align applies to every stage)"
+                )
+        holdout = self.holdout_batches()
+        if holdout:
+            config = recipe.calibration_config()
+            batches = -(-config.samples // config.batch_size) if config is not None else 0
+            if holdout >= batches:
+                raise ValueError(
+                    f"{where}: allocation.search.holdout_batches {holdout} leaves none of the {batches} "
+                    "calibration batch(es) to score on; lower it or raise calibration.samples"
+                )
+
+    def allocation_prepass(self, ctx: Context, stage: str) -> PrePass | None:
+        """With ``allocation: global`` or ``search``: the units scored on the block's dense pass, then kept counts
+        per layer (:class:`~slimkit.stages.selection_prepass.UnitScores`)."""
+        if self.allocation_settings() == "uniform":
+            return None
+        from slimkit.stages.selection_prepass import UnitScores
+
+        return UnitScores(ctx, stage, self)
+
+    def reach_check(self, stage: str) -> Callable[[Context], None] | None:
+        """A layer-wise stage solving on the target: a uniform share solved on the shapes, or an allocation refused
+        when even every group at its fewest allowed units falls short."""
+        if not (self.allocates and self.budget() == "solve"):
+            return None
+        if self.allocation_settings() == "uniform":
+            from slimkit.stages.prune import layer_fraction
+
+            return lambda ctx: _discard(layer_fraction(ctx, self, stage))
+        from slimkit.stages.selection_prepass import check_reachable
+
+        return lambda ctx: _discard(check_reachable(ctx, stage, self))
+
     def rules(self) -> SelectionRules:
         """How scores become kept counts (each stage's own rules)."""
         raise NotImplementedError
@@ -116,6 +161,10 @@ class SelectionArgs(StageArgs, Generic[K]):
 
     def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else self.ratio_rule
+
+
+def _discard(_value: object) -> None:
+    """A check's result is not needed, only whether it raised."""
 
 
 def nearest_ratios(target: Target, dense: int, wanted: int, miss: TargetOutOfReach) -> str:

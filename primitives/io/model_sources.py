@@ -253,3 +253,9 @@ def load_source(
     if info.task is None:
         info.task = task_of(model.config)
     return model, tokenizer, info
+
+
+def dense_of(source: dict[str, Any]) -> dict[str, Any]:
+    """The dense model of a run's ``source``: the model a slimkit output was compressed from
+    (``source["compressed_from"]``, set by :func:`dense_origin` when the run loaded it), else the source itself."""
+    return source.get("compressed_from") or source

@@ -2,6 +2,11 @@
 
 * Primitives are the bottom layer: no module under ``primitives/`` imports ``slimkit.recipes``, ``slimkit.cli``
   or ``benchmarks`` (the layers built on top of them), whether by absolute or relative import.
+* The engine asks stages only through their interface: no module of ``engine/`` or ``recipes/`` imports a stage
+  module (``slimkit.stages.*``); the one exception is the registry's loader, which imports the ``slimkit.stages``
+  package so that its modules register themselves. No engine module compares a value with a registered stage's name.
+* Nothing below the API (``primitives/``, ``engine/``, ``stages/``, ``recipes/``) imports the top-level ``slimkit``
+  module (the public API built on them), the command line or the benchmarks.
 * Private names stay in their module: no module of slimkit or benchmarks imports a ``_name`` from another module
   (dunders such as ``__version__`` are public). What another module needs gets a public name.
 """
@@ -9,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,3 +132,121 @@ def test_no_module_imports_a_private_name_from_another_module():
     files = [ROOT / "__init__.py", *source_files(*SOURCE)]
     violations = private_name_imports(files)
     assert not violations, "private names imported from another module:\n" + "\n".join(map(str, violations))
+
+
+BELOW_THE_API = ("primitives", "engine", "stages", "recipes")
+STAGES_PACKAGE = "slimkit.stages"
+REGISTRY_LOADER = Import("engine/registry.py", 0, STAGES_PACKAGE, ())
+"""The one import of the stages by the engine: the registry's loader imports the package (its modules register
+their stages); compared without its line."""
+
+
+def stage_module_imports(files: list[Path], root: Path = ROOT) -> list[Import]:
+    """Imports of ``slimkit.stages`` or a module in it (a ``from slimkit import stages`` included), less the
+    registry's loader."""
+    found = []
+    for path in files:
+        for each in imports(path, root):
+            named = each.module == STAGES_PACKAGE or each.module.startswith(STAGES_PACKAGE + ".")
+            named = named or (each.module == "slimkit" and "stages" in each.names)
+            if named and (each.file, each.module, each.names) != (
+                REGISTRY_LOADER.file,
+                REGISTRY_LOADER.module,
+                REGISTRY_LOADER.names,
+            ):
+                found.append(each)
+    return found
+
+
+def api_imports(files: list[Path], root: Path = ROOT) -> list[Import]:
+    """Imports of the top-level ``slimkit`` module itself (``import slimkit``, ``from slimkit import run``; a
+    ``from slimkit import primitives`` names a package below the API and is left out), of the CLI and of the
+    benchmarks."""
+    below = {"primitives", "engine", "stages", "recipes"}
+    found = []
+    for path in files:
+        for each in imports(path, root):
+            top = each.module == "slimkit" and (not each.names or not set(each.names) <= below)
+            upper = any(each.module == m or each.module.startswith(m + ".") for m in ("slimkit.cli", "benchmarks"))
+            if top or upper:
+                found.append(each)
+    return found
+
+
+def _strings(node: ast.expr) -> Iterator[str]:
+    """The string constants ``node`` is or holds (a tuple, list or set of them)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+        for element in node.elts:
+            yield from _strings(element)
+
+
+def stage_name_comparisons(files: list[Path], names: set[str], root: Path = ROOT) -> list[str]:
+    """``FILE:LINE: NAME`` for every comparison (``==``, ``!=``, ``in``, ``not in``, ``match`` cases) with a string
+    that is one of ``names``."""
+    found = []
+    for path in files:
+        file = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text(), filename=file)):
+            operands: list[ast.expr] = []
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.MatchValue):
+                operands = [node.value]
+            for operand in operands:
+                found += [f"{file}:{node.lineno}: {value}" for value in _strings(operand) if value in names]
+    return found
+
+
+def registered_stage_names() -> set[str]:
+    from slimkit.engine.registry import stage_names
+
+    return set(stage_names())
+
+
+def test_the_scans_find_stage_imports_api_imports_and_name_comparisons(tmp_path):
+    (tmp_path / "engine").mkdir()
+    module = tmp_path / "engine" / "module.py"
+    module.write_text(
+        "import slimkit\n"
+        "from slimkit import primitives\n"
+        "from slimkit.stages.prune import PruneArgs\n"
+        "from ..stages import lowrank\n"
+        "def f(spec, name):\n"
+        "    if spec.stage == 'prune' or name in ('lora', 'other'):\n"
+        "        return 'prune'\n"
+    )
+    (tmp_path / "engine" / "registry.py").write_text("import slimkit.stages\n")
+    files = [module, tmp_path / "engine" / "registry.py"]
+    assert [str(found) for found in stage_module_imports(files, tmp_path)] == [
+        "engine/module.py:3: from slimkit.stages.prune import PruneArgs",
+        "engine/module.py:4: from slimkit.stages import lowrank",
+    ]
+    assert [str(found) for found in api_imports(files, tmp_path)] == ["engine/module.py:1: import slimkit"]
+    assert sorted(stage_name_comparisons([module], {"prune", "lora"}, tmp_path)) == [
+        "engine/module.py:6: lora",
+        "engine/module.py:6: prune",
+    ]
+
+
+def test_the_engine_and_the_recipes_import_no_stage_module():
+    files = source_files("engine", "recipes")
+    assert len(files) > 15, "the scan found too few engine modules to mean anything"
+    violations = stage_module_imports(files)
+    assert not violations, "the engine imports stage modules:\n" + "\n".join(map(str, violations))
+    loader = [i for i in imports(ROOT / "engine" / "registry.py") if i.module == STAGES_PACKAGE]
+    assert len(loader) == 1, "the registry's loader is the one import of the stages package"
+
+
+def test_nothing_below_the_api_imports_the_api_the_cli_or_the_benchmarks():
+    files = source_files(*BELOW_THE_API)
+    violations = api_imports(files)
+    assert not violations, "modules below the API import it:\n" + "\n".join(map(str, violations))
+
+
+def test_no_engine_module_compares_a_stage_name():
+    names = registered_stage_names()
+    assert {"prune", "lora", "reconstruct"} <= names
+    violations = stage_name_comparisons(source_files("engine", "recipes"), names)
+    assert not violations, "engine modules compare stage names:\n" + "\n".join(violations)

@@ -1,8 +1,9 @@
 """Output-folder safety: what ``--force`` may replace, atomic replacement, one run per ``--out``, clean-up after
 killed runs, and signals (Ctrl-C, SIGTERM, SIGKILL) at compute and replace time.
 
-The subprocess tests use the runner's test hook ``SLIMKIT_TEST_PAUSE_AT`` (the run says ``slimkit: paused at
-POINT`` on stderr and sleeps there) to signal a run at a known moment.
+The subprocess tests pause a run at one of its milestones (:meth:`slimkit.engine.progress.Tracker.reached`, replaced
+in the child process by :data:`PAUSING`: the run says ``slimkit: paused at POINT`` on stderr and sleeps there) to
+signal it at a known moment.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import pytest
 import yaml
 
 import slimkit
-from slimkit.engine import output_safety, runner
+from slimkit.engine import runner
 from slimkit.engine.output_safety import RUN_MARKER, check_output_dir
+from slimkit.engine.progress import Tracker
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files import atomic as paths
 from slimkit.primitives.files.lock import acquire_lock
@@ -29,7 +31,21 @@ from tests.cli.test_cli import assert_one_line_error, run_cli
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import byte_tokenizer, tiny_llama
 
-RUN = "import json, sys, slimkit; slimkit.run(json.loads(sys.argv[1]), out=sys.argv[2], force=True, evaluate=False)"
+PAUSING = (
+    "import os, sys, time\n"
+    "from slimkit.engine.progress import Tracker\n"
+    "def reached(self, point):\n"
+    "    if point == os.environ['PAUSE_AT']:\n"
+    "        print(f'slimkit: paused at {point}', file=sys.stderr, flush=True)\n"
+    "        time.sleep(float(os.environ['PAUSE_S']))\n"
+    "Tracker.reached = reached\n"
+)
+"""Child-process code: every tracker of the run (the API's default, the CLI's) pauses at ``PAUSE_AT`` for ``PAUSE_S``
+seconds."""
+RUN = PAUSING + (
+    "import json, slimkit\nslimkit.run(json.loads(sys.argv[1]), out=sys.argv[2], force=True, evaluate=False)\n"
+)
+CLI = PAUSING + "import runpy\nsys.argv[0] = 'slimkit'\nrunpy.run_module('slimkit.cli.main', run_name='__main__')\n"
 
 
 def recipe(model_dir: Path, name: str) -> dict:
@@ -247,16 +263,16 @@ def test_a_signal_between_the_two_renames_waits_until_the_new_result_is_in(monke
 def test_an_out_filled_during_the_run_is_not_overwritten(monkeypatch, tmp_path, model_dir):
     out = tmp_path / "out"
 
-    def someone_writes(point):
-        if point == "replace":
-            out.mkdir()
-            (out / "theirs.txt").write_text("written meanwhile")
+    class SomeoneWrites(Tracker):
+        def reached(self, point: str) -> None:
+            if point == "replace":
+                out.mkdir()
+                (out / "theirs.txt").write_text("written meanwhile")
 
-    monkeypatch.setattr(output_safety, "pause_for_test", someone_writes)
     with pytest.raises(
         SlimkitError, match=r"not empty \(use --force .*\); it changed while this run computed, so nothing was written"
     ):
-        slimkit.run(recipe(model_dir, "new-run"), out=out, evaluate=False)
+        slimkit.run(recipe(model_dir, "new-run"), out=out, evaluate=False, tracker=SomeoneWrites())
     assert [p.name for p in out.iterdir()] == ["theirs.txt"]
     assert siblings(out) == []
 
@@ -313,7 +329,7 @@ def test_a_result_a_killed_run_left_aside_is_restored(tmp_path, old_result, mode
 
 
 def start(args: list[str], pause_at: str, pause_s: float = 60) -> subprocess.Popen:
-    env = {**os.environ, "SLIMKIT_TEST_PAUSE_AT": pause_at, "SLIMKIT_TEST_PAUSE_S": str(pause_s), "COLUMNS": "200"}
+    env = {**os.environ, "PAUSE_AT": pause_at, "PAUSE_S": str(pause_s), "COLUMNS": "200"}
     process = subprocess.Popen(
         [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -358,7 +374,7 @@ def test_two_runs_to_the_same_out_one_succeeds(tmp_path, model_dir):
     out = tmp_path / "out"
     file = tmp_path / "r.yaml"
     file.write_text(yaml.safe_dump(recipe(model_dir, "new-run")))
-    args = ["-m", "slimkit.cli.main", "recipe", "run", str(file), "--out", str(out)]
+    args = ["-c", CLI, "recipe", "run", str(file), "--out", str(out)]
     both = [start(args, "compute", pause_s=5) for _ in range(2)]
     results = [process.communicate(timeout=240) for process in both]
     codes = sorted(process.returncode for process in both)

@@ -9,6 +9,7 @@ import torch
 
 import slimkit
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import LayerStats
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import build_groups
@@ -26,17 +27,17 @@ def _context(model: torch.nn.Module, tokenizer) -> Context:
     return Context(recipe=recipe, model=model, tokenizer=tokenizer, source={}, generator=torch.Generator())
 
 
-def _stats(model: torch.nn.Module, index: int, roles: list[str]) -> dict:
+def _stats(model: torch.nn.Module, index: int, roles: list[str]) -> LayerStats:
     """``dense_consumers`` of layer ``index`` from a forward pass on 128 random tokens."""
     layer = ModelView(model).layer(index)
     consumers = {role: layer.linear(role) for role in roles}
     with gram_hooks(consumers) as grams, torch.no_grad():
         model(torch.randint(3, 250, (2, 64), generator=torch.Generator().manual_seed(1)))
-    return {
-        "dense_consumers": {
+    return LayerStats(
+        dense_consumers={
             role: DenseConsumer(module.weight.detach().clone(), grams[role].gram) for role, module in consumers.items()
         }
-    }
+    )
 
 
 def _duplicate_channel(model: torch.nn.Module, index: int, source: int, copy: int) -> None:

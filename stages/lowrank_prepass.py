@@ -7,7 +7,7 @@ under the stage's own method (:func:`~slimkit.primitives.lowrank.svd.singular_en
 layer's input norms, or ``W S`` with its input Gram), on the dense inputs of the model as it is when the block starts
 (:func:`~slimkit.engine.allocation_prepass.dense_layer_statistics`, one layer alive at a time; ``svd`` needs no
 calibration). The ranks and the parameters they save are stored in the block's cache
-(:class:`~slimkit.engine.allocation_results.RankAllocation`); the block's plan is then exact, so a solving stage
+(:class:`~slimkit.stages.allocation_results.RankAllocation`); the block's plan is then exact, so a solving stage
 after it in the same block (``prune_layer`` with its own allocation) lands the rest of the target."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from slimkit.engine.allocation_results import RankAllocation, rank_allocation_key
 from slimkit.engine.context import Context
+from slimkit.engine.layer_stats import LayerStats
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank import max_useful_rank, singular_energies
@@ -29,10 +29,11 @@ from slimkit.primitives.lowrank.rank_allocation import (
     most_saved,
     saved_params,
 )
+from slimkit.stages.allocation_results import RankAllocation, rank_allocation_key
 from slimkit.stages.lowrank import LowRankArgs, global_wanted, lowrank_fraction, whiten_failure
 
 
-def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: str, stats: dict) -> torch.Tensor:
+def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: str, stats: LayerStats) -> torch.Tensor:
     linear = layer.linear(role)
     if args.method == "awsvd":
         return singular_energies(linear.weight, input_norms=stats["input_norms"][ctx.view.path_of(linear)])
@@ -95,7 +96,7 @@ class RankSpectra:
         self.keys: list[tuple[int, str]] = []
         self.spectra: list[MatrixSpectrum] = []
 
-    def visit(self, layer: LayerView, stats: dict) -> None:
+    def visit(self, layer: LayerView, stats: LayerStats) -> None:
         for role in self.args.roles:
             d_out, d_in = layer.linear(role).weight.shape
             high, low = _bounds(self.args, (d_out, d_in), self.max_fraction)

@@ -1,0 +1,106 @@
+"""Saved state-dict hashes of every bundled causal-LM recipe run on a tiny random Llama: a behaviour fingerprint.
+
+    python -m benchmarks.state_hashes [--only wanda-channels,lorap] [--write PATH]
+
+Each recipe is shrunk to the tiny model as :func:`benchmarks.exportable.shrink` does (calibration, training steps and
+layer-counting arguments scaled, no evaluation, target not strict), run once on one CPU thread, and its saved
+``model/*.safetensors`` tensors are hashed (name, dtype, shape and bytes of each, in name order). A refactor that
+leaves behaviour unchanged leaves every hash unchanged; ``tests/contracts/test_state_hashes.py`` compares them with
+the recorded ``tests/contracts/state_hashes.json``. A recipe that does not run on the tiny model is recorded by its
+one-line error instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+RECORD = Path(__file__).resolve().parent.parent / "tests" / "contracts" / "state_hashes.json"
+"""The hashes recorded on the tree before a behaviour-preserving change."""
+
+
+def state_hash(folder: Path) -> str:
+    """One sha256 over every tensor saved in ``folder``'s safetensors files (name, dtype, shape, bytes)."""
+    digest = hashlib.sha256()
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                tensors[key] = handle.get_tensor(key)
+    for key in sorted(tensors):
+        tensor = tensors[key].contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def causal_lm_recipes() -> list[str]:
+    """The bundled recipes that compress a causal LM (GLUE task models and encoders left out)."""
+    from benchmarks.exportable import llm_recipes
+
+    return [name for name, why_not in llm_recipes().items() if why_not is None]
+
+
+def recipe_hash(name: str, model_dir: Path, work: Path) -> str:
+    """The state hash of ``name`` shrunk and run on the tiny model in ``model_dir`` (``error: ...`` if refused)."""
+    import slimkit
+    from benchmarks.exportable import shrink
+    from slimkit.primitives.errors import SlimkitError
+    from slimkit.recipes.loading import load_recipe, validate
+
+    _, raw = load_recipe(name)
+    raw, _changes = shrink(raw, model_dir)
+    for stage in raw["stages"]:  # a timed search stops on evaluations only, so its result does not depend on speed
+        for child in stage.get("sequential", [stage]):
+            allocation = (child.get("args") or {}).get("allocation")
+            search = allocation.get("search") if isinstance(allocation, dict) else None
+            if isinstance(search, dict):
+                search["budget_s"] = 1e9
+    torch.manual_seed(0)
+    try:
+        slimkit.run(validate(raw, name), work / name, force=True, evaluate=False)
+    except SlimkitError as error:
+        return f"error: {error}"
+    return state_hash(work / name / "model")
+
+
+def all_hashes(names: list[str]) -> dict[str, str]:
+    from benchmarks.exportable import tiny_model_dir
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        model_dir = tiny_model_dir(work / "tiny-llama")
+        return {name: recipe_hash(name, model_dir, work) for name in names}
+
+
+def versions() -> dict[str, str]:
+    """The library versions the hashes depend on (other versions may compute other bits)."""
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help="comma-separated recipe names (default: every causal-LM one)")
+    parser.add_argument("--write", default=None, help="write the hashes as JSON here")
+    options = parser.parse_args(argv)
+    names = options.only.split(",") if options.only else causal_lm_recipes()
+    hashes = all_hashes(names)
+    text = json.dumps({"versions": versions(), "hashes": hashes}, indent=1, sort_keys=True) + "\n"
+    if options.write:
+        Path(options.write).write_text(text)
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
