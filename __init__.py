@@ -28,6 +28,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # transformers' own bars (loading, writing shards, GGUF de-quantising) are noise next to slimkit's.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
+
 __version__ = "0.1.0"
 
 __all__ = ["Recipe", "Result", "__version__", "evaluate", "export", "load", "load_source", "run", "save"]
@@ -82,12 +84,12 @@ def evaluate(
     limit: int | None = None,
     glue: str | None = None,
     speed: bool = False,
-    seq_len: int = 512,
-    max_tokens: int | None = 16384,
+    seq_len: int = PERPLEXITY_SEQ_LEN,
+    max_tokens: int | None = PERPLEXITY_MAX_TOKENS,
 ) -> dict[str, float]:
     """Metrics of a model in memory, as ``slimkit eval`` prints them (``wikitext2_ppl``, ``piqa_acc``, ...)."""
+    from slimkit.primitives.evaluate.eval_settings import eval_options
     from slimkit.primitives.evaluate.run import evaluate_model, preflight_eval_data
-    from slimkit.recipes.schema import eval_options
 
     eval_config = eval_options("evaluate", perplexity, zeroshot, limit, glue, speed, seq_len, max_tokens)
     preflight_eval_data(eval_config)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from slimkit.recipes.schema import Strict
+from slimkit.primitives.settings import Strict
 
 if TYPE_CHECKING:
     from slimkit.engine.context import Context

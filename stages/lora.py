@@ -7,9 +7,9 @@ from pydantic import Field, field_validator
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import StageArgs
+from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.lowrank import LowRankLinear
-from slimkit.recipes.schema import check_corpus
 
 
 class LoraArgs(StageArgs):

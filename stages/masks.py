@@ -22,10 +22,10 @@ from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 from slimkit.primitives.masks.stream import train_stream_masks
 from slimkit.primitives.masks.training import MaskTarget
-from slimkit.recipes.schema import check_corpus
 
 
 class MaskTrainArgs(StreamMaskSettings, StageArgs):

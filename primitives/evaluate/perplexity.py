@@ -19,6 +19,7 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.datasets import textdata
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,8 @@ def perplexity(
     model,
     tokenizer,
     dataset: str = "wikitext2",
-    seq_len: int = 512,
-    max_tokens: int | None = 16384,
+    seq_len: int = PERPLEXITY_SEQ_LEN,
+    max_tokens: int | None = PERPLEXITY_MAX_TOKENS,
     batch_size: int = 4,
     progress=None,
 ) -> PerplexityResult:

@@ -39,6 +39,7 @@ from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, HfResult, check_
 from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.files.writable import check_writable
 from slimkit.primitives.io.model_sources import load_source, resolve_source
 
 FORMATS = ("gguf", "hf")
@@ -91,11 +92,7 @@ def check_export_target(
             if not force:
                 raise SlimkitError(f"--out {target} exists and is not empty; pass --force to replace it")
             check_replaceable_export(target)
-    parent = target.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise SlimkitError(f"--out {target}: {parent} is not a writable folder")
+    check_writable("--out", target)
     return target
 
 
