@@ -21,6 +21,7 @@ Example (a hybrid: LLM-Pruner's blocks scored by Wanda, then LoRA recovery)::
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -79,8 +80,8 @@ def run(
 def evaluate(
     model,
     tokenizer,
-    perplexity: list[str] | None = ("wikitext2",),
-    zeroshot: list[str] | None = None,
+    perplexity: Sequence[str] | None = ("wikitext2",),
+    zeroshot: Sequence[str] | None = None,
     limit: int | None = None,
     glue: str | None = None,
     speed: bool = False,

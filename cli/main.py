@@ -500,7 +500,7 @@ def _click_exceptions() -> types.ModuleType:
     try:
         from typer._click import exceptions
     except ImportError:
-        from click import exceptions
+        from click import exceptions  # type: ignore[no-redef]  # the same module, where typer bundles none
     return exceptions
 
 
@@ -540,9 +540,9 @@ def _describe_usage_error(error: Any) -> str:
         where = f" of '{ctx.command_path}'" if ctx is not None else ""
         message = " ".join(str(error.message).split())
         return f"invalid value for {param.param_type_name} '{_param_label(param)}'{where}: {message}"
-    match = re.match(r"No such command '(.*?)'", error.message)
-    if match and ctx is not None and hasattr(ctx.command, "list_commands"):
-        name, commands = match.group(1), ctx.command.list_commands(ctx)
+    unknown_command = re.match(r"No such command '(.*?)'", error.message)
+    if unknown_command and ctx is not None and hasattr(ctx.command, "list_commands"):
+        name, commands = unknown_command.group(1), ctx.command.list_commands(ctx)
         hint = did_you_mean(name, commands)
         return f"no such command '{name}'" + (hint or f"; commands of '{ctx.command_path}': {', '.join(commands)}")
     message = " ".join(error.format_message().split()).rstrip(".")

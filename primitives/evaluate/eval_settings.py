@@ -7,6 +7,8 @@ options, :func:`slimkit.evaluate`'s arguments) and its parts, with the checks of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field, ValidationError, field_validator
 
 from slimkit.primitives.datasets.textdata import CORPORA
@@ -90,8 +92,8 @@ class EvalConfig(Strict):
 
 def eval_options(
     origin: str,
-    perplexity: list[str] | None,
-    zeroshot: list[str] | None = None,
+    perplexity: Sequence[str] | None,
+    zeroshot: Sequence[str] | None = None,
     limit: int | None = None,
     glue: str | None = None,
     speed: bool = False,
