@@ -91,7 +91,7 @@ Allocation = str | GlobalSettings | SearchSettings
 def parse_allocation(value: str | dict[str, Any]) -> Allocation:
     """``uniform``, ``global`` / ``search`` (their default settings), ``{global: {...}}`` or ``{search: {...}}`` as
     settings; ``ValueError`` (one line) otherwise."""
-    models = {"global": GlobalSettings, "search": SearchSettings}
+    models: dict[str, type[GlobalSettings | SearchSettings]] = {"global": GlobalSettings, "search": SearchSettings}
     if isinstance(value, str):
         if value not in ALLOCATIONS:
             raise ValueError(unknown("allocation", value, ALLOCATIONS))

@@ -45,12 +45,16 @@ class Evaluation:
             self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
 
 
+def _no_advance(_n: int = 1) -> None:
+    return None
+
+
 class NoProgress:
     """A :class:`ProgressTasks` that shows nothing."""
 
     @contextmanager
     def task(self, description: str, total: int | None) -> Iterator[Advance]:
-        yield lambda _n=1: None
+        yield _no_advance
 
 
 def preflight_eval_data(config: EvalConfig) -> None:
