@@ -19,6 +19,14 @@ PERPLEXITY_SEQ_LEN = 512
 """Tokens per perplexity window, unless a setting says otherwise."""
 PERPLEXITY_MAX_TOKENS = 16384
 """Test-set tokens perplexity reads, unless a setting says otherwise (None: the whole test set)."""
+PERPLEXITY_BATCH_SIZE = 4
+"""Perplexity windows per forward pass."""
+ZEROSHOT_BATCH_SIZE = 8
+"""lm-eval's requests per forward pass."""
+GLUE_BATCH_SIZE = 32
+"""GLUE dev examples per forward pass."""
+GLUE_MAX_LENGTH = 128
+"""Tokens a GLUE example is cut to."""
 
 
 def check_corpus(name: str) -> str:
@@ -50,7 +58,7 @@ class PerplexityEval(Strict):
     datasets: list[str] = Field(default_factory=lambda: ["wikitext2"])
     seq_len: int = Field(PERPLEXITY_SEQ_LEN, ge=2)
     max_tokens: int | None = Field(PERPLEXITY_MAX_TOKENS, ge=2)
-    batch_size: int = Field(4, ge=1)
+    batch_size: int = Field(PERPLEXITY_BATCH_SIZE, ge=1)
 
     @field_validator("datasets")
     @classmethod
@@ -61,7 +69,7 @@ class PerplexityEval(Strict):
 class ZeroshotEval(Strict):
     tasks: list[str] = Field(default_factory=list)
     limit: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(ZEROSHOT_BATCH_SIZE, ge=1)
 
     @field_validator("tasks")
     @classmethod
@@ -74,8 +82,8 @@ class GlueEval(Strict):
     """A GLUE task; None: the recipe's ``task`` (else the task the model records, ``finetuning_task``)."""
     limit: int | None = Field(None, ge=1)
     """The first ``limit`` dev examples in file order (None: the whole dev split)."""
-    batch_size: int = Field(32, ge=1)
-    max_length: int = Field(128, ge=8)
+    batch_size: int = Field(GLUE_BATCH_SIZE, ge=1)
+    max_length: int = Field(GLUE_MAX_LENGTH, ge=8)
 
     @field_validator("task")
     @classmethod
@@ -117,8 +125,12 @@ def eval_options(
 
 
 __all__ = [
+    "GLUE_BATCH_SIZE",
+    "GLUE_MAX_LENGTH",
+    "PERPLEXITY_BATCH_SIZE",
     "PERPLEXITY_MAX_TOKENS",
     "PERPLEXITY_SEQ_LEN",
+    "ZEROSHOT_BATCH_SIZE",
     "EvalConfig",
     "GlueEval",
     "PerplexityEval",
