@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-fast install install-core lint bench bench-quick bench-scale
+.PHONY: demo test test-fast install install-core lint typecheck bench bench-quick bench-scale
 
 $(CORE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +37,14 @@ demo: install-core
 		--set 'eval.perplexity.datasets=[wikitext2]' --set eval.perplexity.max_tokens=8192 \
 		--set eval.perplexity.batch_size=8
 
+# The type checker (mypy; its settings in pyproject.toml). The repository root is the `slimkit` package under another
+# folder's name, so it reads the package through a link named slimkit in build/typecheck; its cache stays in build/.
+TYPECHECK = mkdir -p build/typecheck && ln -sfn "$(CURDIR)" build/typecheck/slimkit && $(VENV)/bin/mypy
+
 # Everything that runs on a CPU: the real-model tier (tests/real/) included, the GPU tier (tests/gpu/) skipped.
 test: install
 	$(VENV)/bin/ruff check .
+	$(TYPECHECK)
 	$(PY) -m pytest -q
 
 # The loop for iteration (about 3 minutes here, idle): no real-model, slow or GPU tests, and no llama.cpp build
@@ -51,6 +56,10 @@ test-fast: install-core
 lint: install-core
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(TYPECHECK)
+
+typecheck: install-core
+	$(TYPECHECK)
 
 # The benchmark grid (benchmarks/grid.yaml): every recipe x ratio x recovery setting on smollm2-135m,
 # written to benchmarks/results/<date>-grid.{json,md,png}; hours on a 2-core CPU. Pass options with

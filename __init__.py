@@ -21,12 +21,15 @@ Example (a hybrid: LLM-Pruner's blocks scored by Wanda, then LoRA recovery)::
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # transformers' own bars (loading, writing shards, GGUF de-quantising) are noise next to slimkit's.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
 
 __version__ = "0.1.0"
 
@@ -86,22 +89,22 @@ def run(
 def evaluate(
     model,
     tokenizer,
-    perplexity: list[str] | None = ("wikitext2",),
-    zeroshot: list[str] | None = None,
+    perplexity: Sequence[str] | None = ("wikitext2",),
+    zeroshot: Sequence[str] | None = None,
     limit: int | None = None,
     glue: str | None = None,
     speed: bool = False,
-    seq_len: int = 512,
-    max_tokens: int | None = 16384,
+    seq_len: int = PERPLEXITY_SEQ_LEN,
+    max_tokens: int | None = PERPLEXITY_MAX_TOKENS,
 ) -> dict[str, float]:
     """Metrics of a model in memory, as ``slimkit eval`` prints them (``wikitext2_ppl``, ``piqa_acc``, ...).
 
     ``perplexity`` and ``zeroshot`` are lists of names (a bare string is refused); a model with a NaN or inf weight
     is refused in one line naming it."""
+    from slimkit.primitives.evaluate.eval_settings import eval_options
     from slimkit.primitives.evaluate.run import check_lm_head, evaluate_model, preflight_eval_data
     from slimkit.primitives.io.finite import check_finite_weights
     from slimkit.primitives.io.paths import as_names
-    from slimkit.recipes.schema import eval_options
 
     perplexity, zeroshot = as_names(perplexity, "perplexity"), as_names(zeroshot, "zeroshot")
     eval_config = eval_options("evaluate", perplexity, zeroshot, limit, glue, speed, seq_len, max_tokens)

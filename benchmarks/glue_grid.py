@@ -41,13 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from benchmarks.claims import NOT_RUN, compare, describe
 from benchmarks.grid import BenchError, pct, read_grid_yaml
 from benchmarks.inputs import OneLineParser, check_folder_option, read_json_file, read_yaml_file
 from benchmarks.run import OFFLINE_ENV, QUIET_ENV, last_line, machine_info, via_launcher
 from slimkit.primitives.errors import format_validation_error
+from slimkit.primitives.settings import Strict
 
 RESULTS = Path(__file__).parent / "results"
 GRID_FILE = Path(__file__).parent / "grid-glue.yaml"
@@ -57,11 +58,7 @@ SETTLE_FRACTION = 0.2
 """The settle gap is the mean |expected sparsity - target| over this last fraction of the mask steps."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GlueSettings(_Strict):
+class GlueSettings(Strict):
     tasks: list[str] = Field(default_factory=lambda: list(TASKS), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     ratios: list[float] = Field(default_factory=lambda: [0.5, 0.7], min_length=1)
@@ -73,7 +70,7 @@ class GlueSettings(_Strict):
     """Arguments of every row's ``mask_train_encoder`` stage (e.g. the schedule), wherever the recipe puts it."""
 
 
-class GlueRow(_Strict):
+class GlueRow(Strict):
     name: str
     recipe: str
     overrides: list[str] = Field(default_factory=list)
@@ -83,7 +80,7 @@ class GlueRow(_Strict):
     """The tasks this row runs on (default: the settings' tasks; a diagnostic row may need one)."""
 
 
-class GlueClaim(_Strict):
+class GlueClaim(Strict):
     id: str
     claim: str
     source: str
@@ -93,7 +90,7 @@ class GlueClaim(_Strict):
     ratios: list[float] | None = None
 
 
-class GlueGrid(_Strict):
+class GlueGrid(Strict):
     settings: GlueSettings = Field(default_factory=GlueSettings)
     rows: list[GlueRow] = Field(min_length=1)
     claims: list[GlueClaim] = Field(default_factory=list)

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from slimkit.primitives.errors import format_validation_error
-from slimkit.recipes.schema import DeviceName, DtypeName, check_zeroshot_task
+from slimkit.primitives.evaluate.eval_settings import check_zeroshot_task
+from slimkit.primitives.settings import Strict
+from slimkit.recipes.schema import DeviceName, DtypeName
 
 GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
 DENSE = "dense"
@@ -38,24 +40,20 @@ class BenchError(Exception):
     """A bad option, grid file or recipe name: reported as one ``error: ...`` line, exit status 2."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 def _check_ratio(value: float) -> float:
     if not 0.0 < value < 1.0:
         raise ValueError(f"ratio {value} is not in (0, 1)")
     return value
 
 
-class Speed(_Strict):
+class Speed(Strict):
     rounds: int = Field(5, ge=1)
     prompt_len: int = Field(128, ge=1)
     new_tokens: int = Field(32, ge=1)
     batch: int = Field(1, ge=1)
 
 
-class Settings(_Strict):
+class Settings(Strict):
     model: str = "smollm2-135m"
     ratios: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3], min_length=1)
     ppl_datasets: list[str] = Field(default_factory=lambda: ["wikitext2", "ptb"])
@@ -97,7 +95,7 @@ class Settings(_Strict):
         return self if job.zeroshot else self.model_copy(update={"zeroshot_tasks": [], "zeroshot_limit": 0})
 
 
-class Entry(_Strict):
+class Entry(Strict):
     recipe: str = Field(min_length=1)
     label: str | None = Field(None, min_length=1)
     """The row's name instead of the recipe's, for one recipe run with several overrides (a sweep)."""
@@ -130,7 +128,7 @@ class Entry(_Strict):
         return self
 
 
-class Claim(_Strict):
+class Claim(Strict):
     id: str
     claim: str
     source: str
@@ -154,12 +152,12 @@ class Claim(_Strict):
         return checks
 
 
-class Quick(_Strict):
+class Quick(Strict):
     settings: dict[str, Any] = Field(default_factory=dict)
     grid: list[Entry] = Field(min_length=1)
 
 
-class GridFile(_Strict):
+class GridFile(Strict):
     settings: Settings = Field(default_factory=Settings)
     grid: list[Entry] = Field(min_length=1)
     quick: Quick

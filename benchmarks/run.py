@@ -154,7 +154,7 @@ def _gpu_info() -> dict[str, Any]:
 
 
 def eval_config(settings: Settings):
-    from slimkit.recipes.schema import EvalConfig
+    from slimkit.primitives.evaluate.eval_settings import EvalConfig
 
     perplexity = None
     if settings.ppl_datasets:

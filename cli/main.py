@@ -32,6 +32,7 @@ from typing import Annotated, Any
 import typer
 
 from slimkit.primitives.errors import SlimkitError, closest, did_you_mean, unknown
+from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Structured compression of transformer LMs.")
 recipe_app = typer.Typer(no_args_is_help=True, help="List, show, validate and run recipes.")
@@ -120,21 +121,15 @@ def recipe_run(
 ) -> None:
     """Compress a model with a recipe; writes OUT/model, OUT/report.json and OUT/report.md."""
     import slimkit
-    from slimkit.engine.output_safety import check_output_dir, source_inputs
-    from slimkit.engine.preflight import check_output_paths
     from slimkit.engine.progress import RichTracker
     from slimkit.engine.report_files import markdown
     from slimkit.primitives.io.describe import saved_structure
-    from slimkit.primitives.io.paths import as_path
     from slimkit.recipes.loading import load_recipe
 
     all_overrides = list(overrides or [])
     settings = {"source": model, "device": device, "dtype": dtype, "max_memory": max_memory, "save_dtype": save_dtype}
     all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
     parsed, _raw = load_recipe(recipe, all_overrides)
-    out = as_path(out, "--out")
-    check_output_dir(out, force, source_inputs(parsed.model.source))
-    check_output_paths(parsed, out)
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
     typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
 
@@ -361,10 +356,10 @@ def eval_command(
     glue: Annotated[
         str | None, typer.Option("--glue", help="GLUE task (sst2, mrpc, rte, stsb): dev-set metrics of a task model.")
     ] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Perplexity window length.")] = 512,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Perplexity window length.")] = PERPLEXITY_SEQ_LEN,
     max_tokens: Annotated[
         int | None, typer.Option("--max-tokens", help="Perplexity token budget (0 = whole test set).")
-    ] = 16384,
+    ] = PERPLEXITY_MAX_TOKENS,
     speed: Annotated[bool, typer.Option("--speed", help="Also measure prefill/decode tokens per second.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
     device: DeviceOption = None,
@@ -376,11 +371,17 @@ def eval_command(
 
     from slimkit.engine.progress import RichTracker
     from slimkit.primitives.evaluate.counting import count_params
-    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_head, evaluate_model, preflight_eval_data
+    from slimkit.primitives.evaluate.eval_settings import eval_options
+    from slimkit.primitives.evaluate.run import (
+        check_eval_length,
+        check_lm_evaluations,
+        check_lm_head,
+        evaluate_model,
+        preflight_eval_data,
+    )
     from slimkit.primitives.files.guard import check_not_input, write_text_file
     from slimkit.primitives.io.finite import check_finite_weights
     from slimkit.primitives.io.model_sources import check_source, load_source
-    from slimkit.recipes.schema import eval_options
 
     if json_out is not None:
         _check_json_target(json_out)
@@ -394,13 +395,8 @@ def eval_command(
     if json_out is not None:
         check_not_input("--json", json_out, [folder])
     if source.task == "encoder":
-        wanted = [("perplexity", eval_config.perplexity), ("zero-shot accuracy", eval_config.zeroshot)]
-        needs_lm = [name for name, config in wanted if config is not None]
-        if needs_lm:
-            raise SlimkitError(
-                f"{' and '.join(needs_lm)} {'needs' if len(needs_lm) == 1 else 'need'} a causal language model, "
-                f"and {model} is an encoder: evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
-            )
+        remedy = "evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
+        check_lm_evaluations(eval_config, model, remedy)
     preflight_eval_data(eval_config)
     loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
     check_eval_length(eval_config, loaded)
@@ -431,9 +427,8 @@ def eval_command(
 
 def _check_json_target(path: Path) -> None:
     """Refuse an ``--json`` path that cannot be written, before any evaluation runs (nothing is created)."""
-    import os
-
     from slimkit.primitives.files.guard import check_path_name
+    from slimkit.primitives.files.writable import check_writable
     from slimkit.primitives.io.paths import check_path_length
 
     check_path_name("--json", path)
@@ -449,10 +444,7 @@ def _check_json_target(path: Path) -> None:
         raise SlimkitError(f"--json {path}: folder {parent} does not exist")
     if not parent.is_dir():
         raise SlimkitError(f"--json {path}: {parent} is not a folder")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise SlimkitError(f"--json {path}: the file is not writable")
-    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise SlimkitError(f"--json {path}: folder {parent} is not writable")
+    check_writable("--json", path, replace=True)
 
 
 @app.command("export")
@@ -496,7 +488,7 @@ def _click_exceptions() -> types.ModuleType:
     try:
         from typer._click import exceptions
     except ImportError:
-        from click import exceptions
+        from click import exceptions  # type: ignore[no-redef]  # the same module, where typer bundles none
     return exceptions
 
 
@@ -536,9 +528,9 @@ def _describe_usage_error(error: Any) -> str:
         where = f" of '{ctx.command_path}'" if ctx is not None else ""
         message = " ".join(str(error.message).split())
         return f"invalid value for {param.param_type_name} '{_param_label(param)}'{where}: {message}"
-    match = re.match(r"No such command '(.*?)'", error.message)
-    if match and ctx is not None and hasattr(ctx.command, "list_commands"):
-        name, commands = match.group(1), ctx.command.list_commands(ctx)
+    unknown_command = re.match(r"No such command '(.*?)'", error.message)
+    if unknown_command and ctx is not None and hasattr(ctx.command, "list_commands"):
+        name, commands = unknown_command.group(1), ctx.command.list_commands(ctx)
         hint = did_you_mean(name, commands)
         return f"no such command '{name}'" + (hint or f"; commands of '{ctx.command_path}': {', '.join(commands)}")
     message = " ".join(error.format_message().split()).rstrip(".")

@@ -14,7 +14,7 @@ from slimkit.engine.progress import Tracker
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
-from slimkit.recipes.schema import Recipe
+from slimkit.recipes.schema import CALIBRATION_BATCH_SIZE, Recipe
 
 
 @dataclass
@@ -101,6 +101,6 @@ class Context:
     def calibration_batches(self) -> list[torch.Tensor]:
         if self.calibration is None:
             return []
-        size = self.recipe.calibration.batch_size if self.recipe.calibration else 8
+        size = self.recipe.calibration.batch_size if self.recipe.calibration else CALIBRATION_BATCH_SIZE
         # On the CPU: every forward pass moves its batch to the model's input device (primitives/device/moves.py).
         return list(self.calibration.split(size))

@@ -34,6 +34,7 @@ from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
 from slimkit.primitives.files.marker import check_only_listed, read_marker, write_marker
 from slimkit.primitives.files.removal import remove_owned
+from slimkit.primitives.files.writable import check_writable
 
 RUN_MARKER = ".slimkit-run.json"
 """The file a run writes into its output folder just before publishing it: what it wrote (``files``, ``folders``)."""
@@ -65,23 +66,9 @@ def _check_output_path(out: Path, force: bool, inputs: Iterable[str | os.PathLik
     check_output_location("--out", out, inputs, "a run")
     if out.exists() and not out.is_dir():
         raise SlimkitError(f"--out {out} exists and is not a directory")
-    check_writable(out, force)
+    check_writable("--out", out, replace=force)
     if out.is_dir() and any(out.iterdir()):
         check_replaceable(out, force)
-
-
-def check_writable(out: Path, force: bool) -> None:
-    """The folder ``out`` is written in (its nearest existing ancestor) must be a folder this process may write
-    in; an ``out`` that ``force`` will replace must be writable too."""
-    ancestor = out.absolute().parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise SlimkitError(f"--out {out}: {ancestor} is a file, not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise SlimkitError(f"--out {out}: no permission to write in {ancestor}")
-    if force and out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
-        raise SlimkitError(f"--out {out}: no permission to replace it (the folder is not writable)")
 
 
 def written_by_run(folder: Path) -> set[str] | None:

@@ -195,21 +195,15 @@ def check_eval_model(recipe: Recipe, model: Any) -> None:
     """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head),
     and perplexity windows longer than the model's positions."""
     from slimkit.primitives.arch.support import task_of
-    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_head
+    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_evaluations, check_lm_head
 
     check_eval_length(recipe.eval, model, "eval.perplexity.seq_len")
     if recipe.task is None and task_of(model.config) != "encoder":
         check_lm_head(recipe.eval, model, "the recipe's model")
     if recipe.task is not None or task_of(model.config) != "encoder":
         return
-    wanted = [
-        name for name, config in (("perplexity", recipe.eval.perplexity), ("zeroshot", recipe.eval.zeroshot)) if config
-    ]
-    if wanted:
-        raise SlimkitError(
-            f"eval.{wanted[0]}: needs a causal language model, and this run's model is an encoder; set "
-            f"eval.{wanted[0]}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
-        )
+    remedy = "set {field}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
+    check_lm_evaluations(recipe.eval, "this run's model", remedy, field_prefix="eval.")
 
 
 def check_offloaded_stages(recipe: Recipe, model: Any) -> None:

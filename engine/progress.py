@@ -10,12 +10,16 @@ from contextlib import contextmanager
 Advance = Callable[[int], None]
 
 
+def _no_advance(_n: int = 1) -> None:
+    return None
+
+
 class Tracker:
     """No-op tracker; subclasses show progress bars."""
 
     @contextmanager
     def task(self, description: str, total: int | None) -> Iterator[Advance]:
-        yield lambda _n=1: None
+        yield _no_advance
 
     def log(self, message: str) -> None:
         pass
@@ -40,7 +44,11 @@ class RichTracker(Tracker):
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=self.console, transient=False) as progress:
             task_id = progress.add_task(description, total=total)
-            yield lambda n=1: progress.advance(task_id, n)
+
+            def advance(n: int = 1) -> None:
+                progress.advance(task_id, n)
+
+            yield advance
 
     def log(self, message: str) -> None:
         self.console.print(message)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import resource
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import ConfigDict, Field, model_serializer, model_validator
+
+from slimkit.primitives.settings import Strict
 
 MACS_SEQ_LEN = 128
 """The sequence length MACs are counted at."""
@@ -22,22 +24,23 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class ReportModel(BaseModel):
-    """A part of the report: an infinite or NaN value stays one in ``report.json`` (``Infinity``, ``NaN``)."""
+class ReportModel(Strict):
+    """A part of the report: an infinite or NaN value is accepted and stays one in ``report.json`` (``Infinity``,
+    ``NaN``); unknown keys are ignored (a report written by newer code loads in older readers)."""
 
-    model_config = ConfigDict(ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=True, ser_json_inf_nan="constants")
 
 
 class Record(ReportModel):
     """A report section: unknown keys are kept (reports written by newer code load in older readers)."""
 
-    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="allow")
 
 
 class StageReport(ReportModel):
     """One stage's report: typed fields for what every consumer reads, ``details`` for the rest."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="forbid")
 
     params_added: int | None = None
     """Parameters the stage added to the model (residual matrices of a PCA projection); None: it added none."""

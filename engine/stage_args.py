@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from slimkit.recipes.schema import Strict
+from slimkit.primitives.settings import Strict
 
 if TYPE_CHECKING:
     from slimkit.engine.allocation_prepass import PrePass

@@ -23,9 +23,9 @@ a task model run (``glue_finetune``), lets ``calibration.dataset: glue`` mean th
 and changes the evaluation defaults: ``eval.glue`` on the task's dev split instead of perplexity
 (a classifier has no language-model head, so ``eval.perplexity`` and ``eval.zeroshot`` are refused).
 
-Field descriptions: every recipe model derives from :class:`Strict`, whose ``use_attribute_docstrings``
-makes the docstring under a field its pydantic ``description``; ``slimkit stage show NAME`` prints
-those of a stage's arguments, so each stage argument has one (what it means, its units, what its
+Field descriptions: every recipe model derives from :class:`slimkit.primitives.settings.Strict`, whose
+``use_attribute_docstrings`` makes the docstring under a field its pydantic ``description``; ``slimkit stage show
+NAME`` prints those of a stage's arguments, so each stage argument has one (what it means, its units, what its
 values mean). A name outside a fixed set (a field, a stage, a dataset, a task) fails with
 :func:`slimkit.primitives.errors.unknown`: the closest allowed name, if one is close, and all of them.
 """
@@ -40,8 +40,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     PrivateAttr,
@@ -55,49 +53,13 @@ from slimkit.engine.registry import stage_def, stage_names
 from slimkit.primitives.datasets.textdata import CORPORA
 from slimkit.primitives.device.placement import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.errors import SlimkitError, format_validation_error, unknown
+from slimkit.primitives.evaluate.eval_settings import EvalConfig, GlueEval, check_glue_task
+from slimkit.primitives.settings import Strict
 
 if TYPE_CHECKING:  # stage_args imports this module
     from slimkit.engine.stage_args import StageArgs
 
 TargetOf = Literal["model", "layers", "mlp", "attention"]
-
-
-class Strict(BaseModel):
-    """Base of every recipe model: unknown fields fail with the list of allowed ones, and no float field
-    (a recipe's or a stage argument's) accepts inf or NaN (``allow_inf_nan=False``)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_unknown_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown_keys = [key for key in data if key not in cls.model_fields]
-            if unknown_keys:
-                raise ValueError(unknown("field", unknown_keys[0], cls.model_fields))
-        return data
-
-
-def check_corpus(name: str) -> str:
-    if name not in CORPORA:
-        raise ValueError(unknown("dataset", name, CORPORA))
-    return name
-
-
-def check_zeroshot_task(name: str) -> str:
-    from slimkit.primitives.evaluate.zeroshot import ZEROSHOT_TASKS
-
-    if name not in ZEROSHOT_TASKS:
-        raise ValueError(unknown("zero-shot task", name, ZEROSHOT_TASKS))
-    return name
-
-
-def check_glue_task(name: str) -> str:
-    from slimkit.primitives.datasets.gluedata import GLUE_TASKS
-
-    if name not in GLUE_TASKS:
-        raise ValueError(unknown("GLUE task", name, GLUE_TASKS))
-    return name
 
 
 def is_glue_dataset(name: str) -> bool:
@@ -123,11 +85,15 @@ MAX_EXAMPLES = 1_000_000
 """The most GLUE training examples a recipe may draw for calibration."""
 
 
+CALIBRATION_BATCH_SIZE = 8
+"""Calibration samples per forward pass, unless the recipe's ``calibration.batch_size`` says otherwise."""
+
+
 class CalibrationConfig(Strict):
     dataset: str = "c4"
     samples: int = Field(32, ge=1, le=MAX_COUNT)
     seq_len: int = Field(128, ge=2, le=MAX_COUNT)
-    batch_size: int = Field(8, ge=1, le=MAX_COUNT)
+    batch_size: int = Field(CALIBRATION_BATCH_SIZE, ge=1, le=MAX_COUNT)
     examples: int = Field(512, ge=1, le=MAX_EXAMPLES)
     """GLUE datasets only: training examples drawn and packed before the windows are cut (SP3: 512)."""
 
@@ -243,78 +209,6 @@ StageItem = Annotated[
     Annotated[StageSpec, Tag("stage")] | Annotated[SequentialSpec, Tag("sequential")],
     Discriminator(_stage_kind),
 ]
-
-
-class PerplexityEval(Strict):
-    datasets: list[str] = Field(default_factory=lambda: ["wikitext2"])
-    seq_len: int = Field(512, ge=2)
-    max_tokens: int | None = Field(16384, ge=2)
-    batch_size: int = Field(4, ge=1)
-
-    @field_validator("datasets")
-    @classmethod
-    def _known(cls, names: list[str]) -> list[str]:
-        return [check_corpus(n) for n in names]
-
-
-class ZeroshotEval(Strict):
-    tasks: list[str] = Field(default_factory=list)
-    limit: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1)
-
-    @field_validator("tasks")
-    @classmethod
-    def _known(cls, names: list[str]) -> list[str]:
-        return [check_zeroshot_task(n) for n in names]
-
-
-class GlueEval(Strict):
-    task: str | None = None
-    """A GLUE task; None: the recipe's ``task`` (else the task the model records, ``finetuning_task``)."""
-    limit: int | None = Field(None, ge=1)
-    """The first ``limit`` dev examples in file order (None: the whole dev split)."""
-    batch_size: int = Field(32, ge=1)
-    max_length: int = Field(128, ge=8)
-
-    @field_validator("task")
-    @classmethod
-    def _known(cls, name: str | None) -> str | None:
-        return name if name is None else check_glue_task(name)
-
-
-class EvalConfig(Strict):
-    perplexity: PerplexityEval | None = Field(default_factory=PerplexityEval)
-    zeroshot: ZeroshotEval | None = None
-    speed: bool = False
-    glue: GlueEval | None = None
-
-
-def eval_options(
-    origin: str,
-    perplexity: list[str] | None,
-    zeroshot: list[str] | None = None,
-    limit: int | None = None,
-    glue: str | None = None,
-    speed: bool = False,
-    seq_len: int = 512,
-    max_tokens: int | None = 16384,
-) -> EvalConfig:
-    """An :class:`EvalConfig` from flat options (``slimkit eval``, :func:`slimkit.evaluate`); a bad value raises
-    :class:`~slimkit.primitives.errors.SlimkitError` as ``origin: field.path: message``."""
-    from slimkit.primitives.errors import SlimkitError
-
-    config = {
-        "perplexity": {"datasets": list(perplexity), "seq_len": seq_len, "max_tokens": max_tokens}
-        if perplexity
-        else None,
-        "zeroshot": {"tasks": list(zeroshot), "limit": limit} if zeroshot else None,
-        "speed": speed,
-        "glue": {"task": glue, "limit": limit} if glue else None,
-    }
-    try:
-        return EvalConfig.model_validate(config)
-    except ValidationError as error:
-        raise SlimkitError(f"{origin}: {format_validation_error(error)}") from None
 
 
 RUN_OWN_NAMES = ("model", "report.json", "report.md")

@@ -121,7 +121,13 @@ def distill(ctx: Context, args: DistillArgs) -> None:
     settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
     if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config)
-        skipped = {"kl_first": None, "kl_last": None, "kls": [], "teacher": args.teacher, "teacher_load_seconds": 0.0}
+        skipped: dict[str, Any] = {
+            "kl_first": None,
+            "kl_last": None,
+            "kls": [],
+            "teacher": args.teacher,
+            "teacher_load_seconds": 0.0,
+        }
         ctx.report_stage("distill", {**report, **skipped, "note": "steps 0: no training, teacher not loaded"})
         return
     teacher, info = load_teacher(ctx)

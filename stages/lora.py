@@ -12,10 +12,10 @@ from slimkit.engine.stage_args import StageArgs
 from slimkit.engine.stage_memory import MemoryInputs, training_memory
 from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.lora import check_targets
 from slimkit.primitives.lowrank import LowRankLinear
-from slimkit.recipes.schema import check_corpus
 
 MAX_LEARNING_RATE = 1.0
 """The largest learning rate a training stage takes: AdamW moves each parameter by about the learning rate per

@@ -24,10 +24,10 @@ from slimkit.engine.stage_memory import MemoryInputs, training_memory
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 from slimkit.primitives.masks.stream import train_stream_masks
 from slimkit.primitives.masks.training import MaskTarget
-from slimkit.recipes.schema import check_corpus
 
 
 class MaskTrainArgs(StreamMaskSettings, StageArgs):

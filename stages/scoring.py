@@ -26,7 +26,15 @@ from slimkit.primitives.device.memory_model import ModelShape, StageMemory, back
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group
-from slimkit.primitives.importance import ScorerSpec, parse_scorer, spec_needs, spec_smooths
+from slimkit.primitives.importance import (
+    Aggregation,
+    ScorerSpec,
+    TaylorLevel,
+    TaylorOrder,
+    parse_scorer,
+    spec_needs,
+    spec_smooths,
+)
 from slimkit.primitives.importance.compose import describe, spec_gradients, spec_kinds
 
 KIND_ROLES: dict[str, frozenset[str]] = {
@@ -58,11 +66,11 @@ class ScoringArgs(StageArgs):
     scorer: str | dict[str, Any] = "activation"
     """Importance scorer: a registered name (activation, magnitude, taylor, random, coupled), or
     {platon: SPEC, x1, x2} (PLATON-smoothed over calibration batches), or {blend: {NAME: weight, ...}}."""
-    aggregation: Literal["l1", "l2", "linf", "mean"] = "l2"
+    aggregation: Aggregation = "l2"
     """How a unit's per-element scores are reduced (magnitude, activation, element-level taylor)."""
-    order: Literal["first", "second", "mix"] = "first"
+    order: TaylorOrder = "first"
     """Taylor term: first g*w, second 0.5*h*w^2 (h = squared gradients), or their difference (taylor only)."""
-    level: Literal["element", "vector"] = "vector"
+    level: TaylorLevel = "vector"
     """Taylor element-wise (aggregate |salience|) or vector-wise (|sum of salience|) importance (taylor only)."""
     stats_device: Literal["model", "cpu"] = "model"
     """Where the float32 gradient sums live (scorers that read gradients): model (each weight's device) or cpu

@@ -13,9 +13,10 @@ from __future__ import annotations
 import itertools
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from slimkit.primitives.errors import format_validation_error, unknown
+from slimkit.primitives.settings import Strict
 
 LEVEL_LADDERS: dict[str, tuple[float, ...]] = {
     "tenths": tuple(round(0.1 * i, 2) for i in range(10)),
@@ -27,11 +28,7 @@ ALLOCATIONS: tuple[str, ...] = ("uniform", "global", "search")
 """The allocation names a stage's ``allocation`` argument accepts."""
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-
-class GlobalSettings(_Settings):
+class GlobalSettings(Strict):
     """One allocation over every layer at once: FLAP's (every unit's score standardised within its layer and kind, all
     units ranked on that one scale, the lowest removed until the budget's parameters are reached, each unit weighted
     by its parameters) or, with ``by: refit_error``, the counts with the least total relative refit error."""
@@ -45,7 +42,7 @@ class GlobalSettings(_Settings):
     :mod:`slimkit.primitives.allocate.refit_error`)."""
 
 
-class SearchSettings(_Settings):
+class SearchSettings(Strict):
     """EvoPress's search: per-layer levels from a fixed ladder, mutated so the removed parameters stay on the budget,
     each candidate scored by the KL divergence of its next-token distribution against the dense model's on held-out
     calibration tokens (lower is better)."""
@@ -94,7 +91,7 @@ Allocation = str | GlobalSettings | SearchSettings
 def parse_allocation(value: str | dict[str, Any]) -> Allocation:
     """``uniform``, ``global`` / ``search`` (their default settings), ``{global: {...}}`` or ``{search: {...}}`` as
     settings; ``ValueError`` (one line) otherwise."""
-    models = {"global": GlobalSettings, "search": SearchSettings}
+    models: dict[str, type[GlobalSettings | SearchSettings]] = {"global": GlobalSettings, "search": SearchSettings}
     if isinstance(value, str):
         if value not in ALLOCATIONS:
             raise ValueError(unknown("allocation", value, ALLOCATIONS))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from torch import nn
 
@@ -207,7 +207,7 @@ class ModelView:
 
     @property
     def layer_list(self) -> nn.ModuleList:
-        return _get(self.base, self.spec.layers)
+        return cast(nn.ModuleList, _get(self.base, self.spec.layers))
 
     @property
     def layers(self) -> list[LayerView]:
@@ -222,7 +222,7 @@ class ModelView:
 
     @property
     def embed_tokens(self) -> nn.Embedding:
-        return _get(self.base, self.spec.embed)
+        return cast(nn.Embedding, _get(self.base, self.spec.embed))
 
     @property
     def final_norm(self) -> NormView | None:

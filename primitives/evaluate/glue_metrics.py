@@ -26,6 +26,7 @@ from torch import nn
 
 from slimkit.primitives.datasets import gluedata
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import GLUE_BATCH_SIZE, GLUE_MAX_LENGTH
 
 
 def accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> float:
@@ -90,8 +91,8 @@ def predict(
     model: nn.Module,
     tokenizer,
     examples: list[gluedata.GlueExample],
-    batch_size: int = 32,
-    max_length: int = 128,
+    batch_size: int = GLUE_BATCH_SIZE,
+    max_length: int = GLUE_MAX_LENGTH,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(outputs, labels)``: the model's logits for ``examples`` (float32, on the CPU) and their labels."""
@@ -117,8 +118,8 @@ def evaluate_glue(
     tokenizer,
     task: str,
     limit: int | None = None,
-    batch_size: int = 32,
-    max_length: int = 128,
+    batch_size: int = GLUE_BATCH_SIZE,
+    max_length: int = GLUE_MAX_LENGTH,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Dev-set metrics of ``task``: ``{task, examples, max_length, seconds, <metric>: value, ...}``."""

@@ -19,6 +19,7 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.datasets import textdata
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_BATCH_SIZE, PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
 
 
 def perplexity_of_windows(
-    model, windows: torch.Tensor, batch_size: int = 4, progress=None, chunk_tokens: int = 512
+    model, windows: torch.Tensor, batch_size: int = PERPLEXITY_BATCH_SIZE, progress=None, chunk_tokens: int = 512
 ) -> float:
     nll, count = 0.0, 0
     model.eval()
@@ -99,9 +100,9 @@ def perplexity(
     model,
     tokenizer,
     dataset: str = "wikitext2",
-    seq_len: int = 512,
-    max_tokens: int | None = 16384,
-    batch_size: int = 4,
+    seq_len: int = PERPLEXITY_SEQ_LEN,
+    max_tokens: int | None = PERPLEXITY_MAX_TOKENS,
+    batch_size: int = PERPLEXITY_BATCH_SIZE,
     progress=None,
 ) -> PerplexityResult:
     ids = corpus_ids(tokenizer, textdata.text(dataset), max_tokens)

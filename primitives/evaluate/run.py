@@ -1,7 +1,7 @@
 """Running a model's configured evaluations: perplexity, zero-shot accuracy, GLUE dev metrics, throughput.
 
 One dispatch for ``slimkit recipe run``, ``slimkit eval``, :func:`slimkit.evaluate` and the benchmarks. The
-settings are the recipe schema's ``eval`` section (:class:`EvalSettings` names what this module reads of it);
+settings are an :class:`~slimkit.primitives.evaluate.eval_settings.EvalConfig` (a recipe's ``eval`` section);
 progress bars come from any :class:`ProgressTasks` (the CLI's rich tracker, or none). Every bar shows its total.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import EvalConfig, GlueEval, PerplexityEval, ZeroshotEval
 
 Advance = Callable[[int], None]
 
@@ -22,35 +23,6 @@ class ProgressTasks(Protocol):
     """What evaluation asks of a progress display: a bar with a description and a total."""
 
     def task(self, description: str, total: int | None) -> AbstractContextManager[Advance]: ...
-
-
-class PerplexitySettings(Protocol):
-    datasets: list[str]
-    seq_len: int
-    max_tokens: int | None
-    batch_size: int
-
-
-class ZeroshotSettings(Protocol):
-    tasks: list[str]
-    limit: int | None
-    batch_size: int
-
-
-class GlueSettings(Protocol):
-    task: str | None
-    limit: int | None
-    batch_size: int
-    max_length: int
-
-
-class EvalSettings(Protocol):
-    """The recipe's ``eval`` section as evaluation reads it (``slimkit.recipes.schema.EvalConfig``)."""
-
-    perplexity: PerplexitySettings | None
-    zeroshot: ZeroshotSettings | None
-    glue: GlueSettings | None
-    speed: bool
 
 
 @dataclass
@@ -73,15 +45,19 @@ class Evaluation:
             self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
 
 
+def _no_advance(_n: int = 1) -> None:
+    return None
+
+
 class NoProgress:
     """A :class:`ProgressTasks` that shows nothing."""
 
     @contextmanager
     def task(self, description: str, total: int | None) -> Iterator[Advance]:
-        yield lambda _n=1: None
+        yield _no_advance
 
 
-def preflight_eval_data(config: EvalSettings) -> None:
+def preflight_eval_data(config: EvalConfig) -> None:
     """Read every data file the evaluations will need now, so a missing one (or an unusable cache folder, which
     the datasets library and the zero-shot tasks write to) fails before any compute."""
     from slimkit.primitives.datasets import gluedata, textdata
@@ -101,7 +77,7 @@ def preflight_eval_data(config: EvalSettings) -> None:
         gluedata.read_split(config.glue.task, "dev")
 
 
-def check_eval_length(config: EvalSettings, model: Any, setting: str = "--seq-len") -> None:
+def check_eval_length(config: EvalConfig, model: Any, setting: str = "--seq-len") -> None:
     """Refuse perplexity windows longer than the model's positions (its ``max_position_embeddings``), which would
     print a number without a word; ``setting`` names the setting in the line."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -113,7 +89,7 @@ def check_eval_length(config: EvalSettings, model: Any, setting: str = "--seq-le
     )
 
 
-def check_lm_head(config: EvalSettings, model: Any, what: str = "the model") -> None:
+def check_lm_head(config: EvalConfig, model: Any, what: str = "the model") -> None:
     """Refuse perplexity and zero-shot evaluation of a model built without a language-model head (a config whose
     ``architectures`` names the bare ``LlamaModel`` class, say): it gives hidden states, not next-token logits."""
     wanted = [name for name, setting in (("perplexity", config.perplexity), ("zero-shot", config.zeroshot)) if setting]
@@ -127,7 +103,29 @@ def check_lm_head(config: EvalSettings, model: Any, what: str = "the model") -> 
     )
 
 
-def evaluate_model(model, tokenizer, config: EvalSettings, progress: ProgressTasks | None = None) -> Evaluation:
+LM_EVALUATIONS: dict[str, str] = {"perplexity": "perplexity", "zeroshot": "zero-shot accuracy"}
+"""The evaluations that read a language-model head (an ``eval`` field and what it measures)."""
+
+
+def check_lm_evaluations(config: EvalConfig, model: str, remedy: str, field_prefix: str | None = None) -> None:
+    """Refuse, in one line, perplexity or zero-shot evaluation of a model the caller knows is an encoder (it has no
+    language-model head). ``model`` names it; ``remedy`` says what to do instead (``{field}``: the first refused
+    setting's name); ``field_prefix`` (a recipe's ``eval.``) names the settings as fields, else as what they
+    measure."""
+    wanted = [field for field in LM_EVALUATIONS if getattr(config, field) is not None]
+    if not wanted:
+        return
+    if field_prefix is not None:
+        field = f"{field_prefix}{wanted[0]}"
+        subject = f"{field}: needs"
+    else:
+        field = wanted[0]
+        names = [LM_EVALUATIONS[name] for name in wanted]
+        subject = f"{' and '.join(names)} {'needs' if len(names) == 1 else 'need'}"
+    raise SlimkitError(f"{subject} a causal language model, and {model} is an encoder; {remedy.format(field=field)}")
+
+
+def evaluate_model(model, tokenizer, config: EvalConfig, progress: ProgressTasks | None = None) -> Evaluation:
     """Run the configured evaluations of ``model``."""
     progress = progress or NoProgress()
     result = Evaluation()
@@ -146,7 +144,7 @@ def evaluate_model(model, tokenizer, config: EvalSettings, progress: ProgressTas
 
 
 def evaluate_perplexity(
-    model, tokenizer, settings: PerplexitySettings, progress: ProgressTasks, result: Evaluation
+    model, tokenizer, settings: PerplexityEval, progress: ProgressTasks, result: Evaluation
 ) -> None:
     """``<dataset>_ppl`` for each dataset; its bar counts the evaluation windows."""
     from slimkit.primitives.datasets import textdata
@@ -164,7 +162,7 @@ def evaluate_perplexity(
         result.details["perplexity"].append(measured.as_dict())
 
 
-def evaluate_zeroshot_tasks(model, tokenizer, settings: ZeroshotSettings, result: Evaluation) -> None:
+def evaluate_zeroshot_tasks(model, tokenizer, settings: ZeroshotEval, result: Evaluation) -> None:
     """``<task>_acc`` (and ``_acc_norm``) through lm-eval (its own bars count the requests), and
     ``zeroshot_mean_acc``."""
     from slimkit.primitives.evaluate.zeroshot import evaluate_zeroshot
@@ -186,7 +184,7 @@ def evaluate_zeroshot_tasks(model, tokenizer, settings: ZeroshotSettings, result
     result.metrics["zeroshot_mean_acc"] = sum(v["acc"] for v in results.values()) / len(results)
 
 
-def evaluate_glue_task(model, tokenizer, settings: GlueSettings, progress: ProgressTasks, result: Evaluation) -> None:
+def evaluate_glue_task(model, tokenizer, settings: GlueEval, progress: ProgressTasks, result: Evaluation) -> None:
     """GLUE dev metrics as ``glue_<task>_<metric>``; the task is the settings', else the one the model records."""
     from slimkit.primitives.datasets import gluedata
     from slimkit.primitives.evaluate.glue_metrics import evaluate_glue

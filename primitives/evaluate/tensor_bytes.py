@@ -42,7 +42,11 @@ class LiveTensorBytes(TorchDispatchMode):
         nbytes = storage.nbytes()
         self.now += nbytes
         self.peak = max(self.peak, self.now)
-        self._live[key] = weakref.ref(storage, lambda _ref, k=key, n=nbytes: self._freed(k, n))
+
+        def freed(_ref: weakref.ref, key: int = key, nbytes: int = nbytes) -> None:
+            self._freed(key, nbytes)
+
+        self._live[key] = weakref.ref(storage, freed)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

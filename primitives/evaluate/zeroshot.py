@@ -25,6 +25,7 @@ from unittest import mock
 
 from slimkit.primitives.datasets.data_paths import cache_root, data_file
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.eval_settings import ZEROSHOT_BATCH_SIZE
 
 __all__ = ["ZEROSHOT_TASKS", "check_request_lengths", "evaluate_zeroshot", "prepare_task_data"]
 
@@ -394,7 +395,7 @@ def evaluate_zeroshot(
     tokenizer: Any,
     tasks: list[str],
     limit: int | None = None,
-    batch_size: int = 8,
+    batch_size: int = ZEROSHOT_BATCH_SIZE,
 ) -> dict[str, dict[str, float]]:
     """Zero-shot accuracy of a causal LM on the given tasks (see the module docstring for each task).
 

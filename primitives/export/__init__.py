@@ -45,6 +45,7 @@ from slimkit.primitives.export.hf_folder import (
 from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.files.writable import check_writable
 from slimkit.primitives.io.finite import check_finite_weights
 from slimkit.primitives.io.model_sources import load_source, resolve_source
 from slimkit.primitives.io.paths import as_path, check_path_length, path_text
@@ -100,11 +101,7 @@ def check_export_target(
             if not force:
                 raise SlimkitError(f"--out {target} exists and is not empty; pass --force to replace it")
             check_replaceable_export(target)
-    parent = target.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise SlimkitError(f"--out {target}: {parent} is not a writable folder")
+    check_writable("--out", target)
     return target
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -38,7 +38,13 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, Member
 
 Aggregation = Literal["l1", "l2", "linf", "mean"]
-AGGREGATIONS: tuple[str, ...] = ("l1", "l2", "linf", "mean")
+"""How a unit's per-element scores are reduced to one: sum of absolute values, L2 norm, largest absolute value, mean
+absolute value."""
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+TaylorOrder = Literal["first", "second", "mix"]
+"""The Taylor term: first g*w, second 0.5*h*w^2, mix their difference."""
+TaylorLevel = Literal["element", "vector"]
+"""Taylor importance per element (aggregated |salience|) or per vector (|sum of salience|)."""
 
 
 def reduce_units(values: torch.Tensor, how: Aggregation) -> torch.Tensor:
@@ -173,8 +179,8 @@ def taylor(
     group: Group,
     model: nn.Module,
     stats: Mapping,
-    order: Literal["first", "second", "mix"] = "first",
-    level: Literal["element", "vector"] = "vector",
+    order: TaylorOrder = "first",
+    level: TaylorLevel = "vector",
     aggregation: Aggregation = "l1",
     **_,
 ) -> torch.Tensor:
@@ -256,6 +262,7 @@ def needs_of(name: str) -> tuple[str, ...]:
 __all__ = [
     "AGGREGATIONS",
     "SCORERS",
+    "Aggregation",
     "Blend",
     "GradientRequest",
     "Named",
@@ -263,6 +270,8 @@ __all__ = [
     "ScorerDef",
     "ScorerSpec",
     "Smoothed",
+    "TaylorLevel",
+    "TaylorOrder",
     "gather_units",
     "member_sum",
     "member_tensors",

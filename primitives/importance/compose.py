@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -176,7 +176,7 @@ def score_once(spec: ScorerSpec, group: Group, model: nn.Module, stats: Mapping,
         return score_group(spec.name, group, model, stats, **args).float()
     if isinstance(spec, Smoothed):
         return score_once(spec.inner, group, model, stats, **args)
-    return sum(w * normalised(score_once(p, group, model, stats, **args)) for p, w in spec.parts)
+    return cast(torch.Tensor, sum(w * normalised(score_once(p, group, model, stats, **args)) for p, w in spec.parts))
 
 
 def _key(group: Group) -> tuple[str, int | None]:

@@ -9,6 +9,7 @@ Method note: docs/methods/cce-coupled-scores.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from typing import cast
 
 import torch
 from torch import nn
@@ -213,7 +214,7 @@ def mlp_scores(
     ``down`` [d_m, n] with its gradient; ``inputs`` [(weight [n, d_m], gradient)].
     """
     alpha, grad_alpha = down.T, grad_down.T
-    return sum(channel_scores(alpha, beta, grad_alpha, grad_beta) for beta, grad_beta in inputs)
+    return cast(torch.Tensor, sum(channel_scores(alpha, beta, grad_alpha, grad_beta) for beta, grad_beta in inputs))
 
 
 # -- the registered scorer ---------------------------------------------------------------------
@@ -314,7 +315,8 @@ def coupled_scores(
     if feature_scope not in FEATURE_SCOPES:
         raise ValueError(f"unknown feature_scope '{feature_scope}'; allowed: {', '.join(FEATURE_SCOPES)}")
     if group.kind == "hidden_feature":
-        return sum(layer_attention(model, i, stats, feature_scope)[1] for i in range(ModelView(model).num_layers))
+        layers = range(ModelView(model).num_layers)
+        return cast(torch.Tensor, sum(layer_attention(model, i, stats, feature_scope)[1] for i in layers))
     if group.kind == "mlp_channel":
         return layer_mlp(model, group.layer, stats)
     heads = layer_attention(model, group.layer, stats)[0]  # head scores do not depend on the feature scope

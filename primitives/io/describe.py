@@ -277,10 +277,10 @@ class Description:
             table.add_row(*cells)
         items: list[Any] = [table]
         if self.structure.residual_maps:
-            maps = Table("residual / basis-change map", "where", "shape (out x in)", title="residual maps")
+            map_table = Table("residual / basis-change map", "where", "shape (out x in)", title="residual maps")
             for m in self.structure.residual_maps:
-                maps.add_row(m.path, m.where, f"{m.shape[0]} x {m.shape[1]}")
-            items.append(maps)
+                map_table.add_row(m.path, m.where, f"{m.shape[0]} x {m.shape[1]}")
+            items.append(map_table)
         if self.structure.other_low_rank:
             other = Table("low-rank pair outside the layers", "rank")
             for path, rank in self.structure.other_low_rank.items():

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from slimkit.primitives.masks.schedule import MaskSchedule
+from slimkit.primitives.settings import Strict
 
 EncoderHidden = Literal["per_norm", "shared", "none"]
 
 
-class MaskSettings(BaseModel):
+class MaskSettings(Strict):
     """What every mask-training run shares: the schedule's fine-tuning and warm-up, the three learning rates,
     the gates' start and the distillation weight. Unknown names and non-finite numbers are refused."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     finetune_steps: int = Field(0, ge=0)
     """Optimizer steps of plain fine-tuning (task loss only) before the masks join (SP3's first stage)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.errors import SlimkitError
@@ -24,16 +24,15 @@ from slimkit.primitives.reconstruct.error import embed_columns, output_energy, o
 from slimkit.primitives.reconstruct.gram import with_bias_column
 from slimkit.primitives.reconstruct.least_squares import AffineRefit, refit_affine, refit_least_squares, refit_to_dense
 from slimkit.primitives.reconstruct.lowrank_refit import refit_left
+from slimkit.primitives.settings import Strict
 
 Consumer = Literal["q", "k", "v", "o", "gate", "up", "down"]
 MIN_DAMPING = 1e-12
 
 
-class RefitSettings(BaseModel):
+class RefitSettings(Strict):
     """How a consumer is refitted: the ridge (``damping``, ``toward``), what it matches (``target``) and whether the
     weights and the bias move (``refit``, ``bias``)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     damping: float = 0.1
     """Ridge damping as a fraction of the mean diagonal of the kept inputs' Gram matrix (at least 1e-12: a zero

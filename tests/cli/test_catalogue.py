@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError
 
 from slimkit.cli.main import _default_text, _reflow, _type_name
 from slimkit.engine.registry import stage_def, stage_names
-from slimkit.recipes.schema import Strict
+from slimkit.primitives.settings import Strict
 
 STAGES = stage_names()
 

@@ -68,14 +68,9 @@ def test_unknown_message():
 
 
 def test_unknown_names_in_recipes_suggest_the_closest():
+    from slimkit.primitives.evaluate.eval_settings import check_corpus, check_glue_task, check_zeroshot_task
     from slimkit.recipes.loading import recipe_path
-    from slimkit.recipes.schema import (
-        StageSpec,
-        check_calibration_dataset,
-        check_corpus,
-        check_glue_task,
-        check_zeroshot_task,
-    )
+    from slimkit.recipes.schema import StageSpec, check_calibration_dataset
 
     with pytest.raises(ValidationError, match=r"unknown stage 'prnue'; did you mean 'prune'\? allowed: "):
         StageSpec.model_validate({"stage": "prnue"})

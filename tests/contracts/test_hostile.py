@@ -680,7 +680,7 @@ CASES = [
     Case("zeroshot-choice-beyond-context", 3, zeroshot_choice_beyond_context, "longer than the model's context of 4"),
     Case("zeroshot-choice-beyond-ctx-json", 3, zeroshot_choice_beyond_context_json, "zero-shot task piqa: a choice is"),
     Case("eval-json-to-a-device", 6, eval_json_to_a_device, "/dev/full is not a regular file"),
-    Case("export-under-a-file", 6, export_under_a_file, "notes.txt is not a writable folder"),
+    Case("export-under-a-file", 6, export_under_a_file, "notes.txt is a file, not a folder"),
     Case("run-under-a-file", 6, run_under_a_file, "notes.txt is a file, not a folder"),
     Case("eval-json-through-a-symlink", 6, eval_json_through_a_symlink, "is a symbolic link; slimkit never writes"),
 ]

@@ -25,7 +25,7 @@ def test_the_forms_parse():
         ({"search": {"levels": "halves"}}, "search.levels: unknown level ladder 'halves'"),
         ({"search": {"levels": [0.1, 0.2]}}, "must start at 0 and increase"),
         ({"search": {"levels": [0, 1.0]}}, "levels must be below 1"),
-        ({"global": {"ratio": 0.2}}, "global.ratio"),
+        ({"global": {"ratio": 0.2}}, "global: unknown field 'ratio'"),
         ({"global": {}, "search": {}}, "give one of uniform"),
     ],
 )

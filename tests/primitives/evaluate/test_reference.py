@@ -6,10 +6,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import threading
 from pathlib import Path
 
+import numpy
 import pytest
+import torch
 
 from slimkit.primitives.datasets.data_paths import cache_root, datasets_cache
 from slimkit.primitives.errors import SlimkitError
@@ -257,3 +260,25 @@ def test_a_planted_digest_memo_is_not_trusted(source, monkeypatch):
     entry.unlink()
     os.mkfifo(entry)
     assert content_fingerprint(source) == truth and entry.is_fifo()
+
+
+def test_cache_key_depends_on_the_content_not_the_key_order() -> None:
+    assert reference.cache_key({"a": 1, "b": [2, 3]}) == cache_key({"b": [2, 3], "a": 1})
+    assert reference.cache_key({"a": 1}) != reference.cache_key({"a": 2})
+    assert len(reference.cache_key({})) == 32
+
+
+def test_kept_random_state_restores_every_generator() -> None:
+    random.seed(1)
+    numpy.random.seed(2)
+    torch.manual_seed(3)
+    expected = (random.random(), numpy.random.rand(), torch.rand(1).item())
+    random.seed(1)
+    numpy.random.seed(2)
+    torch.manual_seed(3)
+    with reference.kept_random_state():
+        random.seed(9)
+        numpy.random.seed(9)
+        torch.manual_seed(9)
+        random.random(), numpy.random.rand(), torch.rand(1)
+    assert (random.random(), numpy.random.rand(), torch.rand(1).item()) == expected
