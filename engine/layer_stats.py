@@ -50,6 +50,19 @@ class LayerStats(MutableMapping[str, Any]):
     extra: dict[str, Any] = field(default_factory=dict)
     """What a scorer stores beside the statistics (its memo), by name."""
 
+    def consumer(self, role: str) -> DenseConsumer:
+        """The dense consumer of ``role`` captured by the block's statistics pass (a stage that reads one declares it
+        in :meth:`~slimkit.engine.stage_args.StageArgs.layer_grams`)."""
+        if self.dense_consumers is None or role not in self.dense_consumers:
+            raise KeyError(f"no dense consumer statistics for role {role!r}: the stage did not declare it")
+        return self.dense_consumers[role]
+
+    def inputs(self) -> LayerInputs:
+        """The layer's calibration inputs (set by the layer-wise loop before the block's stages run)."""
+        if self.layer_inputs is None:
+            raise KeyError("no layer inputs: the layer-wise loop sets them before the block's stages run")
+        return self.layer_inputs
+
     def _typed(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self) if f.name != "extra")
 

@@ -111,7 +111,7 @@ def _consumer(layer: LayerView, kind: str, stats: LayerStats) -> nn.Linear:
     """The consumer of ``kind`` in ``layer``, checked to be the plain dense projection the statistics saw."""
     role = OBS_CONSUMERS[kind]
     module = layer.linear(role)
-    snapshot = stats.dense_consumers[role]
+    snapshot = stats.consumer(role)
     weight = getattr(module, "weight", None)
     if (
         not isinstance(module, nn.Linear)
@@ -130,7 +130,7 @@ def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats:
     """Greedy OBS on the group's consumer, then remove the chosen units and write the updated consumer."""
     role = OBS_CONSUMERS[group.kind]
     module = _consumer(layer, group.kind, stats)
-    snapshot = stats.dense_consumers[role]
+    snapshot = stats.consumer(role)
     columns = consumer_columns(group, module, ctx.model)
     width = snapshot.weight.shape[1]
     result = obs_prune(

@@ -281,7 +281,7 @@ def planned_layer_removal(ctx: Context, args: PruneLayerArgs) -> int:
 
 def _per_batch_norms(ctx: Context, layer: LayerView, stats: LayerStats) -> list[dict]:
     """One ``input_norms`` dict per calibration batch (for smoothing scorers), re-running the layer."""
-    inputs = stats.layer_inputs
+    inputs = stats.inputs()
     modules = ctx.view.linears([layer])
     result = []
     for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):

@@ -170,7 +170,7 @@ def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: La
         if role not in layer.roles:  # its sub-block was removed (remove_blocks): nothing reads the removed units
             entry.setdefault("removed_block", {}).setdefault(role, []).append(layer.index)
             continue
-        result = refit_role(layer, role, stats.dense_consumers[role], args, ctx.model, ctx.view)
+        result = refit_role(layer, role, stats.consumer(role), args, ctx.model, ctx.view)
         if result is not None:
             entry["layers"].setdefault(role, {})[str(layer.index)] = result
         else:

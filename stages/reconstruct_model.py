@@ -220,7 +220,7 @@ def dense_consumers(
 def _refit(ctx: Context, layer: LayerView, role: str, stats: LayerStats, args: ReconstructArgs) -> dict | None:
     """The in-block refit of one role (:func:`~slimkit.primitives.reconstruct.refit.refit_role`) with the stage's
     settings."""
-    return refit_role(layer, role, stats.dense_consumers[role], args, ctx.model, ctx.view)
+    return refit_role(layer, role, stats.consumer(role), args, ctx.model, ctx.view)
 
 
 def _record(entry: dict, role: str, index: int, result: dict | None) -> None:

@@ -10,6 +10,7 @@ no model-sized copy, and an offloaded (meta) tensor is read from accelerate's we
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ def offloaded_value(model: nn.Module, name: str) -> torch.Tensor:
     from transformers.integrations.accelerate import load_offloaded_parameter
 
     try:
-        return load_offloaded_parameter(model, name)
+        return load_offloaded_parameter(cast(Any, model), name)
     except (ValueError, KeyError, AttributeError):
         raise SlimkitError(
             f"{name} is on the meta device and no offloaded weights hold it; nothing was written"
