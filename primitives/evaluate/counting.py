@@ -32,6 +32,8 @@ def param_parts(model: nn.Module) -> dict[int, tuple[str, bool]]:
     for layer in view.layers:
         for role in layer.roles:
             claim(layer.linear(role).parameters(), "attention" if role in ("q", "k", "v", "o") else "mlp", True)
+        if layer.spec.experts is not None and layer.spec.mlp is not None and not layer.mlp_removed:
+            claim(layer.module.get_submodule(layer.spec.mlp).parameters(), "mlp", True)  # router, experts, shared
         claim(layer.attn_norm.module.parameters(), "norms", True)
         claim(layer.mlp_norm.module.parameters(), "norms", True)
         for norm in (layer.q_norm, layer.k_norm):  # per-head q/k norms (Qwen3)
