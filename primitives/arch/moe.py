@@ -36,7 +36,8 @@ class MoESpec:
     experts: str
     """The fused experts (``gate_up_proj``, ``down_proj``), relative to the layer."""
     count_key: str
-    """Config key of the routed expert count (``num_local_experts`` for Mixtral, ``num_experts`` otherwise)."""
+    """Config key of the routed expert count as the config stores it (``num_local_experts`` for Mixtral and
+    Qwen3-MoE, whose configs map ``num_experts`` onto it; ``num_experts`` for Qwen2-MoE and OLMoE)."""
     width_key: str
     """Config key of one expert's width."""
     top_k_key: str = "num_experts_per_tok"
@@ -75,7 +76,7 @@ MOE_SPECS: dict[str, MoESpec] = {
         **_COMMON,
     ),
     "qwen3_moe": MoESpec(
-        "qwen3_moe", count_key="num_experts", width_key="moe_intermediate_size", gguf_arch="qwen3moe", **_COMMON
+        "qwen3_moe", count_key="num_local_experts", width_key="moe_intermediate_size", gguf_arch="qwen3moe", **_COMMON
     ),
     "olmoe": MoESpec("olmoe", count_key="num_experts", width_key="intermediate_size", **_COMMON),
 }
