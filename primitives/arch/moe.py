@@ -14,6 +14,7 @@ read (``num_experts``, ``top_k``). Method note: ``docs/methods/moe-experts.md``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,10 @@ class MoESpec:
     """Its sigmoid gate ``Linear(hidden, 1)``, relative to the layer."""
     gguf_arch: str | None = None
     """llama.cpp's architecture name for a GGUF of this family; None when slimkit writes none."""
+    hub_moe: str = "mlp"
+    """The MoE MLP's name in the hub's checkpoint layout (Mixtral: ``block_sparse_moe``)."""
+    hub_expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    """Each expert's gate, up and down Linear in the hub's per-expert layout (``experts.{e}.<name>.weight``)."""
 
     @property
     def arch(self) -> ArchSpec:
@@ -64,7 +69,13 @@ _COMMON = dict(moe="mlp", router="mlp.gate", experts="mlp.experts")
 
 MOE_SPECS: dict[str, MoESpec] = {
     "mixtral": MoESpec(
-        "mixtral", count_key="num_local_experts", width_key="intermediate_size", norm_topk_key=None, **_COMMON
+        "mixtral",
+        count_key="num_local_experts",
+        width_key="intermediate_size",
+        norm_topk_key=None,
+        hub_moe="block_sparse_moe",
+        hub_expert=("w1", "w3", "w2"),
+        **_COMMON,
     ),
     "qwen2_moe": MoESpec(
         "qwen2_moe",
@@ -197,6 +208,35 @@ def layer_moe_widths(layer: nn.Module, model_type: str) -> dict[str, int] | None
     return {spec.count_key: int(router.weight.shape[0]), spec.width_key: int(experts.down_proj.shape[-1])}
 
 
+def fused_expert_shapes(model_type: str | None, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of a checkpoint as the model holds them: the hub's per-expert tensors (``experts.{e}.gate_proj``
+    ...) as the fused ``experts.gate_up_proj`` ``(E, 2I, H)`` and ``experts.down_proj`` ``(E, H, I)`` that
+    transformers builds from them on loading (its checkpoint conversion); other names unchanged."""
+    spec = MOE_SPECS.get(model_type or "")
+    if spec is None:
+        return shapes
+    gate, up, down = spec.hub_expert
+    expert = re.compile(
+        rf"^(?P<layer>.*\.)(?:{re.escape(spec.hub_moe)}|{re.escape(spec.moe)})\.experts\.(?P<e>\d+)\."
+        rf"(?P<role>{gate}|{up}|{down})\.weight$"
+    )
+    moe_prefix = re.compile(rf"\.{re.escape(spec.hub_moe)}\.")
+    fused: dict[str, tuple[int, ...]] = {}
+    experts: dict[str, dict[str, dict[int, tuple[int, ...]]]] = {}
+    for name, shape in shapes.items():
+        match = expert.match(name)
+        if match is None:
+            fused[moe_prefix.sub(f".{spec.moe}.", name)] = shape
+            continue
+        experts.setdefault(match["layer"], {}).setdefault(match["role"], {})[int(match["e"])] = shape
+    for layer, roles in experts.items():
+        count = len(roles.get(down, {}))
+        ((width, hidden),) = {roles[down][e][::-1] for e in roles[down]} or {(0, 0)}
+        fused[f"{layer}{spec.experts}.gate_up_proj"] = (count, 2 * width, hidden)
+        fused[f"{layer}{spec.experts}.down_proj"] = (count, hidden, width)
+    return fused
+
+
 def materialise_experts(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> None:
     """Give each layer's router and fused experts the saved shapes (per-layer expert counts and widths) before
     the weights are loaded; the run-time counts follow."""
@@ -225,6 +265,7 @@ __all__ = [
     "MoEBlock",
     "MoESpec",
     "check_all_sparse",
+    "fused_expert_shapes",
     "layer_moe_widths",
     "materialise_experts",
     "moe_blocks",
