@@ -175,6 +175,12 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
             entry.update(kept=kept, kept_mass=round(layer_stats.kept_mass(kept), 6))
             layers.append(entry)
             advance(1)
+    mean_mass = sum(e["kept_mass"] for e in layers) / max(len(layers), 1)
+    ctx.notes.append(
+        f"{name}: kept experts per layer, with the share of routing mass they held on the calibration text "
+        f"(mean {mean_mass:.1%}): "
+        + "; ".join(f"layer {e['layer']}: {','.join(map(str, e['kept']))} ({e['kept_mass']:.1%})" for e in layers)
+    )
     counts = sorted({len(e["kept"]) for e in layers})
     if len(counts) > 1:
         ctx.notes.append(
@@ -189,7 +195,7 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
             "scorer": args.scorer,
             "allocation": args.allocation if args.keep is None else "keep",
             "experts_kept": [len(e["kept"]) for e in layers],
-            "routing_mass_kept": round(sum(e["kept_mass"] for e in layers) / max(len(layers), 1), 6),
+            "routing_mass_kept": round(mean_mass, 6),
             "removed_params": sum(removals[b.index] * b.expert_params() for b in blocks),
             "layers": layers,
         },

@@ -57,3 +57,13 @@ def test_dense_model_has_no_moe_blocks():
 
     with pytest.raises(SlimkitError, match="no routed experts"):
         moe_blocks(tiny_llama())
+
+
+def test_macs_count_the_router_and_the_top_k_experts_by_hand():
+    from slimkit.primitives.evaluate.counting import count_macs
+
+    model = MOE_FAMILIES["qwen3_moe"](vocab_size=300, experts=8, top_k=2)
+    attention = 32 * 32 + 2 * (32 * 16) + 32 * 32  # q, k, v (2 KV heads of 8), o
+    moe = 8 * 32 + 2 * 3 * 32 * 16  # router rows + two experts' gate, up, down
+    scores = 2 * 4 * 8  # QK^T and AV: heads x head_dim for one token
+    assert count_macs(model, seq_len=1) == 2 * (attention + moe + scores) + 300 * 32
