@@ -119,6 +119,11 @@ def stage_memory(
         memory.parts["layer inputs"] = (shape.layers + 1) * layer_input_bytes(shape, samples, seq_len, dtype_bytes) // 2
         memory.parts["activations"] = forward_activation_bytes(shape, tokens, dtype_bytes)
         return memory
+    if name in ("prune_experts", "merge_experts"):  # recipes/stages/experts.py; the router inputs wait on the CPU
+        memory = StageMemory(name, advice=f"{ACTIVATION_ADVICE}, or lower {name}'s tokens")
+        memory.parts["activations"] = forward_activation_bytes(shape, tokens, dtype_bytes)
+        memory.parts["expert outputs"] = max(shape.experts, 1) * args.tokens * shape.hidden * FLOAT32
+        return memory
     if name in ("pca_project", "pca_project_post"):
         samples = calibration.samples if calibration is not None else 1
         seq_len = calibration.seq_len if calibration is not None else 1
