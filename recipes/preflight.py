@@ -119,8 +119,14 @@ def check_export_model(recipe: Recipe, model: Any) -> None:
 
 def check_stage_models(recipe: Recipe, model: Any) -> None:
     """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), before calibration."""
+    from slimkit.primitives.arch.moe import role_refusal
+
     for spec in recipe.flat_stages():
-        spec.parsed_args().check_model(model)
+        args = spec.parsed_args()
+        refusal = role_refusal(model, spec.stage, args.touches() | args.makes_lowrank())
+        if refusal is not None:  # a MoE model's projections the stage would change
+            raise SlimkitError(refusal)
+        args.check_model(model)
 
 
 def dense_reloaders(recipe: Recipe) -> list[str]:

@@ -111,6 +111,31 @@ def check_all_sparse(config: Any) -> None:
         )
 
 
+_WHOLE_WIDTH_QK_NORMS = ("olmoe",)
+"""MoE families whose q/k norms act on the whole projection (not per head): heads cannot be removed alone."""
+
+
+def role_refusal(model: nn.Module, stage: str, roles: frozenset[str] | set[str]) -> str | None:
+    """Why ``stage``, which needs the projection ``roles`` as plain Linear modules, cannot run on this MoE model
+    (one line), or None (also for every dense model)."""
+    spec = moe_spec(model)
+    if spec is None:
+        return None
+    mlp = sorted(set(roles) & {"gate", "up", "down"})
+    if mlp:
+        return (
+            f"{stage}: {spec.model_type} holds its MLP as routed experts (fused tensors, no {'/'.join(mlp)} "
+            "projections); remove whole experts with prune_experts or merge_experts"
+        )
+    attention = sorted(set(roles) & {"q", "k", "v", "o"})
+    if attention and spec.model_type in _WHOLE_WIDTH_QK_NORMS:
+        return (
+            f"{stage}: {spec.model_type}'s q/k norms act on the whole projection, not per head, so its attention "
+            f"projections ({'/'.join(attention)}) are not changed by slimkit; remove whole experts instead"
+        )
+    return None
+
+
 class MoEBlock:
     """One decoder layer's MoE MLP: its router, its fused experts, widths read from their tensors."""
 
@@ -270,4 +295,5 @@ __all__ = [
     "materialise_experts",
     "moe_blocks",
     "moe_spec",
+    "role_refusal",
 ]

@@ -102,3 +102,16 @@ def test_args_declare_their_budget_and_the_bundled_recipes_validate():
     for name in ("moe-expert-prune", "moe-expert-merge"):
         recipe, _ = load_recipe(name)
         assert recipe.stages[0].stage in ("prune_experts", "merge_experts")
+
+
+def test_stages_that_change_mlp_projections_are_refused_on_moe_models(tmp_path):
+    folder = _folder(tmp_path, "qwen3_moe")
+    stages = [{"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}]}]
+    with pytest.raises(SlimkitError, match="holds its MLP as routed experts"):
+        slimkit.run(tiny_recipe(folder, stages=stages), tmp_path / "out", evaluate=False)
+    assert not (tmp_path / "out").exists()
+    olmoe = _folder(tmp_path, "olmoe")
+    heads = [{"stage": "prune", "args": {"groups": ["attention_head"], "scorer": "magnitude"}}]
+    recipe = tiny_recipe(olmoe, target={"ratio": 0.2, "of": "attention"}, stages=heads)
+    with pytest.raises(SlimkitError, match="q/k norms act on the whole projection"):
+        slimkit.run(recipe, evaluate=False)
