@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from slimkit.primitives.arch.moe import MoEBlock, check_all_sparse, moe_blocks
@@ -49,7 +49,10 @@ class ExpertPruneArgs(StageArgs):
     """How a layer's kept experts are chosen: naee (least reconstruction loss of the routed output over candidate
     kept sets), frequency (the experts most tokens pick), weight (the largest mean top-k routing weight)."""
     keep: int | None = Field(None, ge=1)
-    """Experts every MoE layer keeps; None: solved from the recipe target."""
+    """Experts every MoE layer keeps; None: set by ratio, or solved from the recipe target."""
+    ratio: float | None = Field(None, gt=0.0, lt=1.0, allow_inf_nan=False)
+    """Share of every layer's experts removed (rounded to whole experts; an explicit share, e.g. before a stage that
+    solves the rest of the target); None: keep, or solved from the recipe target."""
     allocation: ExpertAllocation = "uniform"
     """uniform: the same kept count in every layer (needed by GGUF and plain Hugging Face exports); global: each
     next removal where it costs least (per-layer counts differ; the target lands within one expert)."""
@@ -61,13 +64,27 @@ class ExpertPruneArgs(StageArgs):
     batches: int | None = Field(None, ge=1)
     """Calibration batches to read; None: all."""
 
+    @model_validator(mode="after")
+    def _one_amount(self) -> ExpertPruneArgs:
+        if self.keep is not None and self.ratio is not None:
+            raise ValueError("keep and ratio: give one of them (or neither, to solve the recipe target)")
+        return self
+
     def budget(self) -> BudgetMode:
-        return "solve" if self.keep is None else "explicit"
+        return "solve" if self.keep is None and self.ratio is None else "explicit"
+
+    def removed_per_layer(self, block: MoEBlock) -> int | None:
+        """Experts ``block`` loses by ``keep`` or ``ratio`` (None: solved from the target)."""
+        if self.keep is not None:
+            return block.num_experts - self.keep
+        if self.ratio is not None:
+            return round(self.ratio * block.num_experts)
+        return None
 
     def plan(self, ctx: Context) -> int:
-        if self.keep is None:
+        if self.budget() != "explicit":
             return 0
-        return sum(max(0, b.num_experts - self.keep) * b.expert_params() for b in moe_blocks(ctx.model))
+        return sum(max(0, self.removed_per_layer(b) or 0) * b.expert_params() for b in moe_blocks(ctx.model))
 
     def needs_calibration(self) -> bool:
         return True
@@ -77,6 +94,13 @@ class ExpertPruneArgs(StageArgs):
         blocks = moe_blocks(model)
         if not blocks:
             raise SlimkitError("prune_experts: the model has no MoE layer left")
+        for block in blocks:
+            removed = self.removed_per_layer(block)
+            if removed is not None and block.num_experts - removed < block.top_k:
+                raise SlimkitError(
+                    f"prune_experts: ratio {self.ratio} leaves layer {block.index} {block.num_experts - removed} "
+                    f"experts, fewer than the router's top-k {block.top_k}; lower ratio"
+                )
         if self.keep is not None:
             for block in blocks:
                 if self.keep < block.top_k or self.keep > block.num_experts:
@@ -84,7 +108,7 @@ class ExpertPruneArgs(StageArgs):
                         f"prune_experts: keep {self.keep} is outside layer {block.index}'s {block.top_k}-"
                         f"{block.num_experts} (at least the router's top-k, at most the experts it has)"
                     )
-        if self.allocation == "uniform" and len({b.num_experts for b in blocks}) > 1 and self.keep is None:
+        if self.allocation == "uniform" and len({b.num_experts for b in blocks}) > 1 and self.budget() == "solve":
             raise SlimkitError(
                 "prune_experts: allocation uniform needs the same expert count in every layer to solve the target; "
                 "give keep, or use allocation: global"
@@ -103,8 +127,8 @@ def _removals(
     ctx: Context, args: ExpertPruneArgs, blocks: list[MoEBlock], curves: dict[int, list[float]]
 ) -> dict[int, int]:
     """Experts each layer loses."""
-    if args.keep is not None:
-        return {b.index: b.num_experts - args.keep for b in blocks}
+    if args.budget() == "explicit":
+        return {b.index: args.removed_per_layer(b) or 0 for b in blocks}
     cost = blocks[0].expert_params()
     wanted = ctx.params_to_remove()
     most = {b.index: b.num_experts - b.top_k for b in blocks}
@@ -147,7 +171,7 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
         return None if x is None else x.to(block.router.weight.device, block.router.weight.dtype)
 
     curves: dict[int, list[float]] = {}
-    if args.keep is None and args.allocation == "global":
+    if args.budget() == "solve" and args.allocation == "global":
         with ctx.tracker.task(f"{name}: loss curves", len(blocks)) as advance:
             for block in blocks:
                 curves[block.index] = _layer_curve(args, ExpertWeights.of(block), stats[block.index], inputs(block))
@@ -193,7 +217,7 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
             "seconds": round(time.perf_counter() - start, 2),
             "calibration_tokens": sum(int(b.numel()) for b in batches),
             "scorer": args.scorer,
-            "allocation": args.allocation if args.keep is None else "keep",
+            "allocation": args.allocation if args.budget() == "solve" else "explicit",
             "experts_kept": [len(e["kept"]) for e in layers],
             "routing_mass_kept": round(mean_mass, 6),
             "removed_params": sum(removals[b.index] * b.expert_params() for b in blocks),

@@ -180,6 +180,11 @@ CASES: dict[str, tuple[str, dict]] = {
     # whole routed experts of MoE models: 25% of the MLPs is 2 of every layer's 8 experts
     "prune_experts": ("qwen3_moe", {"target": {"ratio": 0.25, "of": "mlp"}, "stages": [{"stage": "prune_experts"}]}),
     "merge_experts": ("mixtral", {"target": {"ratio": 0.25, "of": "mlp"}, "stages": [{"stage": "merge_experts"}]}),
+    # channels inside the experts: 8 of tiny Mixtral's 24 per expert are a third of the MLPs (routers aside)
+    "prune_expert_channels": (
+        "mixtral",
+        {"target": {"ratio": 0.33, "of": "mlp", "tolerance": 0.01}, "stages": [{"stage": "prune_expert_channels"}]},
+    ),
     "glue_finetune+pca_project_post+mask_train_encoder": ("bert", _sp3_bert(ENCODER_MASKS, 0.03)),
     # MHA-intermediate masks (heads of their own widths) and layer masks
     "mask_train_encoder-all-levels": ("bert", _sp3_bert({**ENCODER_MASKS, "intermediate": True, "layer": True}, 0.05)),

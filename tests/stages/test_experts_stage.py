@@ -115,3 +115,33 @@ def test_stages_that_change_mlp_projections_are_refused_on_moe_models(tmp_path):
     recipe = tiny_recipe(olmoe, target={"ratio": 0.2, "of": "attention"}, stages=heads)
     with pytest.raises(SlimkitError, match="q/k norms act on the whole projection"):
         slimkit.run(recipe, evaluate=False)
+
+
+def test_experts_then_expert_channels_land_the_target_and_reload(tmp_path):
+    folder = _folder(tmp_path, "qwen3_moe", experts=8)
+    dense, _ = slimkit.load(folder)
+    block = moe_blocks(dense)[0]
+    mlp_layer = 8 * block.expert_params()
+    removed = 2 * block.expert_params() + 6 * 3 * 32 * 8  # two experts, then 8 of the 16 channels of the other 6
+    stages = [
+        {"stage": "prune_experts", "args": {"ratio": 0.25, "scorer": "frequency"}},
+        {"stage": "prune_expert_channels", "args": {"shared": True}},
+    ]
+    recipe = tiny_recipe(folder, target={"ratio": round(removed / mlp_layer, 4), "of": "mlp"}, stages=stages)
+    result = slimkit.run(recipe, tmp_path / "run", evaluate=False)
+    assert result.report.target.met
+    assert [(b.num_experts, b.width) for b in moe_blocks(result.model)] == [(6, 8), (6, 8)]
+    stage = result.report.as_json()["stages"]["prune_expert_channels"]
+    assert stage.get("details", stage)["widths"] == [8, 8]
+    reloaded, _ = slimkit.load(tmp_path / "run" / "model")
+    ids = torch.randint(3, 259, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, result.model(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_the_hybrid_recipe_validates_and_ratio_and_keep_exclude_each_other():
+    recipe, _ = load_recipe("moe-expert-prune+channels")
+    assert [s.stage for s in recipe.stages] == ["prune_experts", "prune_expert_channels"]
+    assert ExpertPruneArgs(ratio=0.25).budget() == "explicit"
+    with pytest.raises(ValueError, match="keep and ratio"):
+        ExpertPruneArgs(keep=4, ratio=0.25)
