@@ -95,7 +95,7 @@ class ExpertPruneArgs(StageArgs):
         if not blocks:
             raise SlimkitError("prune_experts: the model has no MoE layer left")
         for block in blocks:
-            removed = self.removed_per_layer(block)
+            removed = self.removed_per_layer(block) if self.ratio is not None else None
             if removed is not None and block.num_experts - removed < block.top_k:
                 raise SlimkitError(
                     f"prune_experts: ratio {self.ratio} leaves layer {block.index} {block.num_experts - removed} "
