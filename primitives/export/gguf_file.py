@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from slimkit.primitives.arch.moe import moe_spec
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
@@ -41,7 +42,7 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -132,13 +133,13 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
                 f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
             )
         return model_type
-    if model_type == "qwen3_moe":
+    if model_type in ("mixtral", "qwen3_moe"):
         if not uniform:
             raise SlimkitError(
-                "per-layer expert counts or widths of a qwen3_moe model: llama.cpp reads one expert count and one "
+                f"per-layer expert counts or widths of a {model_type} model: llama.cpp reads one expert count and one "
                 "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
             )
-        return "qwen3moe"
+        return "llama" if model_type == "mixtral" else "qwen3moe"  # llama.cpp runs Mixtral as llama with experts
     raise SlimkitError(
         f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
         + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
@@ -247,10 +248,12 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_block_count(len(widths))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(dense.hidden_size)
-    if architecture == "qwen3moe":  # every layer a MoE layer: the expert width is the feed-forward width
-        writer.add_feed_forward_length(widths[0]["moe_intermediate_size"])
-        writer.add_expert_feed_forward_length(widths[0]["moe_intermediate_size"])
-        writer.add_expert_count(widths[0]["num_local_experts"])
+    moe = moe_spec(model)
+    if moe is not None:  # every layer a MoE layer: the expert width is the feed-forward width
+        if architecture == "qwen3moe":
+            writer.add_feed_forward_length(widths[0][moe.width_key])
+        writer.add_expert_feed_forward_length(widths[0][moe.width_key])
+        writer.add_expert_count(widths[0][moe.count_key])
         writer.add_expert_used_count(int(config.num_experts_per_tok))
     if architecture == "qwen3moe":
         writer.add_head_count(widths[0]["num_attention_heads"])

@@ -1,5 +1,5 @@
-"""Exports of MoE models with removed experts: GGUF (llama.cpp's qwen3moe) and plain Hugging Face folders when every
-layer keeps the same count; one-line refusals otherwise."""
+"""Exports of MoE models with removed experts: GGUF (llama.cpp's qwen3moe, and llama with experts for Mixtral)
+and plain Hugging Face folders when every layer keeps the same count; one-line refusals otherwise."""
 
 import gguf
 import pytest
@@ -45,12 +45,20 @@ def test_uniform_qwen3_moe_gguf_holds_the_kept_experts(tmp_path):
     assert reader.fields["qwen3moe.expert_used_count"].contents() == 2
 
 
-def test_uniform_qwen3_moe_gguf_logits_match_in_llamacpp(tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_uniform_gguf_logits_match_in_llamacpp(tmp_path, family):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
     from slimkit.primitives.evaluate.llamacpp import gguf_logits
 
-    model = _pruned_qwen3_moe()
-    export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+    if family == "qwen3_moe":
+        model = _pruned_qwen3_moe()
+    else:
+        torch.manual_seed(0)
+        model = MOE_FAMILIES["mixtral"](vocab_size=270, experts=6)
+        for block in moe_blocks(model):
+            keep_experts(block, [0, 2, 4, 5])
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+    assert result.architecture == ("qwen3moe" if family == "qwen3_moe" else "llama")
     expected = model_output(model, torch.tensor([IDS]))[0].float()
     actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", IDS, threads=1))
     assert actual.shape == expected.shape
@@ -79,4 +87,4 @@ def test_per_layer_counts_and_unrenormalised_routing_are_refused_in_one_line(tmp
     with pytest.raises(SlimkitError, match="always renormalises"):
         export(plain, tmp_path / "n.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
     with pytest.raises(SlimkitError, match="GGUF export supports"):
-        export(MOE_FAMILIES["mixtral"](), tmp_path / "x.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+        export(MOE_FAMILIES["olmoe"](), tmp_path / "x.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
