@@ -221,7 +221,8 @@ def moe_blocks(model: nn.Module) -> list[MoEBlock]:
 
 
 def layer_moe_widths(layer: nn.Module, model_type: str) -> dict[str, int] | None:
-    """The expert count and width entries of one layer (None when it has no routed experts)."""
+    """The expert count and width entries of one layer (None for a dense family; zero experts and width for a MoE
+    layer whose whole MLP block was removed)."""
     spec = MOE_SPECS.get(model_type)
     if spec is None:
         return None
@@ -229,7 +230,7 @@ def layer_moe_widths(layer: nn.Module, model_type: str) -> dict[str, int] | None
         router = layer.get_submodule(spec.router)
         experts = layer.get_submodule(spec.experts)
     except AttributeError:
-        return None
+        return {spec.count_key: 0, spec.width_key: 0}
     return {spec.count_key: int(router.weight.shape[0]), spec.width_key: int(experts.down_proj.shape[-1])}
 
 

@@ -170,7 +170,7 @@ class LayerView:
         return self.spec.rope
 
     def widths(self) -> dict[str, int]:
-        moe = None if self.mlp_removed else layer_moe_widths(self.module, self.spec.model_type)
+        moe = layer_moe_widths(self.module, self.spec.model_type)
         return {
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,

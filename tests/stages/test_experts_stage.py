@@ -145,3 +145,16 @@ def test_the_hybrid_recipe_validates_and_ratio_and_keep_exclude_each_other():
     assert ExpertPruneArgs(ratio=0.25).budget() == "explicit"
     with pytest.raises(ValueError, match="keep and ratio"):
         ExpertPruneArgs(keep=4, ratio=0.25)
+
+
+def test_a_removed_moe_block_saves_as_zero_experts_and_reloads(tmp_path):
+    folder = _folder(tmp_path, "qwen3_moe", experts=8)
+    stages = [{"stage": "remove_blocks", "args": {"count": 1, "kinds": ["mlp"]}}]
+    recipe = tiny_recipe(folder, target={"ratio": 0.5, "of": "mlp", "strict": False}, stages=stages)
+    result = slimkit.run(recipe, tmp_path / "run", evaluate=False)
+    assert len(moe_blocks(result.model)) == 1
+    reloaded, _ = slimkit.load(tmp_path / "run" / "model")
+    assert len(moe_blocks(reloaded)) == 1
+    ids = torch.randint(3, 259, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, result.model(ids).logits, rtol=0, atol=1e-5)
