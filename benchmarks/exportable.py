@@ -39,7 +39,15 @@ LAYER_SCALED = {"skip_first": 1, "skip_last": 1, "group_size": 2}
 ALIGN_SCALED = 4
 """The largest ``target.align`` multiple of MLP channels on the tiny model (64 channels a layer: an alignment of 64
 would leave each layer all or nothing)."""
-EXPORTABLE = ("hf + gguf llama", "gguf llama", "hf + gguf llama (merged)", "gguf llama (merged)", "gguf deci", "no")
+EXPORTABLE = (
+    "hf + gguf llama",
+    "gguf llama",
+    "hf + gguf llama (merged)",
+    "gguf llama (merged)",
+    "gguf deci",
+    "hf + gguf qwen3moe",
+    "no",
+)
 
 
 def llm_recipes() -> dict[str, str | None]:
@@ -102,16 +110,30 @@ def shrink(raw: dict[str, Any], model_dir: str | os.PathLike) -> tuple[dict[str,
     return raw, changes
 
 
-def tiny_model_dir(folder: Path) -> Path:
-    """A tiny random Llama with the BPE tokenizer, saved as a plain Hugging Face folder."""
-    from tests.tiny import bpe_tokenizer, tiny_llama
+def tiny_model_dir(folder: Path, moe: bool = False) -> Path:
+    """A tiny random Llama (``moe``: a Qwen3-MoE of 8 experts, top-2 renormalised) with the BPE tokenizer, saved as a
+    plain Hugging Face folder."""
+    from tests.tiny import bpe_tokenizer, tiny_llama, tiny_qwen3_moe
 
     tokenizer = bpe_tokenizer()
     torch.manual_seed(0)
-    model = tiny_llama(vocab_size=len(tokenizer), layers=LAYERS)
+    if moe:
+        model = tiny_qwen3_moe(vocab_size=len(tokenizer), layers=LAYERS)
+    else:
+        model = tiny_llama(vocab_size=len(tokenizer), layers=LAYERS)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+MOE_STAGES = frozenset({"prune_experts", "merge_experts", "prune_expert_channels"})
+"""Stages of mixture-of-experts recipes: those run on the tiny Qwen3-MoE instead of the tiny Llama."""
+
+
+def is_moe_recipe(name: str) -> bool:
+    _, raw = load_recipe(name)
+    stages = [c for s in raw.get("stages", []) for c in (s.get("sequential") or [s])]
+    return any(stage.get("stage") in MOE_STAGES for stage in stages)
 
 
 @dataclass
@@ -245,7 +267,11 @@ def verdict(row: Row) -> tuple[str, str]:
         varying = _varying(row.widths)
         kind, why = "gguf deci", "; ".join([f"per-layer {', '.join(varying) or 'widths'}", *merged])
     else:
-        kind = ("hf + " if row.hf is not None else "") + "gguf llama" + (" (merged)" if merged else "")
+        kind = (
+            ("hf + " if row.hf is not None else "")
+            + f"gguf {row.gguf['architecture']}"
+            + (" (merged)" if merged else "")
+        )
         why = "; ".join(merged) if merged else "uniform widths"
     if row.llamacpp_error:
         why += f" (llama.cpp failed: {row.llamacpp_error})"
@@ -290,10 +316,15 @@ def run(names: list[str] | None = None, work: str | os.PathLike | None = None) -
         skipped = {n: reason for n, reason in recipes.items() if reason is not None}
     with tempfile.TemporaryDirectory(prefix="slimkit-exportable-", dir=work) as tmp:
         model_dir = tiny_model_dir(Path(tmp) / "tiny-llama")
+        moe_dir: Path | None = None
         rows = []
         for name in chosen:
             if recipes[name] is not None:
                 skipped[name] = recipes[name]
+                continue
+            if is_moe_recipe(name):
+                moe_dir = moe_dir or tiny_model_dir(Path(tmp) / "tiny-qwen3-moe", moe=True)
+                rows.append(check_recipe(name, moe_dir, Path(tmp) / "runs"))
                 continue
             rows.append(check_recipe(name, model_dir, Path(tmp) / "runs"))
     return rows, skipped

@@ -142,6 +142,8 @@ def check_export_model(recipe: Recipe, model: Any) -> None:
 def check_stage_models(recipe: Recipe, model: Any) -> None:
     """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), and a training stage's
     windows (its ``seq_len``) within the model's positions, before calibration."""
+    from slimkit.primitives.arch.moe import role_refusal
+
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     for where, spec in recipe.stage_places():
         args = spec.parsed_args()
@@ -151,6 +153,9 @@ def check_stage_models(recipe: Recipe, model: Any) -> None:
                 f"{where} ({spec.stage}): args.seq_len {seq_len} is longer than the model's max_position_embeddings "
                 f"({positions}); use at most {positions}"
             )
+        refusal = role_refusal(model, spec.stage, args.touches() | args.makes_lowrank())
+        if refusal is not None:  # a MoE model's projections the stage would change
+            raise SlimkitError(refusal)
         args.check_model(model)
 
 

@@ -185,3 +185,106 @@ def spm_tokenizer() -> PreTrainedTokenizerFast:
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+# -- mixture-of-experts decoders (fused expert tensors; attention as their dense relatives) --------------------------
+_MOE_WIDTHS = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def _randomise_routers(model: torch.nn.Module) -> torch.nn.Module:
+    # Qwen's and OLMoE's routers start at zero (every expert ties); random rows make routing meaningful.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight") or name.endswith("shared_expert_gate.weight"):
+                param.copy_(torch.randn_like(param) * 0.5)
+    return model
+
+
+def tiny_mixtral(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """Mixtral: ``num_local_experts`` experts of width ``intermediate_size``, top-k renormalised always."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=24,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        head_dim=8,
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_routers(MixtralForCausalLM(config)))
+
+
+def tiny_qwen2_moe(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """Qwen2-MoE: ``num_experts`` routed experts of ``moe_intermediate_size``, a shared expert with a sigmoid gate,
+    top-k weights not renormalised (``norm_topk_prob`` false, as in Qwen1.5-MoE)."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=40,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=False,
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_attention_biases(_randomise_routers(Qwen2MoeForCausalLM(config))))
+
+
+def tiny_qwen3_moe(vocab_size: int = 300, layers: int = 2, experts: int = 8, top_k: int = 2, tie: bool = False):
+    """Qwen3-MoE: ``num_experts`` experts of ``moe_intermediate_size``, renormalised top-k, per-head q/k norms."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=40,
+        moe_intermediate_size=16,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        head_dim=8,
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_routers(Qwen3MoeForCausalLM(config)))
+
+
+def tiny_olmoe(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """OLMoE: ``num_experts`` experts of width ``intermediate_size``, q/k norms over the whole projection."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    config = OlmoeConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=16,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=False,
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_routers(OlmoeForCausalLM(config)))
+
+
+MOE_FAMILIES = {
+    "mixtral": tiny_mixtral,
+    "qwen2_moe": tiny_qwen2_moe,
+    "qwen3_moe": tiny_qwen3_moe,
+    "olmoe": tiny_olmoe,
+}
+"""Mixture-of-experts factories by model_type (each ``factory(vocab_size=..., layers=..., experts=..., top_k=...)``)."""

@@ -54,6 +54,9 @@ class ArchSpec:
     """The MLP as one module of the layer (``mlp`` in the Llama family), relative to the layer; None when its
     projections sit in the layer itself (OPT, BERT). Whole sub-blocks are removable only where it is set and the
     norms are pre-norms (:func:`removable_blocks`)."""
+    experts: str | None = None
+    """The fused routed experts of a mixture-of-experts MLP (``mlp.experts``), relative to the layer; None for a dense
+    MLP. Such a layer's MLP has no gate/up/down projections as modules (:mod:`slimkit.primitives.arch.moe`)."""
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
@@ -158,6 +161,15 @@ _MISTRAL = replace(_LLAMA, model_type="mistral")
 _QWEN2 = replace(_LLAMA, model_type="qwen2")
 _QWEN3 = replace(_LLAMA, model_type="qwen3", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
 
+# Mixture-of-experts decoders: attention and norms as their dense relatives, the MLP a router and fused experts
+# (what is known of the router, the experts and the config keys lives in primitives/arch/moe.py). OLMoE's q/k norms
+# act on the whole projection, not per head.
+_MIXTRAL = replace(_MISTRAL, model_type="mixtral", experts="mlp.experts")
+_MOE_WIDTH = "moe_intermediate_size"
+_QWEN2_MOE = replace(_QWEN2, model_type="qwen2_moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH)
+_QWEN3_MOE = replace(_QWEN3, model_type="qwen3_moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH)
+_OLMOE = replace(_QWEN3, model_type="olmoe", experts="mlp.experts")
+
 
 def removable_blocks(spec: ArchSpec) -> str | None:
     """None when whole attention and MLP blocks of ``spec``'s layers can be removed, else why not (one phrase).
@@ -178,4 +190,8 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "qwen3": _QWEN3,
     "opt": _OPT,
     "bert": _BERT,
+    "mixtral": _MIXTRAL,
+    "qwen2_moe": _QWEN2_MOE,
+    "qwen3_moe": _QWEN3_MOE,
+    "olmoe": _OLMOE,
 }

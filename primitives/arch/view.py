@@ -15,6 +15,7 @@ from typing import Literal, cast
 from torch import nn
 
 from slimkit.primitives.arch.head_widths import HeadWidthAttention, HeadWidths
+from slimkit.primitives.arch.moe import layer_moe_widths
 from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 from slimkit.primitives.arch.support import unsupported_message
@@ -79,6 +80,8 @@ class LayerView:
     def roles(self) -> tuple[LinearRole, ...]:
         """The projections the layer has (those of a removed sub-block are gone)."""
         gone = {role for kind in self.removed_blocks for role in BLOCK_ROLES[kind]}
+        if self.spec.experts is not None:  # a MoE MLP: fused expert tensors, no projection modules
+            gone |= set(BLOCK_ROLES["mlp"])
         return tuple(r for r in LINEAR_ROLES if getattr(self.spec, r) is not None and r not in gone)
 
     # -- removed sub-blocks (primitives/arch/removed.py) --------------------------------------
@@ -155,19 +158,25 @@ class LayerView:
 
     @property
     def mlp_width(self) -> int:
-        """MLP channels (0 when the MLP block was removed)."""
-        return 0 if self.mlp_removed else out_features(self.linear("up"))
+        """MLP channels (0 when the MLP block was removed; one routed expert's width in a MoE layer)."""
+        if self.mlp_removed:
+            return 0
+        if self.spec.experts is not None:
+            return int(_get(self.module, self.spec.experts).down_proj.shape[-1])
+        return out_features(self.linear("up"))
 
     @property
     def rope(self) -> bool:
         return self.spec.rope
 
     def widths(self) -> dict[str, int]:
+        moe = layer_moe_widths(self.module, self.spec.model_type)
         return {
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
             self.spec.intermediate_size_key: self.mlp_width,
+            **(moe or {}),
         }
 
     def sync_head_counts(self) -> None:

@@ -42,6 +42,11 @@ class ModelShape:
     head_dim: int
     vocab: int
     tied: bool = True
+    experts: int = 0
+    """Routed experts per layer of a mixture-of-experts model (0: a dense MLP of ``intermediate``); each is a gated
+    MLP of ``intermediate`` channels (the expert width) with a router row."""
+    shared_expert: int = 0
+    """Width of a shared expert beside the routed ones (Qwen2-MoE; 0: none)."""
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
@@ -49,9 +54,13 @@ class ModelShape:
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         head_dim = getattr(config, "head_dim", None) or hidden // heads
+        experts = int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 0)
+        width = getattr(config, "moe_intermediate_size", None) if experts else None
         return cls(
             hidden=hidden,
-            intermediate=int(config.intermediate_size),
+            intermediate=int(width or config.intermediate_size),
+            experts=experts,
+            shared_expert=int(getattr(config, "shared_expert_intermediate_size", None) or 0) if experts else 0,
             layers=int(config.num_hidden_layers),
             heads=heads,
             kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
@@ -73,7 +82,11 @@ class ModelShape:
         return self.hidden * (2 * self.q_width + 2 * self.kv_width)
 
     def mlp_params(self) -> int:
-        """gate, up, down weights of one layer."""
+        """gate, up, down weights of one layer (of every expert, with the router and a shared expert and its gate,
+        in a MoE layer)."""
+        if self.experts:
+            shared = (3 * self.shared_expert + 1) * self.hidden if self.shared_expert else 0
+            return self.experts * (3 * self.intermediate + 1) * self.hidden + shared
         return 3 * self.hidden * self.intermediate
 
     def layer_params(self) -> int:

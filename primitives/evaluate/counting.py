@@ -5,7 +5,8 @@ Parts: ``embeddings`` (token/position embeddings), ``attention`` (q, k, v, o), `
 attention + mlp + norms inside the decoder/encoder layers. Tied weights count once.
 
 MACs are counted for one forward pass over one sequence of ``seq_len`` tokens: every Linear in
-the layers and the head costs in x out per token; attention adds QK^T and AV, ``heads x head_dim
+the layers and the head costs in x out per token (in a MoE MLP: the router, the top-k experts a token uses and a
+shared expert); attention adds QK^T and AV, ``heads x head_dim
 x seq_len`` per token each (full, non-causal count); SP3's residual / basis-change matrices cost
 in x out per token. Embedding look-ups and norms are not counted.
 """
@@ -32,6 +33,8 @@ def param_parts(model: nn.Module) -> dict[int, tuple[str, bool]]:
     for layer in view.layers:
         for role in layer.roles:
             claim(layer.linear(role).parameters(), "attention" if role in ("q", "k", "v", "o") else "mlp", True)
+        if layer.spec.experts is not None and layer.spec.mlp is not None and not layer.mlp_removed:
+            claim(layer.module.get_submodule(layer.spec.mlp).parameters(), "mlp", True)  # router, experts, shared
         claim(layer.attn_norm.module.parameters(), "norms", True)
         claim(layer.mlp_norm.module.parameters(), "norms", True)
         for norm in (layer.q_norm, layer.k_norm):  # per-head q/k norms (Qwen3)
@@ -77,7 +80,25 @@ def count_macs(model: nn.Module, seq_len: int = 128) -> int:
     if view.head is not None:
         per_token += view.head.weight.numel()
     per_token += _residual_matrix_weights(model)
+    per_token += _routed_weights_per_token(model)
     return (per_token + attention) * seq_len
+
+
+def _routed_weights_per_token(model: nn.Module) -> int:
+    """Weights a token multiplies in the MoE MLPs: the router, its top-k experts, and the shared expert with its
+    gate (Qwen2-MoE)."""
+    from slimkit.primitives.arch.moe import moe_blocks, moe_spec
+
+    if moe_spec(model) is None:
+        return 0
+    total = 0
+    for block in moe_blocks(model):
+        hidden = int(block.router.weight.shape[1])
+        total += block.router.weight.numel() + block.top_k * 3 * hidden * block.width
+        if block.shared_expert is not None:
+            total += sum(p.numel() for p in block.shared_expert.parameters())
+            total += block.module.get_submodule(block.spec.shared_expert_gate.rpartition(".")[2]).weight.numel()
+    return total
 
 
 def _residual_matrix_weights(model: nn.Module) -> int:

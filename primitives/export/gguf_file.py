@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from slimkit.primitives.arch.moe import moe_spec
+from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_vocab import vocabulary
@@ -40,7 +42,7 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -61,6 +63,11 @@ _LAYER_TENSORS = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # a MoE MLP (qwen3moe): the router and the experts stacked (E, width, hidden) / (E, hidden, width)
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.gate_proj": "ffn_gate_exps.weight",
+    "mlp.experts.up_proj": "ffn_up_exps.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
 }
 _GLOBAL_TENSORS = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -126,6 +133,13 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
                 f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
             )
         return model_type
+    if model_type in ("mixtral", "qwen3_moe"):
+        if not uniform:
+            raise SlimkitError(
+                f"per-layer expert counts or widths of a {model_type} model: llama.cpp reads one expert count and one "
+                "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
+            )
+        return "llama" if model_type == "mixtral" else "qwen3moe"  # llama.cpp runs Mixtral as llama with experts
     raise SlimkitError(
         f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
         + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
@@ -149,6 +163,11 @@ def check_exportable(model: nn.Module) -> list[str]:
     biased = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
     if biased and model_type != "llama":
         raise SlimkitError(f"attention_bias / mlp_bias: slimkit's GGUF export writes them for llama, not {model_type}")
+    if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", False):
+        raise SlimkitError(
+            "norm_topk_prob false: llama.cpp's qwen3moe always renormalises the top-k routing weights, so its "
+            "outputs would differ; serve it with slimkit.load or transformers"
+        )
     scaling = _rope_scaling(config)
     if scaling.get("rope_type", "default") not in ("default", "llama3", "linear"):
         raise SlimkitError(f"rope scaling '{scaling.get('rope_type')}' is not written by slimkit's GGUF export")
@@ -191,6 +210,20 @@ def _gguf_name(name: str) -> str | None:
     return None
 
 
+def split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with each fused ``mlp.experts.gate_up_proj`` (E, 2 x width, hidden) split into the stacked
+    ``mlp.experts.gate_proj`` and ``mlp.experts.up_proj`` (E, width, hidden) that llama.cpp reads."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, dim=1)
+            stem = name.removesuffix("gate_up_proj")
+            out[stem + "gate_proj"], out[stem + "up_proj"] = gate, up
+        else:
+            out[name] = tensor
+    return out
+
+
 def _encode(
     array: np.ndarray, name: str, wanted: str, fallbacks: list[str]
 ) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
@@ -215,7 +248,17 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_block_count(len(widths))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(dense.hidden_size)
-    if architecture != "deci":
+    moe = moe_spec(model)
+    if moe is not None:  # every layer a MoE layer: the expert width is the feed-forward width
+        if architecture == "qwen3moe":
+            writer.add_feed_forward_length(widths[0][moe.width_key])
+        writer.add_expert_feed_forward_length(widths[0][moe.width_key])
+        writer.add_expert_count(widths[0][moe.count_key])
+        writer.add_expert_used_count(int(config.num_experts_per_tok))
+    if architecture == "qwen3moe":
+        writer.add_head_count(widths[0]["num_attention_heads"])
+        writer.add_head_count_kv(widths[0]["num_key_value_heads"])
+    elif architecture != "deci":
         writer.add_feed_forward_length(widths[0]["intermediate_size"])
         writer.add_head_count(widths[0]["num_attention_heads"])
         writer.add_head_count_kv(widths[0]["num_key_value_heads"])
@@ -339,13 +382,14 @@ def write_gguf(
     dense = dense_tensors(model)
     widths = dense.layer_widths
     # A removed block is a zero in deci's per-layer head / feed-forward arrays, which llama.cpp's deci graph skips.
-    removed = any(w["num_attention_heads"] == 0 or w["intermediate_size"] == 0 for w in widths)
+    ffn = ARCH_SPECS[model.config.model_type].intermediate_size_key  # a MoE model's: the expert width
+    removed = any(w["num_attention_heads"] == 0 or w[ffn] == 0 for w in widths)
     architecture = gguf_architecture(model.config.model_type, dense.uniform and not removed)
     permute = architecture in ("llama", "deci")  # qwen2/qwen3 use llama.cpp's NEOX RoPE: Hugging Face's layout
     if widths[0]["num_attention_heads"] == 0:
         warnings.append(zero_first_attention(dense))
     last = len(widths) - 1
-    ffn_free = [i for i, w in enumerate(widths) if w["intermediate_size"] == 0]
+    ffn_free = [i for i, w in enumerate(widths) if w[ffn] == 0]
     kept = [i for i in ffn_free if widths[i]["num_attention_heads"] > 0 or i == last]
     if kept:
         warnings.append(zero_feed_forwards(dense, kept))
@@ -365,7 +409,7 @@ def write_gguf(
         if scaling.get("rope_type") == "llama3":
             writer.add_tensor("rope_freqs.weight", llama3_rope_factors(scaling, widths[0]["head_dim"]).numpy())
             count += 1
-        for hf_name, tensor in dense.tensors.items():
+        for hf_name, tensor in split_experts(dense.tensors).items():
             gguf_name = _gguf_name(hf_name)
             if gguf_name is None:
                 raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's Llama mapping")
@@ -408,6 +452,7 @@ __all__ = [
     "gguf_architecture",
     "llama3_rope_factors",
     "rope_permute",
+    "split_experts",
     "write_gguf",
     "zero_feed_forwards",
     "zero_first_attention",

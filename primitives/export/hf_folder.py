@@ -32,6 +32,7 @@ import torch
 import transformers
 from torch import nn
 
+from slimkit.primitives.arch.moe import moe_spec
 from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
@@ -41,7 +42,8 @@ from slimkit.primitives.files.atomic import staging_dir, swap_in
 from slimkit.primitives.files.removal import discard, remove_owned
 from slimkit.primitives.io.compat import removed_blocks_phrase
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+"""Model types ``--format hf`` writes (MoE ones in the hub's per-expert layout, as transformers saves them)."""
 EXPORT_MARKER = ".slimkit-export.json"
 """The file an hf export writes last into its folder: which files it wrote (``files``)."""
 
@@ -153,6 +155,11 @@ def write_hf(
     dense = dense_tensors(model)
     if not dense.uniform:
         varying = sorted({k for w in dense.layer_widths for k in w if w[k] != dense.layer_widths[0][k]})
+        if moe_spec(model) is not None:
+            raise SlimkitError(
+                f"per-layer widths ({', '.join(varying)} vary across layers): neither a Hugging Face config nor "
+                "llama.cpp holds per-layer expert counts; prune with allocation: uniform, or serve it with slimkit.load"
+            )
         raise SlimkitError(
             f"per-layer widths ({', '.join(varying)} vary across layers) cannot be expressed by a Hugging Face "
             "config; use --format gguf (llama.cpp's deci architecture reads them) or slimkit.load"

@@ -34,6 +34,7 @@ from typing import Any
 from safetensors import SafetensorError, safe_open
 
 from slimkit.primitives.arch import ARCH_SPECS, check_supported
+from slimkit.primitives.arch.moe import fused_expert_shapes
 from slimkit.primitives.arch.support import check_no_custom_code, task_of
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import removed_block_layers, unmark_config
@@ -382,7 +383,8 @@ def check_model_folder(directory: str | os.PathLike, task: str | None = None) ->
     shapes, where = _read_headers(files)
     if index is not None and weight_map is not None:
         _check_weight_map(index, weight_map, where)
-    folder = ModelFolder(directory, config, task, shapes, where)
+    # the hub's per-expert tensors of a MoE model, as the fused ones transformers builds from them
+    folder = ModelFolder(directory, config, task, fused_expert_shapes(plain.get("model_type"), shapes), where)
     _check_sizes(folder, plain)
     return folder
 

@@ -41,6 +41,7 @@ from torch import nn
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.head_widths import KIND as HEAD_WIDTHS_KIND
 from slimkit.primitives.arch.head_widths import materialise_head_widths
+from slimkit.primitives.arch.moe import materialise_experts
 from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
@@ -420,6 +421,7 @@ def load(
         materialise_head_widths(model, ModelView(model).spec, modules, saved)
     except SlimkitError as error:
         raise SlimkitError(f"{folder.path / MANIFEST_NAME}: {error}") from None
+    materialise_experts(model, saved)  # per-layer expert counts: router rows and fused expert tensors
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
     _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))

@@ -19,6 +19,7 @@ from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.arch.head_widths import head_width_entries
+from slimkit.primitives.arch.moe import moe_spec
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.guard import check_output_location
@@ -196,7 +197,14 @@ def _write_folder(
         # An offloaded model (accelerate hooks) is written shard by shard from its offloaded weights: small
         # shards keep the memory that takes small.
         offloaded = any(where in ("cpu", "disk") for where in (getattr(model, "hf_device_map", None) or {}).values())
-        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="1GB" if offloaded else "5GB")
+        # A MoE model is written with its fused expert tensors as they are in memory (transformers would otherwise
+        # split them back into the hub's per-expert layout, which slimkit's shape checks do not read).
+        model.save_pretrained(
+            tmp,
+            safe_serialization=True,
+            max_shard_size="1GB" if offloaded else "5GB",
+            save_original_format=moe_spec(model) is None,
+        )
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         record = {

@@ -1,4 +1,5 @@
-"""benchmarks.exportable: every bundled LLM recipe, run on a tiny random Llama, exported and read by llama.cpp.
+"""benchmarks.exportable: every bundled LLM recipe, run on a tiny random Llama (the MoE recipes on a tiny Qwen3-MoE),
+exported and read by llama.cpp.
 
 One module-scoped run of all the LLM recipes (under a minute on two cores); the tests then read
 its rows. Every recipe must run; every GGUF export must match PyTorch in llama.cpp within
@@ -54,7 +55,7 @@ def test_every_gguf_matches_llamacpp_or_is_refused_in_one_line(checked):
         else:
             assert row.llamacpp_error is None, f"{name}: {row.llamacpp_error}"
             assert row.rel_diff is not None and row.rel_diff <= TOLERANCE, f"{name}: {row.rel_diff}"
-            assert row.gguf["architecture"] in ("llama", "deci") and row.gguf["type"] == "f32"
+            assert row.gguf["architecture"] in ("llama", "deci", "qwen3moe") and row.gguf["type"] == "f32"
         assert row.gguf_ok, name
 
 
@@ -73,6 +74,8 @@ def test_structure_decides_the_format(checked):
     sp3_lorap = rows["sp3+lorap"]  # one group: only the final norm's map, folded into the head
     assert sp3_lorap.exportable.endswith("(merged)")
     assert any("final norm" in item for item in sp3_lorap.gguf["merged"])
+    for name in ("moe-expert-prune", "moe-expert-merge"):  # on the tiny Qwen3-MoE: uniform expert counts
+        assert rows[name].exportable == "hf + gguf qwen3moe", (name, rows[name].why)
     for name, row in rows.items():  # a written hf folder was read back by stock transformers
         if row.hf is not None:
             assert row.hf["max_abs_logit_diff"] is not None and row.hf["max_abs_logit_diff"] < 1e-4, name

@@ -32,7 +32,16 @@ from slimkit.primitives.projection.hidden import ProjectionSettings, project_hid
 from slimkit.primitives.projection.norms import fold_rms_norms, layernorm_to_rmsnorm
 from slimkit.primitives.projection.postnorm import project_post_norm
 from slimkit.primitives.surgery import remove_units
-from tests.tiny import assert_scaled_close, byte_tokenizer, model_output, tiny_bert, tiny_llama, tiny_opt
+from tests.tiny import (
+    assert_scaled_close,
+    byte_tokenizer,
+    model_output,
+    tiny_bert,
+    tiny_llama,
+    tiny_mixtral,
+    tiny_opt,
+    tiny_qwen3_moe,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
@@ -168,6 +177,14 @@ CASES: dict[str, tuple[str, dict]] = {
             ]
         },
     ),
+    # whole routed experts of MoE models: 25% of the MLPs is 2 of every layer's 8 experts
+    "prune_experts": ("qwen3_moe", {"target": {"ratio": 0.25, "of": "mlp"}, "stages": [{"stage": "prune_experts"}]}),
+    "merge_experts": ("mixtral", {"target": {"ratio": 0.25, "of": "mlp"}, "stages": [{"stage": "merge_experts"}]}),
+    # channels inside the experts: 8 of tiny Mixtral's 24 per expert are a third of the MLPs (routers aside)
+    "prune_expert_channels": (
+        "mixtral",
+        {"target": {"ratio": 0.33, "of": "mlp", "tolerance": 0.01}, "stages": [{"stage": "prune_expert_channels"}]},
+    ),
     "glue_finetune+pca_project_post+mask_train_encoder": ("bert", _sp3_bert(ENCODER_MASKS, 0.03)),
     # MHA-intermediate masks (heads of their own widths) and layer masks
     "mask_train_encoder-all-levels": ("bert", _sp3_bert({**ENCODER_MASKS, "intermediate": True, "layer": True}, 0.05)),
@@ -208,7 +225,9 @@ def test_every_registered_stage_has_a_dtype_case():
 
 
 def _model(kind: str, vocab_size: int) -> torch.nn.Module:
-    return {"llama": tiny_llama, "opt": tiny_opt, "bert": tiny_bert}[kind](vocab_size=vocab_size)
+    factories = {"llama": tiny_llama, "opt": tiny_opt, "bert": tiny_bert}
+    factories |= {"qwen3_moe": tiny_qwen3_moe, "mixtral": lambda vocab_size: tiny_mixtral(vocab_size, experts=8)}
+    return factories[kind](vocab_size=vocab_size)
 
 
 def _floating(model: torch.nn.Module) -> dict[str, torch.dtype]:

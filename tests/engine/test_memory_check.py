@@ -156,3 +156,18 @@ def test_an_allocation_search_plans_its_dense_log_probs():
         assert plan.stages[0].parts["dense log-probs"] == 1 * 4 * 64 * 300 * 4
     uniform = Recipe(**_recipe("unused", [{"stage": "prune_layer", "args": {"groups": ["mlp_channel"]}}]))
     assert "dense log-probs" not in recipe_memory_plan(uniform, tiny_llama().config, torch.float32).stages[0].parts
+
+
+def test_moe_shapes_count_every_expert_and_the_expert_stage_plans_its_outputs():
+    from slimkit.engine.memory_check import stage_memory
+    from slimkit.recipes.schema import StageSpec
+    from slimkit.tests.tiny import MOE_FAMILIES
+
+    for family, factory in MOE_FAMILIES.items():
+        model = factory()
+        shape = ModelShape.from_config(model.config)
+        experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp." in n)
+        assert shape.layers * shape.mlp_params() == experts, family
+    shape = ModelShape.from_config(MOE_FAMILIES["qwen3_moe"](experts=8).config)
+    memory = stage_memory(StageSpec(stage="prune_experts", args={"tokens": 100}), shape, None, 4)
+    assert memory.parts["expert outputs"] == 8 * 100 * 32 * 4

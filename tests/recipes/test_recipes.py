@@ -54,7 +54,7 @@ def test_overrides_by_dotted_path():
         ({"target": {"ratio": 1.0}}, "target.ratio: Input should be less than 1"),
         ({"target": {"ratio": -0.1}}, "target.ratio: Input should be greater than or equal to 0"),
         ({"target": {"ratio": 0.2, "of": "heads"}}, "target.of: Input should be 'model', 'layers', 'mlp' or"),
-        ({"stages": [{"stage": "prune_everything"}]}, "stages.0: unknown stage 'prune_everything'; allowed: "),
+        ({"stages": [{"stage": "shrink_everything"}]}, "stages.0: unknown stage 'shrink_everything'; allowed: "),
         (
             {"stages": [{"stage": "prune", "args": {"scorer": "taylor9"}}]},
             "stages.0: args.scorer: unknown scorer 'taylor9'; did you mean 'taylor'? allowed: activation, coupled,",

@@ -51,7 +51,7 @@ def test_unknown_model_type_is_one_clear_line():
     class Fake(torch.nn.Module):
         config = type("C", (), {"model_type": "gpt9"})()
 
-    supported = "bert, llama, mistral, opt, qwen2, qwen3"
+    supported = "bert, llama, mistral, mixtral, olmoe, opt, qwen2, qwen2_moe, qwen3, qwen3_moe"
     with pytest.raises(SlimkitError, match=rf"^model_type 'gpt9' is not supported; supported: {supported}$"):
         ModelView(Fake())
 

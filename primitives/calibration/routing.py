@@ -1,0 +1,146 @@
+"""Calibration statistics that follow the routing of a mixture-of-experts model.
+
+One forward pass over the calibration batches with a hook on every layer's router. The hook sees the tokens the
+router reads and the experts it picks for each (the model's own routing, top-k weights included), and folds them
+into per-expert running sums: how many tokens each expert received (``counts``), the top-k weight it received in
+total (``mass``), the router's softmax probability summed over every token (``probability``), and, when asked, the
+per-channel sums of squares of the inputs an expert received (``input_sq``, hidden channels) and of its own
+intermediate activations ``act(gate x) * up x`` on only those tokens (``channel_sq``, Wanda-style channel norms
+inside each expert). No token is kept, except a bounded sample of each layer's router inputs when a scorer needs
+them (``inputs``, at most ``keep_inputs`` tokens per layer, spread evenly over the batches, on ``stats_device``).
+
+Sums are float32 (float64 for the counts) on ``stats_device`` (default: each router's device): a layer's sums are
+``experts x (hidden + width)`` numbers at most.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from slimkit.primitives.arch.moe import MoEBlock, moe_blocks
+from slimkit.primitives.device.moves import to_input_device
+
+
+@dataclass
+class ExpertRouting:
+    """One MoE layer's routing statistics over the calibration tokens."""
+
+    layer: int
+    tokens: int
+    counts: torch.Tensor
+    """``(experts,)``: tokens routed to each expert (each token counts once for each of its top-k experts)."""
+    mass: torch.Tensor
+    """``(experts,)``: the summed top-k routing weight each expert received."""
+    probability: torch.Tensor
+    """``(experts,)``: the router's softmax probability of each expert summed over every token."""
+    input_sq: torch.Tensor | None = None
+    """``(experts, hidden)``: sum of squares of each input channel over the tokens routed to each expert."""
+    channel_sq: torch.Tensor | None = None
+    """``(experts, width)``: sum of squares of each expert's intermediate channels over the tokens routed to it."""
+    inputs: torch.Tensor | None = None
+    """``(n, hidden)``: a sample of the router's input tokens (None unless asked for)."""
+
+    @property
+    def frequency(self) -> torch.Tensor:
+        """Share of tokens that pick each expert among their top-k (sums to top-k)."""
+        return self.counts / max(self.tokens, 1)
+
+    @property
+    def mean_weight(self) -> torch.Tensor:
+        """Each expert's routing weight averaged over every token (zero where it is not in the top-k)."""
+        return self.mass / max(self.tokens, 1)
+
+    def kept_mass(self, kept: Sequence[int]) -> float:
+        """Share of the layer's total routing mass (top-k weights) held by the ``kept`` experts."""
+        total = float(self.mass.sum())
+        return float(self.mass[list(kept)].sum()) / total if total > 0 else 0.0
+
+
+class _RouterHook:
+    def __init__(self, block: MoEBlock, channels: bool, per_batch: int, stats_device: torch.device | None) -> None:
+        self.block = block
+        self.channels = channels
+        self.per_batch = per_batch
+        self.device = stats_device
+        self.stats: ExpertRouting | None = None
+        self.samples: list[torch.Tensor] = []
+
+    def _init(self, hidden: int, device: torch.device) -> ExpertRouting:
+        experts, width = self.block.num_experts, self.block.width
+        where = self.device or device
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=where)
+
+        return ExpertRouting(
+            layer=self.block.index,
+            tokens=0,
+            counts=zeros(experts, dtype=torch.float64),
+            mass=zeros(experts),
+            probability=zeros(experts),
+            input_sq=zeros(experts, hidden) if self.channels else None,
+            channel_sq=zeros(experts, width) if self.channels else None,
+        )
+
+    @torch.no_grad()
+    def __call__(self, module: nn.Module, args: tuple, output: tuple) -> None:
+        x = args[0].reshape(-1, args[0].shape[-1])
+        logits, scores, index = output[0], output[1], output[2]
+        stats = self.stats = self.stats or self._init(x.shape[1], x.device)
+        where = stats.counts.device
+        stats.tokens += x.shape[0]
+        flat = index.reshape(-1).to(where)
+        stats.counts += torch.bincount(flat, minlength=stats.counts.numel()).to(torch.float64)
+        stats.mass.index_add_(0, flat, scores.reshape(-1).float().to(where))
+        stats.probability += torch.softmax(logits.float(), dim=-1).sum(dim=0).to(where)
+        if self.channels:
+            experts = self.block.experts
+            for expert in index.unique().tolist():
+                token = torch.where(index == expert)[0]
+                routed = x[token]
+                stats.input_sq[expert] += routed.float().pow(2).sum(dim=0).to(where)
+                gate, up = nn.functional.linear(routed, experts.gate_up_proj[expert]).chunk(2, dim=-1)
+                stats.channel_sq[expert] += (experts.act_fn(gate) * up).float().pow(2).sum(dim=0).to(where)
+        if self.per_batch:
+            step = max(1, x.shape[0] // self.per_batch)
+            self.samples.append(x[::step][: self.per_batch].detach().to(where))
+
+
+@torch.no_grad()
+def collect_routing(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    *,
+    channels: bool = False,
+    keep_inputs: int = 0,
+    stats_device: torch.device | str | None = None,
+) -> dict[int, ExpertRouting]:
+    """Routing statistics of every MoE layer of ``model`` over ``batches`` (token ids ``[batch, seq]``), by layer
+    index. ``channels``: also the per-expert channel sums of squares; ``keep_inputs``: also a sample of at most this
+    many router input tokens per layer."""
+    device = torch.device(stats_device) if stats_device is not None else None
+    per_batch = math.ceil(keep_inputs / max(len(batches), 1)) if keep_inputs else 0
+    hooks = {block.index: _RouterHook(block, channels, per_batch, device) for block in moe_blocks(model)}
+    handles = [hook.block.router.register_forward_hook(hook) for hook in hooks.values()]
+    try:
+        for batch in batches:
+            model(to_input_device(model, batch), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    result = {}
+    for index, hook in hooks.items():
+        if hook.stats is None:
+            continue
+        if hook.samples:
+            hook.stats.inputs = torch.cat(hook.samples)[:keep_inputs]
+        result[index] = hook.stats
+    return result
+
+
+__all__ = ["ExpertRouting", "collect_routing"]
