@@ -103,7 +103,10 @@ def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> None:
     for block in blocks:
         before = block.width
         keep = before - removed[block.index]
-        scores = channel_scores(block.experts.down_proj.detach(), stats[block.index].channel_sq)
+        channel_sq = stats[block.index].channel_sq
+        if channel_sq is None:
+            raise SlimkitError(f"prune_expert_channels: layer {block.index}: no channel statistics were gathered")
+        scores = channel_scores(block.experts.down_proj.detach(), channel_sq)
         keep_expert_channels(block, kept_channels(scores, keep, args.shared))
         layers.append({"layer": block.index, "width_before": before, "width": keep})
     ctx.report_stage(

@@ -65,7 +65,7 @@ class MoESpec:
         return True if self.norm_topk_key is None else bool(getattr(config, self.norm_topk_key))
 
 
-_COMMON = dict(moe="mlp", router="mlp.gate", experts="mlp.experts")
+_COMMON: dict[str, Any] = dict(moe="mlp", router="mlp.gate", experts="mlp.experts")
 
 MOE_SPECS: dict[str, MoESpec] = {
     "mixtral": MoESpec(
@@ -194,7 +194,7 @@ class MoEBlock:
             raise ValueError(f"layer {self.index}: router rows and fused expert tensors disagree on the expert count")
         for module in (self.router, self.experts, self.module):
             if hasattr(module, "num_experts"):
-                module.num_experts = count
+                module.num_experts = count  # type: ignore[assignment]  # an int attribute torch types as Module
 
     def widths(self) -> dict[str, int]:
         """Config entries of this layer's MoE MLP (expert count and width)."""

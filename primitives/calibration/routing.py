@@ -99,6 +99,7 @@ class _RouterHook:
         stats.mass.index_add_(0, flat, scores.reshape(-1).float().to(where))
         stats.probability += torch.softmax(logits.float(), dim=-1).sum(dim=0).to(where)
         if self.channels:
+            assert stats.input_sq is not None and stats.channel_sq is not None  # allocated with channels
             experts = self.block.experts
             for expert in index.unique().tolist():
                 token = torch.where(index == expert)[0]

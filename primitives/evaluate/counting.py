@@ -97,7 +97,9 @@ def _routed_weights_per_token(model: nn.Module) -> int:
         total += block.router.weight.numel() + block.top_k * 3 * hidden * block.width
         if block.shared_expert is not None:
             total += sum(p.numel() for p in block.shared_expert.parameters())
-            total += block.module.get_submodule(block.spec.shared_expert_gate.rpartition(".")[2]).weight.numel()
+            gate = block.spec.shared_expert_gate
+            if gate is not None:
+                total += block.module.get_submodule(gate.rpartition(".")[2]).weight.numel()
     return total
 
 

@@ -59,7 +59,7 @@ def keep_expert_channels(block: MoEBlock, index: torch.Tensor) -> None:
     experts.gate_up_proj = nn.Parameter(gate_up, requires_grad=experts.gate_up_proj.requires_grad)
     experts.down_proj = nn.Parameter(down, requires_grad=experts.down_proj.requires_grad)
     if hasattr(experts, "intermediate_dim"):
-        experts.intermediate_dim = int(index.shape[1])
+        experts.intermediate_dim = int(index.shape[1])  # type: ignore[assignment]  # an int attribute
 
 
 __all__ = ["WIDTH_MULTIPLE", "channel_scores", "keep_expert_channels", "kept_channels", "slice_channels"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -117,7 +117,7 @@ def naee_search(
     return KeptSearch(sorted(chosen), curve[experts - keep], loss.measured, False, curve)
 
 
-def allocate_removals(curves: dict[int, Sequence[float]], total: int, max_remove: dict[int, int]) -> dict[int, int]:
+def allocate_removals(curves: Mapping[int, Sequence[float]], total: int, max_remove: dict[int, int]) -> dict[int, int]:
     """Experts each layer loses so that ``total`` go in all, taking the cheapest next removal each time (by each
     layer's loss curve: ``curve[n]`` the loss after ``n`` removals); a layer loses at most ``max_remove[layer]``."""
     removed = dict.fromkeys(curves, 0)
