@@ -385,7 +385,8 @@ def eval_command(
     dtype: DtypeOption = None,
     max_memory: MaxMemoryOption = None,
 ) -> None:
-    """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput."""
+    """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput. Any causal
+    LM transformers builds with its own classes, whether or not a recipe can compress it."""
     from rich.table import Table
 
     from slimkit.primitives.evaluate.counting import count_params
@@ -402,8 +403,9 @@ def eval_command(
     eval_config = eval_options(
         "slimkit eval", _split_csv(ppl), _split_csv(zeroshot), limit, glue, speed, seq_len, max_tokens or None
     )
-    # The folder is checked (config, custom code, weight headers) and its task known before any data is read.
-    folder, source = check_source(model)
+    # The folder is checked (config, custom code, weight headers) and its task known before any data is read; any
+    # causal LM transformers builds with its own classes is evaluated, with or without compression support.
+    folder, source = check_source(model, purpose="evaluate")
     if json_out is not None:
         check_not_input("--json", json_out, [folder])
     if source.task == "encoder":
@@ -415,7 +417,9 @@ def eval_command(
                 f"and {model} is an encoder: evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
             )
     preflight_eval_data(eval_config)
-    loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
+    loaded, tokenizer, info = load_source(
+        model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory, purpose="evaluate"
+    )
     check_eval_length(eval_config, loaded)
     evaluation = evaluate_model(loaded, tokenizer, eval_config, RichTracker())
     metrics, details = evaluation.metrics, evaluation.details
@@ -492,7 +496,8 @@ def export_command(
 
 @app.command("inspect")
 def inspect_command(model: Annotated[str, typer.Argument(help="Model source name or folder.")]) -> None:
-    """Per-layer widths, low-rank ranks, residual maps and parameter counts; which loaders read the folder."""
+    """Per-layer widths, low-rank ranks, residual maps and parameter counts; which loaders read the folder; for a
+    causal LM no recipe compresses, the widths its config names and why it cannot be compressed."""
     from slimkit.primitives.io.describe import describe_source
 
     console = _console()

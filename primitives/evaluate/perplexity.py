@@ -5,6 +5,11 @@ windows of ``seq_len`` tokens, and the first ``max_tokens // seq_len`` windows a
 (``max_tokens=None``: all of them). Every window is scored independently (no context carried
 over), each predicting its tokens 2..L, as GPTQ/SparseGPT/Wanda-style evaluation does; the
 result states windows, length and tokens used.
+
+A tokenizer that puts a BOS token before every text it encodes (Gemma's, Llama 2's) gets its BOS as each window's
+first token, followed by ``L - 1`` corpus tokens (:func:`bos_prefix`): such models are trained with it and predict
+poorly from a window that starts mid-text. Every window still predicts ``L - 1`` tokens; a tokenizer that adds no
+BOS (SmolLM2's) gets the windows above unchanged.
 """
 
 from __future__ import annotations
@@ -33,13 +38,28 @@ class PerplexityResult:
         return asdict(self)
 
 
-def windows_of(ids: torch.Tensor, seq_len: int, max_tokens: int | None) -> torch.Tensor:
-    count = ids.numel() // seq_len
+def bos_prefix(tokenizer) -> int | None:
+    """The BOS id ``tokenizer`` puts before every text it encodes, or None when it adds none."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a", add_special_tokens=True).input_ids
+    return int(bos) if len(ids) and int(ids[0]) == int(bos) else None
+
+
+def windows_of(ids: torch.Tensor, seq_len: int, max_tokens: int | None, bos: int | None = None) -> torch.Tensor:
+    """``[count, seq_len]`` consecutive windows of ``ids`` (at most ``max_tokens`` tokens in all); with ``bos``,
+    each window is ``bos`` followed by the next ``seq_len - 1`` corpus tokens."""
+    body = seq_len - (bos is not None)
+    count = ids.numel() // body if body > 0 else 0
     if max_tokens is not None:
         count = min(count, max_tokens // seq_len)
     if count < 1:
         raise SlimkitError(f"perplexity needs at least one window of {seq_len} tokens (budget {max_tokens})")
-    return ids[: count * seq_len].reshape(count, seq_len)
+    windows = ids[: count * body].reshape(count, body)
+    if bos is None:
+        return windows
+    return torch.cat([torch.full((count, 1), bos, dtype=windows.dtype), windows], dim=1)
 
 
 def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
@@ -105,6 +125,6 @@ def perplexity(
     progress=None,
 ) -> PerplexityResult:
     ids = corpus_ids(tokenizer, textdata.text(dataset), max_tokens)
-    windows = windows_of(ids, seq_len, max_tokens)
+    windows = windows_of(ids, seq_len, max_tokens, bos_prefix(tokenizer))
     value = perplexity_of_windows(model, windows, batch_size, progress)
     return PerplexityResult(dataset, value, windows.shape[0], seq_len, windows.numel())
