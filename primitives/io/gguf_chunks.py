@@ -50,7 +50,8 @@ def chunk_paths(chunks: tuple[GgufChunk, ...], what: str, install: str) -> list[
         else:
             paths.append(path)
     if missing:
-        raise SlimkitError(f"{what}: {len(missing)} GGUF chunk package(s) not installed: {', '.join(missing)}; {install}")
+        listed = ", ".join(missing)
+        raise SlimkitError(f"{what}: {len(missing)} GGUF chunk package(s) not installed: {listed}; {install}")
     return paths
 
 
