@@ -67,7 +67,8 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
 
     Full logits of a batch (tokens x vocabulary floats, 400 MB for 4 x 512 tokens of a 49k vocabulary)
     would dominate peak memory, so for models with a ModelView the base model's hidden states go
-    through the head in chunks.
+    through the head in chunks. A model slimkit has no adapter for (evaluated, not compressed) runs
+    whole through its own forward, as few windows at a time as hold ``chunk_tokens`` (at least one).
     """
     batch = to_input_device(model, batch)
     targets = batch[:, 1:].reshape(-1)
@@ -76,8 +77,14 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
     except SlimkitError:
         view = None
     if view is None or view.head is None:
-        logits = model(batch, use_cache=False).logits[:, :-1].float()
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="sum").item()
+        rows = max(1, chunk_tokens // batch.shape[1])
+        total = 0.0
+        for start in range(0, batch.shape[0], rows):
+            part = batch[start : start + rows]
+            logits = model(part, use_cache=False).logits[:, :-1].float()
+            flat = logits.reshape(-1, logits.shape[-1])
+            total += F.cross_entropy(flat, part[:, 1:].reshape(-1), reduction="sum").item()
+        return total
     hidden = view.base(batch, use_cache=False)[0][:, :-1]
     hidden = hidden.reshape(-1, hidden.shape[-1])  # the head's width (may differ from the embeddings')
     total = 0.0

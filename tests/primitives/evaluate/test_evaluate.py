@@ -128,3 +128,15 @@ def test_chunked_head_equals_full_logits(tokenizer):
         expected = math.exp(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1)).item())
         got = perplexity_of_windows(model, windows, batch_size=2, chunk_tokens=7)
         assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_model_without_an_adapter_is_scored_a_few_windows_at_a_time(tokenizer):
+    from tests.tiny_foreign import tiny_foreign
+
+    model = tiny_foreign("gpt2", len(tokenizer))  # no ModelView: its own forward, chunk_tokens // 16 = 1 window
+    windows = torch.randint(0, len(tokenizer), (5, 16))
+    with torch.no_grad():
+        logits = model(windows).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+    got = perplexity_of_windows(model, windows, batch_size=4, chunk_tokens=16)
+    assert got == pytest.approx(nll.exp().item(), rel=1e-5)
