@@ -20,10 +20,8 @@ class) in ``config.json`` or ``tokenizer_config.json``, or any Python file in th
 (``modeling_*.py``, ``tokenization_*.py``, ...), is refused in one line. slimkit also passes
 ``trust_remote_code=False`` to every transformers loader, so transformers never asks ``[y/N]``.
 
-Evaluating or inspecting a dense model needs no adapter: :func:`check_evaluable` accepts any ``model_type`` that
-transformers builds as a causal language model with its own classes (``AutoModelForCausalLM``), under the same
-no-custom-code rule; compression recipes keep calling :func:`check_supported`. :func:`compression_support` says in
-one line why a loaded model cannot be compressed (None when it can).
+Evaluation and inspection need no adapter: :func:`check_evaluable` takes any built-in transformers causal LM under
+the same no-custom-code rule (method note: docs/methods/evaluate-any-model.md); recipes keep :func:`check_supported`.
 
 A config may be a ``PretrainedConfig`` or the ``config.json`` mapping; a folder written by
 :func:`slimkit.save` with a marked config (``model_type`` ``slimkit_compressed``) is judged by the
