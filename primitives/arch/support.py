@@ -20,6 +20,9 @@ class) in ``config.json`` or ``tokenizer_config.json``, or any Python file in th
 (``modeling_*.py``, ``tokenization_*.py``, ...), is refused in one line. slimkit also passes
 ``trust_remote_code=False`` to every transformers loader, so transformers never asks ``[y/N]``.
 
+Evaluation and inspection need no adapter: :func:`check_evaluable` takes any built-in transformers causal LM under
+the same no-custom-code rule (method note: docs/methods/evaluate-any-model.md); recipes keep :func:`check_supported`.
+
 A config may be a ``PretrainedConfig`` or the ``config.json`` mapping; a folder written by
 :func:`slimkit.save` with a marked config (``model_type`` ``slimkit_compressed``) is judged by the
 model type it records.
@@ -85,6 +88,18 @@ def unsupported_message(model_type: str | None, task: str | None = None) -> str:
     return f"{what} is not supported{scope}; supported: {', '.join(supported)}"
 
 
+def _check_code_free(config: Any, allowed: str) -> None:
+    """Refuse a config whose ``auto_map`` maps a config or model class; ``allowed`` ends the line."""
+    auto_map = _field(config, "auto_map")
+    names = sorted(auto_map) if isinstance(auto_map, Mapping) else ([str(auto_map)] if auto_map else [])
+    names = [name for name in names if not name.startswith(_CODE_FREE_AUTO)]
+    if names:
+        raise SlimkitError(
+            f"model_type '{_model_type(config)}' needs custom code (auto_map: {', '.join(names)}), which slimkit "
+            f"never runs (no trust_remote_code); {allowed}"
+        )
+
+
 def check_supported(config: Any, task: str = "causal-lm") -> None:
     """Raise :class:`SlimkitError` (one line) unless ``config`` is an architecture ``task`` supports.
 
@@ -92,17 +107,49 @@ def check_supported(config: Any, task: str = "causal-lm") -> None:
     supported built-in architectures.
     """
     supported = _supported_for(task)
+    _check_code_free(config, f"supported built-in architectures for {task} recipes: {', '.join(supported)}")
+    if _model_type(config) not in supported:
+        raise SlimkitError(unsupported_message(_model_type(config), task))
+
+
+def builtin_causal_lm(model_type: str | None) -> bool:
+    """Whether transformers builds ``model_type`` as a causal language model with its own classes."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return bool(model_type) and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def check_evaluable(config: Any, task: str | None = None) -> str:
+    """The task to evaluate ``config``'s model as (``causal-lm`` or ``encoder``); one :class:`SlimkitError` line
+    unless slimkit has an adapter for it or transformers builds it as a causal LM with its own classes.
+
+    Custom code is refused as by :func:`check_supported`. ``task``: the task a named source declares (an encoder
+    needs its adapter: slimkit evaluates encoders on GLUE through it).
+    """
     model_type = _model_type(config)
-    auto_map = _field(config, "auto_map")
-    names = sorted(auto_map) if isinstance(auto_map, Mapping) else ([str(auto_map)] if auto_map else [])
-    names = [name for name in names if not name.startswith(_CODE_FREE_AUTO)]
-    if names:
+    _check_code_free(config, "slimkit evaluates built-in transformers architectures only")
+    task = task or task_of(config)
+    if task == "encoder" or model_type in SUPPORTED["causal-lm"]:
+        check_supported(config, task)
+        return task
+    if not builtin_causal_lm(model_type):
+        what = f"model_type '{model_type}'" if model_type else "a config without a model_type"
         raise SlimkitError(
-            f"model_type '{model_type}' needs custom code (auto_map: {', '.join(names)}), which slimkit never runs "
-            f"(no trust_remote_code); supported built-in architectures for {task} recipes: {', '.join(supported)}"
+            f"{what} is not a causal language model transformers builds (AutoModelForCausalLM has no class for it) "
+            f"and not an architecture slimkit compresses ({', '.join(sorted(ARCH_SPECS))}); slimkit evaluates "
+            "causal LMs and its supported encoders"
         )
-    if model_type not in supported:
-        raise SlimkitError(unsupported_message(model_type, task))
+    return "causal-lm"
+
+
+def compression_support(config: Any, task: str = "causal-lm") -> str | None:
+    """Why no compression recipe runs on ``config``'s model (the one line :func:`check_supported` gives), or None
+    when slimkit has an adapter for it."""
+    try:
+        check_supported(config, task)
+    except SlimkitError as error:
+        return str(error)
+    return None
 
 
 CODE_CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
@@ -154,8 +201,11 @@ def check_no_custom_code(directory: str | Path, config: Mapping[str, Any] | None
 __all__ = [
     "CODE_CONFIG_FILES",
     "SUPPORTED",
+    "builtin_causal_lm",
+    "check_evaluable",
     "check_no_custom_code",
     "check_supported",
+    "compression_support",
     "task_of",
     "unsupported_message",
 ]

@@ -65,7 +65,8 @@ def params_by_part(model: nn.Module) -> dict[str, int]:
 
 
 def count_params(model: nn.Module) -> int:
-    return params_by_part(model)["total"]
+    """Every parameter once (tied ones once); needs no architecture adapter."""
+    return sum(p.numel() for p in model.parameters())
 
 
 def count_macs(model: nn.Module, seq_len: int = 128) -> int:

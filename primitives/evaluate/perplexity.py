@@ -5,6 +5,11 @@ windows of ``seq_len`` tokens, and the first ``max_tokens // seq_len`` windows a
 (``max_tokens=None``: all of them). Every window is scored independently (no context carried
 over), each predicting its tokens 2..L, as GPTQ/SparseGPT/Wanda-style evaluation does; the
 result states windows, length and tokens used.
+
+A tokenizer that puts a BOS token before every text it encodes (Gemma's, Llama 2's) gets its BOS as each window's
+first token, followed by ``L - 1`` corpus tokens (:func:`bos_prefix`): such models are trained with it and predict
+poorly from a window that starts mid-text. Every window still predicts ``L - 1`` tokens; a tokenizer that adds no
+BOS (SmolLM2's) gets the windows above unchanged.
 """
 
 from __future__ import annotations
@@ -34,13 +39,28 @@ class PerplexityResult:
         return asdict(self)
 
 
-def windows_of(ids: torch.Tensor, seq_len: int, max_tokens: int | None) -> torch.Tensor:
-    count = ids.numel() // seq_len
+def bos_prefix(tokenizer) -> int | None:
+    """The BOS id ``tokenizer`` puts before every text it encodes, or None when it adds none."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a", add_special_tokens=True).input_ids
+    return int(bos) if len(ids) and int(ids[0]) == int(bos) else None
+
+
+def windows_of(ids: torch.Tensor, seq_len: int, max_tokens: int | None, bos: int | None = None) -> torch.Tensor:
+    """``[count, seq_len]`` consecutive windows of ``ids`` (at most ``max_tokens`` tokens in all); with ``bos``,
+    each window is ``bos`` followed by the next ``seq_len - 1`` corpus tokens."""
+    body = seq_len - (bos is not None)
+    count = ids.numel() // body if body > 0 else 0
     if max_tokens is not None:
         count = min(count, max_tokens // seq_len)
     if count < 1:
         raise SlimkitError(f"perplexity needs at least one window of {seq_len} tokens (budget {max_tokens})")
-    return ids[: count * seq_len].reshape(count, seq_len)
+    windows = ids[: count * body].reshape(count, body)
+    if bos is None:
+        return windows
+    return torch.cat([torch.full((count, 1), bos, dtype=windows.dtype), windows], dim=1)
 
 
 def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
@@ -48,7 +68,8 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
 
     Full logits of a batch (tokens x vocabulary floats, 400 MB for 4 x 512 tokens of a 49k vocabulary)
     would dominate peak memory, so for models with a ModelView the base model's hidden states go
-    through the head in chunks.
+    through the head in chunks. A model slimkit has no adapter for (evaluated, not compressed) runs
+    whole through its own forward, as few windows at a time as hold ``chunk_tokens`` (at least one).
     """
     batch = to_input_device(model, batch)
     targets = batch[:, 1:].reshape(-1)
@@ -57,8 +78,14 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
     except SlimkitError:
         view = None
     if view is None or view.head is None:
-        logits = model(batch, use_cache=False).logits[:, :-1].float()
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="sum").item()
+        rows = max(1, chunk_tokens // batch.shape[1])
+        total = 0.0
+        for start in range(0, batch.shape[0], rows):
+            part = batch[start : start + rows]
+            logits = model(part, use_cache=False).logits[:, :-1].float()
+            flat = logits.reshape(-1, logits.shape[-1])
+            total += F.cross_entropy(flat, part[:, 1:].reshape(-1), reduction="sum").item()
+        return total
     hidden = view.base(batch, use_cache=False)[0][:, :-1]
     hidden = hidden.reshape(-1, hidden.shape[-1])  # the head's width (may differ from the embeddings')
     total = 0.0
@@ -106,6 +133,6 @@ def perplexity(
     progress=None,
 ) -> PerplexityResult:
     ids = corpus_ids(tokenizer, textdata.text(dataset), max_tokens)
-    windows = windows_of(ids, seq_len, max_tokens)
+    windows = windows_of(ids, seq_len, max_tokens, bos_prefix(tokenizer))
     value = perplexity_of_windows(model, windows, batch_size, progress)
     return PerplexityResult(dataset, value, windows.shape[0], seq_len, windows.numel())

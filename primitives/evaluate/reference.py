@@ -123,8 +123,14 @@ def content_fingerprint(folder: str | os.PathLike | None) -> list[list[Any]]:
     return entries
 
 
+MEASURE_VERSION = 2
+"""Bumped when the same settings measure differently (2: perplexity windows start with the tokenizer's BOS where it
+adds one), so no metric measured the old way is read back."""
+
+
 def cache_key(identity: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    keyed = {**identity, "measure_version": MEASURE_VERSION}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 @dataclass

@@ -148,13 +148,19 @@ def evaluate_perplexity(
 ) -> None:
     """``<dataset>_ppl`` for each dataset; its bar counts the evaluation windows."""
     from slimkit.primitives.datasets import textdata
-    from slimkit.primitives.evaluate.perplexity import PerplexityResult, corpus_ids, perplexity_of_windows, windows_of
+    from slimkit.primitives.evaluate.perplexity import (
+        PerplexityResult,
+        bos_prefix,
+        corpus_ids,
+        perplexity_of_windows,
+        windows_of,
+    )
 
     result.details["perplexity"] = []
     for dataset in settings.datasets:
         with result.timed(f"eval:{dataset}"):
             ids = corpus_ids(tokenizer, textdata.text(dataset), settings.max_tokens)
-            windows = windows_of(ids, settings.seq_len, settings.max_tokens)
+            windows = windows_of(ids, settings.seq_len, settings.max_tokens, bos_prefix(tokenizer))
             with progress.task(f"perplexity {dataset}", int(windows.shape[0])) as advance:
                 value = perplexity_of_windows(model, windows, settings.batch_size, advance)
         measured = PerplexityResult(dataset, value, int(windows.shape[0]), settings.seq_len, int(windows.numel()))

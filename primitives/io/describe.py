@@ -12,7 +12,9 @@
   the reason when not), and what ``slimkit export`` can turn it into (GGUF for llama.cpp, a plain
   Hugging Face folder; see :mod:`slimkit.primitives.export.plan`).
 * :func:`describe_model` / :func:`describe_source` gather that with the per-layer widths into a
-  :class:`Description` that renders as rich tables (``renderables``) or a dict (``as_dict``).
+  :class:`Description` that renders as rich tables (``renderables``) or a dict (``as_dict``). A causal LM slimkit
+  has no adapter for is described from its config and module tree alone (:func:`describe_plain`: widths the
+  config names, parameters per layer, embeddings and head), with the one line saying why no recipe compresses it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch import nn
 
 from slimkit.primitives.arch import ARCH_SPECS, LINEAR_ROLES, ArchSpec, ModelView
 from slimkit.primitives.arch.head_widths import HeadWidths
+from slimkit.primitives.arch.support import compression_support
 from slimkit.primitives.io.compat import SLIMKIT_MODEL_TYPE, is_marked, structure_reasons, unmark_config
 from slimkit.primitives.io.folder import read_json_object
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
@@ -238,6 +241,9 @@ class Description:
     layers: list[dict[str, Any]]
     structure: Structure
     loaders: list[LoaderVerdict]
+    compression: str | None = None
+    """Why no compression recipe runs on this model (None: slimkit has an adapter for it); its parts are then
+    ``embeddings``, ``layers``, ``head``, ``other`` and ``total`` only, and unknown widths are None."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -249,6 +255,7 @@ class Description:
             "layers": self.layers,
             "structure": self.structure.as_dict(),
             "loaders": [{**asdict(v), "answer": v.answer} for v in self.loaders],
+            "compression": self.compression or "supported",
         }
 
     def renderables(self) -> list[Any]:
@@ -263,8 +270,8 @@ class Description:
         columns += ["parameters"]
         table = Table(*columns, title=self.name)
         for row in self.layers:
-            cells = [str(row["layer"]), str(row["heads"]), str(row["kv_heads"]), head_dim_cell(row)]
-            cells.append(str(row["mlp_width"]))
+            cells = [_cell(row["layer"]), _cell(row["heads"]), _cell(row["kv_heads"]), head_dim_cell(row)]
+            cells.append(_cell(row["mlp_width"]))
             if per_layer_hidden:
                 cells.append(str(row["hidden"]))
             if self.structure.ranks:
@@ -294,11 +301,22 @@ class Description:
                 loaders.add_row(verdict.loader, verdict.answer, verdict.detail)
             items.append(loaders)
         p = self.parts
+        if self.compression is not None:
+            items.append(
+                f"{self.model_type}: hidden {self.hidden_size}, {len(self.layers)} layers, {p['total']:,} parameters "
+                f"(embeddings {p['embeddings']:,}, layers {p['layers']:,}, tied head: {self.tied})"
+            )
+            items.append(f"compression: no recipe runs on it ({self.compression}); slimkit eval and inspect do")
+            return items
         items.append(
             f"{self.model_type}: hidden {self.hidden_size}, {len(self.layers)} layers, {p['total']:,} parameters "
             f"(embeddings {p['embeddings']:,}, attention {p['attention']:,}, mlp {p['mlp']:,}, tied head: {self.tied})"
         )
         return items
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _head_widths(widths: HeadWidths | None) -> dict[str, list[int]] | None:
@@ -310,7 +328,7 @@ def head_dim_cell(row: dict[str, Any]) -> str:
     """The ``head dim`` cell: the one width, or each head's q/k and v/o widths as ranges (``qk 9-64, vo 3-64``)."""
     widths = row.get("head_widths")
     if not widths:
-        return str(row["head_dim"])
+        return _cell(row["head_dim"])
 
     def span(values: list[int]) -> str:
         return str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
@@ -319,9 +337,13 @@ def head_dim_cell(row: dict[str, Any]) -> str:
 
 
 def describe_model(model: nn.Module, folder: str | os.PathLike | None = None, name: str | None = None) -> Description:
-    """Describe a loaded model; ``folder`` (where it was loaded from) adds the loader verdicts."""
+    """Describe a loaded model; ``folder`` (where it was loaded from) adds the loader verdicts. A model slimkit
+    has no adapter for is described by :func:`describe_plain`."""
     from slimkit.primitives.evaluate.counting import params_by_part
 
+    reason = compression_support(model.config, "encoder" if _is_encoder(model) else "causal-lm")
+    if reason is not None:
+        return describe_plain(model, reason, folder, name)
     view = ModelView(model)
     layers = [
         {
@@ -348,11 +370,87 @@ def describe_model(model: nn.Module, folder: str | os.PathLike | None = None, na
     )
 
 
+def _is_encoder(model: nn.Module) -> bool:
+    from slimkit.primitives.arch.support import task_of
+
+    return task_of(model.config) == "encoder"
+
+
+def _config_width(config: Any, *names: str) -> int | None:
+    """The first of ``names`` the config sets to a positive integer (None: the config does not say)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if type(value) is int and value > 0:
+            return value
+    return None
+
+
+def _layer_list(model: nn.Module, count: int | None) -> nn.ModuleList | None:
+    """The module list of ``count`` blocks holding the most parameters (a transformer's layers), if any."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == count and count]
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+
+
+def describe_plain(
+    model: nn.Module, reason: str, folder: str | os.PathLike | None = None, name: str | None = None
+) -> Description:
+    """Describe a model slimkit has no adapter for, from its config and module tree (``reason``: why no recipe
+    compresses it). Widths the config does not name are None; parameters are split into the input embeddings,
+    the layer list, an untied output head and the rest."""
+    config = model.config.get_text_config()
+    hidden = _config_width(config, "hidden_size", "n_embd", "d_model") or 0
+    layers = _layer_list(model, _config_width(config, "num_hidden_layers", "n_layer", "num_layers"))
+    heads = _config_width(config, "num_attention_heads", "n_head")
+    kv_heads = _config_width(config, "num_key_value_heads")
+    head_dim = _config_width(config, "head_dim") or (hidden // heads if heads and hidden % heads == 0 else None)
+    mlp_width = _config_width(config, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+    embeddings = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    tied = head is not None and embeddings is not None and head.weight is embeddings.weight
+    seen: set[int] = set()
+
+    def count(params) -> int:
+        fresh = [p for p in params if id(p) not in seen]
+        seen.update(id(p) for p in fresh)
+        return sum(p.numel() for p in fresh)
+
+    parts = {"embeddings": count(embeddings.parameters()) if embeddings is not None else 0}
+    parts["layers"] = count(layers.parameters()) if layers is not None else 0
+    parts["head"] = count(head.parameters()) if head is not None else 0
+    parts["other"] = count(model.parameters())
+    parts["total"] = sum(parts.values())
+    rows = [
+        {
+            "layer": index,
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "head_widths": None,
+            "mlp_width": mlp_width,
+            "hidden": hidden,
+            "parameters": sum(p.numel() for p in layer.parameters()),
+        }
+        for index, layer in enumerate(layers if layers is not None else [])
+    ]
+    return Description(
+        name=name or (str(folder) if folder is not None else str(config.model_type)),
+        model_type=str(model.config.model_type),
+        hidden_size=hidden,
+        tied=tied,
+        parts=parts,
+        layers=rows,
+        structure=Structure(),
+        loaders=folder_loaders(folder) if folder is not None else [],
+        compression=reason,
+    )
+
+
 def describe_source(source: str) -> Description:
-    """Load a model source (name or folder) with :func:`slimkit.load_source` and describe it."""
+    """Load a model source (name or folder) with :func:`slimkit.load_source` and describe it (any causal LM
+    transformers builds with its own classes: inspecting needs no adapter)."""
     from slimkit.primitives.io.model_sources import load_source
 
-    model, _tokenizer, info = load_source(source)
+    model, _tokenizer, info = load_source(source, purpose="evaluate")
     return describe_model(model, Path(info.path), info.name)
 
 
@@ -362,6 +460,7 @@ __all__ = [
     "ResidualMap",
     "Structure",
     "describe_model",
+    "describe_plain",
     "describe_source",
     "folder_loaders",
     "head_dim_cell",

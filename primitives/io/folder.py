@@ -13,10 +13,11 @@ that comes from its files is bounded and checked against the weight files before
 * JSON files (``config.json``, the shard index, ``generation_config.json``, ``tokenizer_config.json``,
   ``special_tokens_map.json``, the manifest): at most :data:`MAX_JSON_BYTES`, UTF-8, nested at most
   :data:`MAX_JSON_DEPTH` deep, a JSON object.
-* ``config.json``: a supported ``model_type`` and no custom code; no ``quantization_config`` (slimkit reads
-  unquantised weights); ``architectures`` names transformers model classes of that ``model_type`` only; every
-  size field (:data:`SIZE_FIELDS`) a positive integer; the layer count equal to the layers the weights hold;
-  each width at most the largest dimension of any saved tensor.
+* ``config.json``: a supported ``model_type`` (for ``purpose="evaluate"``, any causal LM transformers builds with its
+  own classes: evaluation and inspection need no adapter) and no custom code; no ``quantization_config`` (slimkit reads
+  unquantised weights); ``architectures`` names transformers model classes of that ``model_type`` only; every size field
+  (:data:`SIZE_FIELDS`) a positive integer; the layer count equal to the layers the weights hold; each width at most the
+  largest dimension of any saved tensor.
 
 Every refusal is one :class:`SlimkitError` line naming the file and the entry.
 """
@@ -29,15 +30,19 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from safetensors import SafetensorError, safe_open
 
 from slimkit.primitives.arch import ARCH_SPECS, check_supported
 from slimkit.primitives.arch.moe import fused_expert_shapes
-from slimkit.primitives.arch.support import check_no_custom_code, task_of
+from slimkit.primitives.arch.support import check_evaluable, check_no_custom_code, task_of
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.io.compat import removed_block_layers, unmark_config
+from slimkit.primitives.io.compat import is_marked, removed_block_layers, unmark_config
+
+Purpose = Literal["compress", "evaluate"]
+"""What a model folder is read for: ``compress`` needs an architecture slimkit has an adapter for; ``evaluate``
+(``slimkit eval``, ``slimkit inspect``) takes any causal LM transformers builds with its own classes."""
 
 MAX_JSON_BYTES = 64 << 20
 """The largest JSON file of a model folder slimkit reads (a config is a few KiB; chat templates make more)."""
@@ -349,14 +354,18 @@ def _check_sizes(folder: ModelFolder, config: dict[str, Any]) -> None:
         )
 
 
-def check_model_folder(directory: str | os.PathLike, task: str | None = None) -> ModelFolder:
+def check_model_folder(
+    directory: str | os.PathLike, task: str | None = None, *, purpose: Purpose = "compress"
+) -> ModelFolder:
     """Validate a model folder before transformers reads any of it; one :class:`SlimkitError` line otherwise.
 
     Checks, in order: every entry is a regular file or folder; ``config.json`` is a bounded JSON object; the folder
     needs no code of its own (:func:`~slimkit.primitives.arch.support.check_no_custom_code`); the config names a
-    supported ``model_type`` for ``task`` (default: from the config), no quantisation, model classes of that type
-    and positive sizes; the side JSON files read; the weights are exactly the safetensors files the checkpoint
-    names (pickle-only folders are refused) and every header reads; the layer count and widths fit the weights.
+    supported ``model_type`` for ``task`` (default: from the config; with ``purpose="evaluate"`` any causal LM
+    transformers builds with its own classes, :func:`~slimkit.primitives.arch.support.check_evaluable`, except a folder
+    slimkit wrote, which needs its adapter), no quantisation, model classes of that type and positive sizes; the side
+    JSON files read; the weights are exactly the safetensors files the checkpoint names (pickle-only folders are
+    refused) and every header reads; the layer count and widths fit the weights.
     """
     directory = Path(directory).expanduser()
     if not directory.is_dir():
@@ -372,9 +381,12 @@ def check_model_folder(directory: str | os.PathLike, task: str | None = None) ->
     check_no_custom_code(directory, config)
     if not config.get("model_type"):
         raise SlimkitError(f'{config_path}: no model_type (a Hugging Face config names its architecture, e.g. "llama")')
-    task = task or task_of(config)
     try:
-        check_supported(config, task)
+        if purpose == "evaluate" and not is_marked(config):
+            task = check_evaluable(config, task)
+        else:
+            task = task or task_of(config)
+            check_supported(config, task)
         plain = unmark_config(config)
     except SlimkitError as error:
         raise SlimkitError(f"{config_path}: {error}") from None
@@ -395,6 +407,7 @@ __all__ = [
     "PICKLE_PATTERNS",
     "SIZE_FIELDS",
     "ModelFolder",
+    "Purpose",
     "check_folder_entries",
     "check_model_folder",
     "check_regular_file",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from slimkit.primitives.arch.moe import materialise_experts
 from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
-from slimkit.primitives.io.folder import ModelFolder, check_model_folder, read_json_object
+from slimkit.primitives.io.folder import ModelFolder, Purpose, check_model_folder, read_json_object
 from slimkit.primitives.io.paths import as_path
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
@@ -126,6 +127,32 @@ def _mismatch_fields(config: dict[str, Any], built: tuple[int, ...], saved: tupl
     """The config's integer fields whose value is a dimension only the config-built shape has."""
     only_built = set(built) - set(saved)
     return [k for k, v in config.items() if type(v) is int and v in only_built]
+
+
+def _as_loaded(folder: ModelFolder, skeleton: nn.Module) -> ModelFolder:
+    """``folder`` with its tensors under the names transformers loads them as into ``skeleton``: the renamings
+    transformers registers for the model's classes (a checkpoint's ``embed_out.weight`` is GPT-NeoX's
+    ``lm_head.weight``). A tensor a converter makes (several saved tensors stacked into one) counts as saved with
+    the shape the model builds: its shape is left to transformers' own check.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+    except ImportError:  # a transformers without checkpoint conversions loads the names as saved
+        return folder
+    transforms = get_model_conversion_mapping(skeleton)
+    if not transforms:
+        return folder
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    built = {name: tuple(p.shape) for name, p in skeleton.named_parameters(remove_duplicate=False)}
+    shapes: dict[str, tuple[int, ...]] = {}
+    files: dict[str, str] = {}
+    for key, shape in folder.shapes.items():
+        name, converted = rename_source_key(key, renamings, converters)
+        shapes[name] = built.get(name, shape) if converted is not None else shape
+        files[name] = folder.files[key]
+    return replace(folder, shapes=shapes, files=files)
 
 
 def _check_shapes(
@@ -336,10 +363,13 @@ def load(
     dtype: str = "auto",
     max_memory: str | int | None = None,
     offload_folder: str | os.PathLike | None = None,
+    purpose: Purpose = "compress",
 ) -> tuple[nn.Module, Any]:
     """Load ``(model, tokenizer)`` from ``directory`` in eval mode.
 
-    ``task``: ``causal-lm`` or ``encoder`` (default: from the config's ``model_type``).
+    ``task``: ``causal-lm`` or ``encoder`` (default: from the config's ``model_type``). ``purpose``: ``compress``
+    (the default) needs an architecture slimkit has an adapter for; ``evaluate`` also loads any plain causal LM
+    transformers builds with its own classes (:func:`check_model_folder`).
 
     ``device``: auto (CUDA when available), cpu, cuda, cuda:N. ``dtype``: auto (float32 on CPU, bfloat16 on
     CUDA), float32, bfloat16, float16. ``max_memory`` (e.g. ``"20GiB"``): the weights' budget on the device;
@@ -356,7 +386,7 @@ def load(
 
     placement = Placement.resolve(device, dtype, max_memory)
     directory = as_path(directory, "directory")
-    folder = check_model_folder(directory, task)
+    folder = check_model_folder(directory, task, purpose=purpose)
     task = folder.task
     marked = is_marked(folder.config)
     config_dict = unmark_config(folder.config)
@@ -378,8 +408,9 @@ def load(
         with torch.device("meta"):
             skeleton = _from_config_file(folder, lambda: _instantiate(cls, config))
         prefix = getattr(cls, "base_model_prefix", None)
-        _check_shapes(folder, skeleton, config_dict, prefix, _SHAPE_HINT)
-        _check_all_saved(folder, skeleton, prefix)
+        loaded = _as_loaded(folder, skeleton)
+        _check_shapes(loaded, skeleton, config_dict, prefix, _SHAPE_HINT)
+        _check_all_saved(loaded, skeleton, prefix)
         _check_layer_widths(folder, skeleton, manifest)
         del skeleton
         tokenizer = _load_tokenizer(directory, config)  # before the weights: its ids are checked against the rows

