@@ -33,7 +33,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -140,7 +140,7 @@ def _as_loaded(folder: ModelFolder, skeleton: nn.Module) -> ModelFolder:
         from transformers.core_model_loading import WeightRenaming, rename_source_key
     except ImportError:  # a transformers without checkpoint conversions loads the names as saved
         return folder
-    transforms = get_model_conversion_mapping(skeleton)
+    transforms = get_model_conversion_mapping(cast(Any, skeleton))
     if not transforms:
         return folder
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
@@ -149,7 +149,7 @@ def _as_loaded(folder: ModelFolder, skeleton: nn.Module) -> ModelFolder:
     shapes: dict[str, tuple[int, ...]] = {}
     files: dict[str, str] = {}
     for key, shape in folder.shapes.items():
-        name, converted = rename_source_key(key, renamings, converters)
+        name, converted = rename_source_key(key, renamings, cast(Any, converters))
         shapes[name] = built.get(name, shape) if converted is not None else shape
         files[name] = folder.files[key]
     return replace(folder, shapes=shapes, files=files)
