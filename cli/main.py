@@ -123,6 +123,7 @@ def recipe_run(
     from slimkit.primitives.io.describe import saved_structure
     from slimkit.recipes.loading import load_recipe
     from slimkit.recipes.output_safety import check_output_dir, source_inputs
+    from slimkit.recipes.processes import join_processes
     from slimkit.recipes.progress import RichTracker
     from slimkit.recipes.report_files import markdown
 
@@ -132,7 +133,8 @@ def recipe_run(
     parsed, _raw = load_recipe(recipe, all_overrides)
     check_output_dir(out, force, source_inputs(parsed.model.source))
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
-    typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
+    if join_processes().main:  # under torchrun / accelerate launch, the main process writes and reports
+        typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
 
 
 SCOPES = {

@@ -177,6 +177,18 @@ def claimed_output(
         lock.release()
 
 
+def checkpoint_root(out: Path) -> Path:
+    """Where a run writing ``out`` keeps its training checkpoints: the hidden sibling ``.OUT.checkpoints`` (it must
+    outlive a killed run, so it is neither inside the partial folder nor a leftover that the next run cleans); the
+    run removes it once its output is published."""
+    return out.parent / f".{out.name}.checkpoints"
+
+
+def remove_checkpoints(out: Path) -> None:
+    """Delete ``out``'s checkpoint root (after the output was published)."""
+    shutil.rmtree(checkpoint_root(out), ignore_errors=True)
+
+
 def publish(staging: Path, out: Path, force: bool) -> None:
     """Put the finished ``staging`` folder at ``out`` in one step, after checking ``out`` once more (something
     may have written there during the run); the previous result is deleted only once the new one is in place."""

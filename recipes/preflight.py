@@ -130,7 +130,7 @@ def dense_reloaders(recipe: Recipe) -> list[str]:
     for index, item in enumerate(recipe.stages):
         if isinstance(item, SequentialSpec) or item.stage not in ("distill", "reconstruct"):
             continue
-        if item.stage == "reconstruct" or item.parsed_args().steps > 0:
+        if item.stage == "reconstruct" or item.parsed_args().trains():
             found.append(f"stages.{index} ({item.stage})")
     return found
 

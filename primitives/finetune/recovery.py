@@ -150,6 +150,7 @@ class RecoveryResult:
             "losses": train,
             "validation": [{"step": s, "loss": v} for s, v in self.validation_curve],
             "validation_last": self.validation_curve[-1][1] if self.validation_curve else None,
+            "tokens_curve": list(self.tokens_curve),
             "stopped": self.stopped,
             "resumed_from_step": self.resumed_from,
             "train_seconds": self.seconds,

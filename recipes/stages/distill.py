@@ -16,6 +16,9 @@ KL's float32 softmax temporaries live for 1,024 tokens at a time (chunks recompu
 :func:`~slimkit.primitives.finetune.distill.distill_loss`). A teacher that cannot be loaded (a model given in
 memory has no source to reload; out of memory) is one :class:`SlimkitError` line saying so.
 
+With ``tokens`` (:mod:`slimkit.recipes.stages.recovery_settings`), the same loss trains through the token-budgeted
+loop: packed streamed windows, a held-out validation KL, checkpoints and resume.
+
 Budget: like ``lora``, it removes no parameters (budget ``none``) and trains (refused with float16 weights).
 ``benchmarks/run.py`` turns it off (``steps=0``) for "without recovery" rows, as it does ``lora``.
 """
@@ -28,13 +31,15 @@ from pydantic import Field
 from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.finetune import LoraConfig, lora_recover
+from slimkit.primitives.finetune import lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
+from slimkit.primitives.finetune.recovery import DistillationObjective
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.schema import Recipe
 from slimkit.recipes.stages.dense_source import release_memory, reload_dense
-from slimkit.recipes.stages.lora import LoraArgs, default_lora_targets
+from slimkit.recipes.stages.lora import LoraArgs, lora_config
+from slimkit.recipes.stages.recovery_settings import run_token_budget
 
 PROJECTING_STAGES = ("pca_project", "pca_project_post")
 
@@ -101,9 +106,7 @@ def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
 )
 def distill(ctx: Context, args: DistillArgs) -> None:
     """Recover with LoRA adapters trained to match the dense teacher's logits (KL), then merge them into the weights."""
-    values = args.model_dump(exclude={"temperature", "hidden_weight", "teacher"})
-    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
-    config = LoraConfig(**values, seed=ctx.recipe.seed)
+    config = lora_config(ctx, args, exclude={"temperature", "hidden_weight", "teacher"})
     settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
     if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config)
@@ -113,6 +116,13 @@ def distill(ctx: Context, args: DistillArgs) -> None:
     teacher, info = load_teacher(ctx)
     cuda = any(p.device.type == "cuda" for p in teacher.parameters())
     try:
+        if args.tokens is not None:
+            objective = DistillationObjective(teacher, settings.temperature, settings.hidden_weight)
+            teacher.eval()
+            teacher.requires_grad_(False)
+            ctx.model, report = run_token_budget(ctx, "distill", args, config, objective, "distill training")
+            ctx.report_stage("distill", {**report, **info})
+            return
         with ctx.tracker.task("distill", config.steps) as advance:
             ctx.model, report = distill_recover(
                 ctx.model, teacher, ctx.tokenizer, config, settings, progress=lambda _step: advance(1)

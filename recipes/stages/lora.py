@@ -5,14 +5,18 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from slimkit.primitives.finetune import LoraConfig, lora_recover
+from slimkit.primitives.finetune.recovery import LanguageModelObjective
 from slimkit.primitives.lowrank import LowRankLinear
 from slimkit.recipes.context import Context
 from slimkit.recipes.registry import register_stage
 from slimkit.recipes.schema import check_corpus
-from slimkit.recipes.stage_args import StageArgs
+from slimkit.recipes.stages.recovery_settings import TOKEN_ONLY, RecoveryArgs, run_token_budget
+
+DEFAULT_STEPS = 50
+"""Optimizer steps of a run given neither steps nor tokens."""
 
 
-class LoraArgs(StageArgs):
+class LoraArgs(RecoveryArgs):
     rank: int = Field(8, ge=1)
     """Rank r of every adapter pair (A: r x in, B: out x r)."""
     alpha: float = Field(16.0, gt=0)
@@ -23,8 +27,9 @@ class LoraArgs(StageArgs):
     """Linear module names to adapt; None: every attention and MLP projection of the layers."""
     learning_rate: float = Field(1e-4, gt=0)
     """AdamW learning rate of the adapter parameters (constant; base weights stay frozen)."""
-    steps: int = Field(50, ge=0)
-    """Optimizer steps (0: no training, the model is left as it is)."""
+    steps: int | None = Field(None, ge=0)
+    """Optimizer steps of the run without tokens (None: 50); 0: no training, the model is left as it is (also with
+    tokens)."""
     batch_size: int = Field(4, ge=1)
     """Token windows per optimizer step."""
     seq_len: int = Field(128, ge=2)
@@ -35,6 +40,10 @@ class LoraArgs(StageArgs):
     """AdamW weight decay of the adapter parameters (0: none)."""
 
     _dataset = field_validator("dataset")(check_corpus)
+
+    def trains(self) -> bool:
+        """Whether the stage trains at all (``steps: 0`` turns it off)."""
+        return self.steps != 0
 
 
 def default_lora_targets(ctx: Context) -> tuple[str, ...]:
@@ -60,14 +69,25 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def lora_config(ctx: Context, args: LoraArgs, exclude: set[str] | None = None) -> LoraConfig:
+    """The adapters' settings (and the steps run's) from a stage's arguments."""
+    skipped = {"tokens", *TOKEN_ONLY, *(exclude or ())}
+    values = args.model_dump(exclude=skipped)
+    values["steps"] = DEFAULT_STEPS if args.steps is None else args.steps
+    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
+    return LoraConfig(**values, seed=ctx.recipe.seed)
+
+
 @register_stage(
     "lora", args=LoraArgs, scope="model", trains=True, paper="LoRA (Hu et al. 2022) recovery, merged into the weights"
 )
 def lora(ctx: Context, args: LoraArgs) -> None:
     """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
-    values = args.model_dump()
-    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
-    config = LoraConfig(**values, seed=ctx.recipe.seed)
+    config = lora_config(ctx, args)
+    if args.tokens is not None and config.steps > 0:
+        ctx.model, report = run_token_budget(ctx, "lora", args, config, LanguageModelObjective(), "lora training")
+        ctx.report_stage("lora", report)
+        return
     with ctx.tracker.task("lora", config.steps) as advance:
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
     ctx.report_stage("lora", report)
