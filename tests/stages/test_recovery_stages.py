@@ -58,17 +58,30 @@ def test_a_killed_recipe_run_resumes_to_the_uninterrupted_result(tmp_path, tiny_
         assert torch.equal(tensor, whole[name]), name
 
 
+def test_offline_top_k_teacher_is_computed_once_and_reused(tmp_path, tiny_llama_dir):
+    raw = _recipe(tiny_llama_dir, "distill", top_k=16)
+    first = slimkit.run(raw, tmp_path / "first", evaluate=False, compare_dense=False).report.as_json()
+    second = slimkit.run(raw, tmp_path / "second", evaluate=False, compare_dense=False)
+    one, two = first["stages"]["distill"], second.report.as_json()["stages"]["distill"]
+    assert one["windows_computed"] > 0 and one["teacher_load_seconds"] > 0
+    assert two["windows_computed"] == 0 and two["teacher_load_seconds"] == 0.0
+    reads = one["windows_computed"] + one["cached_windows_read"]  # the validation windows are read twice
+    assert two["cached_windows_read"] == reads and two["losses"] == one["losses"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        ({"tokens": None, "top_k": 8}, "top_k: only with tokens"),
         ({"tokens": None, "checkpoint_every": 2}, "checkpoint_every: only with tokens"),
         ({"steps": 3}, "steps and tokens: give one of them"),
         ({"data_folder": "/nonexistent/folder"}, "is not a folder"),
     ],
 )
 def test_token_settings_are_refused_in_one_line(tmp_path, args, message):
-    raw = _recipe(tmp_path, **args)
+    raw = _recipe(tmp_path, "distill" if "top_k" in args else "lora", **args)
     if args.get("tokens", 1) is None:
         raw["stages"][0]["args"].pop("tokens")
+        raw["stages"][0]["args"].pop("validation_windows")
     with pytest.raises(SlimkitError, match=message):
         validate(raw, "r.yaml")
