@@ -102,12 +102,20 @@ def stage_memory(
         parts = {"activations": forward_activation_bytes(shape, tokens, dtype_bytes)} if tokens else {}
         return StageMemory(name, parts, ACTIVATION_ADVICE)
     if name in ("lora", "distill", "mask_train", "prunenet"):
-        own = getattr(args, "batch_size", None), getattr(args, "seq_len", None)
+        own = (
+            getattr(args, "micro_batch_size", None) or getattr(args, "batch_size", None),
+            getattr(args, "seq_len", None),
+        )
         train_tokens = own[0] * own[1] if None not in own else tokens
         memory = StageMemory(name, advice=TRAINING_ADVICE)
         memory.parts["activations"] = backward_activation_bytes(shape, train_tokens, dtype_bytes, False)
-        if name == "distill":
+        if name in ("lora", "distill"):
+            linears = 4 * (shape.hidden + shape.q_width) + 3 * (shape.hidden + shape.intermediate)
+            # float32 adapters, their gradients, AdamW's two moments and the last good copy
+            memory.parts["adapters"] = shape.layers * args.rank * linears * FLOAT32 * 5
+        if name == "distill":  # counted even for a cached top_k teacher, which may need loading on a cache miss
             memory.parts["teacher"] = weights_bytes(shape, dtype_bytes)
+            memory.parts["logits"] = 2 * train_tokens * shape.vocab * dtype_bytes  # the student's and the teacher's
         return memory
     if name == "remove_blocks":  # the inputs of every layer, kept for the search (primitives/blocks/search.py)
         batches = getattr(args, "batches", None)

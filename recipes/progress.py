@@ -55,7 +55,8 @@ class RichTracker(Tracker):
             def advance(n: int = 1) -> None:
                 progress.advance(task_id, n)
                 speed = next(task.speed for task in progress.tasks if task.id == task_id)
-                progress.update(task_id, rate=f"{speed:,.0f}/s" if speed else "")
+                shown = "" if not speed else f"{speed:,.0f}/s" if speed >= 10 else f"{speed:.2g}/s"
+                progress.update(task_id, rate=shown)
 
             yield advance
 
