@@ -6,7 +6,8 @@ shared out among the processes (window ``i`` to process ``i mod world``), each p
 of ``micro_batch_size`` windows (gradient accumulation), and every micro-batch's loss is its per-token loss *sum*
 divided by the token count of the whole global batch, so the gradients summed over micro-batches and processes
 (``all_reduce``) are those of the global batch's mean loss whatever the split. The optimizer is AdamW with a
-constant or cosine learning rate after an optional linear warm-up; gradients are clipped at ``max_grad_norm``.
+constant or cosine learning rate after an optional linear warm-up; gradients are clipped at ``max_grad_norm``; with
+``autocast`` the forward passes run under bfloat16 autocast (the losses are computed in float32 either way).
 
 Divergence: a step whose loss or gradient norm is not finite stops the run; the trained tensors go back to the last
 weights that gave a finite loss (a copy of the trained tensors kept before each update: the LoRA adapters here), and
@@ -58,6 +59,7 @@ class RecoveryConfig:
     learning_rate: float = 1e-4
     weight_decay: float = 0.0
     micro_batch_size: int | None = None  # None: a process's whole share of the batch at once
+    autocast: bool = False  # forward passes under bfloat16 autocast (for a float32 model)
     schedule: Schedule = "constant"
     warmup_steps: int = 0
     max_grad_norm: float | None = 1.0
@@ -202,7 +204,15 @@ def _share(ids: torch.Tensor, mask: torch.Tensor, micro: int | None) -> list[tup
     return [(ids[i : i + step], mask[i : i + step]) for i in range(0, ids.shape[0], step)]
 
 
-def mean_loss(model: nn.Module, objective: TokenObjective, ids: torch.Tensor, micro: int | None) -> float:
+def autocast_of(model: nn.Module, enabled: bool) -> torch.autocast:
+    """bfloat16 autocast on ``model``'s device type (a no-op context when not ``enabled``)."""
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=enabled)
+
+
+def mean_loss(
+    model: nn.Module, objective: TokenObjective, ids: torch.Tensor, micro: int | None, autocast: bool = False
+) -> float:
     """The objective's mean over the counted tokens of ``ids`` (all counted), shared out among the processes."""
     mask = torch.ones_like(ids, dtype=torch.bool)
     was_training = model.training
@@ -210,7 +220,8 @@ def mean_loss(model: nn.Module, objective: TokenObjective, ids: torch.Tensor, mi
     total = torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
         for part_ids, part_mask in _share(ids, mask, micro):
-            value = objective.loss_sum(model, to_input_device(model, part_ids), part_mask)
+            with autocast_of(model, autocast):
+                value = objective.loss_sum(model, to_input_device(model, part_ids), part_mask)
             total += torch.tensor([float(value), objective.count(part_mask)], dtype=torch.float64)
     _all_reduce(total)
     model.train(was_training)
@@ -294,7 +305,8 @@ class RecoveryRun:
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def validate(self) -> float:
-        value = mean_loss(self.model, self.objective, self.validation, self.config.micro_batch_size)
+        config = self.config
+        value = mean_loss(self.model, self.objective, self.validation, config.micro_batch_size, config.autocast)
         self.result.validation_curve.append((self.result.steps_done, value))
         return value
 
@@ -304,7 +316,8 @@ class RecoveryRun:
         count = self.objective.count(mask)
         total = torch.zeros(1, dtype=torch.float64)
         for part_ids, part_mask in _share(ids, mask, self.config.micro_batch_size):
-            loss = self.objective.loss_sum(self.model, to_input_device(self.model, part_ids), part_mask) / count
+            with autocast_of(self.model, self.config.autocast):
+                loss = self.objective.loss_sum(self.model, to_input_device(self.model, part_ids), part_mask) / count
             total += float(loss.detach())
             if math.isfinite(float(loss.detach())):
                 loss.backward()

@@ -28,6 +28,7 @@ from slimkit.recipes.stage_args import StageArgs
 TOKEN_ONLY = (
     "data_folder",
     "micro_batch_size",
+    "autocast",
     "schedule",
     "warmup_steps",
     "max_grad_norm",
@@ -47,6 +48,8 @@ class RecoveryArgs(StageArgs):
     """A local folder of .txt / .jsonl / .json / .parquet files to train on instead of dataset (tokens only)."""
     micro_batch_size: int | None = Field(None, ge=1)
     """Windows per forward/backward pass (gradient accumulation up to batch_size); None: the whole batch at once."""
+    autocast: bool = False
+    """Forward passes under bfloat16 autocast (for a model loaded in float32; a bfloat16 model runs so already)."""
     schedule: Literal["constant", "cosine"] = "constant"
     """Learning-rate schedule after the warm-up: constant, or cosine decay to 0 at the budget's end."""
     warmup_steps: int = Field(0, ge=0)
@@ -83,6 +86,7 @@ def recovery_config(args: RecoveryArgs, seed: int) -> RecoveryConfig:
         learning_rate=args.learning_rate,
         weight_decay=args.weight_decay,
         micro_batch_size=args.micro_batch_size,
+        autocast=args.autocast,
         schedule=args.schedule,
         warmup_steps=args.warmup_steps,
         max_grad_norm=args.max_grad_norm,

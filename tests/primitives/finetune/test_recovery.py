@@ -82,3 +82,12 @@ def test_distillation_through_the_same_loop(tokenizer):
     objective = DistillationObjective(teacher, temperature=2.0)
     _model, report = _run(tokenizer, _config(validate_every=3), objective=objective)
     assert report["steps"] == 6 and report["validation"][-1]["loss"] < report["validation"][0]["loss"]
+
+
+def test_bfloat16_autocast_trains_close_to_float32(tokenizer):
+    lora = LoraConfig(rank=4, dropout=0.0)
+    _plain, plain = _run(tokenizer, _config(), lora=lora)
+    _cast, cast = _run(tokenizer, _config(autocast=True), lora=lora)
+    assert cast["losses"] != plain["losses"]  # the forward really ran in bfloat16
+    for a, b in zip(cast["losses"], plain["losses"], strict=True):
+        assert abs(a - b) < 0.05 * abs(b)
