@@ -58,6 +58,16 @@ def test_a_killed_recipe_run_resumes_to_the_uninterrupted_result(tmp_path, tiny_
         assert torch.equal(tensor, whole[name]), name
 
 
+def test_a_diverging_run_stops_with_one_note_and_saves_the_last_good_weights(tmp_path, tiny_llama_dir):
+    raw = _recipe(tiny_llama_dir, learning_rate=1e30, max_grad_norm=None)
+    result = slimkit.run(raw, tmp_path / "run", evaluate=False, compare_dense=False)
+    report = result.report.as_json()
+    stopped = report["stages"]["lora"]["stopped"]
+    assert stopped.startswith("diverged at step ") and report["stages"]["lora"]["tokens"] < TOKENS
+    assert [n for n in report["notes"] if n.startswith("lora stopped early: diverged at step ")]
+    assert all(bool(torch.isfinite(p).all()) for p in result.model.parameters())
+
+
 def test_offline_top_k_teacher_is_computed_once_and_reused(tmp_path, tiny_llama_dir):
     raw = _recipe(tiny_llama_dir, "distill", top_k=16)
     first = slimkit.run(raw, tmp_path / "first", evaluate=False, compare_dense=False).report.as_json()
