@@ -121,6 +121,7 @@ def recipe_run(
 ) -> None:
     """Compress a model with a recipe; writes OUT/model, OUT/report.json and OUT/report.md."""
     import slimkit
+    from slimkit.engine.processes import join_processes
     from slimkit.engine.progress import RichTracker
     from slimkit.engine.report_files import markdown
     from slimkit.primitives.io.describe import saved_structure
@@ -131,7 +132,8 @@ def recipe_run(
     all_overrides += [f"model.{key}={value}" for key, value in settings.items() if value is not None]
     parsed, _raw = load_recipe(recipe, all_overrides)
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
-    typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
+    if join_processes().main:  # under torchrun / accelerate launch, the main process writes and reports
+        typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
 
 
 SCOPES = {

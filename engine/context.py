@@ -43,6 +43,8 @@ class Context:
     """Parameters of the target's part the current block's fixed-budget stages plan to remove."""
     block_cache: dict[str, Any] = field(default_factory=dict)
     """Values a layer-scope stage computes once per block (e.g. prune_layer's solved fraction)."""
+    checkpoints: Path | None = None
+    """Where training stages keep checkpoints to resume from (beside the run's output; None: a run without one)."""
 
     # -- the one budget ------------------------------------------------------------------------
     def start_block(self, planned: int = 0) -> None:

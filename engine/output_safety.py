@@ -33,7 +33,7 @@ from slimkit.primitives.files.atomic import remove_leftovers, swap_in
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import LockHeld, acquire_lock
 from slimkit.primitives.files.marker import check_only_listed, read_marker, write_marker
-from slimkit.primitives.files.removal import remove_owned
+from slimkit.primitives.files.removal import discard, remove_owned
 from slimkit.primitives.files.writable import check_writable
 
 RUN_MARKER = ".slimkit-run.json"
@@ -149,6 +149,18 @@ def claimed_output(
         yield notes
     finally:
         lock.release()
+
+
+def checkpoint_root(out: Path) -> Path:
+    """Where a run writing ``out`` keeps its training checkpoints: the hidden sibling ``.OUT.checkpoints`` (it must
+    outlive a killed run, so it is neither inside the partial folder nor a leftover that the next run cleans); the
+    run removes it once its output is published."""
+    return out.parent / f".{out.name}.checkpoints"
+
+
+def remove_checkpoints(out: Path) -> None:
+    """Delete ``out``'s checkpoint root (after the output was published)."""
+    discard(checkpoint_root(out))
 
 
 def publish(staging: Path, out: Path, force: bool) -> list[str]:

@@ -39,14 +39,32 @@ class RichTracker(Tracker):
 
     @contextmanager
     def task(self, description: str, total: int | None) -> Iterator[Advance]:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        rate = TextColumn("{task.fields[rate]}")
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            rate,
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, console=self.console, transient=False) as progress:
-            task_id = progress.add_task(description, total=total)
+            task_id = progress.add_task(description, total=total, rate="")
 
             def advance(n: int = 1) -> None:
                 progress.advance(task_id, n)
+                speed = next(task.speed for task in progress.tasks if task.id == task_id)
+                shown = "" if not speed else f"{speed:,.0f}/s" if speed >= 10 else f"{speed:.2g}/s"
+                progress.update(task_id, rate=shown)
 
             yield advance
 

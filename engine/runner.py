@@ -22,6 +22,7 @@ from slimkit.engine.context import Context
 from slimkit.engine.dispatch import run_stages
 from slimkit.engine.error_translation import run_errors
 from slimkit.engine.memory_check import check_memory_plan
+from slimkit.engine.processes import join_processes
 from slimkit.engine.progress import Timings, Tracker
 from slimkit.engine.report import MACS_SEQ_LEN
 from slimkit.engine.run_result import Result, RunOptions
@@ -56,6 +57,11 @@ def run(
     """
     tracker = tracker or Tracker()
     options = options or RunOptions()
+    processes = join_processes()
+    if not processes.main:  # launched processes beside the main one: compute, never write (see engine/processes.py)
+        others = RunOptions(evaluate=False, compare_dense=False)
+        checkpoints = output_safety.checkpoint_root(as_path(out, "out")) if out is not None else None
+        return _execute(recipe, None, False, [], model, tokenizer, others, Tracker(), checkpoints)
     if out is None:
         if recipe.export:
             raise SlimkitError("export: writes inside the run's output folder; give the run an output folder")
@@ -69,14 +75,18 @@ def run(
         return _execute(recipe, out_path, force, notes, model, tokenizer, options, tracker)
 
 
-def _execute(recipe, out_path, force, notes, model, tokenizer, options: RunOptions, tracker: Tracker) -> Result:
-    """The run itself, once ``out_path`` (if any) is checked and claimed; ``notes`` start the report's notes."""
+def _execute(
+    recipe, out_path, force, notes, model, tokenizer, options: RunOptions, tracker: Tracker, checkpoints=None
+) -> Result:
+    """The run itself, once ``out_path`` (if any) is checked and claimed; ``notes`` start the report's notes.
+    ``checkpoints``: where training stages keep checkpoints when there is no ``out_path`` (a non-main process)."""
     placement, memory_plan = _preflight(recipe, model, options)
     timings = Timings()
     with run_errors(timings):  # an out-of-memory error in a step becomes one line naming it
         reset_peak_memory(placement.device)
         with timings.stage("load"):
             ctx = _load(recipe, placement, model, tokenizer, tracker, notes, options)
+        ctx.checkpoints = output_safety.checkpoint_root(out_path) if out_path is not None else checkpoints
         preflight.check_offloaded_stages(recipe, ctx.model)
         save_dtype = preflight.check_save_dtype(recipe, placement, ctx.model)
         ctx.params_before = params_by_part(ctx.model)
@@ -88,7 +98,10 @@ def _execute(recipe, out_path, force, notes, model, tokenizer, options: RunOptio
         tracker.reached("compute")
         shares = run_stages(ctx, timings)
         start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
-        return finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
+        result = finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
+    if out_path is not None:  # published: nothing is left to resume
+        output_safety.remove_checkpoints(out_path)
+    return result
 
 
 def _preflight(recipe: Recipe, model: Any, options: RunOptions) -> tuple[Placement, MemoryPlan | None]:

@@ -16,6 +16,9 @@ KL's float32 softmax temporaries live for 1,024 tokens at a time (chunks recompu
 :func:`~slimkit.primitives.finetune.distill.distill_loss`). A teacher that cannot be loaded (a model given in
 memory has no source to reload; out of memory) is one :class:`SlimkitError` line saying so.
 
+With ``tokens`` (:mod:`slimkit.stages.recovery_settings`), the same loss trains through the token-budgeted
+loop: packed streamed windows, a held-out validation KL, checkpoints and resume.
+
 Budget: like ``lora``, it removes no parameters (budget ``none``) and trains (refused with float16 weights).
 ``benchmarks/run.py`` turns it off (``steps=0``) for "without recovery" rows, as it does ``lora``.
 """
@@ -24,19 +27,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_memory import MemoryInputs
+from slimkit.primitives.datasets.data_paths import cache_root
 from slimkit.primitives.device.memory_model import StageMemory, weights_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
+from slimkit.primitives.finetune.recovery import DistillationObjective
+from slimkit.primitives.finetune.teacher_cache import TopKCache, TopKDistillationObjective, teacher_fingerprint
 from slimkit.recipes.schema import Recipe
-from slimkit.stages.dense_source import release_memory, reload_dense
-from slimkit.stages.lora import LoraArgs, default_lora_targets
+from slimkit.stages.dense_source import dense_of, release_memory, reload_dense
+from slimkit.stages.lora import LoraArgs, lora_config
+from slimkit.stages.recovery_settings import run_token_budget
 
 PROJECTING_STAGES = ("pca_project", "pca_project_post")
 
@@ -48,9 +55,21 @@ class DistillArgs(LoraArgs):
     """Weight of the hidden-state term (per-layer squared error / teacher's mean squared norm); 0: logits only."""
     teacher: Literal["dense"] = "dense"
     """The teacher: dense = the recipe's model source reloaded (the uncompressed model)."""
+    top_k: int | None = Field(None, ge=1)
+    """Offline teacher (tokens only): the teacher's top_k logits per token, computed once per window and cached on
+    disk (keyed by the teacher's weights, the window and k), reused by later runs; the KL is over those k tokens and
+    the teacher is loaded only when a window is not cached. None: the full logits, online. Not with hidden_weight."""
+
+    @model_validator(mode="after")
+    def _top_k_needs_tokens(self) -> DistillArgs:
+        if self.top_k is not None and self.tokens is None:
+            raise ValueError("top_k: only with tokens (the token-budgeted loop); set tokens")
+        if self.top_k is not None and self.hidden_weight > 0:
+            raise ValueError("top_k and hidden_weight: the cached teacher keeps logits only; set hidden_weight: 0")
+        return self
 
     def reloads_dense(self) -> bool:
-        return self.steps > 0  # the teacher is loaded only to train against
+        return self.trains()  # the teacher is loaded only to train against
 
     def check_source(self, recipe: Recipe, source: dict[str, Any]) -> None:
         check_hidden_term(recipe, source, self)
@@ -58,7 +77,10 @@ class DistillArgs(LoraArgs):
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
         """LoRA's training memory and the dense teacher's weights."""
         memory = super().memory(stage, inputs)
+        # counted even for a cached top_k teacher, which a cache miss loads
         memory.parts["teacher"] = weights_bytes(inputs.shape, inputs.dtype_bytes)
+        tokens = (self.micro_batch_size or self.batch_size) * self.seq_len
+        memory.parts["logits"] = 2 * tokens * inputs.shape.vocab * inputs.dtype_bytes  # the student's and the teacher's
         return memory
 
 
@@ -115,9 +137,7 @@ def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
 )
 def distill(ctx: Context, args: DistillArgs) -> None:
     """Recover with LoRA adapters trained to match the dense teacher's logits (KL), then merge them into the weights."""
-    values = args.model_dump(exclude={"temperature", "hidden_weight", "teacher"})
-    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
-    config = LoraConfig(**values, seed=ctx.recipe.seed)
+    config = lora_config(ctx, args, exclude={"temperature", "hidden_weight", "teacher", "top_k"})
     settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
     if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config)
@@ -130,9 +150,19 @@ def distill(ctx: Context, args: DistillArgs) -> None:
         }
         ctx.report_stage("distill", {**report, **skipped, "note": "steps 0: no training, teacher not loaded"})
         return
+    if args.top_k is not None:
+        distill_offline(ctx, args, config)
+        return
     teacher, info = load_teacher(ctx)
     cuda = any(p.device.type == "cuda" for p in teacher.parameters())
     try:
+        if args.tokens is not None:
+            objective = DistillationObjective(teacher, settings.temperature, settings.hidden_weight)
+            teacher.eval()
+            teacher.requires_grad_(False)
+            ctx.model, report = run_token_budget(ctx, "distill", args, config, objective, "distill training")
+            ctx.report_stage("distill", {**report, **info})
+            return
         with ctx.tracker.task("distill", config.steps) as advance:
             ctx.model, report = distill_recover(
                 ctx.model, teacher, ctx.tokenizer, config, settings, progress=lambda _step: advance(1)
@@ -141,3 +171,30 @@ def distill(ctx: Context, args: DistillArgs) -> None:
         del teacher
         release_memory(cuda)
     ctx.report_stage("distill", {**report, **info})
+
+
+def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None:
+    """The token-budgeted distillation on cached top-k teacher logits; the teacher is loaded on the first window the
+    cache does not hold, and freed at the end."""
+    path = dense_of(ctx.source).get("path")
+    if path is None:
+        raise SlimkitError("distill: top_k keys its cached logits by the teacher's folder; this run has none")
+    loaded: dict[str, object] = {}
+
+    def load() -> nn.Module:
+        teacher, info = load_teacher(ctx)
+        loaded.update(info)
+        return teacher
+
+    cache = TopKCache(cache_root() / "teacher-topk", teacher_fingerprint(path), args.top_k, load)
+    objective = TopKDistillationObjective(cache, args.temperature)
+    cuda = False
+    try:
+        ctx.model, report = run_token_budget(ctx, "distill", args, config, objective, "distill training")
+        cuda = cache.teacher is not None and any(p.device.type == "cuda" for p in cache.teacher.parameters())
+    finally:
+        cache.release()
+        release_memory(cuda)
+    teacher = {"teacher": "dense", "top_k": args.top_k, "cached_windows_read": cache.hits}
+    teacher.update(windows_computed=cache.misses, teacher_load_seconds=loaded.get("teacher_load_seconds", 0.0))
+    ctx.report_stage("distill", {**report, **teacher})

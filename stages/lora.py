@@ -8,14 +8,15 @@ from pydantic import Field, field_validator
 
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import StageArgs
 from slimkit.engine.stage_memory import MemoryInputs, training_memory
-from slimkit.primitives.device.memory_model import StageMemory
+from slimkit.primitives.device.memory_model import FLOAT32, StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.lora import check_targets
+from slimkit.primitives.finetune.recovery import LanguageModelObjective
 from slimkit.primitives.lowrank import LowRankLinear
+from slimkit.stages.recovery_settings import TOKEN_ONLY, RecoveryArgs, run_token_budget
 
 MAX_LEARNING_RATE = 1.0
 """The largest learning rate a training stage takes: AdamW moves each parameter by about the learning rate per
@@ -23,8 +24,11 @@ step, and no fine-tuning of a pretrained model moves weights by more than 1 per 
 LOW_RANK_FACTORS = ("first", "second")
 """The names of a low-rank pair's two factors (:class:`~slimkit.primitives.lowrank.LowRankLinear`)."""
 
+DEFAULT_STEPS = 50
+"""Optimizer steps of a run given neither steps nor tokens."""
 
-class LoraArgs(StageArgs):
+
+class LoraArgs(RecoveryArgs):
     rank: int = Field(8, ge=1)
     """Rank r of every adapter pair (A: r x in, B: out x r)."""
     alpha: float = Field(16.0, gt=0)
@@ -35,8 +39,9 @@ class LoraArgs(StageArgs):
     """Linear module names to adapt; None: every attention and MLP projection of the layers."""
     learning_rate: float = Field(1e-4, gt=0, le=MAX_LEARNING_RATE)
     """AdamW learning rate of the adapter parameters (constant; base weights stay frozen), in (0, 1]."""
-    steps: int = Field(50, ge=0)
-    """Optimizer steps (0: no training, the model is left as it is)."""
+    steps: int | None = Field(None, ge=0)
+    """Optimizer steps of the run without tokens (None: 50); 0: no training, the model is left as it is (also with
+    tokens)."""
     batch_size: int = Field(4, ge=1)
     """Token windows per optimizer step."""
     seq_len: int = Field(128, ge=2)
@@ -69,8 +74,17 @@ class LoraArgs(StageArgs):
                 raise SlimkitError(f"{name}: target_modules: {error}") from None
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        """The backward's activations at the stage's own training batch."""
-        return training_memory(stage, inputs, self.batch_size, self.seq_len)
+        """The backward's activations at the stage's own micro-batch, and the float32 adapters with their gradients,
+        AdamW's two moments and the last good copy."""
+        memory = training_memory(stage, inputs, self.micro_batch_size or self.batch_size, self.seq_len)
+        shape = inputs.shape
+        linears = 4 * (shape.hidden + shape.q_width) + 3 * (shape.hidden + shape.intermediate)
+        memory.parts["adapters"] = shape.layers * self.rank * linears * FLOAT32 * 5
+        return memory
+
+    def trains(self) -> bool:
+        """Whether the stage trains at all (``steps: 0`` turns it off)."""
+        return self.steps != 0
 
 
 def default_lora_targets(ctx: Context) -> tuple[str, ...]:
@@ -96,14 +110,25 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def lora_config(ctx: Context, args: LoraArgs, exclude: set[str] | None = None) -> LoraConfig:
+    """The adapters' settings (and the steps run's) from a stage's arguments."""
+    skipped = {"tokens", *TOKEN_ONLY, *(exclude or ())}
+    values = args.model_dump(exclude=skipped)
+    values["steps"] = DEFAULT_STEPS if args.steps is None else args.steps
+    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
+    return LoraConfig(**values, seed=ctx.recipe.seed)
+
+
 @register_stage(
     "lora", args=LoraArgs, scope="model", trains=True, paper="LoRA (Hu et al. 2022) recovery, merged into the weights"
 )
 def lora(ctx: Context, args: LoraArgs) -> None:
     """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
-    values = args.model_dump()
-    values["target_modules"] = tuple(args.target_modules or default_lora_targets(ctx))
-    config = LoraConfig(**values, seed=ctx.recipe.seed)
+    config = lora_config(ctx, args)
+    if args.tokens is not None and config.steps > 0:
+        ctx.model, report = run_token_budget(ctx, "lora", args, config, LanguageModelObjective(), "lora training")
+        ctx.report_stage("lora", report)
+        return
     with ctx.tracker.task("lora", config.steps) as advance:
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
     ctx.report_stage("lora", report)

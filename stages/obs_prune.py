@@ -70,6 +70,10 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
 
     damping: float = Field(DEFAULT_OBS_DAMPING, gt=0.0, allow_inf_nan=False)
     """OBS Hessian damping as a fraction of mean(diag(G)) (ZipLM / SparseGPT percdamp 0.01); > 0."""
+    per_update: int = Field(1, ge=1)
+    """Units removed per inverse-Hessian update (SlimGPT's batched greedy: the cheapest this many at once, exact OBS
+    on their union); 1: one at a time. Larger values cut the updates of a wide consumer's inverse (8B: 14,336
+    columns) by that factor."""
 
     def rules(self) -> SelectionRules:
         """prune_layer's selection rules (uniform, no protected units)."""
@@ -126,7 +130,9 @@ def _consumer(layer: LayerView, kind: str, stats: LayerStats) -> nn.Linear:
     return module
 
 
-def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats: LayerStats, damping: float) -> dict:
+def _prune_group(
+    ctx: Context, layer: LayerView, group: Group, kept: int, stats: LayerStats, args: ObsPruneLayerArgs
+) -> dict:
     """Greedy OBS on the group's consumer, then remove the chosen units and write the updated consumer."""
     role = OBS_CONSUMERS[group.kind]
     module = _consumer(layer, group.kind, stats)
@@ -138,8 +144,9 @@ def _prune_group(ctx: Context, layer: LayerView, group: Group, kept: int, stats:
         snapshot.gram,
         list(columns),
         group.size - kept,
-        damping=damping,
+        damping=args.damping,
         blocks=group.extra.get("kv_groups", 1),
+        per_update=args.per_update,
     )
     unrefit = embed_columns(
         snapshot.weight[:, result.kept_columns.to(snapshot.weight.device)], result.kept_columns, width
@@ -212,9 +219,7 @@ def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, sta
     entry = _report(ctx, args, fraction)
     for group, kept in zip(groups, counts, strict=True):
         role = OBS_CONSUMERS[group.kind]
-        entry["layers"].setdefault(role, {})[str(layer.index)] = _prune_group(
-            ctx, layer, group, kept, stats, args.damping
-        )
+        entry["layers"].setdefault(role, {})[str(layer.index)] = _prune_group(ctx, layer, group, kept, stats, args)
     for role, per_layer in entry["layers"].items():
         entry["roles"][role] = {
             "layers": len(per_layer),

@@ -52,7 +52,7 @@ def _split(c: Corpus, split: str | None) -> str:
     return split
 
 
-def _alpaca_text(record: dict) -> str:
+def alpaca_text(record: dict) -> str:
     prompt = f"### Instruction:\n{record['instruction']}\n\n"
     if record.get("input"):
         prompt += f"### Input:\n{record['input']}\n\n"
@@ -82,7 +82,7 @@ def documents(name: str, split: str | None = None) -> tuple[str, ...]:
     except Exception as error:
         raise SlimkitError(f"cannot read dataset '{name}' from {path}: {type(error).__name__}: {error}") from error
     if name == "alpaca":
-        return tuple(_alpaca_text(r) for r in records)
+        return tuple(alpaca_text(r) for r in records)
     return tuple(records["text"])
 
 

@@ -107,11 +107,36 @@ def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
             )
 
 
-def _rng_devices(model: nn.Module) -> list[int]:
+def rng_devices(model: nn.Module) -> list[int]:
+    """The CUDA devices ``model`` lives on (what ``torch.random.fork_rng`` forks)."""
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
-def _unwrap(peft_model: nn.Module, base_requires_grad: dict[str, bool], merge: bool) -> nn.Module:
+def wrap_lora(model: nn.Module, config: LoraConfig) -> tuple[nn.Module, dict[str, bool]]:
+    """``model`` wrapped with peft LoRA adapters of ``config`` (initialised from torch's random state), and each base
+    parameter's ``requires_grad`` as it was (what unwrapping restores)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    base_requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
+    peft_config = PeftLoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=list(config.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with warnings.catch_warnings():
+        # peft 0.21 calls transformers' deprecated `is_gradient_checkpointing` when wrapping.
+        warnings.simplefilter("ignore", FutureWarning)
+        # autocast_adapter_dtype (peft's default): float32 adapters over bfloat16/float16 base weights
+        peft_model = get_peft_model(model, peft_config, autocast_adapter_dtype=True)
+    return peft_model, base_requires_grad
+
+
+def unwrap_lora(peft_model: nn.Module, base_requires_grad: dict[str, bool], merge: bool) -> nn.Module:
+    """The plain model again: adapters merged into the base weights (``merge``) or dropped; eval mode."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model = peft_model.merge_and_unload() if merge else peft_model.unload()
@@ -138,32 +163,16 @@ def train_lora(
     ``progress(step)`` is called after each optimizer step (1-based). ``loss_fn`` (default: the causal-LM
     loss) is minimised; ``what`` names the run in divergence errors ("``what`` diverged at step N").
     """
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
     started = time.perf_counter()
     check_targets(model, config.target_modules)
     ids = None
     if config.steps > 0:
         spec = CalibrationSpec(config.dataset, config.steps * config.batch_size, config.seq_len, config.seed)
         ids = calibration_batches(tokenizer, spec)
-    base_requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
-    peft_config = PeftLoraConfig(
-        r=config.rank,
-        lora_alpha=config.alpha,
-        lora_dropout=config.dropout,
-        target_modules=list(config.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
     losses: list[float] = []
-    with torch.random.fork_rng(devices=_rng_devices(model)):
+    with torch.random.fork_rng(devices=rng_devices(model)):
         torch.manual_seed(config.seed)
-        with warnings.catch_warnings():
-            # peft 0.21 calls transformers' deprecated `is_gradient_checkpointing` when wrapping.
-            warnings.simplefilter("ignore", FutureWarning)
-            # autocast_adapter_dtype (peft's default): float32 adapters over bfloat16/float16 base weights
-            peft_model = get_peft_model(model, peft_config, autocast_adapter_dtype=True)
+        peft_model, base_requires_grad = wrap_lora(model, config)
         try:
             params = [p for p in peft_model.parameters() if p.requires_grad]
             trainable = sum(p.numel() for p in params)
@@ -192,7 +201,7 @@ def train_lora(
                     raise divergence.error(config.steps, f"loss {after} after the update")
             peft_model.eval()
         except BaseException:
-            _unwrap(peft_model, base_requires_grad, merge=False)
+            unwrap_lora(peft_model, base_requires_grad, merge=False)
             raise
     report = {
         "steps": config.steps,
@@ -235,11 +244,11 @@ def merge_lora(training: LoraTraining) -> nn.Module:
     """
     bad = _merged_weights_finite(training) if training.report["steps"] > 0 else []
     if bad:
-        _unwrap(training.peft_model, training.base_requires_grad, merge=False)
+        unwrap_lora(training.peft_model, training.base_requires_grad, merge=False)
         config = training.report["config"]
         problem = f"merging the adapters makes {len(bad)} weights NaN/inf ({name_list(bad)})"
         raise Divergence(training.what, learning_rate_hint(config["learning_rate"])).error(config["steps"], problem)
-    model = _unwrap(training.peft_model, training.base_requires_grad, merge=True)
+    model = unwrap_lora(training.peft_model, training.base_requires_grad, merge=True)
     training.report["seconds"] = time.perf_counter() - training.started
     return model
 

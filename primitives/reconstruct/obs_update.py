@@ -144,34 +144,64 @@ def obs_costs(weight: torch.Tensor, hinv: torch.Tensor, groups: Groups) -> torch
     return _Buckets(checked, h.device).costs(w, h, torch.ones(len(checked), dtype=torch.bool))
 
 
+def _round_picks(costs: torch.Tensor, per_update: int, left: int, quota_left: list[int], size: int) -> list[int]:
+    """The groups one update removes: the ``per_update`` cheapest (at most ``left``), skipping groups of a block
+    whose quota this pick fills."""
+    quota = list(quota_left)
+    picks: list[int] = []
+    for gid in torch.argsort(costs, stable=True).tolist():
+        if len(picks) == min(per_update, left) or not bool(torch.isfinite(costs[gid])):
+            break
+        block = gid // size
+        if quota[block] > 0:
+            quota[block] -= 1
+            picks.append(gid)
+    return picks
+
+
 def _greedy(
-    w: torch.Tensor, hinv: torch.Tensor, groups: list[torch.Tensor], n_remove: int, blocks: int = 1
+    w: torch.Tensor,
+    hinv: torch.Tensor,
+    groups: list[torch.Tensor],
+    n_remove: int,
+    blocks: int = 1,
+    per_update: int = 1,
 ) -> tuple[list[int], list[float], torch.Tensor, torch.Tensor]:
     """The greedy loop; updates float64 ``w`` and ``hinv`` in place (callers pass copies).
 
     With ``blocks > 1`` the groups form ``blocks`` equal consecutive blocks (GQA query heads per KV
     head) and each block loses ``n_remove / blocks`` of them: every step takes the cheapest group
-    among the blocks that still have removals left."""
+    among the blocks that still have removals left.
+
+    ``per_update > 1`` is SlimGPT's batched greedy: each round ranks the groups by their cost on the current ``W``
+    and ``Hinv``, takes the ``per_update`` cheapest and removes them together by one exact OBS step on the union of
+    their columns (the sub-inverse of that union), so ``Hinv`` is updated once per round instead of once per group.
+    A round's joint cost is shared equally among its groups in the returned costs (their sum is exact).
+    ``per_update = 1`` is the one-at-a-time greedy."""
     if not 0 <= n_remove <= len(groups):
         raise ValueError(f"n_remove must be in [0, {len(groups)}], got {n_remove}")
     if blocks < 1 or len(groups) % blocks or n_remove % blocks:
         raise ValueError(f"{len(groups)} groups / remove {n_remove} do not split evenly over {blocks} blocks")
+    if per_update < 1:
+        raise ValueError(f"per_update must be at least 1, got {per_update}")
     buckets = _Buckets(groups, hinv.device)
     active = torch.ones(len(groups), dtype=torch.bool)
     per_block, size = n_remove // blocks, len(groups) // blocks
-    removed_in = [0] * blocks
+    quota_left = [per_block] * blocks
     order: list[int] = []
     costs: list[float] = []
-    for _ in range(n_remove):
-        gid = int(torch.argmin(buckets.costs(w, hinv, active)))
-        cost = _remove_(w, hinv, groups[gid].to(hinv.device))
-        active[gid] = False
-        block = gid // size
-        removed_in[block] += 1
-        if removed_in[block] == per_block:  # this block's quota is met: its other groups stay
-            active[block * size : (block + 1) * size] = False
-        order.append(gid)
-        costs.append(cost)
+    while len(order) < n_remove:
+        picks = _round_picks(buckets.costs(w, hinv, active).cpu(), per_update, n_remove - len(order), quota_left, size)
+        columns = torch.cat([groups[gid] for gid in picks]).to(hinv.device)
+        cost = _remove_(w, hinv, columns)
+        for gid in picks:
+            active[gid] = False
+            block = gid // size
+            quota_left[block] -= 1
+            if quota_left[block] == 0:  # this block's quota is met: its other groups stay
+                active[block * size : (block + 1) * size] = False
+        order.extend(picks)
+        costs.extend([cost / len(picks)] * len(picks))
     return order, costs, w, hinv
 
 
@@ -183,16 +213,19 @@ class ObsOrder:
     costs: torch.Tensor
 
 
-def obs_order(weight: torch.Tensor, hinv: torch.Tensor, groups: Groups, n_remove: int | None = None) -> ObsOrder:
-    """The greedy OBS order: repeatedly remove the cheapest group and update ``W`` and ``Hinv``.
+def obs_order(
+    weight: torch.Tensor, hinv: torch.Tensor, groups: Groups, n_remove: int | None = None, per_update: int = 1
+) -> ObsOrder:
+    """The greedy OBS order: repeatedly remove the cheapest group (``per_update`` at a time, see :func:`_greedy`) and
+    update ``W`` and ``Hinv``.
 
     ``n_remove`` steps (all groups when None). ``costs[i]`` is the increase of the layer-wise loss
-    at step ``i``, so ``costs.cumsum(0)`` is the loss after each step."""
+    at step ``i``, so ``costs.cumsum(0)`` is the loss after each step (after each round with ``per_update > 1``)."""
     _check_pair(weight, hinv)
     checked = _check_groups(groups, weight.shape[1])
     h = hinv.detach().to(dtype=torch.float64, copy=True)
     w = weight.detach().to(device=h.device, dtype=torch.float64, copy=True)
-    order, costs, _, _ = _greedy(w, h, checked, len(checked) if n_remove is None else n_remove)
+    order, costs, _, _ = _greedy(w, h, checked, len(checked) if n_remove is None else n_remove, 1, per_update)
     return ObsOrder(order, torch.tensor(costs, dtype=torch.float64))
 
 
@@ -222,6 +255,7 @@ def obs_prune(
     damping: float = DEFAULT_OBS_DAMPING,
     retries: int = 3,
     blocks: int = 1,
+    per_update: int = 1,
 ) -> ObsPrune:
     """Greedy structured OBS: remove ``n_remove`` of ``groups`` from ``W`` given ``H = Σ_t x_t x_tᵀ``.
 
@@ -229,7 +263,8 @@ def obs_prune(
     ``W``, then drops the removed columns (embed with
     :func:`~slimkit.primitives.reconstruct.error.embed_columns` for the zero-filled form). ``blocks > 1``
     removes ``n_remove / blocks`` groups from each of that many equal consecutive blocks of ``groups``
-    (GQA: the same number of query heads from every KV group)."""
+    (GQA: the same number of query heads from every KV group). ``per_update > 1`` removes that many groups per
+    update of ``Hinv`` (SlimGPT's batched greedy, exact OBS on each round's union of columns)."""
     if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(
             f"expected W (d_out x d_in) and H (d_in x d_in), got {tuple(weight.shape)} and {tuple(hessian.shape)}"
@@ -237,7 +272,7 @@ def obs_prune(
     checked = _check_groups(groups, weight.shape[1])
     hinv, info = inverse_hessian(hessian, damping, retries)
     w = weight.detach().to(device=hinv.device, dtype=torch.float64, copy=True)
-    order, costs, w, _ = _greedy(w, hinv, checked, n_remove, blocks)
+    order, costs, w, _ = _greedy(w, hinv, checked, n_remove, blocks, per_update)
     keep = torch.ones(weight.shape[1], dtype=torch.bool)
     for gid in order:
         keep[checked[gid]] = False

@@ -161,7 +161,7 @@ def test_an_allocation_search_plans_its_dense_log_probs():
 def test_moe_shapes_count_every_expert_and_the_expert_stage_plans_its_outputs():
     from slimkit.engine.memory_check import stage_memory
     from slimkit.recipes.schema import StageSpec
-    from slimkit.tests.tiny import MOE_FAMILIES
+    from tests.tiny import MOE_FAMILIES
 
     for family, factory in MOE_FAMILIES.items():
         model = factory()
@@ -171,3 +171,32 @@ def test_moe_shapes_count_every_expert_and_the_expert_stage_plans_its_outputs():
     shape = ModelShape.from_config(MOE_FAMILIES["qwen3_moe"](experts=8).config)
     memory = stage_memory(StageSpec(stage="prune_experts", args={"tokens": 100}), shape, None, 4)
     assert memory.parts["expert outputs"] == 8 * 100 * 32 * 4
+
+
+def test_distillation_plans_teacher_adapters_and_logits_per_device_and_micro_batches_shrink_it():
+    """8B-shaped student and teacher in bfloat16: the teacher's weights, both models' logits per micro-batch, the
+    adapters with their gradients, moments and last good copy; a micro-batch of 1 window plans a quarter of 4's
+    activations and logits; an 80 GB device is refused before compute."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8,
+    )  # fmt: skip
+    distill = {"tokens": 1_000_000, "batch_size": 4, "seq_len": 2048, "rank": 8}
+
+    def plan(**args):
+        recipe = Recipe(
+            **{**_recipe("unused", [{"stage": "distill", "args": {**distill, **args}}]), "target": {"ratio": 0}}
+        )
+        return recipe_memory_plan(recipe, config, torch.bfloat16)
+
+    whole, micro = plan(), plan(micro_batch_size=1)
+    parts = whole.stages[0].parts
+    assert parts["teacher"] == whole.weights
+    assert parts["logits"] == 2 * 4 * 2048 * 128256 * 2
+    linears = 4 * (4096 + 4096) + 3 * (4096 + 14336)
+    assert parts["adapters"] == 32 * 8 * linears * 4 * 5
+    assert micro.stages[0].parts["logits"] * 4 == parts["logits"]
+    assert micro.stages[0].parts["activations"] < parts["activations"]
+    assert whole.refusal("cuda:0", 80 * GIB).startswith("distill needs about ")

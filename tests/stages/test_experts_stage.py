@@ -11,8 +11,8 @@ from slimkit.primitives.arch.moe import moe_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import load_recipe
 from slimkit.stages.experts import ExpertMergeArgs, ExpertPruneArgs
-from slimkit.tests.tiny import MOE_FAMILIES, byte_tokenizer
 from tests.recipes.test_recipes import tiny_recipe
+from tests.tiny import MOE_FAMILIES, byte_tokenizer
 
 
 def _folder(tmp_path, family: str, experts: int = 6):
@@ -90,7 +90,7 @@ def test_refusals_are_one_line_before_calibration(tmp_path):
     )
     with pytest.raises(SlimkitError, match="more than the 2 a layer can lose"):
         slimkit.run(recipe, evaluate=False)
-    from slimkit.tests.tiny import tiny_llama
+    from tests.tiny import tiny_llama
 
     with pytest.raises(SlimkitError, match="no routed experts"):
         ExpertPruneArgs().check_model(tiny_llama())

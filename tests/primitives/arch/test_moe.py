@@ -9,7 +9,7 @@ from slimkit.primitives.arch.support import SUPPORTED, check_supported
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.experts import ExpertWeights, routed_output
-from slimkit.tests.tiny import MOE_FAMILIES
+from tests.tiny import MOE_FAMILIES
 
 
 @pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
@@ -53,7 +53,7 @@ def test_dense_mlp_layers_among_moe_ones_are_refused():
 
 
 def test_dense_model_has_no_moe_blocks():
-    from slimkit.tests.tiny import tiny_llama
+    from tests.tiny import tiny_llama
 
     with pytest.raises(SlimkitError, match="no routed experts"):
         moe_blocks(tiny_llama())

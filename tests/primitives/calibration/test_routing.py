@@ -6,7 +6,7 @@ import torch
 from slimkit.primitives.arch.moe import moe_blocks
 from slimkit.primitives.calibration.routing import collect_routing
 from slimkit.primitives.experts.routed import ExpertWeights, expert_intermediate, routing
-from slimkit.tests.tiny import MOE_FAMILIES
+from tests.tiny import MOE_FAMILIES
 
 
 @pytest.mark.parametrize("family", sorted(MOE_FAMILIES))

@@ -8,7 +8,7 @@ from slimkit.primitives.arch.moe import moe_blocks
 from slimkit.primitives.experts.channels import channel_scores, keep_expert_channels, kept_channels, slice_channels
 from slimkit.primitives.io.load import load
 from slimkit.primitives.io.save import save
-from slimkit.tests.tiny import MOE_FAMILIES, byte_tokenizer, model_output
+from tests.tiny import MOE_FAMILIES, byte_tokenizer, model_output
 
 
 def test_scores_and_kept_channels_by_hand():

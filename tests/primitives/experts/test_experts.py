@@ -18,7 +18,7 @@ from slimkit.primitives.experts.scores import (
     naee_search,
     router_scores,
 )
-from slimkit.tests.tiny import MOE_FAMILIES, model_output
+from tests.tiny import MOE_FAMILIES, model_output
 
 
 def _renormalising(model):

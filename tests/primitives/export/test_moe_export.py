@@ -10,7 +10,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.experts import keep_experts
 from slimkit.primitives.export import export
 from slimkit.primitives.export.gguf_file import split_experts
-from slimkit.tests.tiny import MOE_FAMILIES, bpe_tokenizer, model_output, tiny_qwen3_moe
+from tests.tiny import MOE_FAMILIES, bpe_tokenizer, model_output, tiny_qwen3_moe
 
 IDS = torch.randint(3, 250, (40,), generator=torch.Generator().manual_seed(3)).tolist()
 

@@ -9,7 +9,7 @@ from slimkit.primitives.arch.moe import MOE_SPECS, moe_blocks
 from slimkit.primitives.experts import keep_experts
 from slimkit.primitives.io.load import load
 from slimkit.primitives.io.save import save
-from slimkit.tests.tiny import MOE_FAMILIES, byte_tokenizer, model_output
+from tests.tiny import MOE_FAMILIES, byte_tokenizer, model_output
 
 
 @pytest.mark.parametrize("uniform", [True, False])

@@ -1,0 +1,176 @@
+"""Recovery steps at a model's shape: LoRA distillation of a random-weight student from a random-weight teacher of
+Llama-3.1-8B's shape (or a tiny one on CPU) through the token-budgeted loop; measured peak memory and tokens/s beside
+the memory plan's estimate for the same settings.
+
+The student is the teacher's shape with its MLP narrowed to ``--student-mlp`` of the width (a pruned model); both in
+``--dtype``. The first step (kernels, allocator) is not timed: tokens/s is over the steps after it.
+
+CPU (the path, tiny shape)::
+
+    python benchmarks/recovery_step.py --shape tiny --steps 3
+
+GPU (8B shape, one device)::
+
+    python benchmarks/recovery_step.py --shape 8b --device cuda --dtype bfloat16 --batch-size 4 \\
+        --micro-batch-size 1 --seq-len 2048 --steps 3 --out benchmarks/results/recovery-step-8b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    "8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+}
+
+
+class CodeTokenizer:
+    """Token ids from character codes (modulo the vocabulary), end-of-text id 0: real text, no tokenizer files."""
+
+    eos_token_id = 0
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [1 + ord(c) % (self.vocab - 1) for c in text]}
+
+
+def build(shape: dict, mlp: float, device: str, dtype: torch.dtype, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in the dtype: no float32 copy of 8B on the device
+    try:
+        with torch.device(device):
+            teacher = LlamaForCausalLM(LlamaConfig(**shape)).eval()
+            narrow = {**shape, "intermediate_size": int(shape["intermediate_size"] * mlp)}
+            student = LlamaForCausalLM(LlamaConfig(**narrow)).eval()
+    finally:
+        torch.set_default_dtype(default)
+    return teacher, student
+
+
+def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype) -> dict[str, float]:
+    """The memory plan's parts (GiB) of this distillation on the teacher's shape."""
+    from transformers import LlamaConfig
+
+    from slimkit.engine.memory_check import recipe_memory_plan
+    from slimkit.recipes.schema import Recipe
+
+    distill = {"tokens": 1, "batch_size": args.batch_size, "seq_len": args.seq_len, "rank": args.rank}
+    if args.micro_batch_size:
+        distill["micro_batch_size"] = args.micro_batch_size
+    recipe = Recipe(
+        name="recovery-step",
+        model="unused",
+        target={"ratio": 0},
+        stages=[{"stage": "distill", "args": distill}],
+        eval={"perplexity": None},
+    )
+    plan = recipe_memory_plan(recipe, LlamaConfig(**shape), dtype)
+    parts = {"weights": plan.weights, **plan.stages[0].parts}
+    return {name: value / 2**30 for name, value in parts.items()} | {"total": sum(parts.values()) / 2**30}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--student-mlp", type=float, default=0.8, help="the student's MLP width / the teacher's")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3, help="steps run (the first is not timed)")
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+
+    from slimkit.primitives.finetune import LoraConfig
+    from slimkit.primitives.finetune.lora import LLAMA_TARGETS
+    from slimkit.primitives.finetune.recovery import DistillationObjective, RecoveryConfig
+    from slimkit.primitives.finetune.token_recovery import recover_in_tokens
+    from slimkit.primitives.finetune.token_stream import TextSource
+
+    dtype = getattr(torch, args.dtype)
+    shape = SHAPES[args.shape]
+    teacher, student = build(shape, args.student_mlp, args.device, dtype, 0)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    step_tokens = args.batch_size * args.seq_len
+    config = RecoveryConfig(
+        tokens=args.steps * step_tokens,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        micro_batch_size=args.micro_batch_size,
+        validation_windows=0,
+        learning_rate=1e-4,
+    )
+    lora = LoraConfig(rank=args.rank, alpha=2.0 * args.rank, dropout=0.0, target_modules=LLAMA_TARGETS)
+    times: list[float] = []
+    last = [time.perf_counter()]
+
+    def progress(_step, _tokens, _result) -> None:
+        if cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    objective = DistillationObjective(teacher)
+    source = TextSource("c4", seed=0)
+    _model, report = recover_in_tokens(
+        student, CodeTokenizer(shape["vocab_size"]), lora, config, source, objective, None, progress, "distill"
+    )
+    timed = times[1:] or times
+    result = {
+        "shape": args.shape,
+        "student_mlp": args.student_mlp,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "micro_batch_size": args.micro_batch_size,
+        "seq_len": args.seq_len,
+        "lora_rank": args.rank,
+        "steps": report["steps"],
+        "tokens_per_second": step_tokens * len(timed) / sum(timed),
+        "step_seconds": timed,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "planned_gib": planned_bytes(shape, args, dtype),
+        "losses": report["losses"],
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
