@@ -186,6 +186,8 @@ def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None
         loaded.update(info)
         return teacher
 
+    if args.top_k is None:
+        raise SlimkitError("distill: the offline teacher needs top_k")
     cache = TopKCache(cache_root() / "teacher-topk", teacher_fingerprint(path), args.top_k, load)
     objective = TopKDistillationObjective(cache, args.temperature)
     cuda = False
@@ -195,6 +197,6 @@ def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None
     finally:
         cache.release()
         release_memory(cuda)
-    teacher = {"teacher": "dense", "top_k": args.top_k, "cached_windows_read": cache.hits}
+    teacher: dict[str, Any] = {"teacher": "dense", "top_k": args.top_k, "cached_windows_read": cache.hits}
     teacher.update(windows_computed=cache.misses, teacher_load_seconds=loaded.get("teacher_load_seconds", 0.0))
     ctx.report_stage("distill", {**report, **teacher})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 from torch import nn
@@ -40,6 +40,13 @@ TOKEN_ONLY = (
 
 
 class RecoveryArgs(StageArgs):
+    if TYPE_CHECKING:  # declared by the arguments that derive from this base (lora, distill)
+        batch_size: int
+        seq_len: int
+        learning_rate: float
+        weight_decay: float
+        dataset: str
+
     tokens: int | None = Field(None, ge=1)
     """Token budget: exactly this many input tokens are trained (the last batch truncated to it), on packed windows
     streamed from dataset or data_folder, with a held-out validation loss and checkpoints to resume from; None: the
@@ -79,6 +86,8 @@ class RecoveryArgs(StageArgs):
 
 def recovery_config(args: RecoveryArgs, seed: int) -> RecoveryConfig:
     """The loop's settings from a stage's arguments (``tokens`` set)."""
+    if args.tokens is None:
+        raise ValueError("recovery_config needs a stage with tokens set")
     return RecoveryConfig(
         tokens=args.tokens,
         batch_size=args.batch_size,
@@ -143,7 +152,12 @@ def run_token_budget(
         ctx.notes.append(note)
         ctx.tracker.log(note)
     if world()[0] == 0 and report["losses"]:
-        ctx.artifacts[f"{label}-curves"] = lambda folder, rep=dict(report): write_curves(rep, folder, label)
+        written = dict(report)
+
+        def curves(folder: Path) -> None:
+            write_curves(written, folder, label)
+
+        ctx.artifacts[f"{label}-curves"] = curves
     return model, report
 
 

@@ -47,7 +47,7 @@ def recover_in_tokens(
         torch.manual_seed(recovery.seed)
         peft_model, base_requires_grad = wrap_lora(model, lora)
         try:
-            trained = {name: p for name, p in peft_model.named_parameters() if p.requires_grad}
+            trained: dict[str, torch.Tensor] = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
             run = RecoveryRun(peft_model, trained, objective, tokenizer, source, recovery, checkpoint)
             result = run.run(progress)
         except BaseException:

@@ -118,7 +118,7 @@ def packed_windows(tokenizer, documents: Iterator[str], seq_len: int) -> Iterato
 def validation_windows(tokenizer, source: TextSource, seq_len: int, windows: int) -> torch.Tensor:
     """The ``windows`` held-out windows ``[windows, seq_len]`` (the first of the stream); refused when the source
     has fewer."""
-    held = []
+    held: list[torch.Tensor] = []
     for window in packed_windows(tokenizer, source_documents(source), seq_len):
         if len(held) == windows:
             break
