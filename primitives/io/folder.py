@@ -396,9 +396,22 @@ def check_model_folder(
     if index is not None and weight_map is not None:
         _check_weight_map(index, weight_map, where)
     # the hub's per-expert tensors of a MoE model, as the fused ones transformers builds from them
-    folder = ModelFolder(directory, config, task, fused_expert_shapes(plain.get("model_type"), shapes), where)
+    fused = fused_expert_shapes(plain.get("model_type"), shapes)
+    folder = ModelFolder(directory, config, task, fused, {**where, **_fused_files(fused, where)})
     _check_sizes(folder, plain)
     return folder
+
+
+def _fused_files(fused: dict[str, tuple[int, ...]], where: dict[str, str]) -> dict[str, str]:
+    """The weight file of each fused expert tensor (a name no file holds as such): the file holding its layer's
+    per-expert tensors."""
+    layer = re.compile(r"^(.*?layers\.\d+\.)")
+    files: dict[str, str] = {}
+    for name in fused.keys() - where.keys():
+        prefix = layer.match(name)
+        found = [file for key, file in where.items() if prefix is not None and key.startswith(prefix.group(1))]
+        files[name] = found[0] if found else next(iter(where.values()), "")
+    return files
 
 
 __all__ = [

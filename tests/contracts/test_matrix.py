@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import slimkit
-from benchmarks.exportable import LAYERS, llm_recipes, shrink
+from benchmarks.exportable import LAYERS, MOE_STAGES, is_moe_recipe, llm_recipes, shrink, tiny_model_dir
 from slimkit.engine.memory_check import recipe_memory_plan
 from slimkit.engine.registry import stage_names
 from slimkit.engine.report import RunReport
@@ -106,9 +106,16 @@ STAGE_CASES: dict[str, dict[str, Any]] = {
             }
         ],
     },
+    "prune_experts": {"target": {"ratio": 0.25, "of": "mlp"}, "stages": [{"stage": "prune_experts", "args": {}}]},
+    "merge_experts": {"target": {"ratio": 0.25, "of": "mlp"}, "stages": [{"stage": "merge_experts", "args": {}}]},
+    "prune_expert_channels": {
+        "target": {"ratio": 0.25, "of": "mlp"},
+        "stages": [{"stage": "prune_expert_channels", "args": {}}],
+    },
 }
 """One small recipe per registered stage (its ``model`` and ``name`` filled in by the test)."""
 ENCODER_STAGES = {"glue_finetune", "pca_project_post", "mask_train_encoder"}
+"""Stages run on the tiny BERT task model; MOE_STAGES run on a tiny Qwen3-MoE, the rest on the tiny Llama."""
 FAST_STAGES = ("prune_layer", "lowrank")
 
 
@@ -120,6 +127,12 @@ def llama_dir(tmp_path_factory) -> Path:
     tiny_llama(vocab_size=len(tokenizer), layers=LAYERS).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    return tiny_model_dir(tmp_path_factory.mktemp("matrix") / "tiny-qwen3-moe", moe=True)
 
 
 @pytest.fixture(scope="module")
@@ -157,12 +170,13 @@ def test_every_registered_stage_has_a_case():
 @pytest.mark.parametrize(
     "stage", [pytest.param(s, marks=() if s in FAST_STAGES else pytest.mark.slow) for s in sorted(STAGE_CASES)]
 )
-def test_stage(stage, llama_dir, bert_dir, tmp_path):
+def test_stage(stage, llama_dir, bert_dir, moe_dir, tmp_path):
     raw = copy.deepcopy(STAGE_CASES[stage])
     encoder = stage in ENCODER_STAGES
     raw.setdefault("calibration", GLUE_CALIBRATION if encoder else CALIBRATION)
     raw["target"] = {"strict": False, **raw["target"]}
-    raw |= {"name": f"matrix-{stage}", "model": str(bert_dir if encoder else llama_dir), "seed": 0}
+    model = bert_dir if encoder else moe_dir if stage in MOE_STAGES else llama_dir
+    raw |= {"name": f"matrix-{stage}", "model": str(model), "seed": 0}
     raw["eval"] = {"perplexity": None}
     report = check_recipe(raw, raw["name"], tmp_path / "out")
     assert stage in report.stages or stage in {"reconstruct"}, sorted(report.stages)
@@ -198,10 +212,10 @@ def shrink_encoder(raw: dict[str, Any], model_dir: Path) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(bundled_recipes()))
-def test_bundled_recipe(name, llama_dir, bert_dir, tmp_path):
+def test_bundled_recipe(name, llama_dir, bert_dir, moe_dir, tmp_path):
     _, raw = load_recipe(name)
     if llm_recipes()[name] is None:
-        raw, _changes = shrink(raw, llama_dir)
+        raw, _changes = shrink(raw, moe_dir if is_moe_recipe(name) else llama_dir)
     else:
         raw = shrink_encoder(raw, bert_dir)
     report = check_recipe(raw, name, tmp_path / "out")
