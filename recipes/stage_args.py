@@ -17,14 +17,17 @@ Besides its fields, a stage's argument model says what the recipe checks need be
 * :meth:`~StageArgs.layer_grams` and :meth:`~StageArgs.dense_targets`: what a layer stage reads from the block's
   statistics pass (see :mod:`slimkit.recipes.layerwise`).
 * :meth:`~StageArgs.needs_calibration`, :meth:`~StageArgs.needs_task`: the data the stage reads.
+* :meth:`~StageArgs.operations`: the kinds of change an architecture may refuse, which the default
+  :meth:`~StageArgs.check_model` checks against the loaded model's spec.
 * :meth:`~StageArgs.check_model`: what only the loaded model decides (its architecture, its layer count), refused
   in one line after loading and before calibration.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from slimkit.primitives.arch.capabilities import check_operations
 from slimkit.recipes.schema import Strict
 
 if TYPE_CHECKING:
@@ -37,6 +40,10 @@ NO_ROLES: frozenset[str] = frozenset()
 
 class StageArgs(Strict):
     """A stage's arguments and what they imply for the recipe checks (defaults: a stage that removes nothing)."""
+
+    encoder_only: ClassVar[bool] = False
+    """The stage acts on encoders (a post-norm stream or a GLUE task model) only: left out of the decoder support
+    table (:mod:`slimkit.recipes.support_table`)."""
 
     def budget(self) -> BudgetMode:
         """How the stage's share of the recipe's target is set (``none``: it removes no parameters)."""
@@ -84,10 +91,16 @@ class StageArgs(Strict):
         """Whether the stage works on a GLUE task model (the recipe must name its ``task``)."""
         return False
 
+    def operations(self) -> frozenset[str]:
+        """The kinds of change the stage makes that an architecture may refuse (group kinds, ``hidden_projection``,
+        ``hidden_masks``, ``blocks``: :data:`~slimkit.primitives.arch.capabilities.OPERATIONS`)."""
+        return NO_ROLES
+
     def check_model(self, model: Any) -> None:
         """Raise :class:`~slimkit.primitives.errors.SlimkitError` (one line) when the loaded model cannot take these
-        arguments; called after loading, before calibration (the default accepts every model)."""
-        return None
+        arguments; called after loading, before calibration. The default refuses the :meth:`operations` the
+        model's architecture cannot take (:func:`~slimkit.primitives.arch.capabilities.check_operations`)."""
+        check_operations(model, self.operations())
 
 
 __all__ = ["ALL_ROLES", "NO_ROLES", "BudgetMode", "StageArgs"]

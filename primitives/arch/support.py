@@ -4,8 +4,9 @@
 ``primitives/io/load.py``), before any weights are read, so an unsupported folder fails with one
 line instead of a traceback from deep inside a stage. The supported sets are per task:
 
-* ``causal-lm`` (decoder recipes): llama, mistral, opt, qwen2, qwen3 (the :data:`ARCH_SPECS`
-  decoders; Mistral and Qwen2 share Llama's module names, Qwen3 adds per-head q/k norms);
+* ``causal-lm`` (decoder recipes): the :data:`ARCH_SPECS` decoders (Llama and the decoders sharing its
+  modules, Qwen3, Gemma 1-3, Granite, OLMo 2, OPT); what each stage does on each of them, or why it refuses,
+  is :mod:`slimkit.primitives.arch.capabilities`;
 * ``encoder`` (BERT recipes: SP3 post-norm projection, CoFi masks, GLUE): bert.
 
 Folders that need custom model code (``auto_map`` in ``config.json`` naming a config or model
@@ -36,10 +37,10 @@ from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 
 SUPPORTED: dict[str, tuple[str, ...]] = {
-    "causal-lm": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.norm_placement == "pre")),
-    "encoder": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.norm_placement == "post")),
+    "causal-lm": tuple(sorted(t for t, spec in ARCH_SPECS.items() if not spec.encoder)),
+    "encoder": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.encoder)),
 }
-"""Supported ``model_type`` s per task (decoders are the pre-norm specs, encoders the post-norm ones)."""
+"""Supported ``model_type`` s per task (decoders and encoders, by :attr:`ArchSpec.encoder`)."""
 
 
 _CODE_FREE_AUTO = ("AutoTokenizer", "AutoProcessor", "AutoImageProcessor", "AutoFeatureExtractor")

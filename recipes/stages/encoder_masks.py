@@ -21,7 +21,7 @@ optimiser step. ``check_examples`` dev examples (None: all) compare the masked a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -36,6 +36,8 @@ from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, StageArgs
 
 class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
     """The mask settings (:class:`~slimkit.primitives.masks.settings.EncoderMaskSettings`) and the task data."""
+
+    encoder_only: ClassVar[bool] = True
 
     batch_size: int = Field(16, ge=1)
     """Training examples per optimizer step."""
