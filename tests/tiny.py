@@ -157,7 +157,6 @@ def tiny_gemma3_text(vocab_size: int = 300, layers: int = 3, tie: bool = True) -
         sliding_window=4,
         layer_types=_gemma_windows(layers),
         query_pre_attn_scalar=12,
-        attn_implementation="eager",
         **_widths(head_dim=12),
     )
     return _randomise_norms(Gemma3ForCausalLM(config))

@@ -51,6 +51,15 @@ def _post_norms(spec: ArchSpec) -> str | None:
     )
 
 
+def _branch_scale(spec: ArchSpec) -> str | None:
+    if spec.branch_scale_key is None:
+        return None
+    return (
+        f"its {spec.branch_scale_key} scales each branch before the residual sum, which the residual matrices "
+        "between projection groups do not carry (the outputs change even at full rank)"
+    )
+
+
 def _offset_norms(spec: ArchSpec) -> str | None:
     if spec.norm_offset == 0.0:
         return None
@@ -66,7 +75,7 @@ def _qk_norms(spec: ArchSpec, inside_heads: bool) -> str | None:
     if spec.qk_norm_scope == "projection":
         return (
             "its q/k norms (RMSNorm over the whole q and k projections, every head at once) would normalise the "
-            "kept heads by a different statistic; prune vo_dim or mlp_channel"
+            "kept heads by a different statistic; prune mlp_channel, or make the attention low-rank"
         )
     if inside_heads:
         return (
@@ -92,7 +101,7 @@ def refusal(spec: ArchSpec, operation: str) -> str | None:
     elif operation == "hidden_feature":
         reasons = [_embed_scale(spec)]
     elif operation in ("hidden_projection", "hidden_masks"):
-        reasons = [_encoder(spec), _post_norms(spec), _embed_scale(spec), _offset_norms(spec)]
+        reasons = [_encoder(spec), _post_norms(spec), _embed_scale(spec), _offset_norms(spec), _branch_scale(spec)]
     elif operation == "blocks":
         reasons = [removable_blocks(spec)]
     else:  # mlp_channel, vo_dim: the MLP width and V/O widths pass no norm

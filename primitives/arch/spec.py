@@ -71,6 +71,9 @@ class ArchSpec:
     embed_scale_key: str | None = None
     """The config width the embeddings are multiplied by the square root of (Gemma: ``hidden_size``), read from the
     config when the model is built, so it follows the saved width, not the trained one."""
+    branch_scale_key: str | None = None
+    """The config scalar each branch output is multiplied by before the residual sum (Granite's
+    ``residual_multiplier``), or None."""
     scalar_keys: tuple[str, ...] = ()
     """Config scalars the forward multiplies into the stream, attention or logits (Granite's multipliers, Gemma 2's
     soft-capping): constants no width change touches, listed so the support table can say why they need nothing."""
@@ -212,6 +215,7 @@ _GEMMA3 = replace(_GEMMA2, model_type="gemma3_text", q_norm="self_attn.q_norm", 
 _GRANITE = replace(
     _LLAMA,
     model_type="granite",
+    branch_scale_key="residual_multiplier",
     scalar_keys=("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"),
 )
 # OLMo 2: no input norms, branch post-norms only (``h + norm(attn(h))``), and q/k RMSNorms over the whole q and k
