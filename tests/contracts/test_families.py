@@ -370,7 +370,7 @@ def test_unsupported_architectures_fail_with_one_line():
     class Fake(torch.nn.Module):
         config = GPT2Config()
 
-    with pytest.raises(SlimkitError, match=r"^model_type 'gpt2' is not supported; supported: bert, llama, "):
+    with pytest.raises(SlimkitError, match=r"^model_type 'gpt2' is not supported; supported: bert, gemma, "):
         ModelView(Fake())
 
 
