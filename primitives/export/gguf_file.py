@@ -25,6 +25,7 @@ from torch import nn
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_vocab import vocabulary
+from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.files.atomic import staging_file
 
 GGUF_TYPES = {
@@ -40,7 +41,7 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -62,6 +63,18 @@ _LAYER_TENSORS = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+_GEMMA3_LAYER_TENSORS = {
+    **{k: v for k, v in _LAYER_TENSORS.items() if not k.endswith("bias") and k != "post_attention_layernorm.weight"},
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+"""Gemma 3's names: its ``post_attention_layernorm`` normalises the attention output (llama.cpp's
+``post_attention_norm``), the MLP's input norm is ``pre_feedforward_layernorm``."""
+GEMMA3_SWA_PATTERN = 6
+"""llama.cpp's gemma3 reads no layer types: every 6th layer attends to the whole context, the others to the window."""
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+"""llama.cpp's gemma3 RoPE base of the sliding-window layers (fixed; not read from the file)."""
 _GLOBAL_TENSORS = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -119,6 +132,8 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
     """llama.cpp's architecture for a model type and width pattern (one line when there is none)."""
     if model_type in ("llama", "mistral"):
         return "llama" if uniform else "deci"
+    if model_type == "gemma3_text":
+        return "gemma3"  # per-layer widths are padded to one (primitives/export/padding.py)
     if model_type in ("qwen2", "qwen3"):
         if not uniform:
             raise SlimkitError(
@@ -138,6 +153,8 @@ def check_exportable(model: nn.Module) -> list[str]:
     config = model.config
     model_type = getattr(config, "model_type", None)
     gguf_architecture(model_type, uniform=True)
+    if model_type == "gemma3_text":
+        return check_gemma3(config)
     warnings = []
     window = getattr(config, "sliding_window", None)
     use_window = getattr(config, "use_sliding_window", True)
@@ -153,6 +170,38 @@ def check_exportable(model: nn.Module) -> list[str]:
     if scaling.get("rope_type", "default") not in ("default", "llama3", "linear"):
         raise SlimkitError(f"rope scaling '{scaling.get('rope_type')}' is not written by slimkit's GGUF export")
     return warnings
+
+
+def check_gemma3(config: Any) -> list[str]:
+    """One line where llama.cpp's gemma3 would compute something else than the Hugging Face model: the layer
+    pattern, the sliding-window RoPE base and the attention scale it fixes instead of reading them."""
+    layers = int(config.num_hidden_layers)
+    expected = ["full_attention" if (i + 1) % GEMMA3_SWA_PATTERN == 0 else "sliding_attention" for i in range(layers)]
+    if list(config.layer_types) != expected:
+        raise SlimkitError(
+            f"layer_types: llama.cpp's gemma3 makes every {GEMMA3_SWA_PATTERN}th layer full attention and the others "
+            f"sliding; this model's pattern differs, so its GGUF would compute other outputs"
+        )
+    params = getattr(config, "rope_parameters", None) or {}
+    local = params.get("sliding_attention", {}) if isinstance(params, dict) else {}
+    base = float(local.get("rope_theta", getattr(config, "rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE)))
+    if base != GEMMA3_LOCAL_ROPE_BASE or local.get("rope_type", "default") != "default":
+        raise SlimkitError(
+            f"sliding-window RoPE base {base:g} / type {local.get('rope_type')}: llama.cpp's gemma3 fixes "
+            f"{GEMMA3_LOCAL_ROPE_BASE:g} and no scaling there"
+        )
+    full = params.get("full_attention", {}) if isinstance(params, dict) else {}
+    if full.get("rope_type", "default") not in ("default", "linear"):
+        raise SlimkitError(f"rope scaling '{full.get('rope_type')}' is not written by slimkit's GGUF export")
+    head_dim = int(config.head_dim)
+    if layers != 62 and float(config.query_pre_attn_scalar) != head_dim:
+        raise SlimkitError(
+            f"query_pre_attn_scalar {config.query_pre_attn_scalar}: llama.cpp's gemma3 scales attention by "
+            f"1/sqrt(head_dim {head_dim})"
+        )
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
+        raise SlimkitError("soft-capping: llama.cpp's gemma3 applies none")
+    return []
 
 
 def _rope_scaling(config: Any) -> dict[str, Any]:
@@ -180,12 +229,13 @@ def llama3_rope_factors(scaling: dict[str, Any], head_dim: int) -> torch.Tensor:
     return factors.to(torch.float32)
 
 
-def _gguf_name(name: str) -> str | None:
+def _gguf_name(name: str, architecture: str = "llama") -> str | None:
     if name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[name]
     parts = name.split(".")
+    layer_tensors = _GEMMA3_LAYER_TENSORS if architecture == "gemma3" else _LAYER_TENSORS
     if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
-        suffix = _LAYER_TENSORS.get(".".join(parts[3:]))
+        suffix = layer_tensors.get(".".join(parts[3:]))
         if suffix is not None:
             return f"blk.{int(parts[2])}.{suffix}"
     return None
@@ -215,6 +265,9 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_block_count(len(widths))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(dense.hidden_size)
+    if architecture == "gemma3":
+        _gemma3_metadata(writer, config, dense)
+        return
     if architecture != "deci":
         writer.add_feed_forward_length(widths[0]["intermediate_size"])
         writer.add_head_count(widths[0]["num_attention_heads"])
@@ -231,6 +284,30 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     if scaling.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
+
+
+def _per_layer(values: list[int]) -> int | list[int]:
+    return values[0] if len(set(values)) == 1 else values
+
+
+def _gemma3_metadata(writer: gguf.GGUFWriter, config: Any, dense: DenseModel) -> None:
+    """gemma3's keys: per-layer head counts and feed-forward lengths as arrays where they differ (llama.cpp reads
+    either), the window, and the full-attention layers' RoPE base and linear scaling."""
+    widths = dense.layer_widths
+    head_dim = widths[0]["head_dim"]
+    writer.add_feed_forward_length(_per_layer([w["intermediate_size"] for w in widths]))
+    writer.add_head_count(_per_layer([w["num_attention_heads"] for w in widths]))
+    writer.add_head_count_kv(_per_layer([w["num_key_value_heads"] for w in widths]))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_sliding_window(int(config.sliding_window))
+    full = (getattr(config, "rope_parameters", None) or {}).get("full_attention", {})
+    writer.add_rope_freq_base(float(full.get("rope_theta", getattr(config, "rope_theta", 1_000_000.0))))
+    if full.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(full["factor"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
 
@@ -341,7 +418,17 @@ def write_gguf(
     # A removed block is a zero in deci's per-layer head / feed-forward arrays, which llama.cpp's deci graph skips.
     removed = any(w["num_attention_heads"] == 0 or w["intermediate_size"] == 0 for w in widths)
     architecture = gguf_architecture(model.config.model_type, dense.uniform and not removed)
-    permute = architecture in ("llama", "deci")  # qwen2/qwen3 use llama.cpp's NEOX RoPE: Hugging Face's layout
+    if removed and architecture == "gemma3":
+        raise SlimkitError(
+            "removed attention / MLP blocks: llama.cpp's gemma3 graph runs every layer's attention and MLP (it has "
+            "no per-layer skip like deci's); serve it with slimkit.load"
+        )
+    if architecture == "gemma3":
+        note = pad_to_uniform(dense)  # llama.cpp's gemma3 builds every layer from layer 0's widths
+        if note is not None:
+            warnings.append(note)
+    permute = architecture in ("llama", "deci")  # qwen2/qwen3/gemma3 use llama.cpp's NEOX RoPE: Hugging Face's layout
+    norm_offset = 1.0 if architecture == "gemma3" else 0.0  # Gemma's norms scale by (1 + w); llama.cpp's by w
     if widths[0]["num_attention_heads"] == 0:
         warnings.append(zero_first_attention(dense))
     last = len(widths) - 1
@@ -366,10 +453,12 @@ def write_gguf(
             writer.add_tensor("rope_freqs.weight", llama3_rope_factors(scaling, widths[0]["head_dim"]).numpy())
             count += 1
         for hf_name, tensor in dense.tensors.items():
-            gguf_name = _gguf_name(hf_name)
+            gguf_name = _gguf_name(hf_name, architecture)
             if gguf_name is None:
-                raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's Llama mapping")
+                raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's {architecture} mapping")
             weight = tensor.detach().to("cpu", torch.float32)
+            if norm_offset and gguf_name.endswith("norm.weight"):
+                weight = weight + norm_offset
             layer = int(hf_name.split(".")[2]) if hf_name.startswith("model.layers.") else None
             if permute and gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
                 weight = rope_permute(weight, widths[layer]["num_attention_heads"])

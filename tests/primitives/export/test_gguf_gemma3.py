@@ -1,0 +1,115 @@
+"""Gemma 3 text as llama.cpp's gemma3 GGUF: tensor names, the (1 + w) norms, the window, per-layer widths padded
+exactly to one width, and the refusals where llama.cpp would compute something else.
+
+llama.cpp caches keys and values in float16 and evaluates GELU from a float16 table; the mapping itself is checked
+with a float32 cache and the MLP's output zeroed (then llama.cpp equals PyTorch to float32 rounding), the whole model
+with a float32 cache within the GELU table's error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimkit.primitives.arch import ModelView
+from slimkit.primitives.blocks import Block, remove_block
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.evaluate.llamacpp import gguf_logits
+from slimkit.primitives.export import export
+from slimkit.primitives.export.dense import dense_tensors
+from slimkit.primitives.export.padding import pad_to_uniform
+from slimkit.primitives.surgery import prune_layer
+from tests.tiny import bpe_tokenizer, model_output, tiny_gemma2, tiny_gemma3_text
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
+
+IDS = torch.randint(3, 250, (24,), generator=torch.Generator().manual_seed(3)).tolist()
+GELU_TABLE = 2e-3
+"""Max abs logit difference with the MLP (llama.cpp's float16 GELU table), as a fraction of max(1, |logit|)."""
+EXACT = 1e-5
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return bpe_tokenizer()
+
+
+def _gemma3(bpe, layers: int = 7):
+    """A tiny Gemma 3 with llama.cpp's layer pattern (every 6th layer full attention) and a 4-token window."""
+    model = tiny_gemma3_text(vocab_size=len(bpe), layers=layers)
+    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+    model.config.layer_types = types
+    for layer, kind in zip(model.model.layers, types, strict=True):
+        layer.attention_type = kind
+        layer.self_attn.sliding_window = 4 if kind == "sliding_attention" else None
+        layer.self_attn.is_sliding = kind == "sliding_attention"
+    return model
+
+
+def _diff(model, path) -> float:
+    expected = model_output(model, torch.tensor([IDS]))[0].float()
+    actual = torch.tensor(gguf_logits(path, IDS, threads=2, f32_cache=True))
+    assert actual.shape == expected.shape
+    return float((actual - expected).abs().max()) / max(1.0, float(expected.abs().max()))
+
+
+def _without_mlp_output(model):
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.zero_()
+    return model
+
+
+def _prune(model) -> None:
+    for layer in ModelView(model).layers:
+        prune_layer(model, "mlp_channel", layer.index, torch.arange(layer.mlp_width - 8 * (layer.index % 3)))
+    prune_layer(model, "kv_group", 1, torch.tensor([0]))
+    prune_layer(model, "attention_head", 2, torch.tensor([0, 1, 3, 4]))
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_gemma3_gguf_equals_pytorch_in_llamacpp(tmp_path, bpe, pruned):
+    model = _gemma3(bpe)
+    if pruned:
+        _prune(model)
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert result.architecture == "gemma3"
+    assert any("padded with zeros" in w for w in result.warnings) == pruned
+    assert _diff(model, tmp_path / "m.gguf") <= GELU_TABLE
+    _without_mlp_output(model)
+    export(model, tmp_path / "x.gguf", "gguf", "f32", tokenizer=bpe)
+    assert _diff(model, tmp_path / "x.gguf") <= EXACT  # the mapping itself: names, (1 + w), window, padding
+
+
+def test_padding_keeps_each_head_in_its_kv_group(bpe):
+    """Hand case: a layer of 4 query heads over 2 KV heads padded to 3 per group: heads 0,1 | 3,4; 2 and 5 zero."""
+    model = _gemma3(bpe, layers=2)
+    prune_layer(model, "attention_head", 0, torch.tensor([0, 1, 3, 4]))
+    dense = dense_tensors(model)
+    q = dense.tensors["model.layers.0.self_attn.q_proj.weight"].clone()
+    note = pad_to_uniform(dense)
+    assert note is not None and dense.uniform
+    padded = dense.tensors["model.layers.0.self_attn.q_proj.weight"]
+    d = 12
+    assert padded.shape[0] == 6 * d
+    for source, target in enumerate([0, 1, 3, 4]):
+        assert torch.equal(padded[target * d : (target + 1) * d], q[source * d : (source + 1) * d])
+    assert not padded[2 * d : 3 * d].any() and not padded[5 * d :].any()
+    assert dense.layer_widths[0]["num_attention_heads"] == 6 and dense.added_params == 2 * d * 48 * 2
+
+
+def test_what_llamacpps_gemma3_would_compute_otherwise_is_refused(tmp_path, bpe):
+    model = tiny_gemma3_text(vocab_size=len(bpe), layers=3)  # alternating sliding / full layers
+    with pytest.raises(SlimkitError, match=r"^layer_types: llama.cpp's gemma3 makes every 6th layer full"):
+        export(model, tmp_path / "a.gguf", "gguf", "f32", tokenizer=bpe)
+    model = _gemma3(bpe, layers=2)
+    model.config.query_pre_attn_scalar = 64
+    with pytest.raises(SlimkitError, match=r"^query_pre_attn_scalar 64: llama.cpp's gemma3 scales"):
+        export(model, tmp_path / "b.gguf", "gguf", "f32", tokenizer=bpe)
+    model = _gemma3(bpe, layers=2)
+    remove_block(model, Block(1, "mlp"))
+    with pytest.raises(SlimkitError, match=r"^removed attention / MLP blocks: llama.cpp's gemma3 graph"):
+        export(model, tmp_path / "c.gguf", "gguf", "f32", tokenizer=bpe)
+    with pytest.raises(SlimkitError, match=r"^GGUF export supports model types .*gemma3_text; this model is 'gemma2'"):
+        export(tiny_gemma2(vocab_size=len(bpe)), tmp_path / "d.gguf", "gguf", "f32", tokenizer=bpe)
+    assert not list(tmp_path.glob("*.gguf"))
