@@ -43,6 +43,15 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 """Supported ``model_type`` s per task (decoders and encoders, by :attr:`ArchSpec.encoder`)."""
 
 
+NOT_YET: dict[str, str] = {
+    "phi3": (
+        "its q/k/v and gate/up projections are fused matrices (qkv_proj, gate_up_proj), and its attention splits "
+        "qkv_proj at the config's num_attention_heads, one value for every layer; slimkit's groups do not yet slice "
+        "inside fused matrices"
+    ),
+}
+"""Decoders transformers runs that slimkit does not compress yet, and the architectural reason (in the refusal)."""
+
 _CODE_FREE_AUTO = ("AutoTokenizer", "AutoProcessor", "AutoImageProcessor", "AutoFeatureExtractor")
 """``auto_map`` entries that do not replace the model's code (a custom tokenizer or processor class)."""
 
@@ -83,7 +92,8 @@ def unsupported_message(model_type: str | None, task: str | None = None) -> str:
     supported = _supported_for(task)
     what = f"model_type '{model_type}'" if model_type else "a config without a model_type"
     scope = f" for {task} recipes" if task else ""
-    return f"{what} is not supported{scope}; supported: {', '.join(supported)}"
+    reason = f" ({NOT_YET[model_type]})" if model_type in NOT_YET else ""
+    return f"{what} is not supported{scope}{reason}; supported: {', '.join(supported)}"
 
 
 def check_supported(config: Any, task: str = "causal-lm") -> None:
@@ -154,6 +164,7 @@ def check_no_custom_code(directory: str | Path, config: Mapping[str, Any] | None
 
 __all__ = [
     "CODE_CONFIG_FILES",
+    "NOT_YET",
     "SUPPORTED",
     "check_no_custom_code",
     "check_supported",

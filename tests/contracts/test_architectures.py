@@ -28,6 +28,7 @@ from slimkit.primitives.projection import ProjectionSettings, project_hidden_dim
 from slimkit.primitives.surgery import prune_layer, remove_units
 from slimkit.recipes.loading import load_recipe, validate
 from tests.tiny import (
+    _FAMILY_WIDTHS,
     DECODERS,
     NEW_FAMILIES,
     assert_scaled_close,
@@ -192,6 +193,17 @@ def test_supported_lists_every_decoder_spec():
     for family in ALL:
         check_supported(_model(family).config, "causal-lm")
     check_supported({"model_type": "slimkit_compressed", "slimkit_base_model_type": "gemma3_text"}, "causal-lm")
+
+
+def test_phi3_is_refused_at_the_door_with_its_architectural_reason():
+    from transformers import Phi3Config
+
+    config = Phi3Config(num_hidden_layers=1, **_FAMILY_WIDTHS)
+    with pytest.raises(SlimkitError) as error:
+        check_supported(config, "causal-lm")
+    text = str(error.value)
+    assert "\n" not in text and text.startswith("model_type 'phi3' is not supported for causal-lm recipes (its q/k/v")
+    assert "qkv_proj" in text and text.endswith("smollm3")
 
 
 def test_each_refusal_is_one_line_naming_architecture_and_operation():
