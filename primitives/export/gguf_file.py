@@ -41,7 +41,7 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "granite", "olmo2")
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -71,6 +71,16 @@ _GEMMA3_LAYER_TENSORS = {
 }
 """Gemma 3's names: its ``post_attention_layernorm`` normalises the attention output (llama.cpp's
 ``post_attention_norm``), the MLP's input norm is ``pre_feedforward_layernorm``."""
+_OLMO2_LAYER_TENSORS = {
+    **{k: v for k, v in _LAYER_TENSORS.items() if not k.endswith("bias") and "layernorm" not in k},
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+"""OLMo 2's names: no input norms, branch post-norms, q/k norms over the whole projections."""
+_LAYER_MAPS = {"gemma3": _GEMMA3_LAYER_TENSORS, "olmo2": _OLMO2_LAYER_TENSORS}
+PADDED_ARCHITECTURES = ("gemma3", "granite", "olmo2")
+"""llama.cpp architectures whose tensors are all built from one head count and feed-forward length: per-layer
+widths are padded to one (:mod:`slimkit.primitives.export.padding`), removed blocks refused."""
 GEMMA3_SWA_PATTERN = 6
 """llama.cpp's gemma3 reads no layer types: every 6th layer attends to the whole context, the others to the window."""
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
@@ -114,6 +124,10 @@ class GgufResult:
         }
 
 
+ROPE_PERMUTED = ("llama", "deci", "granite")
+"""llama.cpp architectures whose RoPE rotates adjacent pairs (llama.cpp's ``NORM`` type): q/k rows are permuted."""
+
+
 def rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """Rows of a q/k projection from Hugging Face's RoPE layout to llama.cpp's.
 
@@ -134,6 +148,8 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
         return "llama" if uniform else "deci"
     if model_type == "gemma3_text":
         return "gemma3"  # per-layer widths are padded to one (primitives/export/padding.py)
+    if model_type in ("granite", "olmo2"):
+        return model_type
     if model_type in ("qwen2", "qwen3"):
         if not uniform:
             raise SlimkitError(
@@ -233,7 +249,7 @@ def _gguf_name(name: str, architecture: str = "llama") -> str | None:
     if name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[name]
     parts = name.split(".")
-    layer_tensors = _GEMMA3_LAYER_TENSORS if architecture == "gemma3" else _LAYER_TENSORS
+    layer_tensors = _LAYER_MAPS.get(architecture, _LAYER_TENSORS)
     if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
         suffix = layer_tensors.get(".".join(parts[3:]))
         if suffix is not None:
@@ -286,6 +302,11 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
         writer.add_rope_scaling_factor(float(scaling["factor"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
+    if architecture == "granite":  # the multipliers as llama.cpp's scales
+        writer.add_attention_scale(float(config.attention_multiplier))
+        writer.add_embedding_scale(float(config.embedding_multiplier))
+        writer.add_residual_scale(float(config.residual_multiplier))
+        writer.add_logit_scale(float(config.logits_scaling))
 
 
 def _per_layer(values: list[int]) -> int | list[int]:
@@ -418,16 +439,16 @@ def write_gguf(
     # A removed block is a zero in deci's per-layer head / feed-forward arrays, which llama.cpp's deci graph skips.
     removed = any(w["num_attention_heads"] == 0 or w["intermediate_size"] == 0 for w in widths)
     architecture = gguf_architecture(model.config.model_type, dense.uniform and not removed)
-    if removed and architecture == "gemma3":
+    if removed and architecture in PADDED_ARCHITECTURES:
         raise SlimkitError(
-            "removed attention / MLP blocks: llama.cpp's gemma3 graph runs every layer's attention and MLP (it has "
-            "no per-layer skip like deci's); serve it with slimkit.load"
+            f"removed attention / MLP blocks: llama.cpp's {architecture} graph runs every layer's attention and MLP "
+            "(it has no per-layer skip like deci's); serve it with slimkit.load"
         )
-    if architecture == "gemma3":
-        note = pad_to_uniform(dense)  # llama.cpp's gemma3 builds every layer from layer 0's widths
+    if architecture in PADDED_ARCHITECTURES:
+        note = pad_to_uniform(dense)  # llama.cpp builds every layer's tensors from one width
         if note is not None:
             warnings.append(note)
-    permute = architecture in ("llama", "deci")  # qwen2/qwen3/gemma3 use llama.cpp's NEOX RoPE: Hugging Face's layout
+    permute = architecture in ROPE_PERMUTED  # the others use llama.cpp's NEOX RoPE: Hugging Face's layout
     norm_offset = 1.0 if architecture == "gemma3" else 0.0  # Gemma's norms scale by (1 + w); llama.cpp's by w
     if widths[0]["num_attention_heads"] == 0:
         warnings.append(zero_first_attention(dense))

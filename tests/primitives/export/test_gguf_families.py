@@ -1,5 +1,6 @@
-"""Gemma 3 text as llama.cpp's gemma3 GGUF: tensor names, the (1 + w) norms, the window, per-layer widths padded
-exactly to one width, and the refusals where llama.cpp would compute something else.
+"""Gemma 3 text, Granite and OLMo 2 as llama.cpp's gemma3, granite and olmo2 GGUF: tensor names, the (1 + w)
+norms, the window, Granite's multipliers, per-layer widths padded exactly to one width (llama.cpp does not load
+per-layer arrays for these architectures), and the refusals where llama.cpp would compute something else.
 
 llama.cpp caches keys and values in float16 and evaluates GELU from a float16 table; the mapping itself is checked
 with a float32 cache and the MLP's output zeroed (then llama.cpp equals PyTorch to float32 rounding), the whole model
@@ -19,7 +20,7 @@ from slimkit.primitives.export import export
 from slimkit.primitives.export.dense import dense_tensors
 from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.surgery import prune_layer
-from tests.tiny import bpe_tokenizer, model_output, tiny_gemma2, tiny_gemma3_text
+from tests.tiny import bpe_tokenizer, model_output, tiny_gemma2, tiny_gemma3_text, tiny_granite, tiny_olmo2
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
 
@@ -110,6 +111,26 @@ def test_what_llamacpps_gemma3_would_compute_otherwise_is_refused(tmp_path, bpe)
     remove_block(model, Block(1, "mlp"))
     with pytest.raises(SlimkitError, match=r"^removed attention / MLP blocks: llama.cpp's gemma3 graph"):
         export(model, tmp_path / "c.gguf", "gguf", "f32", tokenizer=bpe)
-    with pytest.raises(SlimkitError, match=r"^GGUF export supports model types .*gemma3_text; this model is 'gemma2'"):
+    with pytest.raises(SlimkitError, match=r"^GGUF export supports model types .*olmo2; this model is 'gemma2'"):
         export(tiny_gemma2(vocab_size=len(bpe)), tmp_path / "d.gguf", "gguf", "f32", tokenizer=bpe)
     assert not list(tmp_path.glob("*.gguf"))
+
+
+@pytest.mark.parametrize("factory", [tiny_granite, tiny_olmo2], ids=["granite", "olmo2"])
+@pytest.mark.parametrize("pruned", [False, True])
+def test_granite_and_olmo2_gguf_equal_pytorch_in_llamacpp(tmp_path, bpe, factory, pruned):
+    """SiLU has no table in llama.cpp: with a float32 cache the whole model matches to float32 rounding."""
+    model = factory(vocab_size=len(bpe), layers=4)
+    family = model.config.model_type
+    if pruned:
+        for layer in ModelView(model).layers:
+            prune_layer(model, "mlp_channel", layer.index, torch.arange(layer.mlp_width - 8 * layer.index))
+        if family == "granite":
+            prune_layer(model, "kv_group", 1, torch.tensor([0]))
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert result.architecture == family
+    assert any("padded with zeros" in w for w in result.warnings) == pruned
+    assert _diff(model, tmp_path / "m.gguf") <= EXACT
+    remove_block(model, Block(2, "attention"))
+    with pytest.raises(SlimkitError, match=rf"^removed attention / MLP blocks: llama.cpp's {family} graph"):
+        export(model, tmp_path / "r.gguf", "gguf", "f32", tokenizer=bpe)
