@@ -32,6 +32,7 @@ import torch
 import transformers
 from torch import nn
 
+from slimkit.primitives.arch.spec import SAME_AS_LLAMA
 from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
@@ -39,7 +40,18 @@ from slimkit.primitives.export.dense import dense_tensors
 from slimkit.primitives.files.atomic import staging_dir, swap_in
 from slimkit.primitives.io.compat import removed_blocks_phrase
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+HF_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "granite",
+    "olmo2",
+    *SAME_AS_LLAMA,
+)
 EXPORT_MARKER = ".slimkit-export.json"
 """The file an hf export writes last into its folder: which files it wrote (``files``)."""
 

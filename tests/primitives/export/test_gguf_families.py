@@ -19,8 +19,18 @@ from slimkit.primitives.evaluate.llamacpp import gguf_logits
 from slimkit.primitives.export import export
 from slimkit.primitives.export.dense import dense_tensors
 from slimkit.primitives.export.padding import pad_to_uniform
+from slimkit.primitives.export.plan import export_verdicts
 from slimkit.primitives.surgery import prune_layer
-from tests.tiny import bpe_tokenizer, model_output, tiny_gemma2, tiny_gemma3_text, tiny_granite, tiny_olmo2
+from tests.tiny import (
+    DECODERS,
+    bpe_tokenizer,
+    model_output,
+    tiny_gemma2,
+    tiny_gemma3_text,
+    tiny_granite,
+    tiny_olmo2,
+    tiny_same_as_llama,
+)
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
 
@@ -134,3 +144,25 @@ def test_granite_and_olmo2_gguf_equal_pytorch_in_llamacpp(tmp_path, bpe, factory
     remove_block(model, Block(2, "attention"))
     with pytest.raises(SlimkitError, match=rf"^removed attention / MLP blocks: llama.cpp's {family} graph"):
         export(model, tmp_path / "r.gguf", "gguf", "f32", tokenizer=bpe)
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text", "granite", "olmo2", "smollm3"])
+def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, family):
+    """Uniform pruning keeps a config transformers builds: the folder is read back by stock transformers and its
+    logits checked by the export itself (``max_abs_logit_diff``)."""
+    model = DECODERS[family](vocab_size=len(bpe)) if family in DECODERS else tiny_same_as_llama(family, len(bpe))
+    for layer in ModelView(model).layers:
+        prune_layer(model, "mlp_channel", layer.index, torch.arange(48))
+    result = export(model, tmp_path / "hf", "hf", tokenizer=bpe)
+    assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
+
+
+def test_export_verdicts_name_the_padding_and_the_removed_block_refusal():
+    widths = {"num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12}
+    varying = {"0": {**widths, "intermediate_size": 64}, "1": {**widths, "intermediate_size": 48}}
+    gguf, hf = export_verdicts("gemma3_text", varying, None)
+    assert (gguf.format, gguf.ok) == ("gguf gemma3", True) and "padded with zeros" in gguf.detail
+    assert not hf.ok
+    removed = {"0": {**widths, "intermediate_size": 64}, "1": {**widths, "intermediate_size": 0}}
+    gguf, _ = export_verdicts("olmo2", removed, None)
+    assert not gguf.ok and "olmo2 graph runs every layer" in gguf.detail
