@@ -41,7 +41,7 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "granite", "olmo2")
+EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "olmo2")
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -77,12 +77,18 @@ _OLMO2_LAYER_TENSORS = {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 """OLMo 2's names: no input norms, branch post-norms, q/k norms over the whole projections."""
-_LAYER_MAPS = {"gemma3": _GEMMA3_LAYER_TENSORS, "olmo2": _OLMO2_LAYER_TENSORS}
-PADDED_ARCHITECTURES = ("gemma3", "granite", "olmo2")
+_LAYER_MAPS = {"gemma2": _GEMMA3_LAYER_TENSORS, "gemma3": _GEMMA3_LAYER_TENSORS, "olmo2": _OLMO2_LAYER_TENSORS}
+GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
+"""llama.cpp's Gemma architectures: norms written as ``1 + w`` (Hugging Face scales by ``1 + w``, llama.cpp by
+``w``)."""
+PADDED_ARCHITECTURES = (*GEMMA_ARCHITECTURES, "granite", "olmo2")
 """llama.cpp architectures whose tensors are all built from one head count and feed-forward length: per-layer
 widths are padded to one (:mod:`slimkit.primitives.export.padding`), removed blocks refused."""
-GEMMA3_SWA_PATTERN = 6
-"""llama.cpp's gemma3 reads no layer types: every 6th layer attends to the whole context, the others to the window."""
+SWA_PATTERNS = {"gemma2": 2, "gemma3": 6}
+"""llama.cpp's Gemma 2 / 3 read no layer types: every n-th layer attends to the whole context, the others to the
+window."""
+LARGEST_LAYERS = {"gemma2": 46, "gemma3": 62}
+"""Layer counts of the 27B models, the only ones llama.cpp scales attention by 1/sqrt(hidden / heads)."""
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 """llama.cpp's gemma3 RoPE base of the sliding-window layers (fixed; not read from the file)."""
 _GLOBAL_TENSORS = {
@@ -148,6 +154,8 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
         return "llama" if uniform else "deci"
     if model_type == "gemma3_text":
         return "gemma3"  # per-layer widths are padded to one (primitives/export/padding.py)
+    if model_type in ("gemma", "gemma2"):
+        return model_type
     if model_type in ("granite", "olmo2"):
         return model_type
     if model_type in ("qwen2", "qwen3"):
@@ -169,8 +177,8 @@ def check_exportable(model: nn.Module) -> list[str]:
     config = model.config
     model_type = getattr(config, "model_type", None)
     gguf_architecture(model_type, uniform=True)
-    if model_type == "gemma3_text":
-        return check_gemma3(config)
+    if model_type in ("gemma", "gemma2", "gemma3_text"):
+        return check_gemma(config, gguf_architecture(model_type, uniform=True))
     warnings = []
     window = getattr(config, "sliding_window", None)
     use_window = getattr(config, "use_sliding_window", True)
@@ -188,17 +196,31 @@ def check_exportable(model: nn.Module) -> list[str]:
     return warnings
 
 
-def check_gemma3(config: Any) -> list[str]:
-    """One line where llama.cpp's gemma3 would compute something else than the Hugging Face model: the layer
-    pattern, the sliding-window RoPE base and the attention scale it fixes instead of reading them."""
+def check_gemma(config: Any, architecture: str) -> list[str]:
+    """One line where llama.cpp's gemma / gemma2 / gemma3 would compute something else than the Hugging Face model:
+    the layer pattern, the sliding-window RoPE base and the attention scale it fixes instead of reading them, and
+    soft-capping gemma3 does not apply."""
+    if architecture == "gemma":
+        return []
     layers = int(config.num_hidden_layers)
-    expected = ["full_attention" if (i + 1) % GEMMA3_SWA_PATTERN == 0 else "sliding_attention" for i in range(layers)]
+    every = SWA_PATTERNS[architecture]
+    expected = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
     if list(config.layer_types) != expected:
         raise SlimkitError(
-            f"layer_types: llama.cpp's gemma3 makes every {GEMMA3_SWA_PATTERN}th layer full attention and the others "
-            f"sliding; this model's pattern differs, so its GGUF would compute other outputs"
+            f"layer_types: llama.cpp's {architecture} makes every {every}th layer full attention and the others "
+            "sliding; this model's pattern differs, so its GGUF would compute other outputs"
+        )
+    head_dim = int(config.head_dim)
+    if layers != LARGEST_LAYERS[architecture] and float(config.query_pre_attn_scalar) != head_dim:
+        raise SlimkitError(
+            f"query_pre_attn_scalar {config.query_pre_attn_scalar}: llama.cpp's {architecture} scales attention by "
+            f"1/sqrt(head_dim {head_dim})"
         )
     params = getattr(config, "rope_parameters", None) or {}
+    if architecture == "gemma2":
+        if dict(params).get("rope_type", "default") != "default":
+            raise SlimkitError(f"rope scaling '{params.get('rope_type')}' is not written by slimkit's GGUF export")
+        return []
     local = params.get("sliding_attention", {}) if isinstance(params, dict) else {}
     base = float(local.get("rope_theta", getattr(config, "rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE)))
     if base != GEMMA3_LOCAL_ROPE_BASE or local.get("rope_type", "default") != "default":
@@ -209,12 +231,6 @@ def check_gemma3(config: Any) -> list[str]:
     full = params.get("full_attention", {}) if isinstance(params, dict) else {}
     if full.get("rope_type", "default") not in ("default", "linear"):
         raise SlimkitError(f"rope scaling '{full.get('rope_type')}' is not written by slimkit's GGUF export")
-    head_dim = int(config.head_dim)
-    if layers != 62 and float(config.query_pre_attn_scalar) != head_dim:
-        raise SlimkitError(
-            f"query_pre_attn_scalar {config.query_pre_attn_scalar}: llama.cpp's gemma3 scales attention by "
-            f"1/sqrt(head_dim {head_dim})"
-        )
     if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
         raise SlimkitError("soft-capping: llama.cpp's gemma3 applies none")
     return []
@@ -281,8 +297,8 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_block_count(len(widths))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(dense.hidden_size)
-    if architecture == "gemma3":
-        _gemma3_metadata(writer, config, dense)
+    if architecture in GEMMA_ARCHITECTURES:
+        _gemma_metadata(writer, config, dense, architecture)
         return
     if architecture != "deci":
         writer.add_feed_forward_length(widths[0]["intermediate_size"])
@@ -309,26 +325,31 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
         writer.add_logit_scale(float(config.logits_scaling))
 
 
-def _per_layer(values: list[int]) -> int | list[int]:
-    return values[0] if len(set(values)) == 1 else values
-
-
-def _gemma3_metadata(writer: gguf.GGUFWriter, config: Any, dense: DenseModel) -> None:
-    """gemma3's keys: per-layer head counts and feed-forward lengths as arrays where they differ (llama.cpp reads
-    either), the window, and the full-attention layers' RoPE base and linear scaling."""
+def _gemma_metadata(writer: gguf.GGUFWriter, config: Any, dense: DenseModel, architecture: str) -> None:
+    """The Gemma keys: one head count and feed-forward length (widths are padded to one before), the window and
+    soft-capping (gemma2), the full-attention layers' RoPE base and linear scaling (gemma3)."""
     widths = dense.layer_widths
     head_dim = widths[0]["head_dim"]
-    writer.add_feed_forward_length(_per_layer([w["intermediate_size"] for w in widths]))
-    writer.add_head_count(_per_layer([w["num_attention_heads"] for w in widths]))
-    writer.add_head_count_kv(_per_layer([w["num_key_value_heads"] for w in widths]))
+    writer.add_feed_forward_length(widths[0]["intermediate_size"])
+    writer.add_head_count(widths[0]["num_attention_heads"])
+    writer.add_head_count_kv(widths[0]["num_key_value_heads"])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_sliding_window(int(config.sliding_window))
-    full = (getattr(config, "rope_parameters", None) or {}).get("full_attention", {})
-    writer.add_rope_freq_base(float(full.get("rope_theta", getattr(config, "rope_theta", 1_000_000.0))))
-    if full.get("rope_type") == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(float(full["factor"]))
+    if architecture == "gemma3":
+        writer.add_sliding_window(int(config.sliding_window))
+        full = (getattr(config, "rope_parameters", None) or {}).get("full_attention", {})
+        writer.add_rope_freq_base(float(full.get("rope_theta", getattr(config, "rope_theta", 1_000_000.0))))
+        if full.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(float(full["factor"]))
+    else:
+        writer.add_rope_freq_base(_rope_theta(config))
+    if architecture == "gemma2":
+        writer.add_sliding_window(int(config.sliding_window))
+        if config.attn_logit_softcapping:
+            writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
 
@@ -449,7 +470,9 @@ def write_gguf(
         if note is not None:
             warnings.append(note)
     permute = architecture in ROPE_PERMUTED  # the others use llama.cpp's NEOX RoPE: Hugging Face's layout
-    norm_offset = 1.0 if architecture == "gemma3" else 0.0  # Gemma's norms scale by (1 + w); llama.cpp's by w
+    norm_offset = (
+        1.0 if architecture in GEMMA_ARCHITECTURES else 0.0
+    )  # Gemma's norms scale by (1 + w); llama.cpp's by w
     if widths[0]["num_attention_heads"] == 0:
         warnings.append(zero_first_attention(dense))
     last = len(widths) - 1

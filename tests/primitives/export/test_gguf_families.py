@@ -1,6 +1,7 @@
-"""Gemma 3 text, Granite and OLMo 2 as llama.cpp's gemma3, granite and olmo2 GGUF: tensor names, the (1 + w)
-norms, the window, Granite's multipliers, per-layer widths padded exactly to one width (llama.cpp does not load
-per-layer arrays for these architectures), and the refusals where llama.cpp would compute something else.
+"""Gemma 1-3, Granite and OLMo 2 as llama.cpp's gemma, gemma2, gemma3, granite and olmo2 GGUF: tensor names, the
+(1 + w) norms, the window and soft-capping, Granite's multipliers, per-layer widths padded exactly to one width
+(llama.cpp does not load per-layer arrays for these architectures), and the refusals where llama.cpp would compute
+something else.
 
 llama.cpp caches keys and values in float16 and evaluates GELU from a float16 table; the mapping itself is checked
 with a float32 cache and the MLP's output zeroed (then llama.cpp equals PyTorch to float32 rounding), the whole model
@@ -78,13 +79,20 @@ def _prune(model) -> None:
     prune_layer(model, "attention_head", 2, torch.tensor([0, 1, 3, 4]))
 
 
+def _gemma_family(family: str, bpe):
+    if family == "gemma3_text":
+        return _gemma3(bpe)
+    return DECODERS[family](vocab_size=len(bpe), layers=4)  # gemma2: alternating layers, llama.cpp's pattern
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text"])
 @pytest.mark.parametrize("pruned", [False, True])
-def test_gemma3_gguf_equals_pytorch_in_llamacpp(tmp_path, bpe, pruned):
-    model = _gemma3(bpe)
+def test_gemma_ggufs_equal_pytorch_in_llamacpp(tmp_path, bpe, family, pruned):
+    model = _gemma_family(family, bpe)
     if pruned:
         _prune(model)
     result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
-    assert result.architecture == "gemma3"
+    assert result.architecture == family.removesuffix("_text")
     assert any("padded with zeros" in w for w in result.warnings) == pruned
     assert _diff(model, tmp_path / "m.gguf") <= GELU_TABLE
     _without_mlp_output(model)
@@ -121,8 +129,10 @@ def test_what_llamacpps_gemma3_would_compute_otherwise_is_refused(tmp_path, bpe)
     remove_block(model, Block(1, "mlp"))
     with pytest.raises(SlimkitError, match=r"^removed attention / MLP blocks: llama.cpp's gemma3 graph"):
         export(model, tmp_path / "c.gguf", "gguf", "f32", tokenizer=bpe)
-    with pytest.raises(SlimkitError, match=r"^GGUF export supports model types .*olmo2; this model is 'gemma2'"):
-        export(tiny_gemma2(vocab_size=len(bpe)), tmp_path / "d.gguf", "gguf", "f32", tokenizer=bpe)
+    model = tiny_gemma2(vocab_size=len(bpe), layers=2)
+    model.config.layer_types = ["full_attention", "sliding_attention"]
+    with pytest.raises(SlimkitError, match=r"^layer_types: llama.cpp's gemma2 makes every 2th layer full"):
+        export(model, tmp_path / "d.gguf", "gguf", "f32", tokenizer=bpe)
     assert not list(tmp_path.glob("*.gguf"))
 
 
