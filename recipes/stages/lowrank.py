@@ -25,7 +25,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from slimkit.primitives.allocate.settings import GlobalSettings, parse_allocation
-from slimkit.primitives.arch import LayerView
+from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.lowrank import (
@@ -111,6 +111,16 @@ class LowRankArgs(StageArgs):
 
     def makes_lowrank(self) -> frozenset[str]:
         return frozenset(self.roles)
+
+    def check_model(self, model: Any) -> None:
+        super().check_model(model)
+        spec = ModelView(model).spec
+        missing = [role for role in self.roles if getattr(spec, role) is None]
+        if missing:
+            raise SlimkitError(
+                f"lowrank: roles {', '.join(missing)}: {spec.model_type} layers have no such projection (a plain "
+                f"MLP has up and down only); drop {'it' if len(missing) == 1 else 'them'} from roles"
+            )
 
 
 def _uniform_ranks(shapes: dict[str, tuple[int, int]], keep: float, mac_fraction: float) -> dict[str, int | None]:
