@@ -119,6 +119,13 @@ def support_markdown() -> str:
             "",
             *stages,
             "",
+            "Config constants the forward applies, which width changes keep (where one matters to a stage, its refusal "
+            "names it): "
+            + "; ".join(
+                f"{t}: {', '.join(ARCH_SPECS[t].scalar_keys)}" for t in architectures() if ARCH_SPECS[t].scalar_keys
+            )
+            + ".",
+            "",
             "Why refused (the one-line error names the operation and the architecture):",
             "",
             *reasons.legend(),

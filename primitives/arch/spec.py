@@ -76,7 +76,8 @@ class ArchSpec:
     ``residual_multiplier``), or None."""
     scalar_keys: tuple[str, ...] = ()
     """Config scalars the forward multiplies into the stream, attention or logits (Granite's multipliers, Gemma 2's
-    soft-capping): constants no width change touches, listed so the support table can say why they need nothing."""
+    soft-capping): constants width changes keep, listed in the support table (a stage they matter to refuses through
+    another field, e.g. ``branch_scale_key``)."""
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
