@@ -1,4 +1,8 @@
-"""Write a compressed Llama-family decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
+"""Write a compressed decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
+
+Llama, Mistral, Qwen2/3 under llama.cpp's own names; Gemma 1-3, Granite and OLMo 2 under theirs (``gemma``,
+``gemma2``, ``gemma3``, ``granite``, ``olmo2``), whose per-layer widths are padded exactly to one
+(:mod:`.padding`) and whose fixed settings llama.cpp does not read are checked against the model.
 
 Uniform and per-layer widths, low-rank pairs and optional biases; layers whose attention or MLP block was removed
 (:mod:`slimkit.primitives.blocks`) as llama.cpp ``deci`` layers with zero heads or zero feed-forward width, which its
