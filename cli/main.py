@@ -290,6 +290,15 @@ def stage_list() -> None:
     _console().print(table)
 
 
+@stage_app.command("support")
+def stage_support() -> None:
+    """What each stage does on each decoder architecture: works, or refused and why (markdown, generated from the
+    code; docs/methods/architectures.md holds the same)."""
+    from slimkit.engine.support_table import support_markdown
+
+    typer.echo(support_markdown())
+
+
 @stage_app.command("show")
 def stage_show(name: Annotated[str, typer.Argument(help="A registered stage (see `slimkit stage list`).")]) -> None:
     """Describe a stage: what it does, its scope, whether it needs calibration data, every argument."""

@@ -19,6 +19,8 @@ Besides its fields, a stage's argument model says what the recipe checks need be
 * :meth:`~StageArgs.needs_calibration`, :meth:`~StageArgs.needs_task`: the data the stage reads.
 * :meth:`~StageArgs.needs_gradients`, :meth:`~StageArgs.reloads_dense`: whether it back-propagates the
   calibration loss, and whether (at the top level) it loads the recipe's model source again.
+* :meth:`~StageArgs.operations`: the kinds of change an architecture may refuse, which the default
+  :meth:`~StageArgs.check_model` checks against the loaded model's spec.
 * :meth:`~StageArgs.check_model`: what only the loaded model decides (its architecture, its layer count), refused
   in one line after loading and before calibration; :meth:`~StageArgs.check_recipe`: what the rest of the recipe
   decides, refused at validation; :meth:`~StageArgs.check_source`: what the loaded source decides.
@@ -37,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from slimkit.primitives.arch.capabilities import check_operations
 from slimkit.primitives.settings import Strict
 
 if TYPE_CHECKING:
@@ -53,6 +56,10 @@ NO_ROLES: frozenset[str] = frozenset()
 
 class StageArgs(Strict):
     """A stage's arguments and what they imply for the recipe checks (defaults: a stage that removes nothing)."""
+
+    encoder_only: ClassVar[bool] = False
+    """The stage acts on encoders (a post-norm stream or a GLUE task model) only: left out of the decoder support
+    table (:mod:`slimkit.engine.support_table`)."""
 
     calibration_depends_on: ClassVar[tuple[str, ...]] = ()
     """The arguments whose values decide :meth:`needs_calibration` (empty: the answer is the same for every value);
@@ -117,10 +124,16 @@ class StageArgs(Strict):
         """Calibration batches the stage holds out from scoring (an allocation search's; 0: none)."""
         return 0
 
+    def operations(self) -> frozenset[str]:
+        """The kinds of change the stage makes that an architecture may refuse (group kinds, ``hidden_projection``,
+        ``hidden_masks``, ``blocks``: :data:`~slimkit.primitives.arch.capabilities.OPERATIONS`)."""
+        return NO_ROLES
+
     def check_model(self, model: Any) -> None:
         """Raise :class:`~slimkit.primitives.errors.SlimkitError` (one line) when the loaded model cannot take these
-        arguments; called after loading, before calibration (the default accepts every model)."""
-        return None
+        arguments; called after loading, before calibration. The default refuses the :meth:`operations` the
+        model's architecture cannot take (:func:`~slimkit.primitives.arch.capabilities.check_operations`)."""
+        check_operations(model, self.operations())
 
     def check_recipe(self, recipe: Recipe, where: str) -> None:
         """Raise ``ValueError`` (a validation message starting with ``where``, the stage's place in the recipe) when

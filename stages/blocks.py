@@ -78,7 +78,11 @@ class RemoveBlocksArgs(StageArgs):
         memory.parts["activations"] = forward_activation_bytes(shape, inputs.tokens, dtype_bytes)
         return memory
 
+    def operations(self) -> frozenset[str]:
+        return frozenset({"blocks"})
+
     def check_model(self, model: nn.Module) -> None:
+        super().check_model(model)
         view = check_removable(model)
         layers = eligible_layers(view.num_layers, self.skip_first, self.skip_last)
         present = present_blocks(model, self.kinds, layers)

@@ -151,6 +151,9 @@ class CceArgs(ScoringArgs):
     def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else "solve"
 
+    def operations(self) -> frozenset[str]:
+        return frozenset(self.kinds)
+
     def touches(self) -> frozenset[str]:
         return roles_of(self.kinds)
 

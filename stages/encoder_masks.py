@@ -37,6 +37,8 @@ from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
 class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
     """The mask settings (:class:`~slimkit.primitives.masks.mask_settings.EncoderMaskSettings`) and the task data."""
 
+    encoder_only: ClassVar[bool] = True
+
     batch_size: int = Field(16, ge=1)
     """Training examples per optimizer step."""
     max_length: int = Field(128, ge=8)

@@ -8,6 +8,8 @@ has already made the model a sequence classifier for it. Settings and what is re
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from slimkit.engine.context import Context
@@ -18,6 +20,8 @@ from slimkit.primitives.finetune.glue_task_model import GlueFinetuneConfig, fine
 
 
 class GlueFinetuneArgs(StageArgs):
+    encoder_only: ClassVar[bool] = True
+
     learning_rate: float = Field(2e-5, gt=0, le=1.0)
     """Peak AdamW learning rate (linear decay to 0; the paper: 1e-5 for BERT on GLUE)."""
     epochs: float = Field(3.0, gt=0)

@@ -30,7 +30,7 @@ from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import BudgetMode, StageArgs
 from slimkit.primitives.allocate.allocation_settings import GlobalSettings, parse_allocation
-from slimkit.primitives.arch import LayerView
+from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.device.memory_model import FLOAT32, ModelShape
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.evaluate.counting import param_parts
@@ -139,6 +139,16 @@ class LowRankArgs(StageArgs):
 
     def makes_lowrank(self) -> frozenset[str]:
         return frozenset(self.roles)
+
+    def check_model(self, model: Any) -> None:
+        super().check_model(model)
+        spec = ModelView(model).spec
+        missing = [role for role in self.roles if getattr(spec, role) is None]
+        if missing:
+            raise SlimkitError(
+                f"lowrank: roles {', '.join(missing)}: {spec.model_type} layers have no such projection (a plain "
+                f"MLP has up and down only); drop {'it' if len(missing) == 1 else 'them'} from roles"
+            )
 
 
 def _uniform_ranks(shapes: dict[str, tuple[int, int]], keep: float, mac_fraction: float) -> dict[str, int | None]:

@@ -45,6 +45,9 @@ class MaskTrainArgs(StreamMaskSettings, StageArgs):
     def budget(self) -> BudgetMode:
         return "solve"
 
+    def operations(self) -> frozenset[str]:
+        return frozenset({"hidden_masks"})
+
     def touches(self) -> frozenset[str]:
         return ALL_ROLES
 

@@ -36,7 +36,7 @@ Arguments recorded as choices (see the primitives' docstrings for the reasons):
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -103,6 +103,9 @@ class PCAProjectArgs(StageArgs):
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
         return projection_memory(stage, inputs)
 
+    def operations(self) -> frozenset[str]:
+        return frozenset({"hidden_projection"})
+
 
 def _keep_params(ctx: Context) -> int:
     target = ctx.recipe.target
@@ -160,6 +163,8 @@ def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
 
 
 class PCAProjectPostArgs(StageArgs):
+    encoder_only: ClassVar[bool] = True
+
     basis: Literal["pca", "identity"] = "pca"
     """``identity``: raw dimensions by centred second moment (Table 3's "w/o PCA projection")."""
     tokens: int | None = Field(4096, ge=1)

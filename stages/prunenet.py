@@ -90,6 +90,9 @@ class PruneNetArgs(StageArgs):
     def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else "solve"
 
+    def operations(self) -> frozenset[str]:
+        return frozenset({"mlp_channel"})
+
     def touches(self) -> frozenset[str]:
         return frozenset({"gate", "up", "down"})
 

@@ -49,6 +49,10 @@ class SelectionArgs(StageArgs, Generic[K]):
     by KL divergence to the dense model on held-out calibration batches). Decided before the block runs."""
 
     allocates: ClassVar[bool] = False
+
+    def operations(self) -> frozenset[str]:
+        return frozenset(self.groups)
+
     """Whether the stage takes an allocation other than uniform (a layer-wise stage that solves on the target)."""
 
     @field_validator("allocation")

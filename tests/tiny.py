@@ -110,6 +110,107 @@ FAMILIES = {"llama": tiny_llama, "mistral": tiny_mistral, "qwen2": tiny_qwen2, "
 """Llama-family factories by model_type (each ``factory(vocab_size=..., layers=...)``)."""
 
 
+def _widths(**overrides: object) -> dict:
+    return {**_FAMILY_WIDTHS, **overrides}
+
+
+def tiny_gemma(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Gemma: RMSNorms scaled by (1 + w) (random w here), embeddings multiplied by sqrt(hidden_size)."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(vocab_size=vocab_size, num_hidden_layers=layers, tie_word_embeddings=tie, **_widths())
+    return _randomise_norms(GemmaForCausalLM(config))
+
+
+def _gemma_windows(layers: int) -> list[str]:
+    # Gemma 2 alternates sliding and full attention; Gemma 3 has five sliding layers per full one. A window of 4
+    # tokens is shorter than the test inputs, so the sliding layers differ from full attention.
+    return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+
+
+def tiny_gemma2(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Gemma 2: branch post-norms, attention and final soft-capping, sliding-window layers (window 4)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        sliding_window=4,
+        layer_types=_gemma_windows(layers),
+        query_pre_attn_scalar=8,
+        attn_implementation="eager",
+        **_widths(),
+    )
+    return _randomise_norms(Gemma2ForCausalLM(config))
+
+
+def tiny_gemma3_text(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Gemma 3 text: Gemma 2's layout with per-head q/k norms (over head_dim 12 here, as heads x head_dim differs
+    from hidden_size in real ones) and no attention soft-capping; sliding window 4."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        sliding_window=4,
+        layer_types=_gemma_windows(layers),
+        query_pre_attn_scalar=12,
+        **_widths(head_dim=12),
+    )
+    return _randomise_norms(Gemma3ForCausalLM(config))
+
+
+def tiny_granite(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Granite: Llama's modules with embedding, attention and residual multipliers and a logits scaling (none 1)."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    config = GraniteConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.2,
+        residual_multiplier=0.5,
+        logits_scaling=2.0,
+        **_widths(),
+    )
+    return _randomise_norms(GraniteForCausalLM(config))
+
+
+def tiny_olmo2(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> torch.nn.Module:
+    """OLMo 2: branch post-norms only, q/k RMSNorms over the whole q and k projections."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "head_dim"}  # OLMo 2 derives it: 48 / 6 = 8
+    config = Olmo2Config(vocab_size=vocab_size, num_hidden_layers=layers, tie_word_embeddings=tie, **widths)
+    return _randomise_norms(Olmo2ForCausalLM(config))
+
+
+def tiny_same_as_llama(model_type: str, vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """A decoder whose modules are Llama's (``SAME_AS_LLAMA`` in primitives/arch/spec.py), from its own config class."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type, vocab_size=vocab_size, num_hidden_layers=layers, tie_word_embeddings=tie, **_FAMILY_WIDTHS
+    )
+    return _randomise_norms(AutoModelForCausalLM.from_config(config))
+
+
+NEW_FAMILIES = {
+    "gemma": tiny_gemma,
+    "gemma2": tiny_gemma2,
+    "gemma3_text": tiny_gemma3_text,
+    "granite": tiny_granite,
+    "olmo2": tiny_olmo2,
+}
+"""The decoder families beyond Llama's (each ``factory(vocab_size=..., layers=...)``)."""
+
+DECODERS = {**FAMILIES, **NEW_FAMILIES}
+"""Every decoder family with its own tiny factory (OPT aside), for the architecture x recipe matrix."""
+
+
 def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
     config = OPTConfig(
         vocab_size=vocab_size,

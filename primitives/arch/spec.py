@@ -31,10 +31,14 @@ class ArchSpec:
     up: str
     down: str
     gate: str | None
-    attn_norm: str
-    mlp_norm: str
+    attn_norm: str | None
+    """The attention block's input norm (None: the block reads the residual stream as it is, OLMo 2)."""
+    mlp_norm: str | None
+    """The MLP's input norm (None as for ``attn_norm``)."""
     norm_kind: NormKind
     norm_placement: Literal["pre", "post"]
+    """``pre``: the residual sum is never normalised inside a layer (``h + branch(h)``, whatever norms the branch
+    holds); ``post``: a norm acts on the residual sum itself (BERT)."""
     rope: bool
     activation_attr: str
     head_dim_attr: str
@@ -57,6 +61,26 @@ class ArchSpec:
     experts: str | None = None
     """The fused routed experts of a mixture-of-experts MLP (``mlp.experts``), relative to the layer; None for a dense
     MLP. Such a layer's MLP has no gate/up/down projections as modules (:mod:`slimkit.primitives.arch.moe`)."""
+    attn_out_norm: str | None = None
+    """A branch post-norm: normalises the attention block's *output* (over hidden) before the residual sum
+    (Gemma 2/3 and OLMo 2's ``post_attention_layernorm``), relative to the layer."""
+    mlp_out_norm: str | None = None
+    """The MLP's branch post-norm (``post_feedforward_layernorm``), relative to the layer."""
+    norm_offset: float = 0.0
+    """RMSNorms scale by ``offset + w`` (Gemma: ``1 + w``, weights stored as offsets from 1); 0 for ``w``."""
+    qk_norm_scope: Literal["head", "projection"] = "head"
+    """What the q/k norms normalise: one head's ``head_dim`` (shared by every head: Qwen3, Gemma 3) or the whole
+    projection, every head at once (OLMo 2: removing a head changes the statistic of the heads kept)."""
+    embed_scale_key: str | None = None
+    """The config width the embeddings are multiplied by the square root of (Gemma: ``hidden_size``), read from the
+    config when the model is built, so it follows the saved width, not the trained one."""
+    branch_scale_key: str | None = None
+    """The config scalar each branch output is multiplied by before the residual sum (Granite's
+    ``residual_multiplier``), or None."""
+    scalar_keys: tuple[str, ...] = ()
+    """Config scalars the forward multiplies into the stream, attention or logits (Granite's multipliers, Gemma 2's
+    soft-capping): constants width changes keep, listed in the support table (a stage they matter to refuses through
+    another field, e.g. ``branch_scale_key``)."""
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
@@ -64,6 +88,21 @@ class ArchSpec:
     @property
     def mlp_kind(self) -> MLPKind:
         return "gated" if self.gate is not None else "plain"
+
+    @property
+    def branch_post_norms(self) -> bool:
+        """Whether a norm acts on a branch's output before the residual sum (Gemma 2/3, OLMo 2)."""
+        return self.attn_out_norm is not None or self.mlp_out_norm is not None
+
+    def block_norms(self, kind: Literal["attention", "mlp"]) -> tuple[str, ...]:
+        """The norms that belong to one sub-block (its input norm and its branch post-norm, where it has them)."""
+        names = (self.attn_norm, self.attn_out_norm) if kind == "attention" else (self.mlp_norm, self.mlp_out_norm)
+        return tuple(name for name in names if name is not None)
+
+    @property
+    def layer_norms(self) -> tuple[str, ...]:
+        """Every norm of a layer on the residual stream's width (q/k norms excluded), in forward order."""
+        return (*self.block_norms("attention"), *self.block_norms("mlp"))
 
     @property
     def qk_norms(self) -> bool:
@@ -168,7 +207,46 @@ _MIXTRAL = replace(_MISTRAL, model_type="mixtral", experts="mlp.experts")
 _MOE_WIDTH = "moe_intermediate_size"
 _QWEN2_MOE = replace(_QWEN2, model_type="qwen2_moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH)
 _QWEN3_MOE = replace(_QWEN3, model_type="qwen3_moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH)
-_OLMOE = replace(_QWEN3, model_type="olmoe", experts="mlp.experts")
+_OLMOE = replace(_QWEN3, model_type="olmoe", experts="mlp.experts", qk_norm_scope="projection")
+
+# Gemma: Llama's names, RMSNorms scaled by (1 + w), embeddings multiplied by sqrt(hidden_size). Gemma 2 and 3 add
+# branch post-norms (``post_attention_layernorm`` normalises the attention output, so the MLP's input norm is
+# ``pre_feedforward_layernorm``), soft-capping (Gemma 2) and sliding-window ``layer_types``; Gemma 3 adds per-head
+# q/k norms. Soft-capping, sliding windows and query_pre_attn_scalar are config constants no width change touches.
+_GEMMA = replace(_LLAMA, model_type="gemma", norm_offset=1.0, embed_scale_key="hidden_size")
+_GEMMA2 = replace(
+    _GEMMA,
+    model_type="gemma2",
+    mlp_norm="pre_feedforward_layernorm",
+    attn_out_norm="post_attention_layernorm",
+    mlp_out_norm="post_feedforward_layernorm",
+    activation_attr="hidden_activation",
+    scalar_keys=("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"),
+)
+_GEMMA3 = replace(_GEMMA2, model_type="gemma3_text", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+# Granite: Llama's modules; the embedding, attention and residual multipliers and the logits scaling are scalars.
+_GRANITE = replace(
+    _LLAMA,
+    model_type="granite",
+    branch_scale_key="residual_multiplier",
+    scalar_keys=("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"),
+)
+# OLMo 2: no input norms, branch post-norms only (``h + norm(attn(h))``), and q/k RMSNorms over the whole q and k
+# projections (``num_heads * head_dim`` wide).
+_OLMO2 = replace(
+    _LLAMA,
+    model_type="olmo2",
+    attn_norm=None,
+    mlp_norm=None,
+    attn_out_norm="post_attention_layernorm",
+    mlp_out_norm="post_feedforward_layernorm",
+    q_norm="self_attn.q_norm",
+    k_norm="self_attn.k_norm",
+    qk_norm_scope="projection",
+)
+# Decoders whose modules and forward are Llama's (checked against their transformers modeling files): the same spec
+# covers them with no new code.
+SAME_AS_LLAMA = ("helium", "ministral", "seed_oss", "smollm3")
 
 
 def removable_blocks(spec: ArchSpec) -> str | None:
@@ -178,6 +256,8 @@ def removable_blocks(spec: ArchSpec) -> str | None:
     not of a post-norm one, whose norm acts on the sum; the MLP must be one module to stand in for."""
     if spec.norm_placement != "pre":
         return f"{spec.model_type} layers normalise after the residual sum (post-norm), so no block can be skipped"
+    # A branch post-norm of a removed block normalises zeros: RMSNorm(0) = 0 * rsqrt(eps) * w = 0, so the branch
+    # still adds nothing (the norm goes with the block).
     if spec.mlp is None:
         return f"{spec.model_type} layers hold their MLP projections directly (no MLP module to stand in for)"
     return None
@@ -188,6 +268,12 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "mistral": _MISTRAL,
     "qwen2": _QWEN2,
     "qwen3": _QWEN3,
+    "gemma": _GEMMA,
+    "gemma2": _GEMMA2,
+    "gemma3_text": _GEMMA3,
+    "granite": _GRANITE,
+    "olmo2": _OLMO2,
+    **{model_type: replace(_LLAMA, model_type=model_type) for model_type in SAME_AS_LLAMA},
     "opt": _OPT,
     "bert": _BERT,
     "mixtral": _MIXTRAL,

@@ -4,8 +4,9 @@
 ``primitives/io/load.py``), before any weights are read, so an unsupported folder fails with one
 line instead of a traceback from deep inside a stage. The supported sets are per task:
 
-* ``causal-lm`` (decoder recipes): llama, mistral, opt, qwen2, qwen3 (the :data:`ARCH_SPECS`
-  decoders; Mistral and Qwen2 share Llama's module names, Qwen3 adds per-head q/k norms);
+* ``causal-lm`` (decoder recipes): the :data:`ARCH_SPECS` decoders (Llama and the decoders sharing its
+  modules, Qwen3, Gemma 1-3, Granite, OLMo 2, OPT); what each stage does on each of them, or why it refuses,
+  is :mod:`slimkit.primitives.arch.capabilities`;
 * ``encoder`` (BERT recipes: SP3 post-norm projection, CoFi masks, GLUE): bert.
 
 Folders that need custom model code (``auto_map`` in ``config.json`` naming a config or model
@@ -39,11 +40,20 @@ from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 
 SUPPORTED: dict[str, tuple[str, ...]] = {
-    "causal-lm": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.norm_placement == "pre")),
-    "encoder": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.norm_placement == "post")),
+    "causal-lm": tuple(sorted(t for t, spec in ARCH_SPECS.items() if not spec.encoder)),
+    "encoder": tuple(sorted(t for t, spec in ARCH_SPECS.items() if spec.encoder)),
 }
-"""Supported ``model_type`` s per task (decoders are the pre-norm specs, encoders the post-norm ones)."""
+"""Supported ``model_type`` s per task (decoders and encoders, by :attr:`ArchSpec.encoder`)."""
 
+
+NOT_YET: dict[str, str] = {
+    "phi3": (
+        "its q/k/v and gate/up projections are fused matrices (qkv_proj, gate_up_proj), and its attention splits "
+        "qkv_proj at the config's num_attention_heads, one value for every layer; slimkit's groups do not yet slice "
+        "inside fused matrices"
+    ),
+}
+"""Decoders transformers runs that slimkit does not compress yet, and the architectural reason (in the refusal)."""
 
 _CODE_FREE_AUTO = ("AutoTokenizer", "AutoProcessor", "AutoImageProcessor", "AutoFeatureExtractor")
 """``auto_map`` entries that do not replace the model's code (a custom tokenizer or processor class)."""
@@ -85,7 +95,8 @@ def unsupported_message(model_type: str | None, task: str | None = None) -> str:
     supported = _supported_for(task)
     what = f"model_type '{model_type}'" if model_type else "a config without a model_type"
     scope = f" for {task} recipes" if task else ""
-    return f"{what} is not supported{scope}; supported: {', '.join(supported)}"
+    reason = f" ({NOT_YET[model_type]})" if model_type in NOT_YET else ""
+    return f"{what} is not supported{scope}{reason}; supported: {', '.join(supported)}"
 
 
 def _check_code_free(config: Any, allowed: str) -> None:
@@ -200,6 +211,7 @@ def check_no_custom_code(directory: str | Path, config: Mapping[str, Any] | None
 
 __all__ = [
     "CODE_CONFIG_FILES",
+    "NOT_YET",
     "SUPPORTED",
     "builtin_causal_lm",
     "check_evaluable",

@@ -103,13 +103,26 @@ class LayerView:
     def attention(self) -> nn.Module:
         return _get(self.module, self.spec.attention)
 
+    def _input_norm(self, path: str | None, which: str) -> NormView:
+        if path is None:
+            raise SlimkitError(
+                f"{self.spec.model_type} layers have no {which} input norm (their norms follow the branches)"
+            )
+        return NormView(_get(self.module, path), self.spec.norm_kind, self.spec.norm_placement)
+
     @property
     def attn_norm(self) -> NormView:
-        return NormView(_get(self.module, self.spec.attn_norm), self.spec.norm_kind, self.spec.norm_placement)
+        return self._input_norm(self.spec.attn_norm, "attention")
 
     @property
     def mlp_norm(self) -> NormView:
-        return NormView(_get(self.module, self.spec.mlp_norm), self.spec.norm_kind, self.spec.norm_placement)
+        return self._input_norm(self.spec.mlp_norm, "MLP")
+
+    @property
+    def norms(self) -> list[nn.Module]:
+        """Every norm of the layer on the residual stream's width (input norms and branch post-norms; a removed
+        block's norms are ``nn.Identity`` stand-ins without parameters)."""
+        return [_get(self.module, path) for path in self.spec.layer_norms]
 
     @property
     def q_norm(self) -> nn.Module | None:

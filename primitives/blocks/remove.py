@@ -52,11 +52,11 @@ def check_removable(model: nn.Module) -> ModelView:
     return view
 
 
-def _paths(layer: LayerView, kind: BlockKind) -> tuple[str, str]:
-    """(the block module's path, its norm's path), relative to the layer."""
-    if kind == "attention":
-        return layer.spec.attention, layer.spec.attn_norm
-    return str(layer.spec.mlp), layer.spec.mlp_norm
+def _paths(layer: LayerView, kind: BlockKind) -> tuple[str, tuple[str, ...]]:
+    """(the block module's path, its norms' paths: input norm and branch post-norm where it has them), relative to
+    the layer. A branch post-norm of a removed block would normalise zeros to zeros; it goes with the block."""
+    block = layer.spec.attention if kind == "attention" else str(layer.spec.mlp)
+    return block, layer.spec.block_norms(kind)
 
 
 def _stand_in(layer: LayerView, kind: BlockKind) -> nn.Module:
@@ -70,21 +70,23 @@ def block_params(model: nn.Module, block: Block, part: str = "total") -> int:
     entry of :func:`~slimkit.primitives.evaluate.counting.params_by_part` (``total``, ``layers``, ``attention``,
     ``mlp``, ``norms``): what removing the block takes off that count."""
     layer = ModelView(model).layer(block.layer)
-    block_path, norm_path = _paths(layer, block.kind)
-    params = {id(p): p for path in (block_path, norm_path) for p in layer.module.get_submodule(path).parameters()}
+    block_path, norm_paths = _paths(layer, block.kind)
+    params = {id(p): p for path in (block_path, *norm_paths) for p in layer.module.get_submodule(path).parameters()}
     if part == "total":
         return sum(p.numel() for p in params.values())
     parts = param_parts(model)
     return sum(p.numel() for key, p in params.items() if parts[key][0] == part or (part == "layers" and parts[key][1]))
 
 
-def _swap(layer: LayerView, kind: BlockKind) -> tuple[nn.Module, nn.Module]:
+def _swap(layer: LayerView, kind: BlockKind) -> tuple[nn.Module, list[nn.Module]]:
     """Put the stand-ins in place; returns the block and norm modules they replaced."""
-    block_path, norm_path = _paths(layer, kind)
-    block, norm = layer.module.get_submodule(block_path), layer.module.get_submodule(norm_path)
+    block_path, norm_paths = _paths(layer, kind)
+    block = layer.module.get_submodule(block_path)
+    norms = [layer.module.get_submodule(path) for path in norm_paths]
     layer.module.set_submodule(block_path, _stand_in(layer, kind))
-    layer.module.set_submodule(norm_path, nn.Identity())
-    return block, norm
+    for path in norm_paths:
+        layer.module.set_submodule(path, nn.Identity())
+    return block, norms
 
 
 def _check_present(view: ModelView, block: Block) -> LayerView:
@@ -109,13 +111,14 @@ def without_block(model: nn.Module, block: Block) -> Iterator[None]:
     """``model`` with ``block`` removed inside the ``with``, restored (the same modules) after it."""
     view = check_removable(model)
     layer = _check_present(view, block)
-    module, norm = _swap(layer, block.kind)
+    module, norms = _swap(layer, block.kind)
     try:
         yield
     finally:
-        block_path, norm_path = _paths(layer, block.kind)
+        block_path, norm_paths = _paths(layer, block.kind)
         layer.module.set_submodule(block_path, module)
-        layer.module.set_submodule(norm_path, norm)
+        for path, norm in zip(norm_paths, norms, strict=True):
+            layer.module.set_submodule(path, norm)
 
 
 def removed_blocks(model: nn.Module) -> list[Block]:

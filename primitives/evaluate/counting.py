@@ -35,8 +35,8 @@ def param_parts(model: nn.Module) -> dict[int, tuple[str, bool]]:
             claim(layer.linear(role).parameters(), "attention" if role in ("q", "k", "v", "o") else "mlp", True)
         if layer.spec.experts is not None and layer.spec.mlp is not None and not layer.mlp_removed:
             claim(layer.module.get_submodule(layer.spec.mlp).parameters(), "mlp", True)  # router, experts, shared
-        claim(layer.attn_norm.module.parameters(), "norms", True)
-        claim(layer.mlp_norm.module.parameters(), "norms", True)
+        for norm in layer.norms:  # input norms and branch post-norms
+            claim(norm.parameters(), "norms", True)
         for norm in (layer.q_norm, layer.k_norm):  # per-head q/k norms (Qwen3)
             if norm is not None:
                 claim(norm.parameters(), "norms", True)

@@ -52,8 +52,19 @@ def _quiet_stderr():
             os.close(saved)
 
 
-def load_gguf(path: str | os.PathLike, n_ctx: int, threads: int | None = None, logits_all: bool = False) -> Any:
-    """A ``llama_cpp.Llama`` for ``path`` on the CPU; one line if llama.cpp refuses the file."""
+F32_TYPE = 0
+"""ggml's type id of float32 (``GGML_TYPE_F32``), for the KV cache."""
+
+
+def load_gguf(
+    path: str | os.PathLike,
+    n_ctx: int,
+    threads: int | None = None,
+    logits_all: bool = False,
+    f32_cache: bool = False,
+) -> Any:
+    """A ``llama_cpp.Llama`` for ``path`` on the CPU; one line if llama.cpp refuses the file. ``f32_cache``: keys
+    and values cached in float32 instead of llama.cpp's float16 (to tell an export's error from the cache's)."""
     llama_cpp = _llama_cpp()
     threads = threads or max(1, os.cpu_count() or 1)
     try:
@@ -67,15 +78,18 @@ def load_gguf(path: str | os.PathLike, n_ctx: int, threads: int | None = None, l
                 n_threads_batch=threads,
                 logits_all=logits_all,
                 n_gpu_layers=0,
+                **({"type_k": F32_TYPE, "type_v": F32_TYPE} if f32_cache else {}),
                 verbose=False,
             )
     except ValueError as error:
         raise SlimkitError(f"llama.cpp could not load {path}: {error}") from error
 
 
-def gguf_logits(path: str | os.PathLike, ids: list[int], threads: int | None = None) -> np.ndarray:
+def gguf_logits(
+    path: str | os.PathLike, ids: list[int], threads: int | None = None, f32_cache: bool = False
+) -> np.ndarray:
     """llama.cpp's logits (``len(ids) x vocab``, float32) for one sequence of token ids."""
-    model = load_gguf(path, n_ctx=len(ids), threads=threads, logits_all=True)
+    model = load_gguf(path, n_ctx=len(ids), threads=threads, logits_all=True, f32_cache=f32_cache)
     try:
         model.eval(list(ids))
         return np.array(model.scores[: len(ids)], dtype=np.float32)

@@ -1,4 +1,8 @@
-"""Write a compressed Llama-family decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
+"""Write a compressed decoder as a GGUF file llama.cpp runs (``slimkit export --format gguf``).
+
+Llama, Mistral, Qwen2/3 under llama.cpp's own names; Gemma 1-3, Granite and OLMo 2 under theirs (``gemma``,
+``gemma2``, ``gemma3``, ``granite``, ``olmo2``), whose per-layer widths are padded exactly to one
+(:mod:`.padding`) and whose fixed settings llama.cpp does not read are checked against the model.
 
 Uniform and per-layer widths, low-rank pairs and optional biases; layers whose attention or MLP block was removed
 (:mod:`slimkit.primitives.blocks`) as llama.cpp ``deci`` layers with zero heads or zero feed-forward width, which its
@@ -27,6 +31,7 @@ from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_vocab import vocabulary
+from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.files.atomic import staging_file
 
 GGUF_TYPES = {
@@ -42,7 +47,19 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+EXPORTABLE_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "granite",
+    "olmo2",
+    "mixtral",
+    "qwen3_moe",
+)
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -69,6 +86,34 @@ _LAYER_TENSORS = {
     "mlp.experts.up_proj": "ffn_up_exps.weight",
     "mlp.experts.down_proj": "ffn_down_exps.weight",
 }
+_GEMMA3_LAYER_TENSORS = {
+    **{k: v for k, v in _LAYER_TENSORS.items() if not k.endswith("bias") and k != "post_attention_layernorm.weight"},
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+"""Gemma 3's names: its ``post_attention_layernorm`` normalises the attention output (llama.cpp's
+``post_attention_norm``), the MLP's input norm is ``pre_feedforward_layernorm``."""
+_OLMO2_LAYER_TENSORS = {
+    **{k: v for k, v in _LAYER_TENSORS.items() if not k.endswith("bias") and "layernorm" not in k},
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+"""OLMo 2's names: no input norms, branch post-norms, q/k norms over the whole projections."""
+_LAYER_MAPS = {"gemma2": _GEMMA3_LAYER_TENSORS, "gemma3": _GEMMA3_LAYER_TENSORS, "olmo2": _OLMO2_LAYER_TENSORS}
+GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
+"""llama.cpp's Gemma architectures: norms written as ``1 + w`` (Hugging Face scales by ``1 + w``, llama.cpp by
+``w``)."""
+PADDED_ARCHITECTURES = (*GEMMA_ARCHITECTURES, "granite", "olmo2")
+"""llama.cpp architectures whose tensors are all built from one head count and feed-forward length: per-layer
+widths are padded to one (:mod:`slimkit.primitives.export.padding`), removed blocks refused."""
+SWA_PATTERNS = {"gemma2": 2, "gemma3": 6}
+"""llama.cpp's Gemma 2 / 3 read no layer types: every n-th layer attends to the whole context, the others to the
+window."""
+LARGEST_LAYERS = {"gemma2": 46, "gemma3": 62}
+"""Layer counts of the 27B models, the only ones llama.cpp scales attention by 1/sqrt(hidden / heads)."""
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+"""llama.cpp's gemma3 RoPE base of the sliding-window layers (fixed; not read from the file)."""
 _GLOBAL_TENSORS = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -108,6 +153,10 @@ class GgufResult:
         }
 
 
+ROPE_PERMUTED = ("llama", "deci", "granite")
+"""llama.cpp architectures whose RoPE rotates adjacent pairs (llama.cpp's ``NORM`` type): q/k rows are permuted."""
+
+
 def rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """Rows of a q/k projection from Hugging Face's RoPE layout to llama.cpp's.
 
@@ -126,6 +175,12 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
     """llama.cpp's architecture for a model type and width pattern (one line when there is none)."""
     if model_type in ("llama", "mistral"):
         return "llama" if uniform else "deci"
+    if model_type == "gemma3_text":
+        return "gemma3"  # per-layer widths are padded to one (primitives/export/padding.py)
+    if model_type in ("gemma", "gemma2"):
+        return model_type
+    if model_type in ("granite", "olmo2"):
+        return model_type
     if model_type in ("qwen2", "qwen3"):
         if not uniform:
             raise SlimkitError(
@@ -152,6 +207,8 @@ def check_exportable(model: nn.Module) -> list[str]:
     config = model.config
     model_type = getattr(config, "model_type", None)
     gguf_architecture(model_type, uniform=True)
+    if model_type in ("gemma", "gemma2", "gemma3_text"):
+        return check_gemma(config, gguf_architecture(model_type, uniform=True))
     warnings = []
     window = getattr(config, "sliding_window", None)
     use_window = getattr(config, "use_sliding_window", True)
@@ -172,6 +229,46 @@ def check_exportable(model: nn.Module) -> list[str]:
     if scaling.get("rope_type", "default") not in ("default", "llama3", "linear"):
         raise SlimkitError(f"rope scaling '{scaling.get('rope_type')}' is not written by slimkit's GGUF export")
     return warnings
+
+
+def check_gemma(config: Any, architecture: str) -> list[str]:
+    """One line where llama.cpp's gemma / gemma2 / gemma3 would compute something else than the Hugging Face model:
+    the layer pattern, the sliding-window RoPE base and the attention scale it fixes instead of reading them, and
+    soft-capping gemma3 does not apply."""
+    if architecture == "gemma":
+        return []
+    layers = int(config.num_hidden_layers)
+    every = SWA_PATTERNS[architecture]
+    expected = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    if list(config.layer_types) != expected:
+        raise SlimkitError(
+            f"layer_types: llama.cpp's {architecture} makes every {every}th layer full attention and the others "
+            "sliding; this model's pattern differs, so its GGUF would compute other outputs"
+        )
+    head_dim = int(config.head_dim)
+    if layers != LARGEST_LAYERS[architecture] and float(config.query_pre_attn_scalar) != head_dim:
+        raise SlimkitError(
+            f"query_pre_attn_scalar {config.query_pre_attn_scalar}: llama.cpp's {architecture} scales attention by "
+            f"1/sqrt(head_dim {head_dim})"
+        )
+    params = getattr(config, "rope_parameters", None) or {}
+    if architecture == "gemma2":
+        if dict(params).get("rope_type", "default") != "default":
+            raise SlimkitError(f"rope scaling '{params.get('rope_type')}' is not written by slimkit's GGUF export")
+        return []
+    local = params.get("sliding_attention", {}) if isinstance(params, dict) else {}
+    base = float(local.get("rope_theta", getattr(config, "rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE)))
+    if base != GEMMA3_LOCAL_ROPE_BASE or local.get("rope_type", "default") != "default":
+        raise SlimkitError(
+            f"sliding-window RoPE base {base:g} / type {local.get('rope_type')}: llama.cpp's gemma3 fixes "
+            f"{GEMMA3_LOCAL_ROPE_BASE:g} and no scaling there"
+        )
+    full = params.get("full_attention", {}) if isinstance(params, dict) else {}
+    if full.get("rope_type", "default") not in ("default", "linear"):
+        raise SlimkitError(f"rope scaling '{full.get('rope_type')}' is not written by slimkit's GGUF export")
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
+        raise SlimkitError("soft-capping: llama.cpp's gemma3 applies none")
+    return []
 
 
 def _rope_scaling(config: Any) -> dict[str, Any]:
@@ -199,12 +296,13 @@ def llama3_rope_factors(scaling: dict[str, Any], head_dim: int) -> torch.Tensor:
     return factors.to(torch.float32)
 
 
-def _gguf_name(name: str) -> str | None:
+def _gguf_name(name: str, architecture: str = "llama") -> str | None:
     if name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[name]
     parts = name.split(".")
+    layer_tensors = _LAYER_MAPS.get(architecture, _LAYER_TENSORS)
     if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
-        suffix = _LAYER_TENSORS.get(".".join(parts[3:]))
+        suffix = layer_tensors.get(".".join(parts[3:]))
         if suffix is not None:
             return f"blk.{int(parts[2])}.{suffix}"
     return None
@@ -248,6 +346,9 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_block_count(len(widths))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(dense.hidden_size)
+    if architecture in GEMMA_ARCHITECTURES:
+        _gemma_metadata(writer, config, dense, architecture)
+        return
     moe = moe_spec(model)
     if moe is not None:  # every layer a MoE layer: the expert width is the feed-forward width
         if architecture == "qwen3moe":
@@ -274,6 +375,40 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     if scaling.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
+    if architecture == "granite":  # the multipliers as llama.cpp's scales
+        writer.add_attention_scale(float(config.attention_multiplier))
+        writer.add_embedding_scale(float(config.embedding_multiplier))
+        writer.add_residual_scale(float(config.residual_multiplier))
+        writer.add_logit_scale(float(config.logits_scaling))
+
+
+def _gemma_metadata(writer: gguf.GGUFWriter, config: Any, dense: DenseModel, architecture: str) -> None:
+    """The Gemma keys: one head count and feed-forward length (widths are padded to one before), the window and
+    soft-capping (gemma2), the full-attention layers' RoPE base and linear scaling (gemma3)."""
+    widths = dense.layer_widths
+    head_dim = widths[0]["head_dim"]
+    writer.add_feed_forward_length(widths[0]["intermediate_size"])
+    writer.add_head_count(widths[0]["num_attention_heads"])
+    writer.add_head_count_kv(widths[0]["num_key_value_heads"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if architecture == "gemma3":
+        writer.add_sliding_window(int(config.sliding_window))
+        full = (getattr(config, "rope_parameters", None) or {}).get("full_attention", {})
+        writer.add_rope_freq_base(float(full.get("rope_theta", getattr(config, "rope_theta", 1_000_000.0))))
+        if full.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(float(full["factor"]))
+    else:
+        writer.add_rope_freq_base(_rope_theta(config))
+    if architecture == "gemma2":
+        writer.add_sliding_window(int(config.sliding_window))
+        if config.attn_logit_softcapping:
+            writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(int(dense.tensors["model.embed_tokens.weight"].shape[0]))
 
@@ -385,7 +520,19 @@ def write_gguf(
     ffn = ARCH_SPECS[model.config.model_type].intermediate_size_key  # a MoE model's: the expert width
     removed = any(w["num_attention_heads"] == 0 or w[ffn] == 0 for w in widths)
     architecture = gguf_architecture(model.config.model_type, dense.uniform and not removed)
-    permute = architecture in ("llama", "deci")  # qwen2/qwen3 use llama.cpp's NEOX RoPE: Hugging Face's layout
+    if removed and architecture in PADDED_ARCHITECTURES:
+        raise SlimkitError(
+            f"removed attention / MLP blocks: llama.cpp's {architecture} graph runs every layer's attention and MLP "
+            "(it has no per-layer skip like deci's); serve it with slimkit.load"
+        )
+    if architecture in PADDED_ARCHITECTURES:
+        note = pad_to_uniform(dense)  # llama.cpp builds every layer's tensors from one width
+        if note is not None:
+            warnings.append(note)
+    permute = architecture in ROPE_PERMUTED  # the others use llama.cpp's NEOX RoPE: Hugging Face's layout
+    norm_offset = (
+        1.0 if architecture in GEMMA_ARCHITECTURES else 0.0
+    )  # Gemma's norms scale by (1 + w); llama.cpp's by w
     if widths[0]["num_attention_heads"] == 0:
         warnings.append(zero_first_attention(dense))
     last = len(widths) - 1
@@ -410,10 +557,12 @@ def write_gguf(
             writer.add_tensor("rope_freqs.weight", llama3_rope_factors(scaling, widths[0]["head_dim"]).numpy())
             count += 1
         for hf_name, tensor in split_experts(dense.tensors).items():
-            gguf_name = _gguf_name(hf_name)
+            gguf_name = _gguf_name(hf_name, architecture)
             if gguf_name is None:
-                raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's Llama mapping")
+                raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's {architecture} mapping")
             weight = tensor.detach().to("cpu", torch.float32)
+            if norm_offset and gguf_name.endswith("norm.weight"):
+                weight = weight + norm_offset
             layer = int(hf_name.split(".")[2]) if hf_name.startswith("model.layers.") else None
             if permute and gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
                 weight = rope_permute(weight, widths[layer]["num_attention_heads"])

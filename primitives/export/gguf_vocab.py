@@ -71,7 +71,9 @@ class Vocabulary:
         if self.scores is not None:
             writer.add_token_scores(self.scores)
         writer.add_token_types(self.token_types)
-        writer.add_add_bos_token(self.add_bos)
+        # One add_bos_token key: the special vocabulary writes its own from tokenizer_config.json, which the measured
+        # behaviour (``add_bos``) replaces; a second key would be overwritten by llama.cpp with a warning.
+        self.special.add_special_token["bos"] = self.add_bos
         self.special.add_to_gguf(writer, quiet=True)
 
 

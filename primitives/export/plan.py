@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.export.gguf_file import gguf_architecture
+from slimkit.primitives.export.gguf_file import PADDED_ARCHITECTURES, gguf_architecture
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, removed_blocks_refusal
 from slimkit.primitives.io.compat import removed_block_layers
 
@@ -80,8 +80,26 @@ def export_verdicts(
     except SlimkitError as error:
         verdicts.append(ExportVerdict("gguf", False, str(error)))
     else:
+        removed_layers = removed_block_layers(per_layer)
         if blocking:
             verdicts.append(ExportVerdict("gguf", False, blocking))
+        elif architecture in PADDED_ARCHITECTURES and removed_layers:
+            verdicts.append(
+                ExportVerdict(
+                    "gguf",
+                    False,
+                    f"removed blocks: llama.cpp's {architecture} graph runs every layer's attention and MLP",
+                )
+            )
+        elif architecture in PADDED_ARCHITECTURES and varying:
+            verdicts.append(
+                ExportVerdict(
+                    f"gguf {architecture}",
+                    True,
+                    f"per-layer {', '.join(varying)} padded with zeros to the widest layer (exact, no speed gain)"
+                    f"{suffix}",
+                )
+            )
         elif varying:
             verdicts.append(ExportVerdict(f"gguf {architecture}", True, f"per-layer {', '.join(varying)}{suffix}"))
         else:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.capabilities import check_operation
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
 
@@ -140,11 +141,7 @@ def _dims_across_heads(heads: int, head_dim: int, dims: torch.Tensor) -> torch.T
 
 
 def qk_dim_group(view: ModelView, layer: LayerView) -> Group:
-    if layer.spec.qk_norms:
-        raise SlimkitError(
-            f"qk_dim groups are not supported for {layer.spec.model_type}: its per-head q/k norms (RMSNorm over "
-            "head_dim) make removing query/key dimensions inside a head inexact; prune attention_head or kv_group"
-        )
+    check_operation(layer.spec, "qk_dim")
     d = layer.head_dim
     if layer.rope:  # rotate_half pairs dimension j with j + d/2
         dims = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1)
@@ -181,7 +178,7 @@ def hidden_feature_group(view: ModelView) -> Group:
             members += _linear_members(
                 _layer_path(view, layer, role), layer.linear(role), 1 if reads_stream else 0, units
             )
-        norms += [layer.attn_norm.module, layer.mlp_norm.module]
+        norms += layer.norms
     if view.final_norm is not None:
         norms.append(view.final_norm.module)
     for norm in norms:
@@ -218,10 +215,11 @@ def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -
     Layers whose sub-block of that kind was removed (:mod:`slimkit.primitives.blocks`) have nothing left to
     remove and give no group."""
     view = ModelView(model)
+    if kind not in GROUP_KINDS:
+        raise ValueError(f"unknown group kind '{kind}'; allowed: {', '.join(GROUP_KINDS)}")
+    check_operation(view.spec, kind)
     if kind == "hidden_feature":
         return [hidden_feature_group(view)]
-    if kind not in _LAYER_BUILDERS:
-        raise ValueError(f"unknown group kind '{kind}'; allowed: {', '.join(GROUP_KINDS)}")
     indices = range(view.num_layers) if layers is None else layers
     chosen = [view.layer(i) for i in indices]
     if GROUP_BLOCK[kind] == "attention":

@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.capabilities import check_operation
 from slimkit.primitives.device.moves import input_device, to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.fusing import fuse_stream_masks, stream_count_args
@@ -57,6 +58,7 @@ def train_stream_masks(
     view = ModelView(model)
     if view.spec.norm_placement == "post":
         raise SlimkitError("mask training on the residual stream needs a pre-norm decoder (llama, OPT)")
+    check_operation(view.spec, "hidden_masks")
     if not batches:
         raise SlimkitError("mask training needs token batches")
     shape = MaskShape.from_view(view)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.capabilities import check_operation
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
 
@@ -122,6 +123,8 @@ def _set_weight_ones(norm: nn.Module) -> None:
 
 
 def check_pre_norm(view: ModelView) -> None:
+    if not view.spec.encoder:
+        check_operation(view.spec, "hidden_projection")
     if view.spec.norm_placement != "pre":
         raise SlimkitError(
             f"hidden-dimension projection needs a pre-norm model; {view.spec.model_type} is post-norm "

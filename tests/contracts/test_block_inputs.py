@@ -35,7 +35,7 @@ def test_bad_remove_blocks_input_is_one_line_before_calibration(case, tmp_path, 
 
 
 def test_an_architecture_without_removable_blocks_is_one_line_before_calibration(tmp_path, monkeypatch, capsys):
-    fragment = "cannot be removed from this model: opt layers hold their MLP projections directly"
+    fragment = "whole-block removal is not supported for opt: opt layers hold their MLP projections directly"
     _check(tmp_path, _opt_dir(tmp_path), {"count": 1}, fragment, monkeypatch, capsys)
 
 

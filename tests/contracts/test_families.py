@@ -346,8 +346,11 @@ def test_qk_norm_models_refuse_qk_dim_groups_and_qk_projections():
 
 
 def test_unsupported_architectures_fail_with_one_line():
-    supported = "llama, mistral, mixtral, olmoe, opt, qwen2, qwen2_moe, qwen3, qwen3_moe"
-    message = f"model_type 'gpt2' is not supported for causal-lm recipes; supported: {supported}"
+    causal = (
+        "gemma, gemma2, gemma3_text, granite, helium, llama, ministral, mistral, mixtral, olmo2, olmoe, opt, qwen2, "
+        "qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3"
+    )
+    message = f"model_type 'gpt2' is not supported for causal-lm recipes; supported: {causal}"
     with pytest.raises(SlimkitError) as error:
         check_supported(GPT2Config(), "causal-lm")
     assert str(error.value) == message
@@ -360,17 +363,14 @@ def test_unsupported_architectures_fail_with_one_line():
         check_supported(_model(family).config, "causal-lm")
     check_supported(AutoConfig.for_model("bert"), "encoder")
     check_supported({"model_type": "slimkit_compressed", "slimkit_base_model_type": "qwen3"}, "causal-lm")
-    assert SUPPORTED == {
-        "causal-lm": ("llama", "mistral", "mixtral", "olmoe", "opt", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"),
-        "encoder": ("bert",),
-    }
+    assert SUPPORTED == {"causal-lm": tuple(causal.split(", ")), "encoder": ("bert",)}
     with pytest.raises(SlimkitError, match=r"^unknown model task 'seq2seq'; allowed: causal-lm, encoder$"):
         check_supported(GPT2Config(), "seq2seq")
 
     class Fake(torch.nn.Module):
         config = GPT2Config()
 
-    with pytest.raises(SlimkitError, match=r"^model_type 'gpt2' is not supported; supported: bert, llama, "):
+    with pytest.raises(SlimkitError, match=r"^model_type 'gpt2' is not supported; supported: bert, gemma, "):
         ModelView(Fake())
 
 
@@ -380,5 +380,4 @@ def test_custom_code_configs_are_refused():
         check_supported(config, "causal-lm")
     text = str(error.value)
     assert "\n" not in text and "auto_map: AutoModelForCausalLM" in text and "trust_remote_code" in text
-    supported = "llama, mistral, mixtral, olmoe, opt, qwen2, qwen2_moe, qwen3, qwen3_moe"
-    assert text.endswith(f"supported built-in architectures for causal-lm recipes: {supported}")
+    assert text.endswith("supported built-in architectures for causal-lm recipes: " + ", ".join(SUPPORTED["causal-lm"]))

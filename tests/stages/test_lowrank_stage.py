@@ -197,3 +197,13 @@ def test_the_rank_and_channel_allocations_share_one_dense_pass(tokenizer, monkey
         stages["lowrank"].details["allocation"]["score_seconds"]
         == stages["prune_layer"].details["allocation"]["score_seconds"]
     )
+
+
+def test_roles_the_architecture_lacks_are_refused_after_loading():
+    from slimkit.engine.registry import stage_def
+    from slimkit.primitives.errors import SlimkitError as Refusal
+    from tests.tiny import tiny_opt
+
+    args = stage_def("lowrank").args.model_validate({"roles": ["gate", "up", "down"], "allocation": "uniform"})
+    with pytest.raises(Refusal, match=r"^lowrank: roles gate: opt layers have no such projection"):
+        args.check_model(tiny_opt())

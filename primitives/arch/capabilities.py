@@ -1,0 +1,145 @@
+"""What each kind of change can do to each architecture, from its :class:`ArchSpec` alone, and why not where not.
+
+An *operation* is a kind of unit or transform the stages apply (a coupling group kind, the hidden-dimension
+projection, whole-block removal, ...). :func:`refusal` gives, for a spec and an operation, None when the change
+keeps the model a valid instance of its architecture whose kept parts compute what they did, or the architectural
+reason in one phrase. Stages declare the operations they use (``StageArgs.operations``) and refuse through
+:func:`check_operations` after loading and before any compute; the primitives check the same rule, so a direct
+call refuses alike. The support table (``slimkit stage support``, docs/methods/architectures.md) is generated
+from this module.
+
+Derivations per family: docs/methods/architectures.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec, removable_blocks
+from slimkit.primitives.errors import SlimkitError
+
+OPERATIONS: dict[str, str] = {
+    "mlp_channel": "mlp_channel groups",
+    "attention_head": "attention_head groups",
+    "kv_group": "kv_group groups",
+    "qk_dim": "qk_dim groups",
+    "vo_dim": "vo_dim groups",
+    "hidden_feature": "hidden_feature groups",
+    "hidden_projection": "the hidden-dimension projection",
+    "hidden_masks": "hidden-dimension masks",
+    "blocks": "whole-block removal",
+}
+"""Each operation and how a refusal names it."""
+
+
+def _embed_scale(spec: ArchSpec) -> str | None:
+    if spec.embed_scale_key is None:
+        return None
+    return (
+        f"its embeddings are multiplied by sqrt({spec.embed_scale_key}) taken from the config when the model is "
+        "built, so a narrower residual stream would change that scale on reload"
+    )
+
+
+def _post_norms(spec: ArchSpec) -> str | None:
+    if not spec.branch_post_norms:
+        return None
+    names = ", ".join(n for n in (spec.attn_out_norm, spec.mlp_out_norm) if n is not None)
+    return (
+        f"its branch post-norms ({names}) normalise each branch output over the full hidden width before the "
+        "residual sum, so a rotated and truncated stream cannot pass them exactly"
+    )
+
+
+def _branch_scale(spec: ArchSpec) -> str | None:
+    if spec.branch_scale_key is None:
+        return None
+    return (
+        f"its {spec.branch_scale_key} scales each branch before the residual sum, which the residual matrices "
+        "between projection groups do not carry (the outputs change even at full rank)"
+    )
+
+
+def _offset_norms(spec: ArchSpec) -> str | None:
+    if spec.norm_offset == 0.0:
+        return None
+    return (
+        f"its RMSNorms scale by ({spec.norm_offset:g} + w), which folding a norm's scale into the projection's "
+        "readers does not express"
+    )
+
+
+def _qk_norms(spec: ArchSpec, inside_heads: bool) -> str | None:
+    if not spec.qk_norms:
+        return None
+    if spec.qk_norm_scope == "projection":
+        return (
+            "its q/k norms (RMSNorm over the whole q and k projections, every head at once) would normalise the "
+            "kept heads by a different statistic; prune mlp_channel, or make the attention low-rank"
+        )
+    if inside_heads:
+        return (
+            "its per-head q/k norms (RMSNorm over head_dim) make removing query/key dimensions inside a head "
+            "inexact; prune attention_head or kv_group"
+        )
+    return None
+
+
+def _encoder(spec: ArchSpec) -> str | None:
+    return "it is an encoder (post-norm); use the encoder stages" if spec.encoder else None
+
+
+def refusal(spec: ArchSpec, operation: str) -> str | None:
+    """None when ``operation`` works on ``spec``'s architecture, else why not (one phrase, no model name)."""
+    if operation not in OPERATIONS:
+        raise ValueError(f"unknown operation '{operation}'; allowed: {', '.join(OPERATIONS)}")
+    reasons: list[str | None]
+    if operation in ("attention_head", "kv_group"):
+        reasons = [_qk_norms(spec, inside_heads=False)]
+    elif operation == "qk_dim":
+        reasons = [_qk_norms(spec, inside_heads=True)]
+    elif operation == "hidden_feature":
+        reasons = [_embed_scale(spec)]
+    elif operation in ("hidden_projection", "hidden_masks"):
+        reasons = [_encoder(spec), _post_norms(spec), _embed_scale(spec), _offset_norms(spec), _branch_scale(spec)]
+    elif operation == "blocks":
+        reasons = [removable_blocks(spec)]
+    else:  # mlp_channel, vo_dim: the MLP width and V/O widths pass no norm
+        reasons = []
+    return next((reason for reason in reasons if reason is not None), None)
+
+
+def refusal_message(spec: ArchSpec, operation: str) -> str | None:
+    """``"qk_dim groups are not supported for qwen3: its per-head q/k norms ..."`` (one line), or None."""
+    reason = refusal(spec, operation)
+    if reason is None:
+        return None
+    label = OPERATIONS[operation]
+    verb = "are" if label.endswith("s") else "is"
+    return f"{label} {verb} not supported for {spec.model_type}: {reason}"
+
+
+def spec_of(model: Any) -> ArchSpec | None:
+    """The spec of a loaded model (None for an architecture without one; those are refused at loading)."""
+    return ARCH_SPECS.get(getattr(getattr(model, "config", None), "model_type", None))
+
+
+def check_operation(spec: ArchSpec, operation: str) -> None:
+    """Raise :class:`SlimkitError` (one line) when ``operation`` is refused for ``spec``."""
+    message = refusal_message(spec, operation)
+    if message is not None:
+        raise SlimkitError(message)
+
+
+def check_operations(model: Any, operations: frozenset[str] | set[str] | tuple[str, ...], who: str = "") -> None:
+    """Refuse (one line, prefixed by ``who``) the first of ``operations`` the model's architecture cannot take."""
+    spec = spec_of(model)
+    if spec is None:
+        return
+    for operation in sorted(operations):
+        message = refusal_message(spec, operation)
+        if message is not None:
+            raise SlimkitError(f"{who}: {message}" if who else message)
+
+
+__all__ = ["OPERATIONS", "check_operation", "check_operations", "refusal", "refusal_message", "spec_of"]
