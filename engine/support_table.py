@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import typing
 
+from pydantic import BaseModel
+
 from slimkit.engine.registry import stage_def, stage_names
 from slimkit.primitives.arch.capabilities import OPERATIONS, refusal
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
@@ -22,7 +24,7 @@ CHOICE_FIELDS = ("groups", "kinds")
 ENCODER_STAGES_NOTE = "encoder stages (a GLUE task model or a post-norm encoder; decoders are refused when loaded)"
 
 
-def _choices(args: type) -> tuple[str, list[str]] | None:
+def _choices(args: type[BaseModel]) -> tuple[str, list[str]] | None:
     """``(field, its allowed values)`` when the stage's operations follow an argument, else None."""
     for field in CHOICE_FIELDS:
         info = args.model_fields.get(field)

@@ -121,7 +121,8 @@ def refusal_message(spec: ArchSpec, operation: str) -> str | None:
 
 def spec_of(model: Any) -> ArchSpec | None:
     """The spec of a loaded model (None for an architecture without one; those are refused at loading)."""
-    return ARCH_SPECS.get(getattr(getattr(model, "config", None), "model_type", None))
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return ARCH_SPECS.get(model_type) if isinstance(model_type, str) else None
 
 
 def check_operation(spec: ArchSpec, operation: str) -> None:

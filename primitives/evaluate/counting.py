@@ -37,9 +37,9 @@ def param_parts(model: nn.Module) -> dict[int, tuple[str, bool]]:
             claim(layer.module.get_submodule(layer.spec.mlp).parameters(), "mlp", True)  # router, experts, shared
         for norm in layer.norms:  # input norms and branch post-norms
             claim(norm.parameters(), "norms", True)
-        for norm in (layer.q_norm, layer.k_norm):  # per-head q/k norms (Qwen3)
-            if norm is not None:
-                claim(norm.parameters(), "norms", True)
+        for qk_norm in (layer.q_norm, layer.k_norm):  # per-head q/k norms (Qwen3)
+            if qk_norm is not None:
+                claim(qk_norm.parameters(), "norms", True)
         claim(layer.module.parameters(), "other", True)
     if view.final_norm is not None:
         claim(view.final_norm.module.parameters(), "norms", False)

@@ -110,6 +110,8 @@ def fuse_layer(model: nn.Module, index: int, basis: torch.Tensor, output_basis: 
     layer_path = view.path_of(layer.module)
     with torch.no_grad():
         for which, path in (("attn", layer.spec.attn_norm), ("mlp", layer.spec.mlp_norm)):
+            if path is None:  # no input norm (OLMo 2): fusing is refused there before it gets here
+                raise SlimkitError(f"{layer.spec.model_type} layers have no {which} input norm to fuse")
             norm = layer.module.get_submodule(path)
             if not is_rms_norm(norm):
                 raise SlimkitError("fusing needs RMSNorm layers; convert LayerNorm models with layernorm_to_rmsnorm")

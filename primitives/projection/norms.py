@@ -209,6 +209,8 @@ def layernorm_to_rmsnorm(model: nn.Module) -> dict:
     for layer in view.layers:
         layer_path = view.path_of(layer.module)
         for which, path in (("attn", layer.spec.attn_norm), ("mlp", layer.spec.mlp_norm)):
+            if path is None:  # no input norm (OLMo 2): a hidden projection is refused there before it gets here
+                raise SlimkitError(f"{layer.spec.model_type} layers have no {which} input norm to fold")
             norm = layer.module.get_submodule(path)
             gamma, beta = norm_params(norm, width)
             fold_into_readers(gamma, beta, readers(layer, which))
