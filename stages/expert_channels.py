@@ -57,7 +57,11 @@ class ExpertChannelArgs(StageArgs):
     def needs_calibration(self) -> bool:
         return True
 
+    def operations(self) -> frozenset[str]:
+        return frozenset({"expert_channel"})
+
     def check_model(self, model: nn.Module) -> None:
+        super().check_model(model)  # a dense architecture: refused with its reason
         check_all_sparse(model.config)
         if not moe_blocks(model):
             raise SlimkitError("prune_expert_channels: the model has no MoE layer left")

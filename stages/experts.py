@@ -99,7 +99,11 @@ class ExpertPruneArgs(StageArgs):
     def needs_calibration(self) -> bool:
         return True
 
+    def operations(self) -> frozenset[str]:
+        return frozenset({"expert"})
+
     def check_model(self, model: nn.Module) -> None:
+        super().check_model(model)  # a dense architecture: refused with its reason
         check_all_sparse(model.config)
         blocks = moe_blocks(model)
         if not blocks:

@@ -28,6 +28,8 @@ OPERATIONS: dict[str, str] = {
     "hidden_projection": "the hidden-dimension projection",
     "hidden_masks": "hidden-dimension masks",
     "blocks": "whole-block removal",
+    "expert": "expert units",
+    "expert_channel": "expert_channel units",
 }
 """Each operation and how a refusal names it."""
 
@@ -85,6 +87,19 @@ def _qk_norms(spec: ArchSpec, inside_heads: bool) -> str | None:
     return None
 
 
+def _routed_experts(spec: ArchSpec) -> str | None:
+    if spec.experts is None:
+        return None
+    return (
+        "its MLP is routed experts held as fused tensors, not one gate/up/down projection; prune expert or "
+        "expert_channel units (prune_experts, merge_experts, prune_expert_channels)"
+    )
+
+
+def _dense_mlp(spec: ArchSpec) -> str | None:
+    return "it has no routed experts (its MLP is dense)" if spec.experts is None else None
+
+
 def _encoder(spec: ArchSpec) -> str | None:
     return "it is an encoder (post-norm); use the encoder stages" if spec.encoder else None
 
@@ -99,12 +114,23 @@ def refusal(spec: ArchSpec, operation: str) -> str | None:
     elif operation == "qk_dim":
         reasons = [_qk_norms(spec, inside_heads=True)]
     elif operation == "hidden_feature":
-        reasons = [_embed_scale(spec)]
+        reasons = [_routed_experts(spec), _embed_scale(spec)]
     elif operation in ("hidden_projection", "hidden_masks"):
-        reasons = [_encoder(spec), _post_norms(spec), _embed_scale(spec), _offset_norms(spec), _branch_scale(spec)]
+        reasons = [
+            _routed_experts(spec),
+            _encoder(spec),
+            _post_norms(spec),
+            _embed_scale(spec),
+            _offset_norms(spec),
+            _branch_scale(spec),
+        ]
+    elif operation == "mlp_channel":
+        reasons = [_routed_experts(spec)]
+    elif operation in ("expert", "expert_channel"):
+        reasons = [_dense_mlp(spec)]
     elif operation == "blocks":
         reasons = [removable_blocks(spec)]
-    else:  # mlp_channel, vo_dim: the MLP width and V/O widths pass no norm
+    else:  # vo_dim: the V/O widths pass no norm
         reasons = []
     return next((reason for reason in reasons if reason is not None), None)
 
