@@ -1,22 +1,6 @@
 """A rough time estimate of a grid run before running it: ``python -m benchmarks.run ... --plan``.
 
-Per row: compression + evaluation + speed, in seconds on this 2-core machine with one torch thread
-(``--threads 1``, how the full grids were run); the total tells whether a run fits the time left.
-
-- Compression: the median ``cost.process_wall_s`` of the same row (recipe or label, ratio, recovery)
-  in the earlier results under ``benchmarks/results/*.json`` (a seed does not change the work), else
-  of the same recipe and recovery at any ratio, else :data:`DEFAULT_COMPRESS_S`, marked ``?``.
-- Evaluation: perplexity at :data:`PPL_S_PER_1K_TOKENS` per 1,000 tokens per dataset, zero-shot at
-  :data:`ZEROSHOT_S_PER_EXAMPLE` per example of each task (``min(limit, task size)`` examples; none for
-  a ``zeroshot: false`` entry). These are dense smollm2-135m's costs, so an upper bound for a
-  compressed row.
-- Speed: :data:`SPEED_S_PER_ROUND` per round (the dense model and the row, one prompt and its new
-  tokens each), scaled by the prompt and new-token counts against the default 128 + 32, plus
-  :data:`ROW_OVERHEAD_S` for loading the saved model.
-
-With ``--keep DIR --resume``, a row whose folder holds a row measured under the same settings costs
-nothing and a row whose folder holds a finished compression costs only its evaluation (the recipe
-after overrides is not compared here, as ``--resume`` does: a changed recipe is run again).
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations
