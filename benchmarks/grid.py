@@ -47,7 +47,7 @@ class Settings(Strict):
     zeroshot_tasks: list[str] = Field(default_factory=list)
     zeroshot_limit: int | None = Field(200, ge=0)
     """Examples per zero-shot task (the first N of each); 0 skips zero-shot evaluation, None evaluates
-    every example. 200 is issue 18's floor for a claims run."""
+    every example. 200 is the floor for a claims run."""
     speed: Speed = Field(default_factory=Speed)
     device: DeviceName = "auto"
     """Where every row is compressed and evaluated (``slimkit recipe run --device``): auto, cpu, cuda, cuda:N."""

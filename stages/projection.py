@@ -61,7 +61,7 @@ class PCAProjectArgs(StageArgs):
     residual: Literal["eq34", "input"] = "eq34"
     """Group boundaries: ``eq34`` (Appendix F.1 Eq. 34: the boundary block writes the next group's basis and
     ``U'ᵀ U`` multiplies its residual branch only) or ``input`` (``W_R`` maps the whole stream at the next
-    group's input, so the boundary block's output is truncated twice; the form before issue 18)."""
+    group's input, so the boundary block's output is truncated twice; slimkit's earlier form)."""
 
     @field_validator("group_size")
     @classmethod

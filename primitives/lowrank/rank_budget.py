@@ -48,8 +48,7 @@ def max_useful_rank(d_in: int, d_out: int, mac_fraction: float = 1.0) -> int:
     With the default ``mac_fraction=1`` this is the MAC (and parameter) break-even:
     ``(d_in·d_out − 1) // (d_in + d_out)``, 287 for 576 x 576 and 143 for 192 x 576. Two thin
     matmuls cost more per MAC than one dense matmul, so on real hardware the wall-time break-even
-    comes earlier (on the 2-core CPU measured for :mod:`slimkit.primitives.lowrank`, at about 0.75
-    of the dense MACs for SmolLM2's 192 x 576 k/v and about 0.9 for its 576 x 576 q/o);
+    comes earlier (the measurement: docs/methods/lowrank-allocation.md, ``primitives/lowrank/__init__.py``);
     ``mac_fraction < 1`` leaves that margin. 0 means no factorisation of that shape qualifies.
     """
     if not 0.0 < mac_fraction <= 1.0:
