@@ -1,21 +1,9 @@
 """slimkit: small, composable structured-compression primitives for transformer language models.
 
-Public API, the same as the command line's:
+Public API, the same as the command line's: :class:`Recipe`, :func:`run`, :func:`evaluate`, :func:`load`,
+:func:`save` and :func:`load_source`.
 
-* :class:`Recipe` (``Recipe.from_yaml("lorap", overrides=["target.ratio=0.3"])``, or ``Recipe(**mapping)``),
-* :func:`run` (``run(recipe, out=None, model=None) -> Result`` with ``.model``, ``.tokenizer`` and ``.report``, the
-  typed :class:`~slimkit.engine.report.RunReport` that ``report.json`` holds),
-* :func:`evaluate` (perplexity, zero-shot accuracy, GLUE dev metrics, throughput of a model in memory),
-* :func:`load` and :func:`save` for compressed models, :func:`load_source` for named model sources
-  (``smollm2-135m``, ``minilm-l6`` or a local Hugging Face folder).
-
-Example (a hybrid: LLM-Pruner's blocks scored by Wanda, then LoRA recovery)::
-
-    import slimkit
-
-    recipe = slimkit.Recipe.from_yaml("llm-pruner", overrides=["stages.0.args.scorer=activation"])
-    result = slimkit.run(recipe)               # nothing written; add out="runs/x" to save
-    print(result.report.target, result.report.metrics)
+Method note: docs/methods/engine.md.
 """
 
 from __future__ import annotations

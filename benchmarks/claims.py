@@ -1,24 +1,7 @@
 """Paper claims decided from the benchmark's numbers, with the seeds' spread: "holds", "does not hold",
 "within noise" or "not run".
 
-A claim (declared in ``benchmarks/grid.yaml``) has checks like ``"cce@{r} < 0.75 * cce-random@{r}"``:
-row ``A``, an operator (``<``, ``<=``, ``>``, ``>=``), an optional factor ``F`` and row ``B``.
-``{r}`` is replaced by each percentage in the claim's ``at`` list, and every check is evaluated for
-every metric in ``metrics``.
-
-One comparison (a check, a metric, a ratio) pairs every draw of ``A`` with every draw of ``B`` (a
-seeded row's draws are its seeds' values, :mod:`benchmarks.seeds`; a row without seeds is one draw):
-"holds" when ``a OP F x b`` for every pairing (for ``<``: A's worst seed beats B's best), "does not
-hold" when it fails for every pairing (the reverse separation), "within noise" otherwise. Between
-two single draws there is one pairing, so such a comparison is never "within noise": its evidence
-says "1 draw" on each side, and a grid gives rows seeds where the gap may be noise.
-
-Verdict of a claim: a ratio counts as run when every row the checks name at that ratio finished and
-has a finite value of every metric. "not run" when no ratio was run (the evidence says which rows are
-missing and why); otherwise "does not hold" if any comparison does not hold, else "within noise" if
-any is within noise, else "holds". Ratios that were not run are named in the evidence, never guessed.
-A claim's ``also`` checks are evaluated the same way and reported in the evidence (marked "not
-deciding"), without entering the verdict; its ``cause`` and ``note`` are passed through.
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
-"""The BERT/GLUE grid (issues 8, 9, 31): SP3's BERT recipe against the CoFi-style masks-only baseline, with seeds.
+"""The BERT/GLUE grid: SP3's BERT recipe against the CoFi-style masks-only baseline, with seeds.
 
-``python -m benchmarks.glue_grid --grid benchmarks/grid-glue.yaml`` runs, on one machine in one command:
+``python -m benchmarks.glue_grid --grid benchmarks/grid-glue.yaml``.
 
-1. per task and seed, one task model from ``recipes/glue-finetune.yaml`` (minilm-l6 fine-tuned on the task's
-   train split with that seed; SP3 D.2), reused by every row of that task and seed (``--task-models DIR`` keeps
-   them; an existing finished run there is reused);
-2. every grid row x target ratio x seed starting from its task model (its ``glue_finetune`` stage set to 0 steps),
-   each in its own ``slimkit recipe run`` process (``--jobs N`` at a time; ``--threads 1`` so they do not
-   oversubscribe the cores). Jobs start seed by seed (every task model of seed 0, its rows, then seed 1...), so a
-   run stopped by ``--deadline-s`` (no job starts after it; a running one is stopped at it) has whole seeds;
-
-and writes ``OUT/<date>-<name>.json`` and ``.md`` after every job: per task the task models' dev metric, then each
-row's dev metric (mean [min-max] over the seeds that finished), the Eq. 30 sparsity of the binary masks, the
-counted weights, the mask-training steps and seconds per step, and the Lagrangian's trace: the expected sparsity at
-every tenth of the mask steps and its mean gap to the target over the last fifth (``settle_gap``: how well the
-Lagrangian settled). Claims (``claims:`` in the grid file, ``A > B`` per task and ratio) pair every seed of ``A``
-with every seed of ``B`` (:func:`benchmarks.claims.compare`): holds, does not hold, or within noise.
-
-``--reuse EARLIER.json`` keeps the finished rows of an earlier run of the grid and runs the rest (a grid larger than
-one device session, continued in the next: task models whose folder is gone are trained again first); ``--rerun
-ID,...`` runs those finished rows again (e.g. rows whose task model was trained on another device, rerun on this
-one's task models so that both sides of a claim start from the same ones). Each row records its device.
-
-Bad options or grid files print one ``error: ...`` line and exit 2; a failed run becomes a "failed" row.
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

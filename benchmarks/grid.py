@@ -1,21 +1,6 @@
 """The benchmark grid as data: which recipes run at which ratios, with which budgets and claims.
 
-``benchmarks/grid.yaml`` (or ``--grid FILE``) is read with the recipes' bounded YAML loader and validated here;
-any problem is a :class:`BenchError` with one line naming the field. :func:`expand` turns the
-entries into :class:`Job` s, one per recipe x ratio x recovery setting, in the file's order.
-
-Row ids: ``dense``, ``RECIPE@PCT`` (recovery off) and ``RECIPE@PCT+ft`` (recovery on), where
-``PCT`` is the target ratio in percent (``lorap@20``, ``llm-pruner@30+ft``). Claims refer to rows
-by these ids.
-
-Seeds: an entry with ``seeds: [0, 1, 2]`` runs every one of its rows once per seed, as separate
-compressions (``--set seed=N``: the recipe's ``seed`` drives calibration sampling, random scorers,
-policy sampling and LoRA), with ids ``ROW:seedN`` (``cce-random@20:seed1``); the row ``ROW`` itself is
-then the seeds' aggregate (mean, min-max and the values; :mod:`benchmarks.seeds`), and claims name it.
-A row without ``seeds`` is one draw of the recipe's own seed.
-
-``claims_from: FILE`` (a path relative to the grid file) takes another grid file's claims, so a
-focused grid (``grid-claims.yaml``) decides the same claims as ``grid.yaml`` without a copy.
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations
@@ -62,7 +47,7 @@ class Settings(Strict):
     zeroshot_tasks: list[str] = Field(default_factory=list)
     zeroshot_limit: int | None = Field(200, ge=0)
     """Examples per zero-shot task (the first N of each); 0 skips zero-shot evaluation, None evaluates
-    every example. 200 is issue 18's floor for a claims run."""
+    every example. 200 is the floor for a claims run."""
     speed: Speed = Field(default_factory=Speed)
     device: DeviceName = "auto"
     """Where every row is compressed and evaluated (``slimkit recipe run --device``): auto, cpu, cuda, cuda:N."""

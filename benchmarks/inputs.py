@@ -1,18 +1,6 @@
 """What the benchmark tools read and where they write, under the rules the ``slimkit`` CLI follows.
 
-The benchmark entry points (``benchmarks.run``, ``benchmarks.glue_grid``, the claims of a grid) are user-facing:
-
-* grid files and kept ``recipe.yaml`` files are read by :func:`read_yaml_file`: a regular file (never a FIFO or a
-  device), at most :data:`MAX_YAML_BYTES`, UTF-8, through the recipes' bounded loader
-  (:func:`~slimkit.recipes.safe_yaml.load_yaml`: nesting, alias expansion, keys and tags checked);
-* kept ``bench-row.json``, ``report.json`` and ``--reuse`` results files by :func:`read_json_file`: the model
-  folders' bounded JSON reader (:func:`~slimkit.primitives.io.folder.read_json_object`: size, depth, no FIFO);
-* a results folder (``--out``) and a runs folder (``--keep``) are checked before any work by
-  :func:`check_folder_option`: a name file systems take, never the filesystem root, the home folder, the working
-  directory or a parent of it (:func:`~slimkit.primitives.files.guard.protected_reason`), never an existing file.
-
-Every refusal is one :class:`~benchmarks.grid.BenchError` line (``error: ...``, exit status 2), bad options too
-(:class:`OneLineParser`).
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """A rough time estimate of a grid run before running it: ``python -m benchmarks.run ... --plan``.
 
-Per row: compression + evaluation + speed, in seconds on this 2-core machine with one torch thread
-(``--threads 1``, how the full grids were run); the total tells whether a run fits the time left.
-
-- Compression: the median ``cost.process_wall_s`` of the same row (recipe or label, ratio, recovery)
-  in the earlier results under ``benchmarks/results/*.json`` (a seed does not change the work), else
-  of the same recipe and recovery at any ratio, else :data:`DEFAULT_COMPRESS_S`, marked ``?``.
-- Evaluation: perplexity at :data:`PPL_S_PER_1K_TOKENS` per 1,000 tokens per dataset, zero-shot at
-  :data:`ZEROSHOT_S_PER_EXAMPLE` per example of each task (``min(limit, task size)`` examples; none for
-  a ``zeroshot: false`` entry). These are dense smollm2-135m's costs, so an upper bound for a
-  compressed row.
-- Speed: :data:`SPEED_S_PER_ROUND` per round (the dense model and the row, one prompt and its new
-  tokens each), scaled by the prompt and new-token counts against the default 128 + 32, plus
-  :data:`ROW_OVERHEAD_S` for loading the saved model.
-
-With ``--keep DIR --resume``, a row whose folder holds a row measured under the same settings costs
-nothing and a row whose folder holds a finished compression costs only its evaluation (the recipe
-after overrides is not compared here, as ``--resume`` does: a changed recipe is run again).
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations
@@ -34,11 +18,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_COMPRESS_S = 300.0
 """A row with no compression time on record (a new recipe)."""
 
-# Measured 2026-11-23 on this machine (AMD EPYC, 2 cores), dense smollm2-135m, one torch thread, nice -n 10,
-# the first 200 examples of one task per lm-eval call (batch 8): CPU seconds of the process / 200. The
-# wall times were 8-10x these (a load average of 8-37 from other jobs), so the estimate is for a machine
-# the run has to itself. piqa 45.8 s (acc_norm 0.655), hellaswag 124.8 s (0.380), arc_easy 77.0 s (0.465).
-# Not measured: arc_challenge and openbookqa are costed as arc_easy, winogrande as piqa, boolq (long
+# CPU seconds per example of dense smollm2-135m with one torch thread, for a machine the run has to itself
+# (the measurement: docs/methods/benchmark-harness.md, "The plan's constants"). Tasks without a measurement
+# are costed as a similar one: arc_challenge and openbookqa as arc_easy, winogrande as piqa, boolq (long
 # passages, two choices) as hellaswag.
 ZEROSHOT_S_PER_EXAMPLE: dict[str, float] = {
     "piqa": 0.23,
@@ -60,11 +42,11 @@ TASK_SIZES: dict[str, int] = {
 }
 """Examples in the shipped data of each task (``primitives/evaluate/zeroshot.py``)."""
 PPL_S_PER_1K_TOKENS = 3.7
-"""Dense smollm2-135m, 512-token windows, batch 4, one thread: 15.3 CPU s for 4,096 WikiText-2 tokens."""
+"""Dense smollm2-135m, 512-token windows, batch 4, one thread (docs/methods/benchmark-harness.md)."""
 SPEED_S_PER_ROUND = 6.0
 ROW_OVERHEAD_S = 6.0
 """Per row beside compression and evaluation: loading the saved model, counting MACs and widths (the
-speed column includes it). From earlier results: 8-15 s per row with one speed round (one thread)."""
+speed column includes it), with one speed round and one thread (docs/methods/benchmark-harness.md)."""
 
 
 def history(results: Path = RESULTS) -> dict[tuple[str, float, bool], list[float]]:

@@ -1,23 +1,8 @@
 """Why does a PruneNet policy keep what it keeps? Spectral penalty of row choices, from the weights alone.
 
-    python -m benchmarks.prunenet_diagnose --model smollm2-135m --ratio 0.2 --seeds 0 1 2 \\
-        --variants future:episode own:episode own:layer
+``python -m benchmarks.prunenet_diagnose --model smollm2-135m --ratio 0.2 --seeds 0 1 2``.
 
-Calibration-free and model-free (no forward pass): reads each layer's policy input (``--source``,
-FFN1 ``up`` by default) and reports the mean over layers of the KS distance (Eq. 6) between the
-singular values of the full matrix and of the kept rows, at removal ratio ``--ratio``, for
-
-* ``random``: uniformly random rows, ``--random-draws`` draws (mean and std over draws);
-* ``norm-top`` / ``norm-bottom``: the rows with the largest / smallest L2 norm (no randomness);
-* each ``RETURNS:UPDATE`` variant: a policy trained with :func:`train_policy` (``--episodes``, the
-  paper's lr 5e-4, γ 0.99) per seed, then scored by sampling (``policy``) and by top-k of its
-  importance (``deterministic``).
-
-For each trained policy it also reports the spread of its logits (``logit(W_imp) = W v``; std over
-the rows of a layer, averaged over layers), the std of Eq. 4's logistic noise
-``log ε − log(1−ε)`` (``π/√3 ≈ 1.81``, measured on the same number of draws), and the Pearson
-correlation of the logits with the rows' L2 norm (averaged over layers). The table is printed
-(markdown) and, with ``--json``, written to a file.
+Method note: docs/methods/prunenet-policy.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """The recovery curve: ``quality`` at a ratio (default 20%), then distillation from the dense model at several token
 budgets; a table and a plot of the WikiText-2 perplexity ratio to dense against the tokens trained.
 
-Each row is its own ``slimkit recipe run`` process (as every benchmark here): first ``quality`` (its ``lora`` stage
-off, the row at 0 tokens), then per budget a recipe reading that output with one ``distill`` stage (``tokens``; the
-teacher is the dense model the compressed folder names). A row whose ``report.json`` is already in ``--out`` is read
-back, not run again; a killed distillation resumes from its checkpoint when rerun.
-
-CPU, tiny budgets (a smoke run of the whole path)::
-
-    python benchmarks/recovery_curve.py --tokens 2048,4096 --calibration-samples 16 --eval-tokens 2048 \\
-        --batch-size 2 --seq-len 128 --out /tmp/recovery-curve
-
-GPU (the measurement)::
-
-    python benchmarks/recovery_curve.py --device cuda --dtype bfloat16 --tokens 100000,500000,2000000 \\
-        --out benchmarks/results/recovery-curve
-
-Writes ``curve.json``, ``curve.md`` and ``curve.png`` into ``--out``.
+Method note: docs/methods/recovery-loop.md.
 """
 
 from __future__ import annotations

@@ -2,17 +2,7 @@
 Llama-3.1-8B's shape (or a tiny one on CPU) through the token-budgeted loop; measured peak memory and tokens/s beside
 the memory plan's estimate for the same settings.
 
-The student is the teacher's shape with its MLP narrowed to ``--student-mlp`` of the width (a pruned model); both in
-``--dtype``. The first step (kernels, allocator) is not timed: tokens/s is over the steps after it.
-
-CPU (the path, tiny shape)::
-
-    python benchmarks/recovery_step.py --shape tiny --steps 3
-
-GPU (8B shape, one device)::
-
-    python benchmarks/recovery_step.py --shape 8b --device cuda --dtype bfloat16 --batch-size 4 \\
-        --micro-batch-size 1 --seq-len 2048 --steps 3 --out benchmarks/results/recovery-step-8b.json
+Method note: docs/methods/recovery-loop.md.
 """
 
 from __future__ import annotations

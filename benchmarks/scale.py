@@ -252,8 +252,8 @@ def resolve_dtype(device: str, dtype: str) -> str:
 
 
 def build_device(device: str) -> str:
-    """Where random weights are drawn: the GPU of a CUDA run (an 8B model took 224 s on a CPU, 24 s on an
-    H100), else the CPU."""
+    """Where random weights are drawn: the GPU of a CUDA run (far faster than the CPU at 8B; the timing is in
+    docs/methods/benchmark-harness.md), else the CPU."""
     import torch
 
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
@@ -900,8 +900,8 @@ _STAGE_WEIGHT = {
     "prunenet": 8.0,
     "mask_train": 10.0,
 }
-"""Rough relative stage costs (the four measured recipes above and the 8B table of issue 29: lorap 64 s,
-sp3-oneshot 4.7 s, wanda-channels 1.3 s of stage time), for ordering only; a gradient scorer doubles prune."""
+"""Rough relative stage costs (from the four measured recipes above and the stage times of an 8B run; see
+docs/methods/benchmark-harness.md), for ordering only; a gradient scorer doubles prune."""
 
 
 def recipe_weight(recipe: str) -> float:

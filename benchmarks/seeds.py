@@ -1,28 +1,6 @@
 """Seeded rows: several compressions of one row, reported as their mean with the spread.
 
-A grid entry with ``seeds: [0, 1, 2]`` (see :mod:`benchmarks.grid`) measures one row per seed, with ids
-``ROW:seedN`` and fields ``seed`` and ``seed_of`` (= ``ROW``). :func:`aggregate` turns them into the row
-``ROW`` the claims and the quality tables use:
-
-- ``metrics``: the mean over the seeds that finished, per metric that every one of them has as a finite
-  number (a metric some seed lacks is left out of the mean, so a claim on it reads "not run" rather
-  than a mean of fewer draws);
-- ``spread``: per metric ``{"min", "max", "values"}`` (``values`` in seed order, the individual draws);
-- ``seeds`` (every seed asked for), ``seeds_ok`` (those that finished), ``seeds_missing``
-  (``{seed: reason}``), ``draws`` (how many finished) and ``seed_rows`` (their ids);
-- size and structure (``params``, ``macs``, ``layers``, ``achieved``, ...) of the first finished seed:
-  a seed changes which structures go, not how many;
-- ``speed``: the mean of each seed's ratios against dense; ``cost``: the mean ``compress_s`` and the
-  highest ``peak_rss_mb``.
-
-A row without seeds is one draw: :func:`decision_rows` leaves it as it is, and
-:func:`draws_of` counts it as 1. When no seed finished, the aggregate has the first seed's status
-("failed" / "not run") and every seed's reason.
-
-:func:`add_norm_mean` adds ``zeroshot_mean_acc_norm``: the mean over the zero-shot tasks of ``acc_norm``
-where lm-eval defines it (piqa, hellaswag, arc_easy, arc_challenge, openbookqa) and ``acc`` where it
-does not (boolq, winogrande), the convention of LLM-Pruner's and LoRAP's tables. Claims on zero-shot use
-it; ``zeroshot_mean_acc`` (plain ``acc`` everywhere) stays in the rows.
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

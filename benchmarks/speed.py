@@ -1,21 +1,8 @@
 """CPU speed and memory of compressed models relative to a baseline, measured in one process.
 
-    python -m benchmarks.speed smollm2-135m runs/wanda-channels/model [more models...] \
-        --prompt-len 128 --new-tokens 32 --rounds 5
+``python -m benchmarks.speed smollm2-135m runs/wanda-channels/model --prompt-len 128 --new-tokens 32 --rounds 5``.
 
-Each round measures every model once (prefill tokens/s, greedy decode tokens/s), so models are
-interleaved and share the machine's state; the order is rotated from round to round so no model is
-always measured first. The table gives the median of the rounds and the ratio to the first model.
-:func:`measure` is the same measurement for callers that hold the models (``benchmarks.run`` pairs
-every compressed model with the dense one). Parameters and MACs come from
-:mod:`slimkit.primitives.evaluate.counting`. Numbers are ratios for this machine and run, not absolute
-claims. Writes JSON with ``--json``.
-
-``--backend llama.cpp`` measures the same models in llama.cpp instead: each is exported to GGUF
-(``--type``, default f16; into ``--gguf-dir`` or a temporary folder) and loaded once, then measured in
-the same interleaved rounds with the same thread count (``--threads``), batch 1, greedy decode one
-token per call (:func:`slimkit.primitives.evaluate.llamacpp.gguf_throughput`). A model that cannot be
-exported is reported with the one-line reason and left out of the table.
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations

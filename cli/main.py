@@ -1,21 +1,7 @@
-"""The ``slimkit`` command line (Typer).
+"""The ``slimkit`` command line (Typer): ``recipe list|show|validate|run``, ``stage list|show``, ``eval``,
+``inspect``, ``export``. Input and usage problems print one line, ``error: ...``, and exit with 2.
 
-``slimkit recipe list|show|validate|run``, ``slimkit stage list|show``, ``slimkit eval``,
-``slimkit inspect``, ``slimkit export``. Input problems (:class:`SlimkitError`) print one line, ``error: ...``, and exit
-with the error's status (2); no traceback.
-
-Usage errors (an unknown option or command, a missing option or argument, a bad option value) are
-click exceptions: :func:`main` runs the app without click's standalone mode and prints them as one
-line too, ``error: ...``, naming the option and the command, with a "did you mean" suggestion from
-:func:`slimkit.primitives.errors.did_you_mean` where one is close; exit status 2. A command group
-called without a command (bare ``slimkit``, ``slimkit recipe``, ``slimkit stage``) prints its help
-and exits with 2, since nothing was done; ``--help`` exits with 0. typer >= 0.2x runs on a click it
-bundles (``typer._click``), whose exception classes are not the installed ``click``'s:
-:func:`_click_exceptions` picks the module typer really raises from.
-
-``slimkit stage list`` and ``slimkit stage show NAME`` are the stage catalogue, read from the stage
-registry: every argument's type, default and description (the docstring under the field, see
-:mod:`slimkit.recipes.schema`).
+Method note: docs/methods/engine.md.
 """
 
 from __future__ import annotations

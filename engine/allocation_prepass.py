@@ -1,33 +1,7 @@
-"""The allocation pre-pass: each layer's share of a layer-wise removal, decided before the block runs.
+"""The allocation pre-pass: each layer's share of a layer-wise removal, decided before the block runs, from scores on
+dense inputs and each stage's :meth:`~slimkit.engine.stage_args.StageArgs.allocation_prepass`.
 
-Where it sits in a run: in the stages phase, inside a ``layerwise`` item (a ``sequential`` block or a layer stage at
-the top level, :func:`slimkit.engine.dispatch.run_stages`), after the block's budget starts
-(:meth:`~slimkit.engine.context.Context.start_block`) and before its first layer runs. Each stage of the block says
-what it allocates through :meth:`~slimkit.engine.stage_args.StageArgs.allocation_prepass` (a :class:`PrePass`, or
-None); the built-in ones are ``prune_layer`` / ``obs_prune_layer`` with ``allocation: global`` or ``search``
-(:class:`~slimkit.stages.selection_prepass.UnitScores`) and ``lowrank`` with ``allocation: global``
-(:class:`~slimkit.stages.lowrank_prepass.RankSpectra`):
-
-1. **Scores, once per layer, on dense inputs** (:func:`dense_layer_statistics`): the block's calibration batches
-   (less the search's held-out ones) are run through the model layer by layer as it is when the block starts, with
-   the same statistics the layer-wise pass gathers (:func:`~slimkit.engine.layerwise.layer_statistics`), and the
-   stage's own scorer ranks each eligible layer's units (``obs_prune_layer``: the one-shot OBS cost; ``lowrank``:
-   each matrix's weighted spectrum). Stages that score on the same batches share one pass; only one layer's
-   activations are alive at a time.
-2. **Kept counts per layer and kind** landing on what is left of the target (``ctx.params_to_remove()``, within
-   ``target.tolerance``), with the stage's rules and the target's alignment:
-   ``global``: :func:`~slimkit.primitives.allocate.global_ranking`; ``search``:
-   :func:`~slimkit.primitives.allocate.search_levels`, each candidate assembled by masking the lowest-scored units of
-   each layer (:func:`~slimkit.primitives.allocate.masked_units`: no weight copied, no statistic recomputed) and
-   scored by the KL divergence to the dense log-probabilities on the held-out batches
-   (:func:`~slimkit.primitives.allocate.mean_kl`).
-3. The counts are decided stage by stage in the block's order and stored in the block's cache
-   (:class:`~slimkit.stages.allocation_results.LayerAllocation`); each layer's turn reads its own fraction
-   (:func:`~slimkit.stages.allocation_results.allocated_fraction`), so the block removes exactly the planned parameters.
-   Which units go is still chosen by the stage on that layer's (compressed-stream) statistics; only how many comes
-   from here.
-
-A target no plan of the units reaches is refused in one line naming the stage, the alignment and the nearest ratios.
+Method note: docs/methods/allocation.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""Running layer-scoped stages one layer at a time.
+"""Running layer-scoped stages one layer at a time: each layer runs on its captured inputs, its stages apply with the
+statistics of that pass, then it produces the next layer's inputs (from the compressed layer in a ``sequential``
+block, from the dense one at the top level). Only one layer's activations are alive at a time.
 
-For each layer: run it on its captured inputs with hooks that accumulate each projection's input
-norms, apply the stages with those statistics, then produce the next layer's inputs. With
-``propagate="compressed"`` (the ``sequential`` stage) the next inputs come from the compressed
-layer, so later layers see the errors of earlier ones, as SparseGPT/Wanda/LoRAP do; with
-``"dense"`` (a layer stage at the top level) they come from the layer before compression, which
-equals calibrating the whole dense model once. Only one layer's activations are alive at a time,
-so peak memory is the model plus one layer's calibration activations. A stage that declares
-``layer_grams`` (``reconstruct``) also gets, for those projection roles, the dense weight and the Gram
-matrix of its inputs from this pass (``stats.dense_consumers``), taken before any stage changes the layer.
-With ``propagate="compressed"``, a stage that declares ``dense_targets`` (``reconstruct`` with ``target: dense``)
-makes the block carry a second stream: the dense model's hidden states on the same calibration batches, advanced
-through each layer *before* the block's stages change it. For those roles a paired pass runs the dense layer on both
-streams batch by batch and accumulates ``C = Σ x_d x_cᵀ`` (dense input x compressed input of the consumer) and
-``Σ x_d`` (:class:`~slimkit.primitives.reconstruct.consumer.DenseConsumer`: ``cross``, ``dense_sum``). Cost: one
-extra set of hidden states of the calibration batches (tokens x hidden size in the model's dtype: 9.4 MB for
-smollm2-135m at 32 x 128 tokens in float32), one batch of consumer inputs at a time, a ``d_in x d_in`` float64
-matrix per role, and two more forwards of each layer. Without such a stage nothing of this is built. At the top
-level (``propagate="dense"``) the inputs already are the dense model's, so ``C = G`` and no second stream is needed.
-On a model offloaded by ``model.max_memory`` each layer is brought onto the compute device for its turn and written back
-afterwards (:func:`slimkit.primitives.device.offload.resident`), so the device holds one layer at a time.
+Method note: docs/methods/engine.md.
 """
 
 from __future__ import annotations

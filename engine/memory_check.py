@@ -1,18 +1,7 @@
-"""A recipe's memory plan before any compute: each stage's peak beside the weights, summed into one plan.
+"""A recipe's memory plan before any compute: each stage's peak beside the weights, summed into one plan, and the
+one-line refusal when it exceeds the device's memory or ``model.max_memory``.
 
-:func:`recipe_memory_plan` reads the model's ``config.json`` (no weight loaded) and the recipe's calibration
-settings, and asks every stage for its estimate (:meth:`~slimkit.engine.stage_args.StageArgs.memory`, the arithmetic of
-:mod:`slimkit.primitives.device.memory_model`); :func:`check_memory_plan`
-(the runner's preflight, called before the weights are loaded) refuses in one line when the plan's peak
-exceeds the device's memory or ``model.max_memory``, naming the parts and what to lower::
-
-    error: prune needs about 46.0 GiB on cuda:0 (weights 15.0, gradient sums 26.1, activations 3.2) and
-    cuda:0 has 30.0 GiB; lower calibration.batch_size or set stats_device: cpu
-
-A ``max_memory`` below the weights is the offload budget, not refused here: accelerate offloads the layers
-that do not fit, layer-wise stages hold one layer at a time, and the runner refuses whole-model stages on
-an offloaded model with its own message. An out-of-memory error that still happens inside a stage becomes one line
-naming the stage, with the same advice (:mod:`slimkit.engine.error_translation`).
+Method note: docs/methods/devices-offload.md.
 """
 
 from __future__ import annotations

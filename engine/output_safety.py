@@ -1,21 +1,6 @@
 """Output-folder safety: what a run may write, one run per folder, atomic publish, signals.
 
-The output folder ``OUT`` (``--out``) is handled safely:
-
-* it is checked before the model is loaded (:func:`check_output_dir`): never the filesystem root, the home
-  folder, the working directory or one of its parents, nor the model it reads, a folder inside it or one holding
-  it, by identity under any alias (:mod:`slimkit.primitives.files.guard`), nor a mount point by the kernel's
-  mount table (it could not be replaced in one rename); its parent must be writable; a non-empty ``OUT`` needs
-  ``force``, which replaces only an earlier run's output: a folder holding :data:`RUN_MARKER` (written into every
-  output just before it is published, listing every file and folder the run wrote, at every depth) and nothing
-  the marker does not list, at any depth, and no mount; the old output is deleted through
-  :mod:`slimkit.primitives.files.removal`, which never crosses a file-system boundary;
-* one run at a time writes ``OUT``: the run holds the lock ``.OUT.lock`` beside it (:func:`claimed_output`);
-  a second run fails at once, naming the first one's pid;
-* everything is written to a hidden sibling ``.OUT.partial-PID-XXXX`` and put in place at the end in one step
-  (:func:`publish`), so ``OUT`` always holds the whole old result or the whole new one; an interrupted run
-  (Ctrl-C, or SIGTERM, which is handled like Ctrl-C) deletes its partial folder; those of killed runs are
-  deleted by the next run to the same ``OUT``.
+Method note: docs/methods/output-safety.md.
 """
 
 from __future__ import annotations

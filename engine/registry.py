@@ -1,24 +1,7 @@
-"""Stage registry: the names a recipe's ``stage:`` field may use.
+"""Stage registry: the names a recipe's ``stage:`` field may use, each a function, its arguments model
+(:class:`~slimkit.engine.stage_args.StageArgs`) and a scope (``layer`` or ``model``).
 
-A stage is a function plus a pydantic model of its arguments (a :class:`~slimkit.engine.stage_args.StageArgs`,
-``extra="forbid"``, so a misspelt argument fails with the allowed names) and a scope:
-
-* ``layer``: ``fn(ctx, args, layer, stats)`` runs once per layer, ``stats`` the layer's
-  :class:`~slimkit.engine.layer_stats.LayerStats`. At the top level of a recipe its statistics come from the dense
-  model; inside ``sequential`` they come from the inputs produced by the already-compressed previous layers.
-* ``model``: ``fn(ctx, args)`` runs once on the whole model.
-
-A layer stage may also declare ``top_level``: its own whole-model form, which the runner calls when the stage
-stands at the top level of a recipe (``reconstruct``).
-
-What a stage's arguments imply for the run (its budget, its planned removal, the projections it touches, the
-statistics and data it reads, its memory estimate, its allocation pre-pass, its checks) are methods of its argument
-model (:mod:`slimkit.engine.stage_args`), so a recipe is checked before any compute and the engine never tests a
-stage's name. Any module may register a stage (a test's toy stage included); the built-in ones register when the
-registry first loads the :mod:`slimkit.stages` package.
-
-What the stage itself is: its name, scope, arguments, function, paper, whether it trains, and ``once``: the reason a
-stage may appear only once in a recipe (a model is PCA-projected only once).
+Method note: docs/methods/recipes.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
-"""The base of every stage's arguments: :class:`StageArgs`.
+"""The base of every stage's arguments: :class:`StageArgs`. Its methods say what the engine needs to know about a
+stage before any compute (budget, planned removal, touched projections, data, memory, allocation pre-pass,
+checks); the engine never tests a stage's name or its arguments' class.
 
-Besides its fields, a stage's argument model says what the recipe checks need before any compute, as methods
-(the defaults here fit a stage that removes nothing, reads no data and touches no projection):
-
-* :meth:`~StageArgs.budget`: how the stage's share of the recipe's one target is set: ``none`` (it removes no
-  parameters), ``explicit`` (its own ``ratio``; the result is checked against the target at the end), ``solve`` (it
-  removes what is left of the target when it starts, minus what the other stages of its ``sequential`` block plan to
-  remove) or ``layer`` (LoRAP's rule: every layer's sub-layers lose the same fraction, computed from what is left of
-  the target when its block starts).
-* :meth:`~StageArgs.plan`: parameters of the target's part the stage will remove, computed from shapes before it
-  runs (an ``explicit`` or ``layer`` stage whose removal does not depend on data; 0 otherwise); a ``solve`` stage in
-  the same ``sequential`` block subtracts it.
-* :meth:`~StageArgs.touches`: projection roles (q, k, v, o, gate, up, down) the stage needs as plain ``Linear``
-  modules; :meth:`~StageArgs.makes_lowrank`: roles it replaces by low-rank pairs. A stage touching a role an earlier
-  stage made low-rank is refused at validation.
-* :meth:`~StageArgs.layer_grams` and :meth:`~StageArgs.dense_targets`: what a layer stage reads from the block's
-  statistics pass (see :mod:`slimkit.engine.layerwise`).
-* :meth:`~StageArgs.needs_calibration`, :meth:`~StageArgs.needs_task`: the data the stage reads.
-* :meth:`~StageArgs.needs_gradients`, :meth:`~StageArgs.reloads_dense`: whether it back-propagates the
-  calibration loss, and whether (at the top level) it loads the recipe's model source again.
-* :meth:`~StageArgs.operations`: the kinds of change an architecture may refuse, which the default
-  :meth:`~StageArgs.check_model` checks against the loaded model's spec.
-* :meth:`~StageArgs.check_model`: what only the loaded model decides (its architecture, its layer count), refused
-  in one line after loading and before calibration; :meth:`~StageArgs.check_recipe`: what the rest of the recipe
-  decides, refused at validation; :meth:`~StageArgs.check_source`: what the loaded source decides.
-* :meth:`~StageArgs.memory` and :meth:`~StageArgs.block_matrix_bytes`: its memory estimate before any weight is
-  loaded (:mod:`slimkit.engine.memory_check`).
-* :meth:`~StageArgs.allocation_prepass` and :meth:`~StageArgs.reach_check`: its part of a layer-wise block's
-  allocation pre-pass (:mod:`slimkit.engine.allocation_prepass`) and its check, on shapes alone, that the target is
-  reachable.
-
-The engine asks a stage only through these methods and :class:`~slimkit.engine.registry.StageDef`'s fields; it never
-tests a stage's name or its arguments' class.
+Method note: docs/methods/recipes.md.
 """
 
 from __future__ import annotations

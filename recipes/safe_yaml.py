@@ -1,18 +1,6 @@
 """YAML read with limits: what a recipe file or a ``--set`` value may hold, checked before anything is built.
 
-PyYAML's ``safe_load`` builds no code objects, but it still expands aliases without limit (a 1 KB "billion
-laughs" document turns into 10^9 references that a validator then walks), accepts recursive aliases, keeps the
-last of two equal keys without a word, and builds dates, sets and binary strings that no report can serialise.
-:func:`load_yaml` composes the document first (linear in its size: an alias is one shared node) and checks the
-node graph before constructing any value:
-
-* expanded, the document has at most :data:`MAX_NODES` nodes and nests at most :data:`MAX_DEPTH` deep; no alias
-  refers to a node that contains it;
-* every mapping key is a plain string, and no mapping repeats a key (merge keys ``<<`` may be overridden);
-* every value is a plain string, integer, float, boolean, null, list or mapping (no ``!!timestamp``,
-  ``!!binary``, ``!!set``, ``!!omap`` or other tags).
-
-Each refusal is one :class:`SlimkitError` line naming the origin, the line and column, and what is allowed.
+Method note: docs/methods/recipes.md.
 """
 
 from __future__ import annotations

@@ -17,17 +17,7 @@ eval:
   zeroshot: {tasks: [piqa, arc_easy], limit: 100}
 ```
 
-GLUE (BERT encoders): ``task: sst2`` (or mrpc, rte, stsb) makes the loaded encoder a sequence
-classifier for that task (:func:`slimkit.primitives.finetune.glue_task_model.task_model`), lets stages that need
-a task model run (``glue_finetune``), lets ``calibration.dataset: glue`` mean that task's train split,
-and changes the evaluation defaults: ``eval.glue`` on the task's dev split instead of perplexity
-(a classifier has no language-model head, so ``eval.perplexity`` and ``eval.zeroshot`` are refused).
-
-Field descriptions: every recipe model derives from :class:`slimkit.primitives.settings.Strict`, whose
-``use_attribute_docstrings`` makes the docstring under a field its pydantic ``description``; ``slimkit stage show
-NAME`` prints those of a stage's arguments, so each stage argument has one (what it means, its units, what its
-values mean). A name outside a fixed set (a field, a stage, a dataset, a task) fails with
-:func:`slimkit.primitives.errors.unknown`: the closest allowed name, if one is close, and all of them.
+Method note: docs/methods/recipes.md.
 """
 
 from __future__ import annotations

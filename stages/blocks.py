@@ -1,18 +1,12 @@
 """``remove_blocks`` (model scope): remove whole attention or MLP blocks of decoder layers, chosen by BlockPruner's
 iterative search on the calibration loss (:mod:`slimkit.primitives.blocks`).
 
-How many blocks go:
+How many blocks go: ``count`` (exactly that many), ``ratio`` (while what they hold stays within ``ratio`` of the
+target's part), or neither: the stage removes blocks while they fit in what is left of the target plus its tolerance.
+What the loaded model decides (an architecture without removable blocks, more blocks than the eligible layers hold,
+a plan that would remove every block of a kind) is refused in one line before calibration.
 
-* ``count``: exactly that many blocks (an explicit share; the run's target is checked when it ends);
-* ``ratio``: blocks are removed while what they hold stays within ``ratio`` of the target's part (an explicit share:
-  whole blocks are coarse, so it usually lands a little under; a later stage that solves the target lands the rest
-  through ``ctx.params_to_remove()``);
-* neither: the stage solves the recipe's one budget: it removes blocks while they fit in what is left of the target
-  plus its tolerance, and stops once within the tolerance.
-
-Every refusal that the loaded model decides (an architecture without removable blocks, more blocks than the
-eligible layers hold, a plan that would remove every block of a kind) is one line before calibration
-(:meth:`RemoveBlocksArgs.check_model`).
+Method note: docs/methods/block-removal.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,14 @@
 """``cce`` (model scope): coupled-components elimination, iterative evaluate-and-prune (Algorithm 1).
 
-CCE (../shared/papers/cce-coupled-components-elimination.md). Each iteration:
+Each iteration draws calibration samples, scores attention heads, MLP channels (per layer) and hidden features
+(model-wide) with ``scorer`` (``coupled`` by default, from LoRA-proxy or full gradients, smoothed with PLATON), and
+removes the lowest-scoring units in every layer. ``step`` (default 1/heads) is the fraction removed per iteration;
+the final fraction is solved so what is left of the recipe target is removed, or given as ``ratio``; ``iterations``
+splits it into equal steps. Under grouped-query attention query heads go evenly from every KV group and KV heads
+are kept. A target beyond these floors fails before anything is pruned. The report gives, per iteration, the
+fraction, seed, loss, widths, parameters, seconds and the gradient state's memory.
 
-1. draws calibration samples (the run's calibration set first, then fresh ones drawn with seeds from
-   the run's generator, recorded in the report: the paper takes 10 new C4 sentences of 64 tokens);
-2. scores attention heads (per layer), MLP channels (per layer) and hidden features (model-wide)
-   with ``scorer`` (any registered scorer or composition, :mod:`.scoring`): ``coupled`` (Eqs. 2-6, 8;
-   :mod:`slimkit.primitives.importance.coupled`) from per-batch gradients, either LoRAPrune's LoRA
-   proxy (``gradients: lora``, the paper's choice) or the true gradients (``full``); per-batch scores
-   are smoothed with PLATON (Eq. 7) over the iteration's batches (``platon: true``; PLATON's state
-   starts afresh each iteration, since units and samples change). ``magnitude`` (the paper's L2
-   baseline with ``aggregation: l2``) and ``random`` need no data and are evaluated once per
-   iteration; ``taylor`` (per-weight, LLM-Pruner), ``activation`` and blends are also accepted.
-   ``feature_scope`` says over which product Eq. 8 takes |.| under GQA (query_head, kv_group,
-   layer; see :mod:`slimkit.primitives.importance.coupled`). Memory: ``full`` holds one gradient
-   per scored projection weight (in the weights' dtype) besides the backward pass, about a second
-   copy of the projection weights (smollm2-135m in float32: 0.42 GB; LLaMA-7B: about 13 GB in
-   bfloat16, 26 GB in float32); ``lora`` holds the adapters, their AdamW state and the per-batch
-   factors (tens of MB at rank 8);
-3. removes, in every layer, the lowest-scoring heads and MLP channels, and the lowest-scoring hidden
-   features from every matrix (``remove_units``: heads, MLP channels, hidden features as the pruning
-   core's groups).
-
-How much per iteration (:mod:`slimkit.primitives.select.iterative`): the paper removes one head,
-r * d_k MLP kernels (r = im / (heads * d_k)) and d_k features per iteration, i.e. the fraction
-1/heads of every width when d_m = heads * d_k; ``step`` (default 1/heads) is that fraction, the
-final fraction is solved on exact parameter counts so that what is left of the recipe target when
-the stage starts is removed (the last step is shortened), or given as ``ratio``; ``iterations``
-instead splits it into equal steps. Widths after iteration t are
-rounded from the dense widths, so rounding does not accumulate.
-
-Grouped-query attention (the paper's ChatGLM3 rule, generalised): query heads are removed evenly
-from every KV group, the lowest-scoring ones within each group, and KV heads are kept, so every KV
-group keeps the same number of query heads, HF's ``repeat_kv`` layout (consecutive query heads share
-a KV head) stays valid and no reordering is needed (the paper's Figure 2 reorders ChatGLM3's
-interleaved layout); heads therefore go in multiples of the KV-head count and a layer keeps at least
-one query head per KV group. Removing whole KV groups was not chosen: on smollm2 one KV group is a
-third of the attention, and its k/v kernels have no per-head score. Hidden features keep at least
-one head_dim. A target beyond these floors fails before anything is pruned.
-
-Reported per iteration: the fraction, the calibration seed, mean loss, widths, parameters, seconds,
-``gradient_state_mb`` (exact bytes of the gradient state the path holds: every scored weight's
-gradient for ``full``; adapters, their gradients, AdamW moments and stored factors for ``lora``),
-``gradient_peak_mb`` (sampled peak RSS above the phase's start, see
-:mod:`slimkit.primitives.evaluate.memory` for why it is noisy) and ``process_peak_rss_mb``.
+Method note: docs/methods/cce-coupled-scores.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """``distill`` (model scope): LoRA recovery trained against the dense teacher's logits (KL), merged into the weights.
 
-The ``lora`` stage with its loss replaced (issue #17): the same arguments and budget (``steps`` x
-``batch_size`` windows of ``seq_len`` tokens of ``dataset``, the recipe's seed, the same adapters and
-optimizer), so a ``distill`` row and a ``lora`` row compare at equal steps and tokens. The loss is the
-token-level forward KL(teacher || student) at ``temperature`` (times ``temperature**2``), plus
-``hidden_weight`` times the per-layer normalised hidden-state error (see
-:mod:`slimkit.primitives.finetune.distill`).
+The ``lora`` stage with its loss replaced: the same arguments and budget, so a ``distill`` row and a ``lora`` row
+compare at equal steps and tokens. The teacher (``teacher: dense``) is the recipe's model, reloaded from its source
+onto the student's device for the stage: two models in memory at once. A teacher that cannot be loaded is one error
+line. With ``tokens``, it trains through the token-budgeted loop (validation, checkpoints, resume). It removes no
+parameters (budget ``none``) and trains (refused with float16 weights).
 
-The teacher (``teacher: dense``, the only one for now) is the dense model the recipe started from, loaded
-again from the recipe's model source onto the student's device in the student's dtype when the stage
-starts, and freed when it ends. Memory: two models at once, the dense teacher (the dense parameter count x
-the dtype's bytes: about 0.54 GB for smollm2-135m in float32) beside the compressed student with its adapters,
-AdamW state and activations, plus per step the teacher's logits (batch x seq_len x vocab in the model's dtype); the
-KL's float32 softmax temporaries live for 1,024 tokens at a time (chunks recomputed in the backward pass,
-:func:`~slimkit.primitives.finetune.distill.distill_loss`). A teacher that cannot be loaded (a model given in
-memory has no source to reload; out of memory) is one :class:`SlimkitError` line saying so.
-
-With ``tokens`` (:mod:`slimkit.stages.recovery_settings`), the same loss trains through the token-budgeted
-loop: packed streamed windows, a held-out validation KL, checkpoints and resume.
-
-Budget: like ``lora``, it removes no parameters (budget ``none``) and trains (refused with float16 weights).
-``benchmarks/run.py`` turns it off (``steps=0``) for "without recovery" rows, as it does ``lora``.
+Method note: docs/methods/finetune-lora-distill.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """``mask_train_encoder`` (model scope): SP3's (or CoFi's) learned masks on a GLUE task model, binarised and fused.
 
-The BERT setting of SP3 (Hu et al., §3.2, §3.3, Appendix C, D.2): after ``glue_finetune`` (the task
-model) and ``pca_project_post`` (full-width projection, one PCA basis per hidden LayerNorm),
-``hidden: per_norm`` trains one hidden gate per LayerNorm, FFN filter gates and, in the joint stage,
-head and layer gates, with the task loss plus the Lagrangian (Eq. 14) on Eq. 30's expected sparsity;
-binarises at the threshold meeting ``target.ratio`` and fuses. ``hidden: shared`` on the unprojected
-model is the CoFi-style masks-only baseline (Table 2). See
-:mod:`slimkit.primitives.masks.encoder` for the loss, the count and the fusing.
+After ``glue_finetune`` and ``pca_project_post``, ``hidden: per_norm`` trains one hidden gate per LayerNorm, FFN
+filter gates and head and layer gates with the task loss plus the Lagrangian, binarises at the threshold meeting
+``target.ratio`` and fuses; ``hidden: shared`` on the unprojected model is the CoFi-style masks-only baseline.
+The target is a sparsity of the attention and FFN weight matrices (``target.of: layers``); ``intermediate: true``
+adds SP3's MHA-intermediate masks. Batches come from the task's train split, ``batch_size`` examples per step.
 
-The target is a sparsity of Eq. 30's count (``target.of: layers``): the attention (q, k, v, o) and FFN
-(up, down) weight matrices plus, with ``per_norm``, the residual matrices W_R; embeddings, norms,
-biases, pooler and classifier are not counted (CoFi). ``intermediate: true`` adds SP3's MHA-intermediate masks: the
-heads are projected at full width from the recipe's calibration batches (Eqs. 10-12), one gate per projected q/k
-and v/o dimension joins the dimension masks, and each head keeps its own widths when fused (q, k, v, o counted at
-their kept widths). Batches: the task's train split in the
-seeded order of :func:`slimkit.primitives.datasets.gluedata.training_order`, ``batch_size`` examples per
-optimiser step. ``check_examples`` dev examples (None: all) compare the masked and the fused model
-(exactly equal with ``per_norm``; not with ``shared``, whose sliced LayerNorms change their statistics).
+Method note: docs/methods/sp3-mask-training.md.
 """
 
 from __future__ import annotations

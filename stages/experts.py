@@ -1,18 +1,12 @@
 """``prune_experts`` and ``merge_experts`` (model scope): remove whole routed experts of a mixture-of-experts model.
 
-One calibration pass collects every MoE layer's routing statistics (:mod:`slimkit.primitives.calibration.routing`)
-and a bounded sample of its router inputs; each layer then keeps a set of experts chosen by the ``scorer``:
-``frequency`` or ``weight`` (router statistics) or ``naee`` (the kept set with the least reconstruction loss of the
-routed output, exhaustive over the candidate sets when there are at most ``max_candidates``, greedy otherwise).
-``prune_experts`` drops the rest; ``merge_experts`` merges each dropped expert into its most similar kept one,
-weighted by routing mass, and refits the router on the sampled tokens (:mod:`slimkit.primitives.experts.merge`).
+One calibration pass collects every MoE layer's routing statistics; each layer keeps a set of experts chosen by the
+``scorer`` (``frequency``, ``weight`` or ``naee``). ``prune_experts`` drops the rest; ``merge_experts`` merges each
+dropped expert into its most similar kept one and refits the router. How many go: ``keep`` per layer, or solved from
+the recipe's one target; ``allocation: uniform`` keeps the same count in every layer, ``global`` spreads the
+removals over the layers. A layer always keeps its top-k experts.
 
-How many go: ``keep`` experts per layer (an explicit share), or solved from the recipe's one target: the experts
-whose parameters (their fused slices and router row) make up what is left of the target. ``allocation: uniform``
-keeps the same count in every layer (what llama.cpp and a plain Hugging Face folder need); ``global`` spreads the
-removals over the layers, taking the next cheapest removal by each layer's loss curve (NAEE's greedy loss, or the
-share of routing mass dropped), so the target lands within one expert. A layer always keeps its top-k experts.
-Method note: ``docs/methods/moe-experts.md``.
+Method note: docs/methods/moe-experts.md.
 """
 
 from __future__ import annotations

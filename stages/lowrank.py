@@ -1,20 +1,13 @@
 """``lowrank`` (layer scope): replace projections by low-rank pairs (LoRAP, Li et al. 2024, §3.2).
 
-Each chosen projection W becomes ``LowRankLinear`` factors from activation-weighted SVD (AWSVD,
-Eqs. 5-7, with the layer's calibration input norms), plain truncated SVD (the Table 5 ablation), or, beyond
-LoRAP, ``whiten``: SVD-LLM's whitened SVD with the full Gram of the layer's calibration inputs, which
-minimises the output error on them where AWSVD assumes uncorrelated input features (issue #17).
-The parameter budget of the chosen projections is ``(1 - fraction)`` of their dense count, with
-``fraction`` LoRAP's layer ratio (Appendix C.1) unless ``ratio`` is given. ``allocation: lorap``
-splits an attention budget 1:3 between (W_q + W_k) and (W_v + W_o) by parameter counts, keeping a
-group dense when its share exceeds it (Appendix C "Special Case"); ``uniform`` gives every matrix
-the same fraction (the Table 6 ablation); ``{global: {max_fraction}}`` (beyond LoRAP, issue 30) shares
-the same total among every chosen matrix of every layer by their weighted-SVD spectra on dense inputs,
-decided in the block's pre-pass (:mod:`slimkit.stages.lowrank_prepass`).
-No rank exceeds the speed cap ``mac_fraction`` of the
-dense MACs: two thin matmuls near the MAC break-even were measured slower than one dense matmul
-on this CPU (see ``slimkit.primitives.lowrank``), and the issue asks that a low-rank layer never be
-slower than dense.
+Each chosen projection becomes ``LowRankLinear`` factors from activation-weighted SVD (AWSVD), plain truncated SVD,
+or SVD-LLM's whitened SVD (``whiten``). The parameter budget of the chosen projections is ``(1 - fraction)`` of their
+dense count, with ``fraction`` LoRAP's layer ratio unless ``ratio`` is given; ``allocation`` splits it
+(``lorap``: 1:3 in the attention; ``uniform``; ``{global: {max_fraction}}``: by the matrices' weighted-SVD
+spectra, decided in the block's pre-pass). No rank exceeds the speed cap ``mac_fraction`` of the dense MACs,
+so a low-rank layer is never slower than dense.
+
+Method note: docs/methods/lorap-awsvd.md.
 """
 
 from __future__ import annotations

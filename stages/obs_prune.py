@@ -1,38 +1,15 @@
-"""OBS structured pruning stage: choose and remove units by greedy optimal brain surgeon (issue #17).
+"""OBS structured pruning stage: choose and remove units by greedy optimal brain surgeon.
 
-``obs_prune_layer`` (layer scope, inside ``sequential``) removes MLP channels and attention heads of one
-layer the way ZipLM / SlimGPT do: the units are the input column groups of their *consumer*
-(``down_proj``: one column per channel; ``o_proj``: ``head_dim`` columns per head), and with
-``H = G + λI`` (``G`` the Gram of the consumer's dense inputs on the calibration tokens, captured by the
-block's statistics pass; ``λ = damping · mean(diag G)``) the stage repeatedly removes the group whose
-removal, with the optimal update of the remaining columns, raises ``||W X − W' X||²`` least, updates
-``W`` and ``H⁻¹``, and repeats (:func:`slimkit.primitives.reconstruct.obs_prune`). Selection and the
-refit of the consumer are one computation; the producers (gate/up rows, q rows, and k/v rows when a head
-owns them) are then sliced by the same surgery ``prune_layer`` uses
-(:func:`slimkit.primitives.surgery.remove_units`), and the consumer gets the OBS-updated kept columns.
+``obs_prune_layer`` (layer scope, inside ``sequential``) removes MLP channels and attention heads of one layer the
+way ZipLM / SlimGPT do: it repeatedly removes the consumer's column group (``down_proj`` per channel, ``o_proj`` per
+head) whose removal, with the optimal update of the remaining columns, raises the output error least; the producers
+are then sliced by ``prune_layer``'s surgery. Budget: as ``prune_layer`` (``ratio``, ``ratio_rule: solve`` or
+``layer``; ``allocation: {global: ...}`` or ``{search: ...}`` takes each layer's count from the block's pre-pass).
+Under GQA each KV group loses the same number of heads. A consumer another stage of the block already changed is
+refused in one line: put ``obs_prune_layer`` first. ``damping`` must be positive. The report gives the removed
+units and the relative output error with and without the OBS update.
 
-Choices recorded here:
-
-* Budget: the same as ``prune_layer`` (its :func:`~slimkit.stages.prune.layer_fraction`, called
-  with this stage's arguments): an explicit ``ratio``, ``ratio_rule: solve`` (the fraction whose plan
-  removes what is left of the target, solved once per block on the shapes when the block started) or
-  ``ratio_rule: layer`` (LoRAP's layer ratio). Kept counts and their rounding (``round_to``, ``min_keep``,
-  GQA multiples) come from :func:`~slimkit.primitives.select.plan.kept_counts` and are validated before
-  any weight changes. Every eligible layer loses the same fraction (uniform), as in ``prune_layer``, unless
-  ``allocation`` is ``{global: ...}`` or ``{search: ...}``: then each layer's count comes from the block's allocation
-  pre-pass (:mod:`slimkit.engine.allocation_prepass`, units ranked by their one-shot OBS cost on dense Grams).
-* GQA: query heads must stay even per KV group (as ``prune_layer``'s selection keeps them), so each KV
-  group loses the same number of heads: the greedy step takes the cheapest head among the KV groups
-  whose quota is not yet met (``obs_prune``'s ``blocks``). Without GQA a head owns its k/v rows.
-* The greedy OBS runs on the consumer as the statistics pass saw it; a consumer another stage of the
-  block already changed (narrower, different values, a low-rank pair) is refused in one line: put
-  ``obs_prune_layer`` first in the block.
-* ``damping`` defaults to OBS's 0.01 and must be positive: OBS needs ``H⁻¹``. It pulls the update
-  towards the dense weight (``+ λ||W' − W||²``), not towards zero. At ``damping → 0`` the update equals
-  the plain least-squares refit on the kept columns (``reconstruct`` with ``toward: zero``).
-* The report gives, per role and layer, the removed units in removal order, the relative output error
-  ``tr(ΔW G ΔWᵀ) / tr(W G Wᵀ)`` with the OBS update (``error``) and of the same removal without it
-  (``error_unrefit``), and how ``H⁻¹`` was computed.
+Method note: docs/methods/reconstruct-obs.md.
 """
 
 from __future__ import annotations

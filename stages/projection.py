@@ -3,34 +3,13 @@
 (``pca_project_post``, at the end of this file, is the post-norm encoder (BERT) counterpart: one basis
 per hidden LayerNorm, full width, for ``mask_train_encoder``.)
 
-Runs :func:`slimkit.primitives.projection.project_hidden_dimension`: LayerNorm models are converted
-to RMSNorm, RMSNorm γs folded, the residual stream's Gram matrix accumulated per group of
-``group_size`` decoder layers while the model runs one layer at a time on the calibration inputs,
-the top-k principal components of each group kept, and the projections fused into the weights
-with a residual matrix where the basis changes (Eq. 18). ``group_size: all`` uses one basis for
-every layer (no residual matrices); with ``ratio: 0`` the model keeps its shape and is only
-re-represented in the PCA basis (the ``llm-pruner+sp3`` hybrid, F.2).
+LayerNorm models are converted to RMSNorm and RMSNorm γs folded; the residual stream's Gram matrix is accumulated per
+group of ``group_size`` decoder layers, the top principal components of each group kept, and the projections fused
+into the weights with a residual matrix where the basis changes. ``group_size: all`` uses one basis for every layer;
+``ratio`` is the fraction of hidden dimensions removed (None: solved from the recipe target, residual matrices
+counted); with ``ratio: 0`` the model keeps its shape and is only re-represented in the PCA basis.
 
-Arguments recorded as choices (see the primitives' docstrings for the reasons):
-
-* ``group_size`` counts decoder layers; the paper's gs counts sub-layer blocks (gs = 8 there is 4 here).
-* ``ratio``: fraction of hidden dimensions removed (layer-weighted mean width ``(1 − ratio) d``);
-  None solves the widths from the recipe target (``of: model``, residual matrices counted).
-* ``allocation``: ``uniform`` or ``variance`` (one explained-variance threshold across groups).
-* ``basis``: ``pca`` or ``identity`` (Table 3's ablation: slice the raw dimensions with the largest
-  second moment).
-* ``statistics``: ``dense`` (Algorithm 1: every group from the dense model) or ``projected`` (each
-  group calibrated on the already-projected groups' outputs).
-* ``features``: ``input`` (the raw stream the norms read, as the paper) or ``normalized`` (each
-  token divided by its RMS first).
-* ``tokens``: calibration tokens used for the statistics (the paper's T); None: all of them.
-* ``residual``: where a group boundary's matrix sits: ``eq34`` (Eq. 34, default) or ``input``.
-* ``tied_head``: a tied embedding stays tied; ``joint`` gives it its own basis from the PCA of its
-  two uses (the first layer's input and the head's input), with a k x k map after the embedding and after
-  the final norm; ``own`` does the same also at full width (``ratio: 0``), for a later stage that slices the
-  stream (``mask_train``: the embedding then keeps its own top components); ``shared`` uses the first group's
-  basis (one map, after the final norm);
-  ``untie`` copies the embedding into the head (exact, but a vocabulary x k matrix more).
+Method note: docs/methods/sp3-projection.md.
 """
 
 from __future__ import annotations
@@ -82,7 +61,7 @@ class PCAProjectArgs(StageArgs):
     residual: Literal["eq34", "input"] = "eq34"
     """Group boundaries: ``eq34`` (Appendix F.1 Eq. 34: the boundary block writes the next group's basis and
     ``U'ᵀ U`` multiplies its residual branch only) or ``input`` (``W_R`` maps the whole stream at the next
-    group's input, so the boundary block's output is truncated twice; the form before issue 18)."""
+    group's input, so the boundary block's output is truncated twice; slimkit's earlier form)."""
 
     @field_validator("group_size")
     @classmethod

@@ -1,25 +1,15 @@
 """Pruning stages.
 
-* ``prune`` (model scope): score coupling groups of the chosen kinds in the eligible layers with
-  statistics of the model as it is when the stage starts (input norms, calibration-loss gradients,
-  or both, as the scorer needs them), choose kept units by the selection rules so the recipe target
-  is met, check the whole plan, then remove the units.
-* ``prune_layer`` (layer scope, usable inside ``sequential``): the same for one layer at a time,
-  with that layer's statistics (uniform selection; no gradients, no hidden features).
+* ``prune`` (model scope): score coupling groups of the chosen kinds in the eligible layers, choose kept units by the
+  selection rules so the recipe target is met, check the whole plan, then remove the units.
+* ``prune_layer`` (layer scope, usable inside ``sequential``): the same for one layer at a time, with that layer's
+  statistics (uniform selection unless ``allocation`` is ``{global: ...}`` or ``{search: ...}``).
 
-Any registered scorer or composition (:mod:`.scoring`) can score any group kind it supports:
-``activation`` (Wanda/LoRAP), ``magnitude``, ``taylor`` (LLM-Pruner), ``random``, ``coupled`` (CCE),
-``{platon: ...}``, ``{blend: ...}``.
+Any registered scorer or composition can score any group kind it supports. The removal fraction follows the
+recipe's one budget: ``ratio_rule: solve`` removes what is left of the target (minus what the block's other stages
+plan), ``ratio_rule: layer`` is LoRAP's layer ratio, an explicit ``ratio`` is checked when the run ends.
 
-The removal fraction follows the recipe's one budget (:class:`~slimkit.recipes.schema.Target`):
-``ratio_rule: solve`` finds the fraction whose plan removes what is left of the target when the stage
-(or its ``sequential`` block) starts, minus what the block's other stages plan to remove (so
-``lowrank`` then ``prune_layer`` lands on the target); ``ratio_rule: layer`` is LoRAP's layer ratio
-Ratio_l = left / (layers x Param_layer) (Appendix C.1) so that every layer's sub-layers lose the same
-fraction; an explicit ``ratio`` is used as given and checked against the target when the run ends.
-``prune_layer`` with ``allocation: {global: ...}`` or ``{search: ...}`` takes each layer's fraction from the block's
-allocation pre-pass instead (:mod:`slimkit.engine.allocation_prepass`). Kept counts follow ``round_to`` and the recipe's
-``target.align`` (:meth:`~slimkit.stages.selection.SelectionArgs.rules_for`).
+Method note: docs/methods/selection.md.
 """
 
 from __future__ import annotations

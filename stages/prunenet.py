@@ -1,22 +1,12 @@
 """``prunenet`` (model scope): calibration-free MLP channel pruning with a learned policy.
 
-PruneNet (Sengupta et al., ICLR 2025; ../shared/papers/prunenet-policy-learning.md): one policy
-learner scores the rows of every layer's FFN1 from the weights alone (Eq. 3), trained with
-REINFORCE on the Kolmogorov-Smirnov distance between the singular values of the original and the
-compressed FFN1 (Eqs. 6-7, Algorithm 1); the kept rows of FFN1 (and the gate) and the same columns
-of FFN2 are then removed with the MLP-channel group. No calibration data is read.
+PruneNet's policy learner scores the rows of every layer's FFN1 from the weights alone, trained with REINFORCE on the
+spectral distance between the original and the compressed FFN1; the chosen channels are removed with the
+MLP-channel group. No calibration data is read. The removal ratio follows the recipe target, or ``ratio``;
+``policy: DIR`` loads a saved policy and skips training; the trained policy is saved as ``OUT/policy/`` unless
+``save_policy: false``. The recipe ``seed`` seeds training and the final selection.
 
-The removal ratio of each layer's channels follows the recipe target (``of: mlp`` directly; ``of:
-model`` or ``layers`` solved on exact parameter counts), or ``ratio``; ``schedule: linear`` spreads
-it over the layers with the same mean (Table 7). ``policy: DIR`` loads a saved policy and skips
-training (Table 6: one policy reused across ratios); the trained policy is saved with the run as
-``OUT/policy/`` unless ``save_policy: false``.
-
-Training reads the recipe ``seed``: it seeds the policy's initialisation and every sampling draw
-of training; the final selection (``policy`` sampling, ``random`` rows) uses the run's generator,
-seeded by the same ``seed``. So runs with different seeds differ, and one seed repeats exactly.
-``returns`` and ``update`` choose between the paper's printed Eq. 7 and the authors' released
-code (see the argument docs, and the recipe's comment for the measurement behind the defaults).
+Method note: docs/methods/prunenet-policy.md.
 """
 
 from __future__ import annotations

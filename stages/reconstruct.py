@@ -1,68 +1,19 @@
-"""Reconstruction stage: refit a layer's consumer projections after units were removed (issue #17).
+"""Reconstruction stage: refit a layer's consumer projections after units were removed.
 
-Inside ``sequential``, after a stage that removed units of a layer (``prune_layer`` with any scorer,
-for MLP channels or attention heads), ``reconstruct`` refits the projections that *read* the removed
-units, ``down_proj`` for MLP channels and ``o_proj`` for heads, so the layer's output on the
-calibration inputs matches the dense layer's:
+Inside ``sequential``, after a stage that removed units of a layer (``prune_layer``), ``reconstruct`` refits the
+projections that *read* the removed units (``down_proj`` for MLP channels, ``o_proj`` for heads) by damped least
+squares on the block's calibration inputs, so the layer's output matches the dense layer's; a projection an earlier
+stage made a low-rank pair gets its left factor refitted. ``bias: mean`` also moves the consumer's bias (fitted
+jointly with the weights; architectures with no bias flag for the consumer are refused); ``target: dense`` fits the
+dense model's output on the same tokens (a second activation stream through the block).
 
-    W' = argmin ||W X - W' X_K||^2 + lambda ||W'||^2 = W G[:, K] (G[K, K] + lambda I)^-1
+It refuses to run first in its ``sequential`` block, a projection whose columns another stage changed, ``damping``
+below 1e-12, and a Gram matrix no damping makes solvable, each in one line. At the top level, after a model-scope
+stage that removed units, it refits each layer against the dense model reloaded from the recipe's source
+(:mod:`slimkit.stages.reconstruct_model`). The report gives, per role, the relative output error before and after
+the refit, and the layers left ``unchanged``, ``removed_block`` or ``not_refitted``.
 
-with ``G = X X^T`` the Gram matrix of the projection's dense inputs, accumulated (float64) in the
-block's statistics pass before any stage changed the layer, ``K`` the kept input columns and
-``lambda = damping x mean(diag G[K, K])`` (:func:`slimkit.primitives.reconstruct.refit_least_squares`).
-By default the ridge pulls towards the pruned weight's own kept columns (``toward: kept``,
-``||W' - W[:, K]||^2``), not towards zero: the plain refit over-fits a few thousand calibration tokens
-(down_proj has 1,100-1,500 inputs on smollm2), and shrinking towards zero hurts more (measured).
-
-A projection that an earlier stage of the block made a low-rank pair (``lowrank``: LoRAP's attention) gets its left
-factor refitted with the right one fixed, ``L' = W G Rᵀ (R G Rᵀ + λI)⁻¹`` against the dense weight on the same
-inputs (:func:`slimkit.primitives.reconstruct.refit_left`, the "refit the second factor" of issue #17); name it in
-``roles`` (q, k, v, gate and up are refitted only that way). After ``lowrank`` with ``method: whiten`` the pair already
-minimises that error, so the refit changes almost nothing there.
-
-Options (issue #17):
-
-* ``bias: mean`` also moves the consumer's bias. Without a refit (``refit: false``) that is FLAP's baseline, the
-  removed inputs replaced by their calibration mean, ``Δb = W[:, S] x̄_S``. With the refit (the default) weights
-  and bias are fitted *jointly*: ``b`` is free and the ridge acts on ``W'`` only, which is the refit on centred
-  statistics ``G - s sᵀ/T`` followed by ``Δb = W x̄ - W' x̄_K`` (:func:`~slimkit.primitives.reconstruct.refit_affine`;
-  the same as the augmented Gram of ``with_bias_column`` with an undamped bias column). Chosen over "refit, then
-  add FLAP's Δb": that sum is not a least-squares solution (the refit has already absorbed part of the mean),
-  while the joint fit is never worse on the calibration objective. Llama's ``down_proj``/``o_proj`` have no bias:
-  the stage sets the global config flag (``mlp_bias`` / ``attention_bias``) and gives every projection it covers,
-  in every layer, a zero bias (:func:`~slimkit.primitives.reconstruct.consumer_bias`), so the saved model loads in
-  stock transformers. A consumer that already has a bias (OPT with ``enable_bias``, BERT) just gets ``Δb`` added.
-  Architectures with no flag for the consumer (Mistral; Qwen2 and Qwen3's ``down``) are refused in one line when
-  the stage first runs (a recipe does not know its model's architecture before it is loaded).
-* ``target: dense`` fits the dense model's output on the same tokens instead of the dense layer's output on what
-  the compressed predecessors feed it: ``W' = argmin ||W X_d - W' X_c,K||^2`` with ``X_d`` the dense model's
-  input of the consumer (:func:`~slimkit.primitives.reconstruct.refit_to_dense`, cross term ``C = X_d X_cᵀ``). The
-  block then carries a second activation stream through the dense layers (one more set of calibration hidden
-  states; see :mod:`slimkit.engine.layerwise`). "Dense" means the model as the block found it. With nothing
-  compressed upstream (``X_d = X_c``) both targets give the same refit.
-
-Kept columns are found by matching: removal slices whole columns without changing them, so every
-column of the pruned projection equals one dense column (matched in order). A projection whose
-columns were changed by another stage (a low-rank pair, a projection) is refused in one line. With
-nothing removed the weight (and bias) is left as it is, with either target, and the report lists the layer under
-``unchanged``; a layer whose sub-block was removed (``remove_blocks``) has no such projection and is listed under
-``removed_block``. Roles given explicitly in ``roles`` of which none was refitted in any layer fail at the last layer
-(the stage before reconstruct did not produce what it was asked to refit); when only some were not (LoRAP keeps v and
-o dense at 20%), the report lists them under ``not_refitted`` and in its notes. The stage refuses to run first in its
-``sequential`` block (there is then nothing removed to refit). At the top level of a recipe, after a model-scope stage
-that removed units (``prune``, ``cce``), it runs its own layer-by-layer pass: each layer of the compressed model is
-refitted against the same layer of the dense model, reloaded from the recipe's model source, on the compressed
-model's calibration stream (:mod:`slimkit.stages.reconstruct_model`: what it costs and what it refuses).
-
-Bad input: ``damping`` must be at least 1e-12 (0, negative or NaN values are refused when the recipe is read: the
-damping is what keeps a rank-deficient ``G[K, K]`` solvable, and below ~1e-12 it vanishes in float64 next to
-``mean(diag G)``). A Gram matrix no damping can make solvable (non-finite entries: NaN/inf activations) fails in
-one line naming the layer, the role and ``damping``.
-
-The report gives, per role, the relative output error ``tr(dW G dW^T) / tr(W G W^T)`` of the pruned projection
-before and after the refit, always against ``W X_c`` (the dense layer on the inputs it receives; with a bias shift
-through the augmented Gram), so with ``target: dense`` "after" can be above "before" by design, and the norm of
-the bias shift relative to the norm of ``W x̄``.
+Method note: docs/methods/reconstruct-least-squares.md.
 """
 
 from __future__ import annotations

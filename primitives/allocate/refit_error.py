@@ -1,37 +1,7 @@
 """Allocation by the refit's own error: each layer's kept count chosen by what removing its units costs after the
 least-squares refit of their consumer, relative to that consumer's output.
 
-FLAP's global ranking (:mod:`.ranking`) compares standardised unit scores across layers; a recipe that refits the
-consumer after removal (``reconstruct`` on ``down_proj`` / ``o_proj``) loses not what the removed units carried but
-what the kept ones cannot reproduce of it. That error is known in closed form for every prefix of a unit order at
-once. With the consumer ``W`` (``d_out x n``), its input Gram ``G = X Xᵀ`` and the inputs permuted so the units to
-keep longest come first, the Cholesky factor ``G = L Lᵀ`` gives ``X = L Q`` with orthonormal rows ``Q``; the inputs
-of the first ``m`` columns span the first ``m`` rows of ``Q`` (``L`` is lower triangular), so the least-squares
-refit from them leaves
-
-    E(m) = || (W L)[:, m:] ||²_F
-
-(:func:`prefix_refit_errors`; one factorisation for every kept count). A small ridge (``jitter`` x mean diagonal)
-keeps ``G`` positive definite; the curve is then the ridge refit's error toward zero, close to the stage's own refit
-(which pulls toward the kept columns) where the ridge is small.
-
-Each group's curve is taken relative to its consumer's output **per output dimension**: the error of every output
-coordinate over that coordinate's own energy, averaged over the coordinates, so ``errors[0 kept] = 1`` in every
-layer. Relative to the whole output energy ``tr(W G Wᵀ)`` instead (the low-rank allocation's choice,
-docs/methods/allocation.md "Low rank") was measured and failed: in the layers of SmolLM2 whose down_proj writes a
-massive activation (one output dimension holds 69-99% of its output energy in layers 2, 9, 11 and 28), keeping the
-few channels that write it keeps almost all of that energy, so those layers were stripped to 1-23 channels and
-WikiText-2 went from 46.72 to 523.6 at 20% (``quality``, docs/methods/allocation.md).
-
-:func:`allocate_by_error` minimises the sum of those relative errors subject to the parameters removed: each group's
-allowed kept counts (alignment, minimum) become points ``(parameters removed, error)``, replaced by their lower
-convex hull, and hull steps of all groups are taken cheapest error per parameter first; a step that would pass the
-budget is skipped with its group's later steps, and what is left is filled by single allowed steps (one group's next
-smaller count), cheapest first, while one fits. The plan lands at most ``wanted`` and within ``tolerance`` below it,
-or :class:`TargetOutOfReach` is raised.
-
-The unit order is the stage's score order (highest kept first) on dense inputs; which units a layer then removes is
-still the stage's choice on its own statistics, so the curve is the allocation's estimate, not the final error.
+Method note: docs/methods/allocation.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """EvoPress's search over per-layer levels, with the sum of removed parameters held on the budget.
 
-Each slot (one layer's group of one kind) takes a level from a fixed ladder of removal fractions; ``removed[i][l]``
-is what slot ``i`` removes at level ``l`` (its rounded kept count, so non-decreasing in ``l``). A candidate is a
-level per slot whose total removal lies within ``tolerance`` of ``wanted``. The search (EvoPress, Sieberling et al.
-2024, ``evo_*`` scripts: a (1 + lambda) evolution whose mutation raises one layer's level and lowers another's, so
-the total stays put) starts from the uniform allocation (the shared level nearest the budget, repaired onto it),
-and each generation draws ``offspring`` children of the parent: one to three level switches (one slot up, another
-down), then a repair that moves random slots one level at a time until the total is back within the tolerance
-(preferring moves that do not overshoot it). The best of the parent and its children is the next parent. Fitness
-is any callable on the levels (lower is better), evaluated once per distinct candidate.
-
-It stops at ``max_evals`` evaluations or ``budget_s`` seconds, whichever comes first; with the same seed and a
-search ended by ``max_evals`` the result is the same. Differences from EvoPress: one fitness stage (EvoPress
-raises the token count in rounds of selection) and per-group levels of any parameter cost (its database levels
-all remove the same amount).
+Method note: docs/methods/allocation.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
 """Per-head widths: a self-attention whose heads keep their own q/k and v/o widths (SP3 Eq. 15 after the masks).
 
-SP3's MHA-intermediate masks (Eqs. 10-13) remove projected dimensions inside each head: head ``h`` keeps ``qk[h]``
-query/key dimensions (one mask shared by q and k, so the two keep the same width) and ``vo[h]`` value/output
-dimensions (one mask shared by v and o). Hugging Face's attention splits q, k and v into heads of one width, so a
-layer whose heads differ gets a :class:`HeadWidthAttention` in place of its self-attention module: the same
-``nn.Linear`` projections, their rows packed head after head (head ``h``'s ``qk[h]`` query rows, then head
-``h + 1``'s), and a forward that pads every head with zeros to the widest one (zero query/key dimensions add
-nothing to a dot product; zero value dimensions give zero outputs, which are dropped again) and runs
-``scaled_dot_product_attention`` with the dense model's softmax scale ``1/sqrt(head_size)`` (the projection keeps
-the scores, so the scale stays the dense one). This is the one attention forward slimkit writes; it is for
-encoders without RoPE, GQA or q/k norms (:func:`head_width_refusal`), where no KV cache of one width is kept.
-
-Saved folders record each such module as a manifest ``modules`` entry ``{"path", "kind": "head_widths",
-"head_size", "qk_widths": [...], "vo_widths": [...], "dropout"}`` (:func:`head_width_entries`); the loader puts the
-module back before the weights load (:func:`materialise_head_widths`), checking the widths against the saved
-shapes.
-
 Method note: docs/methods/sp3-attention-drone.md.
 """
 

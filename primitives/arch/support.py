@@ -1,32 +1,8 @@
-"""Which architectures slimkit supports, and the one-line refusal for the others.
+"""Which architectures slimkit supports, and the one-line refusal for the others: :func:`check_supported` per task
+(``causal-lm`` decoders, ``encoder`` BERT), :func:`check_no_custom_code` (slimkit never runs a repository's code) and
+:func:`check_evaluable` (evaluation and inspection take any built-in transformers causal LM).
 
-:func:`check_supported` is called when a model is loaded (``check_model_folder`` in
-``primitives/io/load.py``), before any weights are read, so an unsupported folder fails with one
-line instead of a traceback from deep inside a stage. The supported sets are per task:
-
-* ``causal-lm`` (decoder recipes): the :data:`ARCH_SPECS` decoders (Llama and the decoders sharing its
-  modules, Qwen3, Gemma 1-3, Granite, OLMo 2, OPT); what each stage does on each of them, or why it refuses,
-  is :mod:`slimkit.primitives.arch.capabilities`;
-* ``encoder`` (BERT recipes: SP3 post-norm projection, CoFi masks, GLUE): bert.
-
-Folders that need custom model code (``auto_map`` in ``config.json`` naming a config or model
-class, loaded by transformers only with ``trust_remote_code``) are refused in the same style, even
-when their ``model_type`` is a supported one: slimkit never runs a repository's code, and its
-adapters only know the built-in transformers classes. Entries for a tokenizer or processor class
-alone do not count here (they do not change the model).
-
-A model *folder* is held to a stricter rule by :func:`check_no_custom_code`, which the loaders run
-before transformers reads any file of it: any ``auto_map`` (model, config, tokenizer or processor
-class) in ``config.json`` or ``tokenizer_config.json``, or any Python file in the folder
-(``modeling_*.py``, ``tokenization_*.py``, ...), is refused in one line. slimkit also passes
-``trust_remote_code=False`` to every transformers loader, so transformers never asks ``[y/N]``.
-
-Evaluation and inspection need no adapter: :func:`check_evaluable` takes any built-in transformers causal LM under
-the same no-custom-code rule (method note: docs/methods/evaluate-any-model.md); recipes keep :func:`check_supported`.
-
-A config may be a ``PretrainedConfig`` or the ``config.json`` mapping; a folder written by
-:func:`slimkit.save` with a marked config (``model_type`` ``slimkit_compressed``) is judged by the
-model type it records.
+Method note: docs/methods/architectures.md.
 """
 
 from __future__ import annotations

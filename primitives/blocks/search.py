@@ -1,17 +1,5 @@
 """BlockPruner's iterative search: remove, one at a time, the block whose removal raises the calibration loss least.
 
-Each step tries every candidate block (temporarily removed, :func:`~.remove.without_block`), measures the mean
-next-token loss on the calibration batches, and removes the best one for good; the next step starts from the model
-without it (Zhong et al. 2024, "BlockPruner", Algorithm 1, with perplexity as its exp). Removing a block in layer
-``i`` changes nothing before layer ``i``, so the inputs of every layer of the current model are kept
-(:class:`LayerLoss`) and a candidate in layer ``i`` runs only layers ``i`` onward: a step costs about half the
-forward passes of running the whole model per candidate. The kept inputs are ``(layers + 1) x tokens x hidden``
-values in the model's dtype (about 0.3 GB for 30 layers of 576 over 4,096 calibration tokens in float32).
-
-When to stop is the caller's: an exact ``count`` of blocks, or a parameter ``limit`` (candidates that would pass it
-are not tried) with an optional ``enough`` (stop once that many parameters are gone). At least one block of each
-kind always stays (:func:`~.remove.check_blocks`).
-
 Method note: docs/methods/block-removal.md.
 """
 

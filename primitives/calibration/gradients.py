@@ -1,22 +1,6 @@
 """Gradients of the calibration loss, accumulated for the tensors a scorer reads.
 
-For each calibration batch the causal-LM loss (mean next-token cross-entropy) is back-propagated;
-for each requested tensor we keep the sum of the batch gradients ``g`` and, when asked, the sum of their
-squares ``h`` (the diagonal Fisher approximation of the Hessian that LLM-Pruner's second-order Taylor
-term uses). Stored by parameter identity, so tied parameters have one entry.
-
-Memory. Only the requested tensors require a gradient during the pass (every other parameter is
-frozen, so autograd neither computes nor stores its gradient). Each requested parameter's gradient is
-folded into the sums by a post-accumulate-grad hook as soon as autograd has finished it, then freed,
-so at most one parameter's gradient (in the weights' dtype) lives beside the sums. The sums are float32
-whatever the weights' dtype (a bfloat16 running sum of squares loses the small terms), on each
-parameter's device or on ``stats_device`` (e.g. the CPU when the accelerator's memory is short).
-``checkpoint_layers`` recomputes each decoder layer's forward during the backward instead of storing
-its activations (torch's non-reentrant checkpointing, which works in eval mode, unlike Hugging Face's
-``gradient_checkpointing_enable`` that only acts in training mode): the backward then holds one
-layer's activations at a time plus every layer's input, for about a third more compute.
-
-Batches are moved to the model's input device.
+Method note: docs/methods/scorers.md.
 """
 
 from __future__ import annotations

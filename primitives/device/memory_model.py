@@ -1,23 +1,6 @@
 """Memory a compression stage needs, estimated from the model's config and the calibration settings alone.
 
-Pure arithmetic on a :class:`ModelShape` (read from a ``config.json``, no weight loaded): every function
-returns bytes. The estimates are of the tensors a stage holds at its peak *beside the weights*, by part:
-
-* ``gradient sums``: float32 sums of the calibration-loss gradient (and of its square for second-order /
-  Fisher scorers) of the tensors a stage scores (:mod:`slimkit.primitives.calibration.gradients`);
-* ``gradients``: the per-batch gradients a stage keeps (CCE's ``gradients: full``), in the weights' dtype;
-* ``activations``: what the backward of the calibration loss keeps per decoder layer at the batch's tokens
-  (the layer's saved tensors, or only its input with ``checkpoint_layers``), plus the logits and their
-  float32 loss; a forward without gradients keeps about one layer's intermediates and the logits;
-* ``layer inputs``: a layer-wise (``sequential``) block's inputs and outputs of one layer for every
-  calibration sample;
-* ``matrices``: Gram / covariance matrices and decompositions in float32 (one layer's at a time).
-
-What is counted, per decoder layer and token of a Llama-style layer in the weights' dtype: the normed
-inputs and residuals (hidden-sized, 6), q / k / v / attention output (the projections' widths), the MLP's
-gate, up, activation and product (4 x intermediate), and two float32 copies of the hidden state (the RMS
-norms upcast). These are estimates (within 25% of the measured peak of live tensors on the tiny models
-the tests use); a framework's own overhead (CUDA context, allocator caching, the Python process) is not in them.
+Method note: docs/methods/devices-offload.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Models larger than the memory budget: accelerate offloading, and one layer at a time on the device.
 
-Loading (:func:`load_offloaded`): accelerate's ``infer_auto_device_map`` places whole decoder layers on
-the compute device until ``max_memory`` is used, then in CPU memory (when the compute device is a GPU),
-then on disk; transformers' ``from_pretrained`` dispatches the model with accelerate's hooks, so a
-forward pass (calibration capture, evaluation) streams offloaded weights onto the device as it goes.
-
-Compressing (:func:`resident`): a layer stage needs real tensors it can cut and replace, so for one
-layer at a time the offloaded weights are read from accelerate's weights map onto the compute device
-and the hooks removed; after the stages ran, the (smaller) layer is written back where it came from
-(CPU memory, or accelerate's offload format in a per-layer folder) and accelerate's ``AlignDevicesHook``
-is attached again with the new weights. ``save_pretrained`` then reads offloaded weights shard by
-shard through those hooks, so saving does not hold the model in memory either.
-
-The budget counts weights: one layer's working memory and calibration activations come on top.
-Measured on the CPU (benchmarks/results/2026-11-23-scale-offload-*.md): with a 1.5 GiB budget on the
-Llama-3.2-1B shape (4.60 GiB of weights) anonymous memory peaked 1.25 GiB above the process baseline;
-with 0.5 GiB on SmolLM2-360M it peaked 0.71-0.73 GiB above it (over the budget by that layer overhead).
-Peak RSS also counts the memory-mapped pages each offloaded layer is read from.
-Whole-model stages (gradients, LoRA, mask training) need every weight on the device at once
-and are refused on an offloaded model: :func:`check_stage_fits`.
+Method note: docs/methods/devices-offload.md.
 """
 
 from __future__ import annotations

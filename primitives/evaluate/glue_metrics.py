@@ -1,18 +1,6 @@
 """GLUE dev-set metrics of a sequence-classification model (SST-2, MRPC, RTE, STS-B).
 
-:func:`evaluate_glue` runs the model over the task's dev split (all of it, or the first ``limit``
-examples in file order, as lm-eval's ``limit`` does), with the batches of
-:func:`slimkit.primitives.datasets.gluedata.encode` (padded to the batch's longest example, attention mask,
-token types), and scores the predictions with GLUE's metrics:
-
-* ``accuracy``: SST-2, RTE, MRPC (argmax of the logits against the label);
-* ``f1``: MRPC, F1 of the positive class (1, "equivalent"), ``2 TP / (2 TP + FP + FN)``;
-* ``spearman`` and ``pearson``: STS-B, correlations between the single regression output and the
-  gold score. Spearman is the Pearson correlation of the ranks, ties getting their average rank
-  (as ``scipy.stats.spearmanr``). A constant prediction has no defined correlation; it scores 0.
-
-The model must be a sequence-classification model whose ``num_labels`` fits the task (2, or 1 for
-STS-B); :func:`slimkit.primitives.finetune.glue_task_model.task_model` builds one from an encoder.
+Method note: docs/methods/glue.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """The dense model's metrics, measured once per model content and evaluation settings, then read from the cache.
 
-A run that compares its compressed model with the dense one (:func:`dense_metrics`) evaluates the dense model only
-the first time: the metrics are stored under ``SLIMKIT_CACHE_DIR/dense-metrics/<key>.json``, the key a hash of the
-source's *content* (:func:`content_fingerprint`: the SHA-256 of every regular file directly in its folder, weights,
-config and tokenizer alike, so weights rewritten in place with their modification time kept are measured again),
-the compute device type and dtype, and the evaluation settings. A large file's digest is remembered under its
-:func:`file_stamp` (device, inode, size, modification and status-change times: the kernel sets the last on every
-write, and no tool can restore it), so a repeat run hashes only what changed. The measurement keeps the random state
-of the run as it was (lm-eval seeds Python's, NumPy's and torch's generators), so a cached and a measured comparison
-leave the same run behind.
-
-The cache is never trusted input and never costs the run (:class:`CacheUse` says what happened, for the report):
-
-* an entry is read only when it is a regular file (not a symbolic link, FIFO or device) of at most
-  :data:`MAX_ENTRY_BYTES`, bounded JSON (:func:`~slimkit.primitives.io.folder.read_json_object`) holding this exact
-  identity and a non-empty mapping of metric names to finite numbers; anything else is measured again;
-* a cache folder that cannot be created, read or written (a regular file in its place, no permission, a full disk)
-  leaves the metrics measured and not stored.
+Method note: docs/methods/output-safety.md.
 """
 
 from __future__ import annotations

@@ -305,7 +305,7 @@ def _quiet() -> Iterator[None]:
 
             # Run-record extras that simple_evaluate adds to its output: `git describe` in the working
             # directory (which prints "fatal: ..." outside a repository with commits) and torch's
-            # collect_env report (about 2 s of subprocesses). Neither is used here.
+            # collect_env report (seconds of subprocesses). Neither is used here.
             for name, stub in (("get_git_commit_hash", lambda: None), ("add_env_info", lambda storage: None)):
                 if hasattr(lm_eval.evaluator, name):
                     stack.enter_context(mock.patch.object(lm_eval.evaluator, name, stub))

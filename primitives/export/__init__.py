@@ -1,24 +1,6 @@
 """Export compressed models to inference engines: GGUF for llama.cpp, plain Hugging Face folders.
 
-:func:`export` is what ``slimkit export`` and a recipe's ``export:`` section call:
-
-* ``format="gguf"`` (:mod:`.gguf_file`): llama.cpp's ``llama`` architecture for uniform widths, its
-  ``deci`` architecture for per-layer head / KV-head / MLP widths; ``type`` f32, f16, bf16 or q8_0.
-* ``format="hf"`` (:mod:`.hf_folder`): a folder stock transformers loads, when the result has
-  uniform widths; verified by loading it back and comparing logits.
-
-Both merge low-rank pairs and SP3's embedding / final-norm maps into dense weights exactly (the file
-is then larger than the slimkit model; the result says by how much) and refuse what has no exact
-merge in one line (:mod:`.dense`). Every check on the arguments and the output path runs before the
-model is loaded; outputs are written to a hidden sibling and renamed into place, so nothing
-half-written is left. ``force`` replaces only an existing GGUF file (by its magic bytes) or a folder an
-earlier hf export wrote (its marker lists everything in it: :func:`~.hf_folder.check_replaceable_export`), never
-anything else; without ``force`` nothing existing is replaced, even a file another export wrote meanwhile. An
-``out`` that is a symbolic link, a protected folder (the filesystem root, the home folder, the working directory
-or a parent of it) or the input model folder (itself, inside it or a folder holding it) is refused. One export at
-a time writes a given ``out`` (the lock ``.NAME.lock`` beside it); a second one is refused in one line. SIGTERM
-during an export is handled like Ctrl-C: the hidden partial file or folder and the lock are deleted on the way
-out.
+Method note: docs/methods/export-gguf.md.
 """
 
 from __future__ import annotations

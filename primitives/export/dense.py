@@ -1,26 +1,6 @@
 """A compressed decoder as plain dense tensors: the form inference engines read.
 
-slimkit keeps some results in structures no engine has a tensor for. :func:`dense_tensors` turns a
-model into the weights of an ordinary Llama-style decoder (Hugging Face names), merging what can be
-merged **exactly** and refusing the rest in one line:
-
-* a low-rank pair ``y = L (R x) + b`` (:class:`~slimkit.primitives.lowrank.module.LowRankLinear`)
-  becomes the dense ``W = L R`` with the same bias. Exact in real arithmetic; the product is formed in
-  float32 (float64 for float64 models) and cast back, so a bf16 model's merged weight is rounded once.
-  The dense matrix is larger than the pair when ``r (d_in + d_out) < d_in d_out`` (it always is for
-  the ranks LoRAP keeps): :attr:`DenseModel.added_params` counts by how much.
-* a map on the token embedding's output (``e' = W e + b``, SP3 with a separate embedding basis)
-  becomes the table ``E' = E Wᵀ + b``; a head tied to ``E`` keeps reading the old ``E``, so the
-  result is untied (the head is written as its own matrix).
-* a map on the final norm's output (``n' = W n``, SP3's tied-head map) moves into the head:
-  ``H' = H W`` (untied; a biased map is refused: Llama heads have no bias).
-* a map on a decoder layer's input (SP3's residual matrix between layer groups, Eq. 18) has no exact
-  merge: the residual stream of a Llama decoder is one basis from the embeddings to the head, and
-  the map would have to be applied to the residual sum inside the layer. Refused: re-run SP3 with
-  one group (``group_size: all``) for an exportable model. LayerNorms converted to RMSNorm and
-  per-layer hidden sizes are refused likewise.
-
-Nothing here modifies the model: unmerged tensors are the model's own (no copy), merged ones are new.
+Method note: docs/methods/export-gguf.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """A Hugging Face BPE tokenizer as GGUF ``tokenizer.ggml.*`` metadata (what llama.cpp tokenizes with).
 
-GPT-2 style byte-level BPE tokenizers (SmolLM2, Llama 3, Qwen2, Mistral-Nemo) are written as
-llama.cpp's converter writes them: ``tokenizer.ggml.model = "gpt2"``, one token per id up to the
-model's vocabulary size (ids the tokenizer lacks become ``[PAD<i>]`` of type UNUSED), token types
-(special added tokens CONTROL, other added tokens USER_DEFINED, the rest NORMAL), the merges and
-the special-token ids and chat template (read by gguf's own :class:`gguf.SpecialVocab` from the
-tokenizer's saved files).
-
-``tokenizer.ggml.pre`` names the pre-tokenizer (the regex that splits text before BPE). llama.cpp
-identifies it by tokenizing a fixed check text and hashing the ids; :data:`KNOWN_PRE_TOKENIZERS`
-holds the hashes of the families slimkit supports (values from llama.cpp's
-``convert_hf_to_gguf.py``). An unknown hash is written as ``"default"`` and reported
-(:attr:`Vocabulary.warning`): llama.cpp then splits text with its default rules, so text it
-tokenizes may differ from the Hugging Face tokenizer; token ids fed directly are unaffected.
-
-SentencePiece-style BPE tokenizers (Llama 2, Mistral 7B: ``byte_fallback`` and ``▁`` for spaces in
-``tokenizer.json``) are written as llama.cpp's ``llama`` tokenizer model with per-token scores and
-BYTE token types, through gguf's own :class:`gguf.LlamaHfVocab`, as llama.cpp's converter does.
-Other tokenizer models (WordPiece, Unigram) are refused in one line.
+Method note: docs/methods/export-gguf.md.
 """
 
 from __future__ import annotations

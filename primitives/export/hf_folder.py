@@ -1,24 +1,6 @@
 """Write a compressed decoder as a plain Hugging Face folder stock transformers loads (``--format hf``).
 
-The folder holds ``config.json``, ``model.safetensors`` and the tokenizer files, and nothing
-slimkit-specific: ``AutoModelForCausalLM.from_pretrained(folder)`` builds the same model. That is
-possible when every layer has the same widths and nothing is left that a Hugging Face config cannot
-describe; low-rank pairs and the embedding / final-norm output maps are merged exactly first (see
-:mod:`.dense`, which refuses residual matrices). Per-layer widths are refused in one line pointing
-to ``--format gguf`` (llama.cpp's ``deci`` reads them) and ``slimkit.load``; so are removed attention or MLP
-blocks (:mod:`slimkit.primitives.blocks`): a Hugging Face config has no layer without one.
-
-The model is rebuilt from the new config on the meta device and its weights assigned from the
-dense tensors, so the caller's model is never modified. The written folder is checked before it is
-moved into place: loaded back with stock ``from_pretrained`` (no slimkit code) and compared with
-the compressed model on a fixed batch of token ids (``verify``; max abs logit difference).
-
-The folder also holds :data:`EXPORT_MARKER`, a small JSON file listing every file and folder the export wrote, at
-every depth (:mod:`slimkit.primitives.files.marker`). It is what lets ``--force`` replace the folder later:
-:func:`check_replaceable_export` accepts only a folder that holds the marker and nothing the marker does not list,
-at any depth, and no mount, so a project folder that merely has a ``config.json`` is never replaced; the old
-folder is deleted through :mod:`slimkit.primitives.files.removal` (only what the marker lists, never across a
-mount).
+Method note: docs/methods/export-gguf.md.
 """
 
 from __future__ import annotations

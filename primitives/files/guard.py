@@ -1,18 +1,7 @@
 """Where a command may write, and how it stops: the rules every slimkit command that writes follows
 (``recipe run``, ``export``, ``eval --json``, ``slimkit.run``, ``slimkit.export``).
 
-* Never a protected folder: the filesystem root, the home folder, the current working directory or a parent of
-  it (:func:`protected_reason`).
-* Never an input: an output that is an input of the command, lies inside one, or holds one is refused
-  (:func:`overlap_reason`, :func:`check_not_input`), so no command replaces or writes into what it reads. Paths
-  are compared by identity (``(st_dev, st_ino)``) under every alias the kernel's mount table shows
-  (:mod:`slimkit.primitives.files.mounts`), so a bind-mounted or linked alias is the same path.
-* Never a mount point (it cannot be replaced in one rename), by the kernel's mount table.
-* A small file (``eval --json``) is written to a hidden sibling and renamed into place (:func:`write_text_file`):
-  never through a symbolic link, never half-written; a write that fails (full disk, file-size limit, no
-  permission) is one line naming the file and the reason.
-* SIGTERM is handled like Ctrl-C while a command writes (:func:`terminate_as_interrupt`): the command's
-  ``finally`` blocks run, so its hidden partial file or folder and its lock are deleted on the way out.
+Method note: docs/methods/output-safety.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """The one way slimkit deletes a folder it wrote: never across a file-system boundary, only what it may delete.
 
-Every replace (``recipe run --force``, ``export --force``) and every clean-up (a dead run's partial folder, the
-previous result once the new one is in place, a staging folder) deletes through :func:`remove_owned`, and checks
-first with :func:`survey`, which walks the same way without deleting:
-
-* the walk never follows a symbolic link (a link is deleted as a link) and never crosses a file-system boundary:
-  an entry whose device (``st_dev``) differs from the folder's, or whose path is a mount point in the kernel's
-  mount table (a bind mount of the same file system shares the device), is never entered nor deleted, and a folder
-  that is itself a mount point is not touched;
-* with a ``listed`` set of relative paths (what a marker says a command wrote, at every depth), only those entries
-  are deleted; a folder goes only when it is listed and everything inside it went;
-* every directory is opened relative to its parent (``openat``, ``O_NOFOLLOW``), so a folder swapped for a link
-  during the walk is not followed;
-* nesting deeper than :data:`MAX_DEPTH` is not entered.
-
-What the walk could not or may not delete comes back as :class:`Blocker` rows (relative path and why), so a
-caller can refuse in one line before deleting anything, or name what it left.
+Method note: docs/methods/output-safety.md.
 """
 
 from __future__ import annotations

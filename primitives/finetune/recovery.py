@@ -1,23 +1,6 @@
 """The recovery loop budgeted in tokens: packed streamed batches, a held-out validation loss, checkpoints to resume
 from, data parallelism across processes, and a divergence that stops the run with the last good weights kept.
 
-One step trains one global batch (:class:`~slimkit.primitives.finetune.token_stream.TokenBudget`): its windows are
-shared out among the processes (window ``i`` to process ``i mod world``), each process runs its share in micro-batches
-of ``micro_batch_size`` windows (gradient accumulation), and every micro-batch's loss is its per-token loss *sum*
-divided by the token count of the whole global batch, so the gradients summed over micro-batches and processes
-(``all_reduce``) are those of the global batch's mean loss whatever the split. The optimizer is AdamW with a
-constant or cosine learning rate after an optional linear warm-up; gradients are clipped at ``max_grad_norm``; with
-``autocast`` the forward passes run under bfloat16 autocast (the losses are computed in float32 either way).
-
-Divergence: a step whose loss or gradient norm is not finite stops the run; the trained tensors go back to the last
-weights that gave a finite loss (a copy of the trained tensors kept before each update: the LoRA adapters here), and
-the result says where it stopped. The final weights are checked by one more validation pass (or for NaN/inf when no
-validation is held out).
-
-Checkpoints (:mod:`slimkit.primitives.finetune.checkpoint`) every ``checkpoint_every`` steps and when the run stops;
-a run started with a checkpoint present resumes from it and trains the same steps on the same windows with the same
-random state as a run that was never stopped.
-
 Method note: docs/methods/recovery-loop.md.
 """
 

@@ -1,22 +1,6 @@
 """Packed token windows for recovery training, streamed from a named corpus or a local folder, and a token budget
 cut into batches that train exactly the budget.
 
-* :class:`TextSource`: a shipped corpus by name (``alpaca``, ``c4``, ``wikitext2``, ``ptb``; documents shuffled once
-  by the seed) or a local folder of ``.txt`` / ``.jsonl`` / ``.json`` / ``.parquet`` files (read through
-  ``datasets`` in streaming mode, files in name order, the ``text`` column, or an ``instruction`` / ``input`` /
-  ``output`` record rendered as the shipped Alpaca is).
-* :func:`packed_windows`: documents tokenised one at a time, each followed by the end-of-text token, concatenated,
-  and cut into windows of ``seq_len`` tokens (no padding; a window may span two documents).
-* :class:`TokenBudget` / :func:`budget_batches`: ``tokens`` input tokens in steps of ``batch_size`` windows; the
-  last step's batch is truncated so that exactly ``tokens`` tokens are trained: it keeps the windows it needs, and
-  its last window counts only its first tokens (a prefix mask; causal attention never lets the masked tail change
-  the counted positions).
-
-The first ``validation_windows`` windows of the stream are held out for the validation loss and never trained on;
-training reads the windows after them, and starts over after them when the source runs out (an epoch). The data
-position of a run is the number of training windows it has consumed: :func:`budget_batches` skips that many to
-resume.
-
 Method note: docs/methods/recovery-loop.md.
 """
 

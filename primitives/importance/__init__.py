@@ -1,28 +1,6 @@
 """Importance scorers: ``score(group, model, stats, **args) -> 1-D tensor`` over the group's units.
 
-Registered by name in :data:`SCORERS` with :func:`register_scorer` (what statistics each reads and which
-group kinds it scores); :mod:`.compose` combines them (PLATON smoothing of any scorer, weighted blends)
-for every pruning stage. Each scorer gives a per-element score for every member
-parameter; unit ``u`` of a member gathers the elements at ``member.indices[u]`` along ``member.dim``
-(every row/column element there), reduces them with ``aggregation`` (``l1`` sum of absolute values,
-``l2``, ``linf`` max, ``mean`` of absolute values), and a group's score is the sum over its members.
-
-* ``magnitude``: |W| (``aggregation`` l1 or l2 gives the L1 / L2 magnitude of the unit).
-* ``activation`` (Wanda-style): |W_ij| * ||X_j||_2 for Linear weights, ``X_j`` the j-th input
-  feature of that Linear over the calibration tokens (stats ``input_norms`` by module path). Biases,
-  norms and embeddings carry no activation term and are left out, as Wanda scores weights only.
-* ``taylor`` (LLM-Pruner, Ma et al. 2023, Eqs. 3-5): with g the calibration-loss gradient and
-  h = sum over batches of g^2 (diagonal Fisher), the per-element salience is ``first`` g*w,
-  ``second`` 0.5*h*w^2, or ``mix`` g*w - 0.5*h*w^2. ``level: element`` aggregates |salience| per
-  unit (LLM-Pruner's element-wise importance); ``level: vector`` takes |sum of salience| over each
-  member's slice of the unit (its vector-wise importance), then sums over members.
-* ``random``: uniform noise from the run's seeded generator.
-* ``coupled`` (CCE Eqs. 2-6, 8): coupled components q_i k_i, v_i o_i and MLP kernels scored through the
-  gradient on their product (:mod:`.coupled`); PLATON smoothing for any scorer is in :mod:`.platon`, the
-  LoRA-gradient proxy in :mod:`.lora_proxy`.
-* ``obs`` (ZipLM / SlimGPT, one shot): the OBS cost of removing a channel / head alone with the optimal
-  update of its consumer, from the consumer's input Gram (stats ``dense_consumers``; layer-scope stages
-  only; :mod:`.obs`).
+Method note: docs/methods/scorers.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Composing registered scorers: PLATON smoothing of any scorer, and weighted blends.
 
-A *scorer spec* is what a recipe's ``scorer:`` field holds, parsed by :func:`parse_scorer`:
-
-* a registered name: ``activation``, ``magnitude``, ``taylor``, ``random``, ``coupled``;
-* ``{platon: SPEC, x1: 0.5, x2: 0.5}``: SPEC smoothed over repeated evaluations with PLATON (CCE Eq. 7;
-  :class:`~slimkit.primitives.importance.platon.Platon`), one evaluation per calibration batch;
-* ``{blend: {SPEC_NAME: weight, ...}}`` or ``{blend: [{scorer: SPEC, weight: w}, ...]}``: a weighted
-  sum of several scorers. Scorers have different scales (|W| against |g w|), so each part's scores
-  of a group are first divided by their mean absolute value (a part that is zero on a group stays
-  zero); a blend of one part therefore ranks exactly as that part.
-
-Over several evaluations (calibration batches) a plain scorer's score is the mean of its
-per-evaluation scores, a PLATON part is its S (Eq. 7) and a blend combines its parts' results.
-With one evaluation (most stages) a plain scorer is just that scorer. Everything here is pure: the
-stages decide what a statistics dict holds (:func:`spec_needs` says what a spec reads).
+Method note: docs/methods/scorers.md.
 """
 
 from __future__ import annotations

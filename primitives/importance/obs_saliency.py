@@ -1,18 +1,6 @@
 """OBS saliency of MLP channels and attention heads (ZipLM / SlimGPT's structured OBS, one shot).
 
-The score of a unit is the increase of its consumer's layer-wise loss ``||W X − W' X||²`` when that unit
-alone is removed and the other columns receive the optimal OBS update:
-``tr(W_S (H⁻¹_SS)⁻¹ W_Sᵀ)`` with ``H = G + λI`` (:func:`slimkit.primitives.reconstruct.obs_costs`).
-The consumer is ``down_proj`` for ``mlp_channel`` (one column per channel) and ``o_proj`` for
-``attention_head`` (``head_dim`` columns per head); ``G`` is the Gram of its dense inputs.
-
-Statistics: ``stats["dense_consumers"][role]`` (``.gram``, by role ``down`` / ``o``), which the layer-wise
-pass captures for layer-scope stages that declare the role's Gram (``prune_layer`` does when its scorer
-reads ``dense_consumers``). A model-scope stage has no per-layer Grams, so ``prune`` refuses this scorer.
-Choices: damping fixed at OBS's 0.01 (:data:`~slimkit.primitives.reconstruct.DEFAULT_OBS_DAMPING`);
-the weight scored is the consumer as it is now (its shape must match the Gram). This is the one-shot
-score: choosing by it and then refitting is not the greedy OBS of ``obs_prune_layer``, which rescores
-after every removal.
+Method note: docs/methods/reconstruct-obs.md.
 """
 
 from __future__ import annotations

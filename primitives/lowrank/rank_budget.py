@@ -1,19 +1,6 @@
 """Rank arithmetic and LoRAP's parameter allocation in the attention sub-layer.
 
-Counts are of weight entries (biases are kept unchanged by factorisation and not counted). Shapes
-are ``(d_out, d_in)``, i.e. ``nn.Linear.weight.shape`` (``(out_features, in_features)``).
-
-* A dense ``d_out x d_in`` matrix holds (and costs per token, in MACs) ``d_in·d_out``; a rank-``r``
-  pair ``L R`` holds (and costs) ``r·(d_in + d_out)`` (:func:`lowrank_params`). So a factorisation
-  saves parameters *and* MACs only while ``r·(d_in + d_out) < d_in·d_out``, i.e. below the
-  break-even rank ``d_in·d_out / (d_in + d_out)`` (288 for 576 x 576, 144 for 192 x 576; always
-  below ``min(d_in, d_out)``). :func:`max_useful_rank` is the largest rank that still saves, and
-  no function here returns a rank above it: a low-rank layer must not make the model slower than
-  the dense one. Measured wall time breaks even earlier than MACs (two thin matmuls run below
-  the dense matmul's efficiency), so :func:`max_useful_rank` and :func:`allocate_attention` take a
-  ``mac_fraction`` margin; see :mod:`slimkit.primitives.lowrank` for the CPU measurements.
-* :func:`allocate_attention` is LoRAP's "Parameter Allocation" (§3.2, Table 6) with the "Special
-  Case" of Appendix C; :func:`layer_ratio` is the layer-level ratio of Appendix C.1.
+Method note: docs/methods/lowrank-allocation.md.
 """
 
 from __future__ import annotations
@@ -61,8 +48,7 @@ def max_useful_rank(d_in: int, d_out: int, mac_fraction: float = 1.0) -> int:
     With the default ``mac_fraction=1`` this is the MAC (and parameter) break-even:
     ``(d_in·d_out − 1) // (d_in + d_out)``, 287 for 576 x 576 and 143 for 192 x 576. Two thin
     matmuls cost more per MAC than one dense matmul, so on real hardware the wall-time break-even
-    comes earlier (on the 2-core CPU measured for :mod:`slimkit.primitives.lowrank`, at about 0.75
-    of the dense MACs for SmolLM2's 192 x 576 k/v and about 0.9 for its 576 x 576 q/o);
+    comes earlier (the measurement: docs/methods/lowrank-allocation.md, ``primitives/lowrank/__init__.py``);
     ``mac_fraction < 1`` leaves that margin. 0 means no factorisation of that shape qualifies.
     """
     if not 0.0 < mac_fraction <= 1.0:

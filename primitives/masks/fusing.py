@@ -1,18 +1,6 @@
 """Fusing trained SP3 masks into the weights of a pre-norm decoder (SP3 §3.3, Eqs. 15–18; Appendix F).
 
-SP3's LLM setting masks the hidden dimension per Group PCA group and the FFN filters
-(:class:`~.mask_set.MaskSet` with ``hidden="per_group"``, ``head=layer=intermediate=False``, the
-``stream`` placement). :func:`fuse_stream_masks` turns final mask values (deterministic values
-times the 0/1 masks of :func:`~.sparsity.binarize`) into a smaller model with the same outputs:
-
-* ``f``: each FFN filter's value multiplies its column of down (fc2); filters whose value is 0
-  are removed (:func:`slimkit.primitives.surgery.prune_layer`, ``mlp_channel``);
-* hidden masks: :func:`slimkit.primitives.projection.slice_stream` keeps the non-zero coordinates
-  of each group and folds their values into what writes the group's stream.
-
-The layer groups are the model's own (:func:`~slimkit.primitives.projection.stream_groups`: a group
-starts at each residual matrix); the masks must use the same groups. Mask values (float32, on the
-masks' device) are folded in float64 on each weight's device; the weights keep their dtype.
+Method note: docs/methods/sp3-mask-training.md.
 """
 
 from __future__ import annotations

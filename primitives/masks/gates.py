@@ -1,26 +1,6 @@
 """Hard-concrete (L0) gates, the entries of SP3's masks (Hu et al., SP3, §2.2).
 
-Hard-concrete gates (Louizos, Welling & Kingma 2018, §4; as used by CoFi, Xia et al. 2022)
-------------------------------------------------------------------------------------------
-
-Every mask entry ``z`` is a gate with a learned location ``log α``, temperature ``β`` and stretch
-interval ``(l, r)`` (defaults ``β = 2/3``, ``l = −0.1``, ``r = 1.1``, CoFi's values):
-
-* training-time sample: ``u ~ U(ε, 1−ε)``, ``s = σ((log u − log(1−u) + log α) / β)``,
-  ``z = min(1, max(0, s (r − l) + l))`` (:func:`hard_concrete_sample`); gradients reach ``log α``
-  through ``s`` (reparameterisation) wherever ``0 < z < 1``;
-* keep probability, the expected L0 of the gate: ``P(z ≠ 0) = σ(log α − β log(−l / r))``
-  (:func:`keep_probability`, Louizos Eq. 12); ``P(z = 1) = σ(log α − β log((1 − l)/(r − 1)))``;
-* eval-time (deterministic) value: ``ẑ = min(1, max(0, σ(log α)(r − l) + l))`` in ``[0, 1]``
-  (:func:`hard_concrete_deterministic`, Louizos Eq. 13). CoFi instead keeps the top
-  ``round(Σ P(z ≠ 0))`` entries of ``σ(0.8 log α / β)``; SP3 (§3.2) binarises all masks at the end
-  by one threshold that meets the target (:func:`~slimkit.primitives.masks.sparsity.binarize`), so
-  the plain Louizos value is used here;
-* ``E[z]`` has no closed form; :func:`expected_value` integrates ``E[z] = ∫₀¹ P(z > y) dy`` with a
-  smooth integrand (Simpson's rule), used to check the sampler.
-
-``log α`` starts at CoFi's ``log(1 − p) − log p`` for a drop rate ``p = 0.5`` (i.e. 0) plus
-``N(0, 0.01²)`` noise; with it ``P(z ≠ 0) ≈ 0.83`` and ``ẑ = 0.5``.
+Method note: docs/methods/masks-hard-concrete.md.
 """
 
 from __future__ import annotations

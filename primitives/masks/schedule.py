@@ -1,19 +1,6 @@
 """Multi-stage mask-training schedules (SP3 §3.2 "Multi-stage Pruning", Appendix D.2, Table 11).
 
-SP3 trains in stages: the task model is fine-tuned first with no masks, then only the
-dimension-level masks are learned, then the head- and layer-level masks join. D.2 gives the epochs
-for BERT: fine-tuning for 2 epochs, dimension-level pruning from the 3rd epoch, head and layer
-pruning from the 8th; §3.2 says the second stage lasts 15 epochs. :meth:`MaskSchedule.sp3` builds
-that (2, 5, 15 epochs by default, each configurable); ``head=False`` / ``layer=False`` give the
-Table 11 variants (with both off, the last stage keeps training the dimension masks only).
-
-A :class:`MaskSchedule` is a pure object over global optimiser steps: which stage a step is in,
-which mask levels are trainable there (:meth:`MaskSchedule.levels`, feed it to
-:meth:`~slimkit.primitives.masks.mask_set.MaskSet.set_active`), and the target sparsity at that step.
-
-The target (not in the paper; CoFi's ``lagrangian_warmup``): with ``warmup_epochs > 0`` the target
-rises linearly from ``start`` to the final target over that many epochs, counted from the first
-step at which any mask level is trainable; without warmup the target is the final one throughout.
+Method note: docs/methods/sp3-mask-training.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """The one training loop of SP3's masks: task loss + Lagrangian (Eq. 14), weights and masks together.
 
-Shared by the decoder path (:func:`~.stream.train_stream_masks`) and the encoder path
-(:func:`~.encoder.train_encoder_masks`); they differ only in how a batch gives a task loss,
-in the count behind ``ŝ`` and in where the masks sit (the caller applies the hooks). Per step:
-
-    L = task(batch) [+ distill · D(student, teacher)] + λ₁ (ŝ − t) + λ₂ (ŝ − t)²,   ŝ = 1 − size(P(z ≠ 0)) / total
-
-with the levels of :class:`~.schedule.MaskSchedule` active (none in a fine-tuning stage: no
-Lagrangian, no mask step), the weights on AdamW (clipped), the gates' ``log α`` on AdamW and the
-multipliers ascending (:func:`~.sparsity.lagrangian_optimizer`).
-
-Devices and dtypes: the gates' ``log α`` and the multipliers are float32 on the masks' device (the
-caller moves the mask set to the model's device), the loss is float32, and bfloat16/float16 weights
-are trained through float32 master copies (:class:`~slimkit.primitives.finetune.loop.FloatMaster`: AdamW's
-moments and the clipped gradients are float32; the updated weights are written back in their dtype).
-
-Divergence: the loss is checked before every update, and after the last one every tensor the loop
-trains (the model's weights, the gates' ``log α``, the multipliers) must be finite and so must the task
-loss on the last batch (one more forward pass, eval mode); any of them failing raises
-:class:`~slimkit.primitives.errors.SlimkitError` ("mask training diverged at step N: ...").
+Method note: docs/methods/sp3-mask-training.md.
 """
 
 from __future__ import annotations

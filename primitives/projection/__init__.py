@@ -1,20 +1,6 @@
 """Hidden-dimension projection (SP3): streamed PCA, norm folding and conversion, fusing, residual matrices.
 
-* :mod:`.pca`: :class:`GramAccumulator` (streamed Gram matrix), :func:`principal_components`,
-  :func:`pca` (reference on concatenated features), :func:`identity_components` (no-PCA ablation).
-* :mod:`.norms`: :func:`fold_rms_norms`, :func:`layernorm_to_rmsnorm`, :func:`untie_head`, the
-  LayerNorm form (:func:`layernorm_projection`, :func:`projected_layernorm`) and
-  :func:`residual_matrix` (Eq. 18).
-* :mod:`.adapters`: :class:`BasisChange`, a residual matrix attached by hooks.
-* :mod:`.fuse`: :func:`fuse_projection` and its parts (embeddings, layers, boundaries, head).
-* :mod:`.allocation`: widths per group (uniform, explained variance, parameter budget) and the
-  projected parameter count.
-* :mod:`.hidden`: :func:`project_hidden_dimension`, the one-shot layer-by-layer pipeline.
-* :mod:`.slice`: :func:`slice_stream`, keeping given coordinates of each group's stream (fusing
-  trained hidden masks).
-* :mod:`.postnorm`: post-LayerNorm encoders (BERT): :func:`project_post_norm` (one basis per hidden
-  norm, residual matrices on ``input_tensor``) and :func:`slice_post_norm_hidden`.
-* :mod:`.manifest`: save/load records.
+Method note: docs/methods/sp3-projection.md.
 """
 
 from slimkit.primitives.projection.adapters import (

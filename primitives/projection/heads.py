@@ -1,18 +1,6 @@
 """SP3's MHA-intermediate projections on a model (Eqs. 10-12 fused at full width) and slicing heads to their own
 widths (Eq. 15 with the masks).
 
-:func:`project_heads` computes every layer's ``P_Q, P_K, P_V, P_O`` with
-:func:`~slimkit.primitives.projection.attention.attention_projection` and fuses them into the weights at full width:
-an exact re-representation (``P_Qᵀ P_K = I`` and ``P_O P_V = I`` with full-rank features), after which dimension
-``j`` of head ``h`` is its ``j``-th principal score (q/k) or value (v/o) direction. The features are streamed: only
-the Gram matrix ``G = Σ [x, 1][x, 1]ᵀ`` of each attention block's input is kept (the 1 carries the biases), and
-the primitive is given its square root ``R`` (``RᵀR = G``) in place of the tokens: ``W Rᵀ`` has the same left
-singular vectors and singular values as ``W [X, 1]ᵀ``, which is all Eqs. 10-12 read.
-
-:func:`slice_heads` keeps, per head, the chosen q/k dimensions (rows of q and k) and v/o dimensions (rows of v,
-columns of o) and puts a :class:`~slimkit.primitives.arch.head_widths.HeadWidthAttention` in place of the layer's
-self-attention; the result equals the full-width model with the removed dimensions' q and v rows set to zero.
-
 Method note: docs/methods/sp3-attention-drone.md.
 """
 

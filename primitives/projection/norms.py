@@ -1,25 +1,6 @@
 """Norm handling for hidden-dimension projection: folding, untying, LayerNorm -> RMSNorm, LayerNorm form.
 
-* :func:`fold_rms_norms` (SP3 F.1): every pre-RMSNorm's γ is folded into the linears that read
-  its output (``W ← W diag(γ)``) and the norm's weight becomes 1, so the norm commutes with any
-  orthogonal basis: ``RMSNorm(Ux) = U RMSNorm(x)`` (Eq. 32). The final norm's γ goes into the head;
-  a head tied to the embeddings cannot take it (the embedding would change too), so either the
-  head is untied (``tied_head="untie"``: exact, but a second vocabulary x hidden matrix) or the
-  final γ stays in the final norm (``tied_head="shared"`` or ``"joint"``) and the fuser later
-  turns it into a small basis-change matrix after the final norm (see :mod:`.fuse`), keeping the tie.
-* :func:`layernorm_to_rmsnorm` (the conversion SP3 F.1 cites, as SliceGPT does it): every module
-  that writes the residual stream (token and position embeddings, attention output, MLP output,
-  biases included) is centred, ``W ← (I − 11ᵀ/d) W``, so the stream is zero-mean for every token;
-  then ``LayerNorm(x) = γ ⊙ x / rms(x) + β`` exactly (with the same ε), γ and β are folded into the
-  following linears (``b ← b + W β``; a reader without a bias gets one), and each LayerNorm is
-  replaced by ``torch.nn.RMSNorm`` with weight 1. A tied head is untied first: it must read the
-  *uncentred* embedding and take the final norm's γ and β, and no tied form is exact for both
-  (the rank-one term ``mean(E) (Rγ)ᵀ`` survives). Only pre-norm models qualify (OPT-125m-style,
-  ``do_layer_norm_before``, no ``project_in``/``project_out``); BERT's post-norm is part 2.
-* :func:`layernorm_projection` / :func:`projected_layernorm`: the LayerNorm form of SP3 (Eqs. 5–9),
-  ``LN(x) = diag(γ) U norm(Uᵀ R x) + β`` with ``P_in = Uᵀ R`` and ``P_out = diag(γ) U``; ``norm``
-  divides by the RMS over the *original* width d (``||z|| / sqrt(d)``), so slicing ``z`` to k
-  components keeps approximating the full norm. Used by tests and by SP3 part 2 (masks act on z).
+Method note: docs/methods/sp3-projection.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Streamed statistics for reconstruction: Gram matrices, cross terms and input sums.
 
-Notation (used by the whole family): a Linear computes ``y = W x`` with ``W`` of shape
-``d_out x d_in``; the calibration inputs are the columns of ``X`` (``d_in x T``, ``T`` tokens), so
-the layer's outputs are ``Y = W X``. Refits need only
-
-* the Gram matrix ``G = X Xᵀ = Σ_t x_t x_tᵀ`` (``d_in x d_in``; a squared output error
-  ``||A X||² = tr(A G Aᵀ)`` for any ``A``),
-* the input sum ``s = Σ_t x_t`` and the count ``T`` (the mean ``s / T`` for bias compensation),
-* for a target computed from *other* inputs (dense vs compressed model, or dense outputs), the
-  cross term ``C = A Bᵀ = Σ_t a_t b_tᵀ`` of paired batches.
-
-None of these stores the tokens: each batch (any leading dims, features last) is upcast to float64
-and summed into a fixed-size matrix on the activations' device (the model's). The Gram part reuses
-:class:`~slimkit.primitives.projection.pca.GramAccumulator` (uncentred, unnormalised: ``Σ x xᵀ``);
-:class:`GramStatistics` adds the sum beside it. Sums, not means, are kept, so statistics from
-several runs add up; every solver uses relative damping, so the overall scale never matters.
-
-:func:`gram_hooks` attaches a :class:`GramStatistics` to the *input* of each given module (forward
-pre-hooks), the way :func:`~slimkit.primitives.calibration.input_norm_hooks` collects input norms.
-:func:`with_bias_column` augments a Gram matrix with a constant input 1, turning a bias into one
-more refittable column.
+Method note: docs/methods/reconstruct-least-squares.md.
 """
 
 from __future__ import annotations

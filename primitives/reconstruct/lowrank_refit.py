@@ -1,23 +1,6 @@
 """Refit the left factor of a low-rank pair against the dense output.
 
-A Linear ``y = W x`` factorised as ``y ≈ L R x`` (``L: d_out x r``, ``R: r x d_in``; see
-:mod:`slimkit.primitives.lowrank.svd`) keeps ``R`` as the subspace it projects inputs onto. For that
-fixed ``R`` the best ``L`` on calibration data is a least-squares problem in the projected inputs
-``Z = R X``:
-
-    L' = argmin_L ||W X − L R X||_F² + λ||L||_F²  =  W G Rᵀ (R G Rᵀ + λI)⁻¹,     G = X Xᵀ.
-
-Plain SVD (``L = U_r Σ_r``) minimises the weight error ``||W − L R||`` instead, so on the calibration
-Gram ``L'`` is never worse than it (at ``λ = 0``), and when the rows of ``R`` span the row space
-of ``W`` the refit is exact (``W = L' R``).
-
-:func:`refit_left` also takes ``cross = Σ_t x_d,t x_c,tᵀ`` for a target computed from other (dense)
-inputs than the ones the factor will see (``sequential`` runs):
-``L' = W C Rᵀ (R G_c Rᵀ + λI)⁻¹`` with ``gram`` then ``G_c``.
-
-Choices: ``λ = damping · mean(diag(R G Rᵀ))``, default :data:`~.solve.DEFAULT_DAMPING` (tiny: the
-ridge pulls ``L`` towards zero); Cholesky with escalating damping, then ``lstsq``
-(:func:`~.solve.damped_solve`); float64 on the Gram's device; ``L'`` in ``W``'s dtype and device.
+Method note: docs/methods/reconstruct-least-squares.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """Damped symmetric solves shared by every refit: ``X = B (G + λI)⁻¹`` and ``(G + λI)⁻¹``.
 
-Every reconstruction in this family ends in the normal equations of a ridge least-squares problem
-``min_X ||T − X Z||² + λ||X||²`` whose solution is ``X = (T Zᵀ) (Z Zᵀ + λI)⁻¹ = B (G + λI)⁻¹`` with
-``B = T Zᵀ`` (the cross term) and ``G = Z Zᵀ`` (the Gram matrix of the kept inputs, symmetric
-positive semi-definite). :func:`damped_solve` computes that product; :func:`damped_inverse` returns
-``(G + λI)⁻¹`` itself (the OBS inverse Hessian).
-
-Choices recorded here:
-
-* Damping is relative: ``λ = damping · mean(diag(G))``, so the result does not depend on how many
-  tokens were summed into ``G`` (``B`` and ``G`` scale together). When ``diag(G)`` is all zero (no
-  signal) the scale is taken as 1, so a positive damping still makes the system solvable (and the
-  solution is then 0, since ``B`` is 0 too).
-* Solver: Cholesky of ``G + λI`` (``torch.linalg.cholesky_ex``, no exception on failure), then
-  ``cholesky_solve``. If the factorisation fails or the result is not finite, the damping is
-  multiplied by 10 and the solve retried, up to ``retries`` times (from a floor of
-  :data:`FALLBACK_FLOOR` when the requested damping is 0). If all of that fails, the minimum-norm
-  least-squares solution of the system with the *requested* damping is returned
-  (``torch.linalg.lstsq`` with the SVD-based ``gelsd`` driver, run on the CPU because CUDA has no
-  rank-revealing driver). :class:`SolveInfo` reports which damping and method produced the result.
-* Precision: float64 throughout, on ``G``'s device; results are float64 (callers cast back to their
-  weight's dtype). ``G`` is symmetrised (``(G + Gᵀ)/2``) first, as float sums drift.
+Method note: docs/methods/reconstruct-least-squares.md.
 """
 
 from __future__ import annotations

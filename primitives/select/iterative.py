@@ -1,19 +1,6 @@
 """Iterative uniform schedules: every group loses the same fraction of its dense width, step by step.
 
-CCE's Algorithm 1 removes, per iteration, one attention head of every layer, r * d_k MLP kernels with
-r = im / (heads * d_k), and d_k hidden features. For a model with d_m = heads * d_k that is the same
-fraction 1/heads of every width; a schedule here is that rule made general:
-
-* a cumulative fraction phi_t per iteration (``step`` per iteration, the last one shortened so the
-  total lands on the target; or ``iterations`` equal steps), and
-* after iteration t each group keeps ``round_kept(width0 * (1 - phi_t), width0, multiple, minimum)``
-  units of its dense width ``width0`` (:class:`UnitRule`: GQA heads in multiples of the KV groups
-  with at least one per group, hidden features at least one head_dim).
-
-The final fraction is solved on exact parameter counts (:func:`solve_uniform_fraction`), which
-account for groups that cut the same matrix along both dimensions (heads and MLP channels remove
-rows/columns of q, o, gate, up, down whose other dimension hidden features shrink), so the achieved
-ratio is the target up to one rounding step. An unreachable target fails before anything changes.
+Method note: docs/methods/selection.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """A pruning plan: from scored groups and a budget to the kept units of every group.
 
-The budget is a fraction ``r`` of units removed from every group (``uniform``) or from the pool
-of each kind's units across layers (``global``). :func:`solve_fraction` finds the ``r`` whose
-plan removes the wanted number of parameters of the target's part (bisection on exact counts,
-rounding included), so the achieved ratio lands on the target up to one rounding step. A plan is
-validated completely before any weight changes: a group that would lose every unit, or a rounding
-its shape cannot satisfy, fails with the layer and the numbers.
-
-Part names. :func:`solve_fraction` (and :func:`removed_params`) count parameters of one part of
-the model. The part may be named as a recipe target names it (``target.of``: ``model``,
-``layers``, ``mlp``, ``attention``; ``model`` means every parameter) or as
-:func:`~slimkit.primitives.evaluate.counting.params_by_part` counts it (``total``, ``layers``,
-``embeddings``, ``attention``, ``mlp``, ``norms``, ``head``, ``other``). Any other name fails with
-the allowed ones, instead of silently counting nothing.
+Method note: docs/methods/selection.md.
 """
 
 from __future__ import annotations

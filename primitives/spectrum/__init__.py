@@ -1,19 +1,6 @@
 """Spectra of weight matrices and distances between them (PruneNet, "You Only Prune Once", Sengupta et al.; §3.3, §4.2).
 
-Pure tensor functions, no model access:
-
-* :func:`singular_values`: the singular values of a matrix (``torch.linalg.svdvals``), the
-  "spectrum" whose distribution PruneNet preserves. The paper defines the spectrum as the
-  eigenvalues of the Gram matrix (§3.3); those are the squared singular values, and both distances
-  below depend only on the ranks of the pooled values, so they are identical for either choice.
-* :func:`ks_distance`: the two-sample Kolmogorov–Smirnov distance ``sup_x |F_a(x) - F_b(x)|`` of
-  Eq. 6, with empirical CDFs ``F(x) = #{values <= x} / size``, evaluated at every pooled value
-  (ties inside and across samples are counted together, as ``scipy.stats.ks_2samp`` does).
-* :func:`anderson_darling`: the k-sample Anderson–Darling statistic of Scholz & Stephens (1987),
-  for k = 2, the midrank version ``A2akN`` (their Eq. 7) that ``scipy.stats.anderson_ksamp``
-  computes by default; the alternative penalty of the paper's Table 18. By default the raw
-  statistic (>= 0, exactly 0 for identical samples) is returned; ``standardized=True`` returns
-  scipy's reported statistic ``(A2akN - (k - 1)) / sigma_N``, which can be negative.
+Method note: docs/methods/prunenet-policy.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """Physically removing units of a :class:`Group` from a model.
 
-Every member parameter is sliced along its dimension (positions of removed units dropped), each
-distinct parameter once; module attributes that mirror shapes are updated (Linear
-``in_features``/``out_features``, Embedding ``embedding_dim``, LayerNorm ``normalized_shape``);
-attention head attributes are re-synced from the new projection shapes; a head that was tied to the
-embeddings is tied again; and the config's width fields follow when every layer agrees and the
-config class accepts the values (per-layer widths are otherwise recorded at save time).
-
-Validation first. :func:`remove_units` checks the whole keep set before it changes any tensor, so a
-refused keep set leaves the model exactly as it was (same parameters, same state dict). It checks
-that the keep set is a 1-D integer index tensor (a boolean mask is refused, not read as indices
-0/1), non-empty, without duplicates, with every index in ``[0, group.size)``; that a GQA
-``attention_head`` group (``extra["kv_groups"] > 1``) keeps the same number of query heads in every
-KV group (query heads are grouped consecutively per KV head, as ``repeat_kv`` expects); that every
-member's module and parameter exist and its unit positions lie inside the parameter (a group built
-before an earlier surgery of the same layer fails here); and that the new projection shapes give
-whole heads with an integer number of query heads per KV head. Problems raise
-:class:`SurgeryError` (a :class:`SlimkitError`, and a ``ValueError`` for callers that catch those)
-naming the layer, the group kind and the problem.
+Method note: docs/methods/groups.md.
 """
 
 from __future__ import annotations
