@@ -62,9 +62,11 @@ def test_run_compresses_a_model_in_memory_and_saves_it(tmp_path, tiny_llama_dir,
 
 
 @pytest.mark.slow
-def test_the_report_compares_with_the_dense_model_measured_once(tmp_path, tiny_llama_dir):
+def test_the_report_compares_with_the_dense_model_measured_once(tmp_path, tiny_llama_dir, monkeypatch):
     """The dense model's metrics (same settings) sit beside the run's; the second run reads them from the cache and
     compresses exactly as the first; ``compare_dense=False`` leaves them out."""
+    # its own cache: entries are keyed by the weights' content, which other tests' tiny models may share
+    monkeypatch.setenv("SLIMKIT_CACHE_DIR", str(tmp_path / "cache"))
     first = slimkit.run(tiny_recipe(tiny_llama_dir), out=tmp_path / "first")
     dense = first.report.dense
     assert dense is not None and not dense.cached and set(dense.metrics) == {"wikitext2_ppl"}
