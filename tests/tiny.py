@@ -389,3 +389,36 @@ MOE_FAMILIES = {
     "olmoe": tiny_olmoe,
 }
 """Mixture-of-experts factories by model_type (each ``factory(vocab_size=..., layers=..., experts=..., top_k=...)``)."""
+
+
+GLUE_CALIBRATION = {"dataset": "glue", "samples": 4, "seq_len": 32, "batch_size": 2, "examples": 32}
+"""GLUE calibration small enough for the tiny BERT."""
+
+
+def shrink_encoder_recipe(raw: dict, model_dir) -> dict:
+    """A copy of an encoder (GLUE) recipe for the tiny BERT in ``model_dir``: GLUE calibration and a few steps of
+    every training stage (the caller sets ``eval`` and the target's strictness)."""
+    import copy
+
+    raw = copy.deepcopy(raw)
+    raw["model"] = str(model_dir)
+    if "calibration" in raw:
+        raw["calibration"] = dict(GLUE_CALIBRATION)
+    for stage in raw["stages"]:
+        args = stage.get("args") or {}
+        stage["args"] = args
+        if stage["stage"] == "glue_finetune":
+            args.update(max_steps=2, batch_size=8, max_length=32)
+        elif stage["stage"] == "pca_project_post":
+            args.update(tokens=None)
+        elif stage["stage"] == "mask_train_encoder":
+            args.update(
+                finetune_steps=1,
+                dimension_steps=2,
+                joint_steps=2,
+                warmup_steps=1,
+                batch_size=4,
+                max_length=32,
+                check_examples=16,
+            )
+    return raw

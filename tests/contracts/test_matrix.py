@@ -25,10 +25,17 @@ from slimkit.engine.registry import stage_names
 from slimkit.engine.report import RunReport
 from slimkit.recipes.loading import bundled_recipes, load_recipe, validate
 from slimkit.recipes.schema import SequentialSpec
-from tests.tiny import bpe_tokenizer, byte_tokenizer, model_output, tiny_bert, tiny_llama
+from tests.tiny import (
+    GLUE_CALIBRATION,
+    bpe_tokenizer,
+    byte_tokenizer,
+    model_output,
+    shrink_encoder_recipe,
+    tiny_bert,
+    tiny_llama,
+)
 
 CALIBRATION = {"dataset": "c4", "samples": 4, "seq_len": 32, "batch_size": 2}
-GLUE_CALIBRATION = {"dataset": "glue", "samples": 4, "seq_len": 32, "batch_size": 2, "examples": 32}
 TRAINING = {"batch_size": 2, "seq_len": 16}
 
 
@@ -183,29 +190,9 @@ def test_stage(stage, llama_dir, bert_dir, moe_dir, tmp_path):
 
 
 def shrink_encoder(raw: dict[str, Any], model_dir: Path) -> dict[str, Any]:
-    """An encoder (GLUE) recipe on the tiny BERT: GLUE calibration and a few steps of every training stage."""
-    raw = copy.deepcopy(raw)
-    raw["model"] = str(model_dir)
+    """An encoder (GLUE) recipe on the tiny BERT, target not strict, no evaluation."""
+    raw = shrink_encoder_recipe(raw, model_dir)
     raw["target"] = {**raw["target"], "strict": False}
-    if "calibration" in raw:
-        raw["calibration"] = dict(GLUE_CALIBRATION)
-    for stage in raw["stages"]:
-        args = stage.setdefault("args", {}) or {}
-        stage["args"] = args
-        if stage["stage"] == "glue_finetune":
-            args.update(max_steps=2, batch_size=8, max_length=32)
-        elif stage["stage"] == "pca_project_post":
-            args.update(tokens=None)
-        elif stage["stage"] == "mask_train_encoder":
-            args.update(
-                finetune_steps=1,
-                dimension_steps=2,
-                joint_steps=2,
-                warmup_steps=1,
-                batch_size=4,
-                max_length=32,
-                check_examples=16,
-            )
     raw["eval"] = {"perplexity": None}
     return raw
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
 from slimkit.primitives.masks.sparsity import expected_size
 from slimkit.primitives.projection import project_post_norm
 from slimkit.recipes.loading import validate
-from tests.tiny import tiny_bert
+from tests.tiny import shrink_encoder_recipe, tiny_bert
 
 D, LAYERS, HEADS, INTER, VOCAB = 32, 3, 4, 48, 100
 RECIPES = Path(__file__).resolve().parents[3] / "recipes"
@@ -227,26 +226,7 @@ def tiny_bert_dir(tmp_path, tokenizer):
 
 
 def _shrink(raw: dict, model_dir: Path) -> dict:
-    raw = copy.deepcopy(raw)
-    raw["model"] = str(model_dir)
-    if "calibration" in raw:
-        raw["calibration"] = {"dataset": "glue", "samples": 4, "seq_len": 32, "batch_size": 2, "examples": 32}
-    for stage in raw["stages"]:
-        args = stage.setdefault("args", {})
-        if stage["stage"] == "glue_finetune":
-            args.update(max_steps=2, batch_size=8, max_length=32)
-        elif stage["stage"] == "pca_project_post":
-            args.update(tokens=None)
-        elif stage["stage"] == "mask_train_encoder":
-            args.update(
-                finetune_steps=1,
-                dimension_steps=2,
-                joint_steps=2,
-                warmup_steps=1,
-                batch_size=4,
-                max_length=32,
-                check_examples=16,
-            )
+    raw = shrink_encoder_recipe(raw, model_dir)
     raw["eval"] = {"glue": {"limit": 16, "batch_size": 8, "max_length": 32}}
     return raw
 
