@@ -16,7 +16,7 @@ from slimkit.engine.progress import Tracker
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, swap_in
 from slimkit.primitives.files.guard import check_output_location
-from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.files.lock import claim_output
 from slimkit.primitives.files.marker import check_only_listed, read_marker, write_marker
 from slimkit.primitives.files.removal import discard, remove_owned
 from slimkit.primitives.files.writable import check_writable
@@ -115,14 +115,7 @@ def claimed_output(
 ) -> Iterator[list[str]]:
     """Hold ``out``'s lock for the whole run (released however it ends); then clean what killed runs left
     beside ``out`` and check ``out`` again, now that no other run writes it. Yields the clean-up notes."""
-    try:
-        lock = acquire_lock(out)
-    except LockHeld as held:
-        raise SlimkitError(
-            f"--out {out} is being written by another slimkit run (pid {held.pid or 'unknown'})"
-        ) from None
-    except OSError as error:
-        raise SlimkitError(f"--out {out}: cannot create the lock file beside it ({error.strerror})") from None
+    lock = claim_output(out, "run")
     try:
         notes = remove_leftovers(out, marker=RUN_MARKER)
         for note in notes:

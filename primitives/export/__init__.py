@@ -26,7 +26,7 @@ from slimkit.primitives.export.hf_folder import (
 )
 from slimkit.primitives.files.atomic import remove_leftovers
 from slimkit.primitives.files.guard import check_output_location, terminate_as_interrupt, write_failure
-from slimkit.primitives.files.lock import LockHeld, acquire_lock
+from slimkit.primitives.files.lock import claim_output
 from slimkit.primitives.files.writable import check_writable
 from slimkit.primitives.io.finite import check_finite_weights
 from slimkit.primitives.io.model_sources import load_source, resolve_source
@@ -120,14 +120,7 @@ def export(
         model = path_text(model, "model")
     inputs = [] if isinstance(model, nn.Module) else [resolve_source(model)[0]]
     target = check_export_target(format, out, force, inputs)
-    try:
-        lock = acquire_lock(target)
-    except LockHeld as held:
-        raise SlimkitError(
-            f"--out {target} is being written by another slimkit export (pid {held.pid or 'unknown'})"
-        ) from None
-    except OSError as error:
-        raise SlimkitError(f"--out {target}: cannot create the lock file beside it ({error.strerror})") from None
+    lock = claim_output(target, "export")
     try:
         with terminate_as_interrupt():
             return _export_claimed(model, target, format, type, tokenizer, force, verify, inputs)

@@ -119,3 +119,16 @@ def acquire_lock(target: Path) -> SiblingLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return SiblingLock(path, fd)
+
+
+def claim_output(target: Path, writer: str) -> SiblingLock:
+    """:func:`acquire_lock` for a command's ``--out``: a lock another ``writer`` (``run``, ``export``) holds, or a
+    lock file that cannot be created, is one :class:`SlimkitError` line naming ``--out``."""
+    try:
+        return acquire_lock(target)
+    except LockHeld as held:
+        raise SlimkitError(
+            f"--out {target} is being written by another slimkit {writer} (pid {held.pid or 'unknown'})"
+        ) from None
+    except OSError as error:
+        raise SlimkitError(f"--out {target}: cannot create the lock file beside it ({error.strerror})") from None
