@@ -111,6 +111,29 @@ def gguf_perplexity(path: str | os.PathLike, ids: list[int], threads: int | None
     return nll_perplexity(gguf_logits(path, ids, threads), ids)
 
 
+def gguf_perplexity_of_windows(
+    path: str | os.PathLike, windows: torch.Tensor, threads: int | None = None, f32_cache: bool = False
+) -> float:
+    """Perplexity of ``windows`` (``[count, seq_len]`` token ids) in llama.cpp, scored as
+    :func:`slimkit.primitives.evaluate.perplexity.perplexity_of_windows` scores them in PyTorch: each window from an
+    empty cache, its ``seq_len - 1`` next tokens, NLL summed over all windows then averaged."""
+    if windows.dim() != 2 or windows.shape[1] < 2:
+        raise SlimkitError(f"windows must be [count, seq_len >= 2] token ids, got shape {tuple(windows.shape)}")
+    seq_len = int(windows.shape[1])
+    model = load_gguf(path, n_ctx=seq_len, threads=threads, logits_all=True, f32_cache=f32_cache)
+    nll = 0.0
+    try:
+        for window in windows.tolist():
+            model.reset()
+            model.eval(window)
+            logits = torch.from_numpy(np.array(model.scores[: seq_len - 1], dtype=np.float32)).double()
+            targets = torch.tensor(window[1:])
+            nll -= float(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).sum())
+    finally:
+        model.close()
+    return math.exp(nll / (windows.shape[0] * (seq_len - 1)))
+
+
 def gguf_throughput(
     model: Any, prompt_len: int = 128, new_tokens: int = 32, threads: int | None = None, repeats: int = 3
 ) -> dict[str, float]:

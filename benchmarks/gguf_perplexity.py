@@ -1,0 +1,80 @@
+"""Perplexity of a model in PyTorch and of its GGUF export in llama.cpp, on the same evaluation windows.
+
+    python -m benchmarks.gguf_perplexity SOURCE [--dataset wikitext2] [--max-tokens 16384] [--seq-len 512]
+        [--type f32] [--f32-cache] [--out DIR] [--json FILE]
+
+``SOURCE`` is anything ``slimkit.load`` reads (a named source, a run's output folder). The windows are the ones
+``slimkit eval`` scores (the corpus tokenised once, consecutive windows, each started with the tokenizer's BOS where
+it adds one); PyTorch scores them in float32, the model is exported to GGUF (``--type``) and llama.cpp scores every
+window from an empty cache. Prints both perplexities and their relative difference. CPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import slimkit
+from slimkit.primitives.datasets import textdata
+from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
+from slimkit.primitives.evaluate.llamacpp import gguf_perplexity_of_windows
+from slimkit.primitives.evaluate.perplexity import bos_prefix, corpus_ids, perplexity_of_windows, windows_of
+from slimkit.primitives.export import export
+
+
+def measure(model: torch.nn.Module, tokenizer, args: argparse.Namespace, folder: Path) -> dict:
+    ids = corpus_ids(tokenizer, textdata.text(args.dataset), args.max_tokens)
+    windows = windows_of(ids, args.seq_len, args.max_tokens, bos_prefix(tokenizer))
+    start = time.perf_counter()
+    torch_ppl = perplexity_of_windows(model, windows)
+    torch_s = time.perf_counter() - start
+    path = folder / f"model-{args.type}.gguf"
+    result = export(model, path, "gguf", args.type, tokenizer=tokenizer, force=True)
+    start = time.perf_counter()
+    llamacpp_ppl = gguf_perplexity_of_windows(path, windows, threads=args.threads, f32_cache=args.f32_cache)
+    return {
+        "dataset": args.dataset,
+        "windows": int(windows.shape[0]),
+        "seq_len": args.seq_len,
+        "tokens": int(windows.numel()),
+        "gguf": {"architecture": result.architecture, "type": args.type, "bytes": path.stat().st_size},
+        "warnings": result.warnings,
+        "kv_cache": "f32" if args.f32_cache else "f16",
+        "torch_perplexity": torch_ppl,
+        "llamacpp_perplexity": llamacpp_ppl,
+        "relative_difference": llamacpp_ppl / torch_ppl - 1,
+        "seconds": {"torch": round(torch_s, 1), "llamacpp": round(time.perf_counter() - start, 1)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("source")
+    parser.add_argument("--dataset", default="wikitext2")
+    parser.add_argument("--max-tokens", type=int, default=PERPLEXITY_MAX_TOKENS)
+    parser.add_argument("--seq-len", type=int, default=PERPLEXITY_SEQ_LEN)
+    parser.add_argument("--type", default="f32", help="GGUF type (f32, f16, bf16, q8_0)")
+    parser.add_argument("--f32-cache", action="store_true", help="llama.cpp keeps keys and values in float32")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", default=None, help="folder for the GGUF file (default: a temporary one)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the row here")
+    args = parser.parse_args(argv)
+    model, tokenizer, _info = slimkit.load_source(args.source, device="cpu", dtype="float32")
+    with tempfile.TemporaryDirectory(prefix="slimkit-gguf-ppl-") as tmp:
+        folder = Path(args.out) if args.out else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        row = {"source": args.source} | measure(model, tokenizer, args, folder)
+    text = json.dumps(row, indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
