@@ -189,7 +189,7 @@ def test_granite_refuses_the_projection_its_residual_multiplier_breaks():
 # -- (b) refusals -------------------------------------------------------------------------------------------
 def test_supported_lists_every_decoder_spec():
     moe = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}  # tests/primitives/arch/test_moe.py covers them
-    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | {"opt"} | moe
+    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | moe
     assert SUPPORTED["encoder"] == ("bert",)
     for family in ALL:
         check_supported(_model(family).config, "causal-lm")
