@@ -160,10 +160,24 @@ def solve_on_target(
     try:
         return solve_target(ctx.model, groups, scores, rules, target.part, wanted, round(target.tolerance * dense))
     except TargetOutOfReach as miss:
-        if not target.strict:
-            return solve_fraction(ctx.model, groups, scores, rules, target.part, wanted)
-        nearest = nearest_ratios(target, dense, wanted, miss)
-        raise SlimkitError(out_of_reach(name, args, target, nearest)) from None
+        if target.strict:
+            raise SlimkitError(out_of_reach(name, args, target, nearest_ratios(target, dense, wanted, miss))) from None
+    except SlimkitError as error:  # more than the groups hold
+        raise SlimkitError(f"{name}: {error}{_added_before(ctx, dense)}") from None
+    try:
+        return solve_fraction(ctx.model, groups, scores, rules, target.part, wanted)
+    except SlimkitError as error:
+        raise SlimkitError(f"{name}: {error}{_added_before(ctx, dense)}") from None
+
+
+def _added_before(ctx: Context, dense: int) -> str:
+    """What the stages before this one added to the target's part (a projection's maps, an untied head), as the
+    tail of a refusal; empty when they added nothing."""
+    part = ctx.recipe.target.part
+    start = ctx.block_start.get(part, dense)
+    if start <= dense:
+        return ""
+    return f"; the stages before it added {start - dense:,} parameters of {part} to the dense model's {dense:,}"
 
 
 def fraction_before_scores(ctx: Context, name: str, args: PruneArgs, groups: list[Group]) -> Fraction | None:

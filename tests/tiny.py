@@ -207,9 +207,6 @@ NEW_FAMILIES = {
 }
 """The decoder families beyond Llama's (each ``factory(vocab_size=..., layers=...)``)."""
 
-DECODERS = {**FAMILIES, **NEW_FAMILIES}
-"""Every decoder family with its own tiny factory (OPT aside), for the architecture x recipe matrix."""
-
 
 def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
     config = OPTConfig(
@@ -223,6 +220,10 @@ def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
         pad_token_id=0,
     )
     return _randomise_norms(OPTForCausalLM(config))
+
+
+DECODERS = {**FAMILIES, **NEW_FAMILIES, "opt": tiny_opt}
+"""Every dense decoder family with its own tiny factory, for the architecture x recipe matrix."""
 
 
 def tiny_bert(vocab_size: int = 300, layers: int = 2) -> BertModel:

@@ -81,6 +81,11 @@ class ArchSpec:
     """Config scalars the forward multiplies into the stream, attention or logits (Granite's multipliers, Gemma 2's
     soft-capping): constants width changes keep, listed in the support table (a stage they matter to refuses through
     another field, e.g. ``branch_scale_key``)."""
+    head_dim_from_hidden: bool = False
+    """The attention's constructor derives its head width as ``hidden_size // num_attention_heads`` (and its
+    ``scaling`` from that width) and refuses a head count that does not divide the hidden size (OPT, BERT: their
+    configs hold no ``head_dim``), so a config holding pruned head counts does not rebuild the model
+    (:mod:`slimkit.primitives.arch.derived_head_dim`)."""
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
@@ -163,6 +168,7 @@ _OPT = ArchSpec(
     head_dim_attr="head_dim",
     intermediate_size_key="ffn_dim",
     extra_embeddings=("decoder.embed_positions",),
+    head_dim_from_hidden=True,
 )
 
 _BERT = ArchSpec(
@@ -189,6 +195,7 @@ _BERT = ArchSpec(
     intermediate_size_key="intermediate_size",
     extra_embeddings=("embeddings.position_embeddings", "embeddings.token_type_embeddings"),
     extra_norms=("embeddings.LayerNorm",),
+    head_dim_from_hidden=True,
     encoder=True,
 )
 

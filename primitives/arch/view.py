@@ -208,6 +208,20 @@ class LayerView:
             if hasattr(attn, attr):
                 setattr(attn, attr, rule(h, kv, d))
 
+    def set_head_dim(self, head_dim: int) -> None:
+        """Give the attention module the head width ``head_dim`` and the scale its constructor derives from it
+        (``scaling = head_dim ** -0.5``), for an architecture whose constructor derives both from the config
+        (``ArchSpec.head_dim_from_hidden``); the head counts then follow from the shapes (:meth:`sync_head_counts`).
+        A removed attention or a :class:`HeadWidthAttention` (it keeps its own widths) is left as it is."""
+        if not self.spec.head_dim_from_hidden:
+            raise SlimkitError(f"{self.spec.model_type} attentions take their head width from the config, not here")
+        if self.attention_removed or isinstance(self.attention, HeadWidthAttention):
+            return
+        attn = self.attention
+        setattr(attn, self.spec.head_dim_attr, head_dim)
+        if hasattr(attn, "scaling"):
+            attn.scaling = head_dim**-0.5
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
 

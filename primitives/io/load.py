@@ -16,9 +16,11 @@ import transformers
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.derived_head_dim import build_values, saved_head_dims, set_saved_head_dims
 from slimkit.primitives.arch.head_widths import KIND as HEAD_WIDTHS_KIND
 from slimkit.primitives.arch.head_widths import materialise_head_widths
 from slimkit.primitives.arch.moe import materialise_experts
+from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
@@ -240,9 +242,14 @@ def _check_module_shapes(
                 )
 
 
-def _check_per_layer(folder: ModelFolder, per_layer: Any, num_layers: int) -> dict[str, dict[str, int]]:
+def _per_layer_objects(folder: ModelFolder, per_layer: Any) -> dict[str, dict[str, Any]]:
     if not isinstance(per_layer, dict) or not all(isinstance(v, dict) for v in per_layer.values()):
         raise SlimkitError(f"{folder.config_path}: per_layer_config must map layer indices to objects of widths")
+    return per_layer
+
+
+def _check_per_layer(folder: ModelFolder, per_layer: Any, num_layers: int) -> dict[str, dict[str, int]]:
+    per_layer = _per_layer_objects(folder, per_layer)
     bad = [k for k in per_layer if not (str(k).isdigit() and int(k) < num_layers)]
     if bad:
         raise SlimkitError(
@@ -410,9 +417,20 @@ def load(
 
     model_type = config_dict.pop("model_type")
     config_dict.pop("transformers_version", None)
-    # Built from the global (HF-valid) widths; the saved per-layer widths are materialised below.
-    config = _from_config_file(folder, lambda: transformers.AutoConfig.for_model(model_type, **config_dict))
+    # Built from the global widths (a head count the attention's constructor accepts where it derives the head width
+    # from the config); the saved per-layer widths are materialised below.
+    spec = ARCH_SPECS.get(model_type)
+    head_dims: dict[int, int] = {}
+    build: dict[str, int] = {}
+    if per_layer is not None and spec is not None and spec.head_dim_from_hidden:
+        head_dims = saved_head_dims(spec, _per_layer_objects(folder, per_layer), str(folder.config_path))
+        build = build_values(spec, config_dict, head_dims)
+    config = _from_config_file(
+        folder, lambda: transformers.AutoConfig.for_model(model_type, **{**config_dict, **build})
+    )
     model = _from_config_file(folder, lambda: _instantiate(_model_class(config, task), config, dtype=placement.dtype))
+    for key in build:  # the config says what was saved; the modules get the saved widths below
+        setattr(model.config, key, config_dict[key])
     saved = folder.shapes
     _check_module_entries(folder, model, modules)
     materialise_lowrank(model, modules)
@@ -424,6 +442,7 @@ def load(
     else:
         per_layer = _check_per_layer(folder, per_layer, ModelView(model).num_layers)
         restore_removed_blocks(model, per_layer)  # zero heads / zero MLP width: the block was removed
+        set_saved_head_dims(model, head_dims)
     try:
         materialise_head_widths(model, ModelView(model).spec, modules, saved)
     except SlimkitError as error:

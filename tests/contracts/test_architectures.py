@@ -189,7 +189,7 @@ def test_granite_refuses_the_projection_its_residual_multiplier_breaks():
 # -- (b) refusals -------------------------------------------------------------------------------------------
 def test_supported_lists_every_decoder_spec():
     moe = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}  # tests/primitives/arch/test_moe.py covers them
-    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | {"opt"} | moe
+    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | moe
     assert SUPPORTED["encoder"] == ("bert",)
     for family in ALL:
         check_supported(_model(family).config, "causal-lm")
@@ -258,6 +258,11 @@ FAST = {"wanda-channels"}
 """The recipe every architecture runs in the fast tier (the rest of the matrix is slow)."""
 BLOCK_RECIPES = {"blockpruner"}
 """Recipes removing whole blocks: on 4 tiny layers a block is ~6% of the model, so they land at or under target."""
+OUT_OF_REACH = {("opt", "llm-pruner+sp3")}
+"""Rows refused for their budget, not their architecture: the projection turns OPT's LayerNorms into RMSNorms by
+centring what writes the stream, embeddings included, so OPT's tied head is untied (a vocabulary x hidden matrix
+added), and the two prunable layers of the tiny model cannot remove 20% of the dense model and that head. The
+refusal is ``prune``'s one line naming what the stages before it added; the row fails if it starts to land."""
 GRANULARITY = 0.04
 """How far a run may land from its ratio on the tiny models (whole heads and aligned channel counts of 64-wide
 MLPs: llama itself lands up to 0.034 off on some recipes there)."""
@@ -283,6 +288,11 @@ def _matrix_params():
 @pytest.mark.parametrize(("family", "recipe"), list(_matrix_params()))
 def test_every_recipe_on_every_architecture(family, recipe, tmp_path):
     folder = _tiny_folder(family, tmp_path)
+    if (family, recipe) in OUT_OF_REACH:
+        with pytest.raises(SlimkitError, match=r"^prune: the target needs [\d,]+ parameters of total removed") as no:
+            _run(recipe, family, folder)
+        assert "\n" not in str(no.value) and "; the stages before it added " in str(no.value)
+        return
     try:
         result = _run(recipe, family, folder)
     except SlimkitError as error:

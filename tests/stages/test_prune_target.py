@@ -71,3 +71,18 @@ def test_a_non_strict_target_keeps_the_nearest_shared_plan():
     prune(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
     assert ctx.stage_report["prune"]["fraction_mode"] == "shared"
     assert not ctx.recipe.target.met(1 - params_by_part(ctx.model)["total"] / ctx.params_before["total"])
+
+
+def test_a_refusal_names_what_the_stages_before_added():
+    """An untied head (what the projection does to a LayerNorm model's tied embedding) adds 300 x 48 = 14,400
+    parameters the target then also has to remove; a target beyond what the heads hold names them."""
+    from slimkit.primitives.projection import untie_head
+
+    ctx = _context(0.5)
+    assert untie_head(ctx.model)
+    ctx.start_block()
+    with pytest.raises(SlimkitError) as refused:
+        prune(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("prune: the target needs 44,808 parameters of total removed")
+    assert message.endswith("; the stages before it added 14,400 parameters of total to the dense model's 60,816")
