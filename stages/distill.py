@@ -118,8 +118,8 @@ class DistillArgs(LoraArgs):
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
         """LoRA's training memory (with ``adapter: none``: every weight's float32 training state instead of the
-        adapters, per device: divided among the launched processes under ``sharding: fsdp``, with the two units a
-        sharded model gathers at once) and the dense teacher's weights."""
+        adapters, per device: divided among the launched processes under ``sharding: fsdp``, with what a sharded
+        model holds gathered) and the dense teacher's weights."""
         memory = super().memory(stage, inputs)
         if self.adapter == "none":
             del memory.parts["adapters"]
@@ -127,6 +127,7 @@ class DistillArgs(LoraArgs):
             memory.parts["student training"] = full_training_bytes(inputs.shape.total_params(), world)
             if self.sharding == "fsdp":
                 memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape)
+            memory.advice = f"{memory.advice}, or shard the student over more processes (sharding: fsdp)"
         # counted even for a cached top_k teacher, which a cache miss loads
         memory.parts["teacher"] = weights_bytes(inputs.shape, inputs.dtype_bytes)
         tokens = (self.micro_batch_size or self.batch_size) * self.seq_len

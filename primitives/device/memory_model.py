@@ -99,11 +99,12 @@ def full_training_bytes(params: int, world: int = 1) -> int:
 
 
 def gathered_unit_bytes(shape: ModelShape) -> int:
-    """What a sharded model gathers beside its shards at once: two units (the one computing and the one prefetched),
-    each the larger of a decoder layer and the embeddings with the head, as float32 weights and gradients."""
+    """What a sharded model holds gathered beside its shards, as float32 weights and gradients: the root unit (the
+    embeddings, an untied head, the final norm: FSDP keeps the root gathered from its forward through its backward)
+    and two decoder layers (the one computing and the one prefetched)."""
     head = 1 if shape.tied else 2
-    unit = max(shape.layer_params(), head * shape.embedding_params())
-    return 2 * unit * 2 * FLOAT32
+    root = head * shape.embedding_params() + shape.hidden
+    return (root + 2 * shape.layer_params()) * 2 * FLOAT32
 
 
 def gradient_sum_bytes(params: int, squares: bool) -> int:

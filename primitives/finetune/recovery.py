@@ -1,5 +1,6 @@
 """The recovery loop budgeted in tokens: packed streamed batches, a held-out validation loss, checkpoints to resume
-from, data parallelism across processes, and a divergence that stops the run with the last good weights kept.
+from, data parallelism across processes (the trained tensors replicated, or the model sharded over them), and a
+divergence that stops the run with the last good weights kept.
 
 Method note: docs/methods/recovery-loop.md.
 """

@@ -78,13 +78,13 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else tensor
 
 
-def _options(**kwargs: bool):
+def _options(cpu_offload: bool = False):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, **kwargs)
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
-def gathered_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+def gathered_weights(model: nn.Module) -> dict[str, Any]:
     """The full weights by name on the main process's CPU (``{}`` on the others); every process must call it."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -100,7 +100,7 @@ def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
 
 
 def load_gathered(
-    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor], state: dict[str, Any]
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any], state: dict[str, Any]
 ) -> None:
     """Each process takes its shards of full ``weights`` and optimizer ``state`` (as :func:`gathered_weights` and
     :func:`gathered_optimizer` made them; read memory-mapped, so the processes of a machine share the pages)."""

@@ -82,7 +82,8 @@ def test_the_memory_plan_divides_the_training_state_among_fsdp_processes(monkeyp
     assert "adapters" not in replicated
     assert replicated["student training"] == 348 * 5 * 4 == 6960  # float32 weight, gradient, 2 moments, last good
     assert sharded["student training"] == 174 * 5 * 4 == 3480  # half of each on each of the 2 processes
-    assert sharded["gathered units"] == 2 * 152 * 2 * 4  # two layers' float32 weights and gradients (152 > 40)
+    # the root (embeddings 40, final norm 4) and two layers, as float32 weights and gradients
+    assert sharded["gathered units"] == (40 + 4 + 2 * 152) * 2 * 4 == 2784
     assert sharded["teacher"] == replicated["teacher"] == 348 * 4  # the teacher is replicated
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert DistillArgs(**args, sharding="fsdp").memory("distill", inputs).parts["student training"] == 116 * 20
