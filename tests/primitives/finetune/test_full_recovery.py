@@ -2,10 +2,12 @@
 every weight trains and comes back in the model's dtype; two CPU processes (gloo) replicating the student, or
 sharding it with FSDP, end with the weights of one process training the same global batches from the same seed
 (float32 round-off of summing gradients in another order: 1e-4 relative / 1e-5 absolute on every weight, losses to
-1e-5); under FSDP a run killed after step 3 resumes from its step-2 checkpoint to the uninterrupted weights bit for
-bit."""
+1e-5); a run killed after step 3 resumes from its step-2 checkpoint to the uninterrupted weights bit for bit, in one
+process and under FSDP."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch.multiprocessing as mp
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.sharding import shard_model
-from tests.primitives.finetune.full_recovery_worker import WIDTHS, student, train, worker
+from tests.primitives.finetune.full_recovery_worker import CONFIG, WIDTHS, student, train, worker
 from tests.tiny import tiny_llama
 
 
@@ -52,6 +54,16 @@ def test_a_bfloat16_student_trains_in_float32_and_comes_back_bfloat16(monkeypatc
     state, report = train()
     assert all(v.dtype == torch.bfloat16 for v in state.values() if v.is_floating_point())
     assert report["config"]["autocast"] is True and report["stopped"] is None
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    every_two = replace(CONFIG, checkpoint_every=2)
+    whole, whole_report = train(config=every_two)
+    with pytest.raises(KeyboardInterrupt):
+        train(config=every_two, checkpoint=tmp_path / "ckpt", stop_at=3)
+    resumed, report = train(config=every_two, checkpoint=tmp_path / "ckpt")
+    assert report["resumed_from_step"] == 2 and report["losses"] == whole_report["losses"]
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in whole.items())
 
 
 def test_sharding_refuses_a_single_process():
