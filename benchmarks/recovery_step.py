@@ -1,6 +1,7 @@
-"""Recovery steps at a model's shape: LoRA distillation of a random-weight student from a random-weight teacher of
+"""Recovery steps at a model's shape: distillation (LoRA, or every weight with ``--adapter none``, sharded over the
+processes of ``torchrun`` with ``--sharding fsdp``) of a random-weight student from a random-weight teacher of
 Llama-3.1-8B's shape (or a tiny one on CPU) through the token-budgeted loop; measured peak memory and tokens/s beside
-the memory plan's estimate for the same settings.
+the memory plan's estimate for the same settings (and for ``--plan-processes`` other process counts).
 
 Method note: docs/methods/recovery-loop.md.
 """
@@ -63,14 +64,20 @@ def build(shape: dict, mlp: float, device: str, dtype: torch.dtype, seed: int):
     return teacher, student
 
 
-def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype) -> dict[str, float]:
-    """The memory plan's parts (GiB) of this distillation on the teacher's shape."""
+def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype, processes: int) -> dict[str, float]:
+    """The memory plan's parts (GiB) per device of this distillation on the teacher's shape, for ``processes``
+    launched processes (the student's training state divided among them under ``--sharding fsdp``)."""
     from transformers import LlamaConfig
 
     from slimkit.engine.memory_check import recipe_memory_plan
+    from slimkit.primitives.device.memory_model import ModelShape, full_training_bytes
     from slimkit.recipes.schema import Recipe
 
-    distill = {"tokens": 1, "batch_size": args.batch_size, "seq_len": args.seq_len, "rank": args.rank}
+    distill: dict = {"tokens": 1, "batch_size": args.batch_size, "seq_len": args.seq_len}
+    if args.adapter == "lora":
+        distill["rank"] = args.rank
+    else:
+        distill.update(adapter="none", sharding="none")
     if args.micro_batch_size:
         distill["micro_batch_size"] = args.micro_batch_size
     recipe = Recipe(
@@ -80,8 +87,15 @@ def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype) -> 
         stages=[{"stage": "distill", "args": distill}],
         eval={"perplexity": None},
     )
-    plan = recipe_memory_plan(recipe, LlamaConfig(**shape), dtype)
+    config = LlamaConfig(**shape)
+    plan = recipe_memory_plan(recipe, config, dtype)
     parts = {"weights": plan.weights, **plan.stages[0].parts}
+    if args.sharding == "fsdp":  # the plan of a run launched with that many processes (distill's memory() reads it)
+        from slimkit.primitives.device.memory_model import gathered_unit_bytes
+
+        model_shape = ModelShape.from_config(config)
+        parts["student training"] = full_training_bytes(model_shape.total_params(), processes)
+        parts["gathered units"] = gathered_unit_bytes(model_shape)
     return {name: value / 2**30 for name, value in parts.items()} | {"total": sum(parts.values()) / 2**30}
 
 
@@ -95,16 +109,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--adapter", choices=["lora", "none"], default="lora", help="none: every weight trains")
+    parser.add_argument("--sharding", choices=["none", "fsdp"], default="none", help="fsdp: under torchrun, N > 1")
+    parser.add_argument("--plan-processes", default="", help="also the plan for these process counts, e.g. 8,16")
     parser.add_argument("--steps", type=int, default=3, help="steps run (the first is not timed)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
 
+    from slimkit.engine.processes import join_processes
+    from slimkit.primitives.arch.view import ModelView
     from slimkit.primitives.finetune import LoraConfig
+    from slimkit.primitives.finetune.full_recovery import recover_all_weights
     from slimkit.primitives.finetune.lora import LLAMA_TARGETS
     from slimkit.primitives.finetune.recovery import DistillationObjective, RecoveryConfig
     from slimkit.primitives.finetune.token_recovery import recover_in_tokens
     from slimkit.primitives.finetune.token_stream import TextSource
 
+    if args.sharding == "fsdp" and args.adapter != "none":
+        parser.error("--sharding fsdp trains every weight: give --adapter none")
+    processes = join_processes()  # torchrun's processes (one outside a launcher)
+    if processes.world > 1 and args.device.startswith("cuda"):
+        args.device = f"cuda:{torch.cuda.current_device()}"
     dtype = getattr(torch, args.dtype)
     shape = SHAPES[args.shape]
     teacher, student = build(shape, args.student_mlp, args.device, dtype, 0)
@@ -134,9 +159,14 @@ def main(argv: list[str] | None = None) -> int:
 
     objective = DistillationObjective(teacher)
     source = TextSource("c4", seed=0)
-    _model, report = recover_in_tokens(
-        student, CodeTokenizer(shape["vocab_size"]), lora, config, source, objective, None, progress, "distill"
-    )
+    tokenizer = CodeTokenizer(shape["vocab_size"])
+    if args.adapter == "none":
+        units = ModelView(student).layer_list if args.sharding == "fsdp" else None
+        _model, report = recover_all_weights(student, tokenizer, config, source, objective, None, progress, units)
+    else:
+        _model, report = recover_in_tokens(
+            student, tokenizer, lora, config, source, objective, None, progress, "distill"
+        )
     timed = times[1:] or times
     result = {
         "shape": args.shape,
@@ -146,14 +176,22 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "micro_batch_size": args.micro_batch_size,
         "seq_len": args.seq_len,
-        "lora_rank": args.rank,
+        "adapter": args.adapter,
+        "lora_rank": args.rank if args.adapter == "lora" else None,
+        "sharding": args.sharding,
+        "processes": processes.world,
         "steps": report["steps"],
-        "tokens_per_second": step_tokens * len(timed) / sum(timed),
+        "tokens_per_second": step_tokens * len(timed) / sum(timed),  # global batch tokens: all processes
         "step_seconds": timed,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "planned_gib": planned_bytes(shape, args, dtype),
+        "planned_gib": planned_bytes(shape, args, dtype, processes.world),
+        "planned_gib_for": {
+            n: planned_bytes(shape, args, dtype, int(n)) for n in filter(None, args.plan_processes.split(","))
+        },
         "losses": report["losses"],
     }
+    if not processes.main:
+        return 0
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:

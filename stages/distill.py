@@ -1,10 +1,11 @@
-"""``distill`` (model scope): LoRA recovery trained against the dense teacher's logits (KL), merged into the weights.
+"""``distill`` (model scope): recovery trained against the dense teacher's logits (KL): LoRA adapters merged into the
+weights, or (``adapter: none``) every weight, replicated or sharded over the launched processes (``sharding: fsdp``).
 
 The ``lora`` stage with its loss replaced: the same arguments and budget, so a ``distill`` row and a ``lora`` row
 compare at equal steps and tokens. The teacher (``teacher: dense``) is the recipe's model, reloaded from its source
-onto the student's device for the stage: two models in memory at once. A teacher that cannot be loaded is one error
-line. With ``tokens``, it trains through the token-budgeted loop (validation, checkpoints, resume). It removes no
-parameters (budget ``none``) and trains (refused with float16 weights).
+onto the student's device for the stage (replicated on every process): two models in memory at once. A teacher that
+cannot be loaded is one error line. With ``tokens``, it trains through the token-budgeted loop (validation,
+checkpoints, resume). It removes no parameters (budget ``none``) and trains (refused with float16 weights).
 
 Method note: docs/methods/finetune-lora-distill.md.
 """
@@ -17,10 +18,16 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from slimkit.engine.context import Context
+from slimkit.engine.processes import launched_world
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_memory import MemoryInputs
 from slimkit.primitives.datasets.data_paths import cache_root
-from slimkit.primitives.device.memory_model import StageMemory, weights_bytes
+from slimkit.primitives.device.memory_model import (
+    StageMemory,
+    full_training_bytes,
+    gathered_unit_bytes,
+    weights_bytes,
+)
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
@@ -32,6 +39,10 @@ from slimkit.stages.lora import LoraArgs, lora_config
 from slimkit.stages.recovery_settings import run_token_budget
 
 PROJECTING_STAGES = ("pca_project", "pca_project_post")
+TRAINING = ("adapter", "sharding")
+"""What trains and how it is spread (not LoRA's settings)."""
+LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
+"""The adapters' settings (refused with ``adapter: none``, which trains no adapters)."""
 
 
 class DistillArgs(LoraArgs):
@@ -45,6 +56,15 @@ class DistillArgs(LoraArgs):
     """Offline teacher (tokens only): the teacher's top_k logits per token, computed once per window and cached on
     disk (keyed by the teacher's weights, the window and k), reused by later runs; the KL is over those k tokens and
     the teacher is loaded only when a window is not cached. None: the full logits, online. Not with hidden_weight."""
+    adapter: Literal["lora", "none"] = "lora"
+    """What trains: lora = LoRA adapters (rank, alpha, dropout, target_modules), merged into the weights at the end;
+    none = every weight of the student (full-parameter distillation; tokens only): trained in float32 (a bfloat16
+    model's forward passes under bfloat16 autocast) and cast back to the model's dtype."""
+    sharding: Literal["none", "fsdp"] = "none"
+    """How the student is spread over the processes of torchrun / accelerate launch: none = a whole copy on each
+    (gradients all-reduced); fsdp = each process holds 1/N of every float32 weight, gradient and AdamW moment (torch
+    FSDP2, one unit per decoder layer; needs adapter: none and several launched processes). The teacher is replicated
+    either way."""
 
     @model_validator(mode="after")
     def _top_k_needs_tokens(self) -> DistillArgs:
@@ -54,6 +74,42 @@ class DistillArgs(LoraArgs):
             raise ValueError("top_k and hidden_weight: the cached teacher keeps logits only; set hidden_weight: 0")
         return self
 
+    @model_validator(mode="after")
+    def _full_parameters(self) -> DistillArgs:
+        if self.adapter == "none":
+            fields = type(self).model_fields
+            given = [name for name in LORA_ONLY if getattr(self, name) != fields[name].default]
+            if given:
+                raise ValueError(f"{', '.join(given)}: LoRA's settings; adapter: none trains every weight, no adapters")
+            if self.tokens is None and self.trains():
+                raise ValueError("adapter: none: only with tokens (the token-budgeted loop); set tokens")
+        if self.sharding == "fsdp" and self.adapter != "none":
+            raise ValueError(
+                "sharding: fsdp shards a student trained whole; set adapter: none (LoRA adapters are small enough to "
+                "replicate: sharding: none)"
+            )
+        return self
+
+    def check_model(self, model: Any) -> None:
+        """LoRA's checks; with ``sharding: fsdp`` several launched processes and the student on one device."""
+        if self.adapter == "lora":
+            super().check_model(model)
+        if self.sharding != "fsdp" or not self.trains():
+            return
+        world = launched_world()
+        if world < 2:
+            raise SlimkitError(
+                "distill: sharding: fsdp shards the student over launched processes and this run is one process; "
+                "launch it with torchrun --nproc-per-node N or accelerate launch --num-processes N, or set "
+                "sharding: none"
+            )
+        devices = set((getattr(model, "hf_device_map", None) or {}).values())
+        if len(devices) > 1:
+            raise SlimkitError(
+                f"distill: sharding: fsdp needs the whole student on each process's device; it is spread over "
+                f"{', '.join(sorted(map(str, devices)))} (model.max_memory / several GPUs per process): remove that"
+            )
+
     def reloads_dense(self) -> bool:
         return self.trains()  # the teacher is loaded only to train against
 
@@ -61,8 +117,17 @@ class DistillArgs(LoraArgs):
         check_hidden_term(recipe, source, self)
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        """LoRA's training memory and the dense teacher's weights."""
+        """LoRA's training memory (with ``adapter: none``: every weight's float32 training state instead of the
+        adapters, per device: divided among the launched processes under ``sharding: fsdp``, with what a sharded
+        model holds gathered) and the dense teacher's weights."""
         memory = super().memory(stage, inputs)
+        if self.adapter == "none":
+            del memory.parts["adapters"]
+            world = launched_world() if self.sharding == "fsdp" else 1
+            memory.parts["student training"] = full_training_bytes(inputs.shape.total_params(), world)
+            if self.sharding == "fsdp":
+                memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape)
+            memory.advice = f"{memory.advice}, or shard the student over more processes (sharding: fsdp)"
         # counted even for a cached top_k teacher, which a cache miss loads
         memory.parts["teacher"] = weights_bytes(inputs.shape, inputs.dtype_bytes)
         tokens = (self.micro_batch_size or self.batch_size) * self.seq_len
@@ -122,8 +187,8 @@ def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
     paper="LoRA recovery by knowledge distillation (Hinton et al. 2015 KL at temperature T) from the dense model",
 )
 def distill(ctx: Context, args: DistillArgs) -> None:
-    """Recover with LoRA adapters trained to match the dense teacher's logits (KL), then merge them into the weights."""
-    config = lora_config(ctx, args, exclude={"temperature", "hidden_weight", "teacher", "top_k"})
+    """Recover by matching the dense teacher's logits (KL): LoRA adapters merged into the weights, or every weight."""
+    config = lora_config(ctx, args, exclude={"temperature", "hidden_weight", "teacher", "top_k", *TRAINING})
     settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
     if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config)
@@ -146,7 +211,8 @@ def distill(ctx: Context, args: DistillArgs) -> None:
             objective = DistillationObjective(teacher, settings.temperature, settings.hidden_weight)
             teacher.eval()
             teacher.requires_grad_(False)
-            ctx.model, report = run_token_budget(ctx, "distill", args, config, objective, "distill training")
+            lora, units = trained(ctx, args, config)
+            ctx.model, report = run_token_budget(ctx, "distill", args, lora, objective, "distill training", units)
             ctx.report_stage("distill", {**report, **info})
             return
         with ctx.tracker.task("distill", config.steps) as advance:
@@ -157,6 +223,14 @@ def distill(ctx: Context, args: DistillArgs) -> None:
         del teacher
         release_memory(cuda)
     ctx.report_stage("distill", {**report, **info})
+
+
+def trained(ctx: Context, args: DistillArgs, config: LoraConfig) -> tuple[LoraConfig | None, list[nn.Module] | None]:
+    """What the token-budgeted loop trains: ``(config, None)``: LoRA adapters; ``(None, None)``: every weight,
+    replicated; ``(None, decoder layers)``: every weight, sharded with the layers as FSDP units."""
+    if args.adapter == "lora":
+        return config, None
+    return None, list(ctx.view.layer_list) if args.sharding == "fsdp" else None
 
 
 def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None:
@@ -178,7 +252,8 @@ def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None
     objective = TopKDistillationObjective(cache, args.temperature)
     cuda = False
     try:
-        ctx.model, report = run_token_budget(ctx, "distill", args, config, objective, "distill training")
+        lora, units = trained(ctx, args, config)
+        ctx.model, report = run_token_budget(ctx, "distill", args, lora, objective, "distill training", units)
         cuda = cache.teacher is not None and any(p.device.type == "cuda" for p in cache.teacher.parameters())
     finally:
         cache.release()

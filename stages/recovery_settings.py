@@ -21,6 +21,7 @@ from torch import nn
 from slimkit.engine.context import Context
 from slimkit.engine.stage_args import StageArgs
 from slimkit.primitives.finetune import LoraConfig
+from slimkit.primitives.finetune.full_recovery import recover_all_weights
 from slimkit.primitives.finetune.recovery import RecoveryConfig, RecoveryResult, TokenObjective, world
 from slimkit.primitives.finetune.token_recovery import recover_in_tokens
 from slimkit.primitives.finetune.token_stream import TextSource, folder_files
@@ -120,12 +121,15 @@ def run_token_budget(
     ctx: Context,
     label: str,
     args: RecoveryArgs,
-    lora: LoraConfig,
+    lora: LoraConfig | None,
     objective: TokenObjective,
     what: str,
+    shard_units: list[nn.Module] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """The stage's token-budgeted LoRA recovery on ``ctx.model``: progress in tokens, a checkpoint folder under the
-    run's output, a one-line note when it stopped early, and the loss curves' plot for the output folder."""
+    """The stage's token-budgeted recovery on ``ctx.model``: LoRA adapters of ``lora``, or every weight when it is
+    None (sharded over the processes with ``shard_units`` as FSDP units when given); progress in tokens, a checkpoint
+    folder under the run's output, a one-line note when it stopped early, and the loss curves' plot for the output
+    folder."""
     config = recovery_config(args, ctx.recipe.seed)
     source = TextSource(args.dataset, args.data_folder, ctx.recipe.seed)
     checkpoint = checkpoint_folder(ctx, label, args)
@@ -142,9 +146,14 @@ def run_token_budget(
                     f"{left:,.0f} s left"
                 )
 
-        model, report = recover_in_tokens(
-            ctx.model, ctx.tokenizer, lora, config, source, objective, checkpoint, progress, what
-        )
+        if lora is None:
+            model, report = recover_all_weights(
+                ctx.model, ctx.tokenizer, config, source, objective, checkpoint, progress, shard_units
+            )
+        else:
+            model, report = recover_in_tokens(
+                ctx.model, ctx.tokenizer, lora, config, source, objective, checkpoint, progress, what
+            )
     report["tokens_per_second"] = report["tokens"] / report["train_seconds"] if report["train_seconds"] else None
     report["checkpoint"] = None if checkpoint is None else checkpoint.name
     if report["stopped"]:

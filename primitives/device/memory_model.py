@@ -87,6 +87,26 @@ def weights_bytes(shape: ModelShape, dtype_bytes: int) -> int:
     return shape.total_params() * dtype_bytes
 
 
+FULL_TRAINING_BYTES = 5 * FLOAT32
+"""Bytes per trained parameter of full-parameter training: the float32 weight, its gradient, AdamW's two moments and
+the last good copy kept against divergence."""
+
+
+def full_training_bytes(params: int, world: int = 1) -> int:
+    """Per device, the float32 training state (:data:`FULL_TRAINING_BYTES` a parameter) of ``params`` parameters
+    sharded over ``world`` processes (each holds ``ceil(params / world)`` of them; 1: replicated)."""
+    return -(-params // world) * FULL_TRAINING_BYTES
+
+
+def gathered_unit_bytes(shape: ModelShape) -> int:
+    """What a sharded model holds gathered beside its shards, as float32 weights and gradients: the root unit (the
+    embeddings, an untied head, the final norm: FSDP keeps the root gathered from its forward through its backward)
+    and two decoder layers (the one computing and the one prefetched)."""
+    head = 1 if shape.tied else 2
+    root = head * shape.embedding_params() + shape.hidden
+    return (root + 2 * shape.layer_params()) * 2 * FLOAT32
+
+
 def gradient_sum_bytes(params: int, squares: bool) -> int:
     """float32 sum of gradients (and of their squares) of ``params`` parameters."""
     return params * FLOAT32 * (2 if squares else 1)
@@ -189,12 +209,15 @@ class MemoryPlan:
 
 
 __all__ = [
+    "FULL_TRAINING_BYTES",
     "GIB",
     "MemoryPlan",
     "ModelShape",
     "StageMemory",
     "backward_activation_bytes",
     "forward_activation_bytes",
+    "full_training_bytes",
+    "gathered_unit_bytes",
     "gradient_sum_bytes",
     "layer_activation_bytes",
     "layer_input_bytes",

@@ -59,14 +59,15 @@ def save_checkpoint(folder: Path, state: dict[str, Any]) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def load_checkpoint(folder: Path) -> dict[str, Any] | None:
-    """The checkpoint at ``folder``; None when there is none. A file that cannot be read is one error line."""
+def load_checkpoint(folder: Path, mmap: bool = False) -> dict[str, Any] | None:
+    """The checkpoint at ``folder``; None when there is none. A file that cannot be read is one error line. ``mmap``:
+    tensors read from the file as they are used (several processes of a machine share the pages)."""
     remove_leftovers(folder)
     path = folder / STATE_FILE
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:
         raise SlimkitError(
             f"cannot read the recovery checkpoint {path} ({type(error).__name__}: {error}); delete {folder} to "

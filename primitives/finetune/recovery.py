@@ -1,5 +1,6 @@
 """The recovery loop budgeted in tokens: packed streamed batches, a held-out validation loss, checkpoints to resume
-from, data parallelism across processes, and a divergence that stops the run with the last good weights kept.
+from, data parallelism across processes (the trained tensors replicated, or the model sharded over them), and a
+divergence that stops the run with the last good weights kept.
 
 Method note: docs/methods/recovery-loop.md.
 """
@@ -27,6 +28,13 @@ from slimkit.primitives.finetune.checkpoint import (
 )
 from slimkit.primitives.finetune.distill import distill_loss, hidden_mse
 from slimkit.primitives.finetune.loop import non_finite_problem
+from slimkit.primitives.finetune.sharding import (
+    full_norm,
+    gathered_optimizer,
+    gathered_weights,
+    load_gathered,
+    local,
+)
 from slimkit.primitives.finetune.token_stream import TextSource, TokenBudget, budget_batches, validation_windows
 
 Schedule = Literal["constant", "cosine"]
@@ -177,14 +185,24 @@ def _learning_rate_factor(config: RecoveryConfig) -> Callable[[int], float]:
     return factor
 
 
-def _share(ids: torch.Tensor, mask: torch.Tensor, micro: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This process's windows of the global batch, in micro-batches."""
+MicroBatch = tuple[torch.Tensor, torch.Tensor, bool]
+"""``(ids, mask, counted)``: a micro-batch's windows, its counted-token mask, and whether it counts (a padding
+micro-batch of a sharded model runs with weight 0 so that every process joins the same collectives)."""
+
+
+def _share(ids: torch.Tensor, mask: torch.Tensor, micro: int | None, pad: bool = False) -> list[MicroBatch]:
+    """This process's windows of the global batch, in micro-batches. With ``pad`` every process gets the same
+    number of micro-batches (those past its share: a copy of the batch's first window, not counted)."""
     rank, size = world()
-    ids, mask = ids[rank::size], mask[rank::size]
-    if ids.shape[0] == 0:
-        return []
-    step = micro or ids.shape[0]
-    return [(ids[i : i + step], mask[i : i + step]) for i in range(0, ids.shape[0], step)]
+    mine, mine_mask = ids[rank::size], mask[rank::size]
+    step = micro or max(1, mine.shape[0])
+    parts = [(mine[i : i + step], mine_mask[i : i + step], True) for i in range(0, mine.shape[0], step)]
+    if pad and ids.shape[0]:
+        most = -(-ids.shape[0] // size)  # the largest share
+        wanted = -(-most // (micro or most))
+        filler = (ids[:1], torch.ones_like(mask[:1]), False)
+        parts += [filler] * (wanted - len(parts))
+    return parts
 
 
 def autocast_of(model: nn.Module, enabled: bool) -> torch.autocast:
@@ -194,25 +212,34 @@ def autocast_of(model: nn.Module, enabled: bool) -> torch.autocast:
 
 
 def mean_loss(
-    model: nn.Module, objective: TokenObjective, ids: torch.Tensor, micro: int | None, autocast: bool = False
+    model: nn.Module,
+    objective: TokenObjective,
+    ids: torch.Tensor,
+    micro: int | None,
+    autocast: bool = False,
+    sharded: bool = False,
 ) -> float:
-    """The objective's mean over the counted tokens of ``ids`` (all counted), shared out among the processes."""
+    """The objective's mean over the counted tokens of ``ids`` (all counted), shared out among the processes
+    (``sharded``: the model's forward is collective, so every process runs as many micro-batches)."""
     mask = torch.ones_like(ids, dtype=torch.bool)
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
-        for part_ids, part_mask in _share(ids, mask, micro):
+        for part_ids, part_mask, counted in _share(ids, mask, micro, pad=sharded):
             with autocast_of(model, autocast):
                 value = objective.loss_sum(model, to_input_device(model, part_ids), part_mask)
-            total += torch.tensor([float(value), objective.count(part_mask)], dtype=torch.float64)
+            if counted:
+                total += torch.tensor([float(value), objective.count(part_mask)], dtype=torch.float64)
     _all_reduce(total)
     model.train(was_training)
     return float(total[0] / total[1]) if total[1] > 0 else math.nan
 
 
 class RecoveryRun:
-    """One token-budgeted run over ``trained`` (name -> the tensors the optimizer updates) of ``model``."""
+    """One token-budgeted run over ``trained`` (name -> the tensors the optimizer updates) of ``model``. ``sharded``:
+    ``model`` is sharded over the processes (:mod:`~slimkit.primitives.finetune.sharding`), which reduces the
+    gradients itself, and its checkpoints hold the weights gathered to the main process."""
 
     def __init__(
         self,
@@ -223,8 +250,9 @@ class RecoveryRun:
         source: TextSource,
         config: RecoveryConfig,
         checkpoint: Path | None = None,
+        sharded: bool = False,
     ) -> None:
-        self.model, self.trained, self.objective = model, trained, objective
+        self.model, self.trained, self.objective, self.sharded = model, trained, objective, sharded
         self.tokenizer, self.source, self.config, self.checkpoint = tokenizer, source, config, checkpoint
         self.params = list(trained.values())
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
@@ -237,11 +265,16 @@ class RecoveryRun:
     # -- checkpoints -----------------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         r = self.result
+        if self.sharded:  # collective: every process gathers, the main one receives
+            trained, optimizer = gathered_weights(self.model), gathered_optimizer(self.model, self.optimizer)
+        else:
+            trained = {name: t.detach().to("cpu", copy=True) for name, t in self.trained.items()}
+            optimizer = self.optimizer.state_dict()
         return {
             "step": r.steps_done,
             "tokens": r.tokens,
-            "trained": {name: t.detach().to("cpu", copy=True) for name, t in self.trained.items()},
-            "optimizer": self.optimizer.state_dict(),
+            "trained": trained,
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "random": random_state(),
             "train_curve": [list(p) for p in r.train_curve],
@@ -255,8 +288,9 @@ class RecoveryRun:
         if self.checkpoint is None:
             return
         rank, size = world()
-        if rank == 0:
-            save_checkpoint(self.checkpoint, self._state())
+        state = self._state() if rank == 0 or self.sharded else None
+        if state is not None and rank == 0:
+            save_checkpoint(self.checkpoint, state)
         if size > 1:
             import torch.distributed as dist
 
@@ -264,18 +298,22 @@ class RecoveryRun:
 
     def resume(self) -> bool:
         """Load the checkpoint when there is one; whether the run resumed."""
-        state = load_checkpoint(self.checkpoint) if self.checkpoint is not None else None
+        state = load_checkpoint(self.checkpoint, mmap=self.sharded) if self.checkpoint is not None else None
         if state is None:
             return False
-        if set(state["trained"]) != set(self.trained):
+        names = set(self.model.state_dict()) if self.sharded else set(self.trained)
+        if set(state["trained"]) != names:
             raise SlimkitError(
                 f"the recovery checkpoint {self.checkpoint} holds other trained tensors than this run; delete it to "
                 "start the recovery over"
             )
-        with torch.no_grad():
-            for name, tensor in self.trained.items():
-                tensor.copy_(state["trained"][name])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            load_gathered(self.model, self.optimizer, state["trained"], state["optimizer"])
+        else:
+            with torch.no_grad():
+                for name, tensor in self.trained.items():
+                    tensor.copy_(state["trained"][name])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         restore_random_state(state["random"])
         r = self.result
@@ -289,7 +327,9 @@ class RecoveryRun:
     # -- the loop ------------------------------------------------------------------------------------------------
     def validate(self) -> float:
         config = self.config
-        value = mean_loss(self.model, self.objective, self.validation, config.micro_batch_size, config.autocast)
+        value = mean_loss(
+            self.model, self.objective, self.validation, config.micro_batch_size, config.autocast, self.sharded
+        )
         self.result.validation_curve.append((self.result.steps_done, value))
         return value
 
@@ -298,21 +338,24 @@ class RecoveryRun:
         self.optimizer.zero_grad(set_to_none=True)
         count = self.objective.count(mask)
         total = torch.zeros(1, dtype=torch.float64)
-        for part_ids, part_mask in _share(ids, mask, self.config.micro_batch_size):
+        for part_ids, part_mask, counted in _share(ids, mask, self.config.micro_batch_size, pad=self.sharded):
             with autocast_of(self.model, self.config.autocast):
                 loss = self.objective.loss_sum(self.model, to_input_device(self.model, part_ids), part_mask) / count
-            total += float(loss.detach())
-            if math.isfinite(float(loss.detach())):
+            if not counted:  # a sharded model's padding: joins the collectives, adds nothing
+                loss = loss * 0.0
+            else:
+                total += float(loss.detach())
+            if self.sharded or math.isfinite(float(loss.detach())):  # every process joins a sharded backward
                 loss.backward()
         _all_reduce(total)
-        if world()[1] > 1:
+        if world()[1] > 1 and not self.sharded:
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 _all_reduce(p.grad)
         grads = [p for p in self.params if p.grad is not None]
         limit = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(grads, limit)) if grads else 0.0
+        norm = float(full_norm(torch.nn.utils.clip_grad_norm_(grads, limit))) if grads else 0.0
         return float(total), norm
 
     def _stop(self, step: int, problem: str) -> None:
@@ -379,7 +422,10 @@ class RecoveryRun:
                 self._stop(r.steps_done, f"validation loss {value} after the update")
                 r.validation_curve[-1] = (r.validation_curve[-1][0], value)
             return
-        problem = non_finite_problem(self.trained.items(), "trained tensors")
+        problem = non_finite_problem(((n, local(t)) for n, t in self.trained.items()), "trained tensors")
+        if self.sharded:  # each process sees its shards: the verdict is shared
+            flag = _all_reduce(torch.tensor([1.0 if problem else 0.0]))
+            problem = problem or ("trained tensors hold NaN/inf on another process" if float(flag) else None)
         if problem:
             self._stop(r.steps_done, problem)
 

@@ -3,7 +3,11 @@ met or missed by the measured amount, and the step benchmark runs on the tiny sh
 
 from __future__ import annotations
 
+import argparse
 import json
+
+import pytest
+import torch
 
 from benchmarks import recovery_curve, recovery_step
 from slimkit.recipes.loading import validate
@@ -36,3 +40,18 @@ def test_the_step_benchmark_runs_on_the_tiny_shape(tmp_path):
     assert recovery_step.main(["--shape", "tiny", "--steps", "2", "--seq-len", "32", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["steps"] == 2 and result["tokens_per_second"] > 0 and result["planned_gib"]["teacher"] > 0
+
+
+def test_the_step_benchmark_trains_every_weight_and_plans_fsdp_processes(tmp_path):
+    out = tmp_path / "step.json"
+    argv = ["--shape", "tiny", "--steps", "2", "--seq-len", "32", "--adapter", "none", "--out", str(out)]
+    assert recovery_step.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["steps"] == 2 and result["adapter"] == "none" and result["processes"] == 1
+    assert "adapters" not in result["planned_gib"] and result["planned_gib"]["student training"] > 0
+    fsdp = argparse.Namespace(batch_size=4, seq_len=32, micro_batch_size=None, adapter="none", sharding="fsdp")
+    one, eight = (recovery_step.planned_bytes(recovery_step.SHAPES["8b"], fsdp, torch.bfloat16, n) for n in (1, 8))
+    assert eight["student training"] == pytest.approx(one["student training"] / 8, rel=1e-6)
+    assert eight["teacher"] == one["teacher"] and eight["gathered units"] > 0
+    with pytest.raises(SystemExit):
+        recovery_step.main([*argv, "--sharding", "fsdp", "--adapter", "lora"])

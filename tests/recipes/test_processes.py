@@ -41,3 +41,29 @@ def test_two_launched_processes_save_the_one_process_result(tmp_path, tiny_llama
     single = one.model.state_dict()
     for name, tensor in two.items():
         torch.testing.assert_close(tensor, single[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow  # two interpreters under torchrun, each loading the teacher beside the student
+def test_two_fsdp_processes_distil_every_weight_to_the_one_process_result(tmp_path, tiny_llama_dir):
+    prune = {"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation"}}]}
+    args = {"tokens": 3 * 4 * 32 - 5, "batch_size": 4, "seq_len": 32, "validation_windows": 2, "adapter": "none"}
+
+    def recipe_of(sharding: str) -> dict:
+        return tiny_recipe(tiny_llama_dir, stages=[prune, {"stage": "distill", "args": {**args, "sharding": sharding}}])
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(recipe_of("fsdp")))
+    out = tmp_path / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29534"]
+    command += ["-m", "slimkit.cli.main", "recipe", "run", str(recipe), "--out", str(out), "--no-eval", "--no-dense"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml", "tiny-llama", "two"]  # no checkpoint left behind
+    one = slimkit.run(recipe_of("none"), tmp_path / "one", evaluate=False, compare_dense=False)
+    two = load_file(out / "model" / "model.safetensors")
+    single = one.model.state_dict()
+    assert set(two) <= set(single) and len(two) > 0
+    for name, tensor in two.items():
+        torch.testing.assert_close(tensor, single[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert one.report.as_json()["stages"]["distill"]["stopped"] is None

@@ -1,0 +1,146 @@
+"""A student sharded over the launched processes for full-parameter recovery (torch's FSDP2 ``fully_shard``): each
+process holds 1/world of every float32 weight, gradient and AdamW moment; a unit's weights are gathered for its
+forward and backward only. Gradients are summed, not averaged, over the processes (the recovery loop divides each
+loss by the global batch's token count itself). The full weights come back gathered: to the main process alone
+(CPU) for a checkpoint, into a plain model on every process at the end (the rest of the recipe runs on each).
+
+Method note: docs/methods/recovery-loop.md.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimkit.primitives.errors import SlimkitError
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def to_float32(module: nn.Module, recurse: bool = True) -> None:
+    """``module``'s floating-point parameters in float32, in place (a tied weight is one parameter, cast once)."""
+    for param in module.parameters(recurse=recurse):
+        if param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
+def meta_skeleton(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters are on the meta device (no memory; tied weights stay tied, buffers and
+    modules are copied): what :func:`gather_into` fills with the trained weights after sharding."""
+    memo: dict[int, Any] = {
+        id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+        for p in model.parameters()
+    }
+    return copy.deepcopy(model, memo)
+
+
+def shard_model(model: nn.Module, units: Sequence[nn.Module]) -> None:
+    """Shard ``model`` in place over the process group: each of ``units`` (the decoder layers) its own FSDP unit,
+    the rest (embeddings, final norm, head) the root's; each unit is cast to float32 just before it is sharded, so
+    the whole model is never held in float32. Every process must hold the same weights (the launched processes run
+    the same recipe on the same seed)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    world = _world_size()
+    if world < 2:
+        raise SlimkitError("sharding: fsdp needs several launched processes; this is one (use sharding: none)")
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (world,))
+    for unit in units:
+        to_float32(unit)
+        fully_shard(unit, mesh=mesh)
+    to_float32(model)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # a sum over processes, not a mean
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no pre-scaled sum)
+
+
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """A gradient norm of sharded gradients (a DTensor) as the plain tensor every process agrees on."""
+    full = getattr(norm, "full_tensor", None)
+    return full() if callable(full) else norm
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a sharded tensor (the tensor itself when it is not sharded)."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _options(cpu_offload: bool = False):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+
+
+def gathered_weights(model: nn.Module) -> dict[str, Any]:
+    """The full weights by name on the main process's CPU (``{}`` on the others); every process must call it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(cpu_offload=True))
+
+
+def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's full state keyed by weight name on the main process's CPU (``{}`` on the others); every
+    process must call it."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+
+
+def load_gathered(
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any], state: dict[str, Any]
+) -> None:
+    """Each process takes its shards of full ``weights`` and optimizer ``state`` (as :func:`gathered_weights` and
+    :func:`gathered_optimizer` made them; read memory-mapped, so the processes of a machine share the pages)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, weights, options=_options())
+    set_optimizer_state_dict(model, optimizer, state, options=_options())
+
+
+def gather_into(sharded: nn.Module, skeleton: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``skeleton`` (:func:`meta_skeleton` of the model before sharding) holding the trained weights of ``sharded``
+    in ``dtype``, on every process: one weight gathered at a time, so the float32 model is never whole."""
+    aliases: dict[int, list[str]] = {}
+    targets: dict[int, nn.Parameter] = {}
+    for name, param in skeleton.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+        targets[id(param)] = param
+    by_name = {name: key for key, names in aliases.items() for name in names}
+    for name, param in sharded.named_parameters():
+        key = by_name[name]
+        full = param.detach()
+        full = full.full_tensor() if hasattr(full, "full_tensor") else full
+        weight = nn.Parameter(full.to(dtype), requires_grad=targets[key].requires_grad)
+        for alias in aliases[key]:
+            owner, _, attr = alias.rpartition(".")
+            setattr(skeleton.get_submodule(owner), attr, weight)
+    left = [name for name, p in skeleton.named_parameters() if p.is_meta]
+    if left:
+        raise SlimkitError(f"sharding: {len(left)} weights were not gathered back ({', '.join(left[:3])})")
+    return skeleton
+
+
+__all__ = [
+    "full_norm",
+    "gather_into",
+    "gathered_optimizer",
+    "gathered_weights",
+    "load_gathered",
+    "local",
+    "meta_skeleton",
+    "shard_model",
+    "to_float32",
+]

@@ -1,0 +1,84 @@
+"""Full-parameter distillation through the token-budgeted loop, on a pruned tiny student (one MLP width per layer):
+every weight trains and comes back in the model's dtype; two CPU processes (gloo) replicating the student, or
+sharding it with FSDP, end with the weights of one process training the same global batches from the same seed
+(float32 round-off of summing gradients in another order: 1e-4 relative / 1e-5 absolute on every weight, losses to
+1e-5); a run killed after step 3 resumes from its step-2 checkpoint to the uninterrupted weights bit for bit, in one
+process and under FSDP."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune.sharding import shard_model
+from tests.primitives.finetune.full_recovery_worker import CONFIG, WIDTHS, student, train, worker
+from tests.tiny import tiny_llama
+
+
+def _two_processes(tmp_path, shard: bool) -> dict:
+    out = tmp_path / "two.pt"
+    mp.spawn(worker, args=(2, str(tmp_path / "init"), str(out), shard), nprocs=2, join=True)
+    return torch.load(out, weights_only=True)
+
+
+def _assert_equal_runs(two: dict, state: dict, report: dict) -> None:
+    assert set(two["state"]) == set(state)
+    for name, tensor in state.items():
+        torch.testing.assert_close(two["state"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    for a, b in zip(two["losses"], report["losses"], strict=True):
+        assert abs(a - b) < 1e-5
+    for a, b in zip(two["validation"], report["validation"], strict=True):
+        assert a["step"] == b["step"] and abs(a["loss"] - b["loss"]) < 1e-5
+
+
+def test_every_weight_of_a_pruned_student_trains():
+    before = {k: v.clone() for k, v in student(259).state_dict().items()}
+    state, report = train()
+    assert report["steps"] == 4 and report["tokens"] == 4 * 5 * 24 - 7 and report["stopped"] is None
+    assert report["trainable_params"] == sum(v.numel() for k, v in before.items() if k != "lm_head.weight")
+    assert report["validation"][-1]["loss"] < report["validation"][0]["loss"]
+    assert [state[f"model.layers.{i}.mlp.up_proj.weight"].shape[0] for i in range(3)] == list(WIDTHS)
+    assert all(not torch.equal(state[k], before[k]) for k in before if "rotary" not in k)
+    assert all(v.dtype == torch.float32 for v in state.values())
+
+
+def test_a_bfloat16_student_trains_in_float32_and_comes_back_bfloat16(monkeypatch):
+    import tests.primitives.finetune.full_recovery_worker as worker_module
+
+    made = worker_module.student
+    monkeypatch.setattr(worker_module, "student", lambda vocab: made(vocab).to(torch.bfloat16))
+    state, report = train()
+    assert all(v.dtype == torch.bfloat16 for v in state.values() if v.is_floating_point())
+    assert report["config"]["autocast"] is True and report["stopped"] is None
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    every_two = replace(CONFIG, checkpoint_every=2)
+    whole, whole_report = train(config=every_two)
+    with pytest.raises(KeyboardInterrupt):
+        train(config=every_two, checkpoint=tmp_path / "ckpt", stop_at=3)
+    resumed, report = train(config=every_two, checkpoint=tmp_path / "ckpt")
+    assert report["resumed_from_step"] == 2 and report["losses"] == whole_report["losses"]
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in whole.items())
+
+
+def test_sharding_refuses_a_single_process():
+    with pytest.raises(SlimkitError, match="sharding: fsdp needs several launched processes"):
+        shard_model(tiny_llama(), [])
+
+
+@pytest.mark.slow  # two spawned interpreters importing torch and transformers
+def test_two_replicating_processes_equal_one(tmp_path):
+    two = _two_processes(tmp_path, shard=False)
+    _assert_equal_runs(two, *train())
+
+
+@pytest.mark.slow  # two spawned interpreters; four runs each (sharded, and killed-then-resumed)
+def test_two_fsdp_processes_equal_one_and_resume_bit_for_bit(tmp_path):
+    two = _two_processes(tmp_path, shard=True)
+    _assert_equal_runs(two, *train())
+    assert two["resumed_from"] == 2 and two["resume_equal"]

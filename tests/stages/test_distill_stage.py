@@ -1,0 +1,90 @@
+"""``distill`` with ``adapter: none`` (every weight trained) end to end on a pruned tiny model, its settings refused in
+one line where they cannot apply, ``sharding: fsdp`` refused in a single process before compute, and the memory
+plan of full-parameter training (per device, divided among the processes under FSDP) on a hand-checkable shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import slimkit
+from slimkit.engine.stage_memory import MemoryInputs
+from slimkit.primitives.device.memory_model import GIB, ModelShape
+from slimkit.primitives.errors import SlimkitError
+from slimkit.recipes.loading import validate
+from slimkit.stages.distill import DistillArgs
+from tests.recipes.test_recipes import tiny_recipe
+
+TOKENS = 3 * 2 * 32 - 5
+ARGS = {"tokens": TOKENS, "batch_size": 2, "seq_len": 32, "validation_windows": 2, "learning_rate": 1e-5}
+PRUNE = {"sequential": [{"stage": "prune_layer", "args": {"scorer": "activation", "allocation": {"global": {}}}}]}
+
+
+def _recipe(model_dir, **args):
+    stages = [PRUNE, {"stage": "distill", "args": {**ARGS, "adapter": "none", **args}}]
+    return tiny_recipe(model_dir, target={"ratio": 0.25, "of": "mlp"}, stages=stages)
+
+
+def test_every_weight_of_the_pruned_student_is_distilled(tmp_path, tiny_llama_dir):
+    raw = _recipe(tiny_llama_dir)
+    pruned = slimkit.run({**raw, "stages": [PRUNE]}, None, evaluate=False, compare_dense=False).model
+    result = slimkit.run(raw, tmp_path / "run", evaluate=False, compare_dense=False)
+    details = result.report.as_json()["stages"]["distill"]
+    assert details["adapter"] == "none" and details["sharding"] == "none" and details["tokens"] == TOKENS
+    assert details["trainable_params"] == sum(p.numel() for p in result.model.parameters())
+    assert details["validation"][-1]["loss"] < details["validation"][0]["loss"]
+    widths = [layer.mlp.up_proj.out_features for layer in result.model.model.layers]
+    assert len(set(widths)) > 1  # the global ranking left each layer its own width
+    before = dict(pruned.named_parameters())
+    for name, param in result.model.named_parameters():
+        assert param.dtype == before[name].dtype and not torch.equal(param, before[name]), name
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"rank": 4}, "rank: LoRA's settings; adapter: none trains every weight"),
+        ({"adapter": "lora", "sharding": "fsdp"}, "sharding: fsdp shards a student trained whole; set adapter: none"),
+        ({"tokens": None, "steps": 3}, "adapter: none: only with tokens"),
+    ],
+)
+def test_settings_that_cannot_apply_are_refused_in_one_line(tmp_path, args, message):
+    raw = _recipe(tmp_path, **args)
+    stage_args = raw["stages"][1]["args"]
+    for name, value in args.items():
+        if value is None:
+            stage_args.pop(name)
+    if "tokens" not in stage_args:
+        stage_args.pop("validation_windows")
+    with pytest.raises(SlimkitError, match=message):
+        validate(raw, "r.yaml")
+
+
+def test_fsdp_in_one_process_is_refused_before_compute(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SlimkitError, match="sharding: fsdp shards the student over launched processes"):
+        slimkit.run(_recipe(tiny_llama_dir, sharding="fsdp"), tmp_path / "run", evaluate=False, compare_dense=False)
+    assert not (tmp_path / "run").exists()
+
+
+SHAPE = ModelShape(hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True)
+"""attention 4 x (2 x 4 + 2 x 2) = 48, MLP 3 x 4 x 8 = 96, norms 2 x 4: 152 a layer; embeddings 10 x 4 = 40; final
+norm 4: 40 + 2 x 152 + 4 = 348 parameters."""
+
+
+def test_the_memory_plan_divides_the_training_state_among_fsdp_processes(monkeypatch):
+    assert SHAPE.total_params() == 348
+    inputs = MemoryInputs(SHAPE, None, 4)
+    args = {"tokens": 64, "batch_size": 1, "seq_len": 8, "adapter": "none"}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    replicated = DistillArgs(**args).memory("distill", inputs).parts
+    sharded = DistillArgs(**args, sharding="fsdp").memory("distill", inputs).parts
+    assert "adapters" not in replicated
+    assert replicated["student training"] == 348 * 5 * 4 == 6960  # float32 weight, gradient, 2 moments, last good
+    assert sharded["student training"] == 174 * 5 * 4 == 3480  # half of each on each of the 2 processes
+    # the root (embeddings 40, final norm 4) and two layers, as float32 weights and gradients
+    assert sharded["gathered units"] == (40 + 4 + 2 * 152) * 2 * 4 == 2784
+    assert sharded["teacher"] == replicated["teacher"] == 348 * 4  # the teacher is replicated
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert DistillArgs(**args, sharding="fsdp").memory("distill", inputs).parts["student training"] == 116 * 20
+    assert GIB > sharded["student training"]
