@@ -192,7 +192,10 @@ class SequentialSpec(Strict):
 
 
 def _stage_kind(value: Any) -> str:
-    return "sequential" if isinstance(value, dict) and "sequential" in value else "stage"
+    """The union's tag: of a raw mapping when parsing, of the model itself when serialising."""
+    if isinstance(value, SequentialSpec) or (isinstance(value, dict) and "sequential" in value):
+        return "sequential"
+    return "stage"
 
 
 StageItem = Annotated[
