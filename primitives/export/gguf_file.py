@@ -61,6 +61,14 @@ EXPORTABLE_MODEL_TYPES = (
     "qwen3_moe",
 )
 
+PHI3_REFUSAL = (
+    "GGUF export of phi3 is not written: llama.cpp's phi3 graph reads one head count for every layer and cuts its "
+    "fused attn_qkv at the hidden size (Q assumed heads x head_dim = hidden), so pruned heads are not read exactly, "
+    "and slimkit does not write phi3's fused tensors and rope factors; use --format hf or slimkit.load"
+)
+NO_GGUF = {"phi3": PHI3_REFUSAL}
+"""Supported architectures with no GGUF export, and why (one line each)."""
+
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -195,6 +203,8 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
                 "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
             )
         return "llama" if model_type == "mixtral" else "qwen3moe"  # llama.cpp runs Mixtral as llama with experts
+    if model_type in NO_GGUF:
+        raise SlimkitError(NO_GGUF[model_type])
     raise SlimkitError(
         f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
         + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
@@ -596,6 +606,7 @@ def write_gguf(
 __all__ = [
     "EXPORTABLE_MODEL_TYPES",
     "GGUF_TYPES",
+    "NO_GGUF",
     "GgufResult",
     "check_exportable",
     "gguf_architecture",
