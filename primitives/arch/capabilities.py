@@ -110,6 +110,11 @@ def _partial_rotary(spec: ArchSpec, config: Any) -> str | None:
     )
 
 
+def conditional(reason: str) -> bool:
+    """Whether a refusal (given without a config) holds only where the config says so (it starts ``where``)."""
+    return reason.startswith("where ")
+
+
 def _routed_experts(spec: ArchSpec) -> str | None:
     if spec.experts is None:
         return None
@@ -199,6 +204,7 @@ __all__ = [
     "OPERATIONS",
     "check_operation",
     "check_operations",
+    "conditional",
     "refusal",
     "refusal_message",
     "rotary_fraction",

@@ -156,7 +156,7 @@ def test_granite_and_olmo2_gguf_equal_pytorch_in_llamacpp(tmp_path, bpe, factory
         export(model, tmp_path / "r.gguf", "gguf", "f32", tokenizer=bpe)
 
 
-@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text", "granite", "olmo2", "smollm3"])
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text", "granite", "olmo2", "phi3", "smollm3"])
 def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, family):
     """Uniform pruning keeps a config transformers builds: the folder is read back by stock transformers and its
     logits checked by the export itself (``max_abs_logit_diff``)."""
@@ -165,6 +165,16 @@ def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, fam
         prune_layer(model, "mlp_channel", layer.index, torch.arange(48))
     result = export(model, tmp_path / "hf", "hf", tokenizer=bpe)
     assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
+
+
+def test_phi3_gguf_is_refused_in_one_line_before_anything_is_written(tmp_path, bpe):
+    """llama.cpp's phi3 graph cuts attn_qkv at the hidden size with one head count for every layer."""
+    model = DECODERS["phi3"](vocab_size=len(bpe))
+    with pytest.raises(SlimkitError, match=r"^GGUF export of phi3 is not written: llama.cpp's phi3 graph reads one"):
+        export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert not (tmp_path / "m.gguf").exists()
+    gguf, hf = export_verdicts("phi3", None, None)
+    assert not gguf.ok and "llama.cpp's phi3 graph" in gguf.detail and hf.ok
 
 
 def test_export_verdicts_name_the_padding_and_the_removed_block_refusal():
