@@ -108,7 +108,7 @@ def export_verdicts(
     if model_type not in HF_MODEL_TYPES:
         verdicts.append(ExportVerdict("hf", False, f"--format hf writes {', '.join(HF_MODEL_TYPES)} models"))
     elif removed:
-        verdicts.append(ExportVerdict("hf", False, removed_blocks_refusal(removed)))
+        verdicts.append(ExportVerdict("hf", False, removed_blocks_refusal(removed, model_type)))
     elif blocking:
         verdicts.append(ExportVerdict("hf", False, blocking))
     elif varying:

@@ -17,6 +17,7 @@ from slimkit.primitives.arch.fused import FusedLinear, fuse_tensors, fused_for_s
 from slimkit.primitives.arch.layer_config import LayerConfig
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.export import export
 from slimkit.primitives.groups import build_groups, layer_group
 from slimkit.primitives.surgery import prune_layer
 from tests.tiny import byte_tokenizer, model_output, tiny_phi3
@@ -133,3 +134,26 @@ def test_partial_rotary_refuses_dimensions_inside_heads_not_whole_heads():
     assert len(build_groups(tiny_phi3(vocab_size=200), "qk_dim")) == 3  # full rotary: j pairs with j + d/2
     assert refusal(ARCH_SPECS["phi3"], "qk_dim") is not None  # the table states the condition
     assert refusal(ARCH_SPECS["phi3"], "qk_dim", tiny_phi3(vocab_size=200).config) is None
+
+
+def test_longrope_and_partial_rotary_are_constants_pruned_heads_keep(tmp_path):
+    """Phi-4-mini's shape: longrope factors over a half-rotated head. Pruned KV groups reload exactly; the plain
+    folder is refused in one line (transformers checks the factors against hidden_size // heads, not head_dim)."""
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.5],
+        "long_factor": [2.0, 3.0],
+        "original_max_position_embeddings": 64,
+    }
+    model = tiny_phi3(vocab_size=len(byte_tokenizer()) + 1)
+    config = type(model.config)(**{**model.config.to_dict(), "rope_parameters": rope})
+    model = split_fused(Phi3ForCausalLM(config)).eval()
+    for index in range(3):
+        prune_layer(model, "kv_group", index, torch.tensor([1]))
+    expected = model_output(model, IDS)
+    loaded, _ = slimkit.load(slimkit.save(model, byte_tokenizer(), tmp_path / "m"))
+    torch.testing.assert_close(model_output(loaded, IDS), expected, rtol=0, atol=0)
+    with pytest.raises(SlimkitError, match=r"^Phi3Config refuses these widths \(.*short_factor.*serve it with slimkit"):
+        export(model, tmp_path / "hf", "hf", tokenizer=byte_tokenizer())
