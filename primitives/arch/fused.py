@@ -172,13 +172,13 @@ def _fuse_parts(parts: list[nn.Linear]) -> nn.Linear:
     fused = nn.Linear(first.shape[1], sum(p.out_features for p in parts), bias=has_bias, device="meta")
     fused.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]), requires_grad=first.requires_grad)
     if has_bias:
-        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]))  # type: ignore[union-attr]
+        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]))
     start = 0
     for part in parts:
         rows = part.out_features
         part.weight.data = fused.weight.data[start : start + rows]
         if has_bias:
-            part.bias.data = fused.bias.data[start : start + rows]  # type: ignore[union-attr]
+            part.bias.data = fused.bias.data[start : start + rows]
         start += rows
     return fused
 

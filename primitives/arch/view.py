@@ -211,7 +211,7 @@ class LayerView:
                 setattr(attn, attr, rule(h, kv, d))
         if self.spec.head_config_keys:  # the forward reads these from its config: one config per attention module
             own = {key: _HEAD_ATTRS[key](h, kv, d) for key in self.spec.head_config_keys}
-            attn.config = with_own_values(attn.config, own)
+            setattr(attn, "config", with_own_values(attn.config, own))  # noqa: B010 (not a tensor or module)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
