@@ -128,13 +128,10 @@ def check_stage_dtypes(recipe: Recipe, dtype: torch.dtype) -> None:
 def check_export_model(recipe: Recipe, model: Any) -> None:
     """Refuse, before any compression, an ``export:`` item the model's type can never satisfy."""
     from slimkit.primitives.export import EXPORTABLE_MODEL_TYPES, HF_MODEL_TYPES
-    from slimkit.primitives.export.gguf_file import NO_GGUF
 
     model_type = getattr(model.config, "model_type", None)
     for index, item in enumerate(recipe.export):
         allowed = EXPORTABLE_MODEL_TYPES if item.format == "gguf" else HF_MODEL_TYPES
-        if item.format == "gguf" and model_type in NO_GGUF and recipe.task is None:
-            raise SlimkitError(f"export.{index}: {NO_GGUF[model_type]}")
         if model_type not in allowed or recipe.task is not None:
             raise SlimkitError(
                 f"export.{index}: format {item.format} writes {', '.join(allowed)} language models; "

@@ -20,7 +20,6 @@ from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import dense_tensors
-from slimkit.primitives.export.gguf_file import NO_GGUF
 from slimkit.primitives.files import marker
 from slimkit.primitives.files.atomic import staging_dir, swap_in
 from slimkit.primitives.files.removal import discard, remove_owned
@@ -84,18 +83,11 @@ def check_replaceable_export(folder: Path) -> None:
     )
 
 
-def _instead(model_type: str | None, gguf_detail: str) -> str:
-    """Where a model no plain folder expresses can go: GGUF (with why it fits) or, without a GGUF export, slimkit."""
-    if model_type in NO_GGUF:
-        return f"serve it with slimkit.load ({model_type} has no GGUF export)"
-    return f"use --format gguf{gguf_detail} or slimkit.load"
-
-
-def removed_blocks_refusal(removed: dict[str, list[int]], model_type: str | None = None) -> str:
+def removed_blocks_refusal(removed: dict[str, list[int]]) -> str:
     """Why a model with removed sub-blocks (layers by kind) is no plain Hugging Face folder, in one line."""
     return (
         f"{removed_blocks_phrase(removed)}: a Hugging Face config has no layer without attention or without an MLP; "
-        + _instead(model_type, " (llama.cpp's deci architecture skips them)")
+        "use --format gguf (llama.cpp's deci architecture skips them) or slimkit.load"
     )
 
 
@@ -131,8 +123,7 @@ def plain_config(model: nn.Module, dense: Any) -> transformers.PretrainedConfig:
     except Exception as error:  # transformers validates widths in the constructor or in validate()
         reason = " ".join(str(error).split()).split("ValueError: ")[-1].rstrip(".")
         raise SlimkitError(
-            f"{type(model.config).__name__} refuses these widths ({reason}); "
-            + _instead(getattr(model.config, "model_type", None), "")
+            f"{type(model.config).__name__} refuses these widths ({reason}); use --format gguf or slimkit.load"
         ) from None
     return config
 
@@ -159,7 +150,7 @@ def write_hf(
     for block in removed_blocks(model):
         removed.setdefault(block.kind, []).append(block.layer)
     if removed:
-        raise SlimkitError(removed_blocks_refusal(removed, model_type))
+        raise SlimkitError(removed_blocks_refusal(removed))
     dense = dense_tensors(model)
     if not dense.uniform:
         varying = sorted({k for w in dense.layer_widths for k in w if w[k] != dense.layer_widths[0][k]})
@@ -170,7 +161,7 @@ def write_hf(
             )
         raise SlimkitError(
             f"per-layer widths ({', '.join(varying)} vary across layers) cannot be expressed by a Hugging Face "
-            "config; " + _instead(model_type, " (llama.cpp's deci architecture reads them)")
+            "config; use --format gguf (llama.cpp's deci architecture reads them) or slimkit.load"
         )
     config = plain_config(model, dense)
     with torch.device("meta"):

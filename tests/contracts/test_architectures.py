@@ -196,18 +196,6 @@ def test_supported_lists_every_decoder_spec():
     check_supported({"model_type": "slimkit_compressed", "slimkit_base_model_type": "gemma3_text"}, "causal-lm")
 
 
-def test_phi3_compresses_and_refuses_gguf_in_one_line_naming_llamacpps_split(tmp_path):
-    """Phi-3 is supported (its fused projections seen as parts); a recipe exporting GGUF stops before compute."""
-    check_supported(_model("phi3").config, "causal-lm")
-    folder = _tiny_folder("phi3", tmp_path)
-    _, raw = load_recipe("wanda-channels")
-    raw, _ = shrink(raw, folder)
-    raw["export"] = [{"format": "gguf"}]
-    with pytest.raises(SlimkitError, match=r"^export.0: GGUF export of phi3 is not written: llama.cpp's phi3 graph"):
-        slimkit.run(validate(raw, "wanda-channels"), tmp_path / "run", force=True, evaluate=False)
-    assert not (tmp_path / "run" / "model").exists()
-
-
 def test_each_refusal_is_one_line_naming_architecture_and_operation():
     for family in ARCH_SPECS:
         for operation in OPERATIONS:

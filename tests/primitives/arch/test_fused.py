@@ -155,5 +155,7 @@ def test_longrope_and_partial_rotary_are_constants_pruned_heads_keep(tmp_path):
     expected = model_output(model, IDS)
     loaded, _ = slimkit.load(slimkit.save(model, byte_tokenizer(), tmp_path / "m"))
     torch.testing.assert_close(model_output(loaded, IDS), expected, rtol=0, atol=0)
-    with pytest.raises(SlimkitError, match=r"^Phi3Config refuses these widths \(.*short_factor.*serve it with slimkit"):
+    with pytest.raises(
+        SlimkitError, match=r"^Phi3Config refuses these widths \(.*short_factor.*\); use --format gguf or slimkit.load"
+    ):
         export(model, tmp_path / "hf", "hf", tokenizer=byte_tokenizer())

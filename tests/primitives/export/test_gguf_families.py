@@ -30,6 +30,7 @@ from tests.tiny import (
     tiny_gemma3_text,
     tiny_granite,
     tiny_olmo2,
+    tiny_phi3,
     tiny_same_as_llama,
 )
 
@@ -167,14 +168,41 @@ def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, fam
     assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
 
 
-def test_phi3_gguf_is_refused_in_one_line_before_anything_is_written(tmp_path, bpe):
-    """llama.cpp's phi3 graph cuts attn_qkv at the hidden size with one head count for every layer."""
-    model = DECODERS["phi3"](vocab_size=len(bpe))
-    with pytest.raises(SlimkitError, match=r"^GGUF export of phi3 is not written: llama.cpp's phi3 graph reads one"):
+@pytest.mark.parametrize("case", ["dense", "partial_rotary", "per_layer"])
+def test_phi3_ggufs_equal_pytorch_in_llamacpp(tmp_path, bpe, case):
+    """Fused attn_qkv and ffn_up (gate first), NEOX RoPE over part of each head (Phi-4-mini's
+    partial_rotary_factor), per-layer MLP widths and one layer's pruned heads padded back with zeros."""
+    model = tiny_phi3(vocab_size=len(bpe), partial_rotary_factor=0.5 if case == "partial_rotary" else 1.0)
+    if case == "per_layer":
+        for layer in ModelView(model).layers:
+            prune_layer(model, "mlp_channel", layer.index, torch.arange(layer.mlp_width - 8 * (layer.index % 3)))
+        prune_layer(model, "attention_head", 2, torch.tensor([0, 2, 3, 5]))
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert result.architecture == "phi3"
+    assert any("padded with zeros" in w for w in result.warnings) == (case == "per_layer")
+    assert _diff(model, tmp_path / "m.gguf") <= EXACT
+    if case == "partial_rotary":  # the file rotates 4 of 8 dimensions: a fully rotated twin differs
+        full = tiny_phi3(vocab_size=len(bpe))
+        full.load_state_dict(model.state_dict())
+        assert _diff(full, tmp_path / "m.gguf") > 100 * EXACT
+
+
+def test_phi3_gguf_refuses_heads_pruned_in_every_layer_and_longrope(tmp_path, bpe):
+    """llama.cpp's phi3 takes K from attn_qkv at offset n_embd: the query heads must span the hidden size."""
+    model = tiny_phi3(vocab_size=len(bpe))
+    for index in range(3):
+        prune_layer(model, "kv_group", index, torch.tensor([1]))
+    with pytest.raises(SlimkitError, match=r"^3 query heads of 8 \(24\) differ from the hidden size 48, and llama"):
         export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
     assert not (tmp_path / "m.gguf").exists()
-    gguf, hf = export_verdicts("phi3", None, None)
-    assert not gguf.ok and "llama.cpp's phi3 graph" in gguf.detail and hf.ok
+    widths = {"num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": 64}
+    gguf, _ = export_verdicts("phi3", None, None, {"hidden_size": 48, **widths})
+    assert not gguf.ok and "llama.cpp's phi3 graph cuts" in gguf.detail
+    gguf, hf = export_verdicts("phi3", None, None, {"hidden_size": 48, **widths, "num_attention_heads": 6})
+    assert gguf.ok and hf.ok
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "longrope"}
+    with pytest.raises(SlimkitError, match=r"^rope scaling 'longrope' is not written by slimkit's GGUF export"):
+        export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
 
 
 def test_export_verdicts_name_the_padding_and_the_removed_block_refusal():
