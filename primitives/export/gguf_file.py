@@ -360,33 +360,46 @@ def fuse_phi3(dense: DenseModel) -> None:
                 dense.tensors[f"model.layers.{index}.{fused}.weight"] = torch.cat([dense.tensors.pop(n) for n in names])
 
 
-def phi3_head_refusal(widths: list[dict[str, int]], hidden_size: int) -> str | None:
-    """Why llama.cpp's phi3 would misread these per-layer widths (one line), or None.
+def phi3_head_target(widths: list[dict[str, int]], hidden_size: int) -> tuple[int, int] | None:
+    """The ``(query heads, KV heads)`` llama.cpp's phi3 needs every layer padded to, or None when none exists.
 
-    Its graph takes K from the fused ``attn_qkv`` at offset ``n_embd`` (the hidden size), so the query heads, once
-    padded to one count (:mod:`.padding`: the most KV heads times the largest group), must span the hidden size."""
+    Its graph takes K from the fused ``attn_qkv`` at offset ``n_embd``, so the query heads must span the hidden size
+    (``hidden / head_dim`` heads); the KV heads are the fewest that divide them with every layer's KV heads and
+    group fitting (:mod:`.padding` keeps each head in its KV group)."""
     live = [w for w in widths if w.get("num_attention_heads")]
     if not live:
         return None
-    heads = max(w["num_key_value_heads"] for w in live) * max(
-        w["num_attention_heads"] // w["num_key_value_heads"] for w in live
-    )
     head_dim = live[0]["head_dim"]
-    if heads * head_dim == hidden_size:
+    heads, remainder = divmod(hidden_size, head_dim)
+    kv_max = max(w["num_key_value_heads"] for w in live)
+    group = max(w["num_attention_heads"] // w["num_key_value_heads"] for w in live)
+    if remainder:
         return None
+    for kv in range(kv_max, heads + 1):
+        if heads % kv == 0 and heads // kv >= group:
+            return heads, kv
+    return None
+
+
+def phi3_head_refusal(widths: list[dict[str, int]], hidden_size: int) -> str | None:
+    """Why llama.cpp's phi3 cannot read these per-layer widths exactly (one line), or None."""
+    if phi3_head_target(widths, hidden_size) is not None:
+        return None
+    live = [w for w in widths if w.get("num_attention_heads")]
+    shapes = sorted({(w["num_attention_heads"], w["num_key_value_heads"], w["head_dim"]) for w in live})
     return (
-        f"{heads} query heads of {head_dim} ({heads * head_dim}) differ from the hidden size {hidden_size}, and "
-        "llama.cpp's phi3 graph cuts its fused attn_qkv at the hidden size (K at offset n_embd), so query heads "
-        "pruned in every layer are not read exactly (a layer's pruned heads are padded back when another layer keeps "
-        "them all); prune MLP channels, or use --format hf or slimkit.load"
+        f"attention of {', '.join(f'{h} heads over {kv} KV heads of {d}' for h, kv, d in shapes)} cannot be padded to "
+        f"query heads spanning the hidden size {hidden_size} with every head in its KV group, which llama.cpp's phi3 "
+        "graph needs (it cuts its fused attn_qkv at the hidden size); use --format hf or slimkit.load"
     )
 
 
-def check_phi3_heads(dense: DenseModel) -> None:
-    """One line where :func:`phi3_head_refusal` finds the widths misread by llama.cpp's phi3."""
-    reason = phi3_head_refusal(dense.layer_widths, dense.hidden_size)
-    if reason is not None:
-        raise SlimkitError(reason)
+def check_phi3_heads(dense: DenseModel) -> tuple[int, int]:
+    """The head counts to pad to (:func:`phi3_head_target`), or one line where there are none."""
+    target = phi3_head_target(dense.layer_widths, dense.hidden_size)
+    if target is None:
+        raise SlimkitError(phi3_head_refusal(dense.layer_widths, dense.hidden_size) or "")
+    return target
 
 
 def split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -609,15 +622,21 @@ def write_gguf(
             f"removed attention / MLP blocks: llama.cpp's {architecture} graph runs every layer's attention and MLP "
             "(it has no per-layer skip like deci's); serve it with slimkit.load"
         )
+    heads, kept_heads = None, max(w["num_attention_heads"] for w in widths)
     if architecture == "phi3":
+        heads = check_phi3_heads(dense)  # the query heads must span the hidden size
         unfuse_phi3(dense)  # Llama's names, which the padding reads
     if architecture in PADDED_ARCHITECTURES:
-        note = pad_to_uniform(dense)  # llama.cpp builds every layer's tensors from one width
+        note = pad_to_uniform(dense, heads)  # llama.cpp builds every layer's tensors from one width
         if note is not None:
             warnings.append(note)
     if architecture == "phi3":
-        check_phi3_heads(dense)
         fuse_phi3(dense)
+        if heads is not None and heads[0] > kept_heads:
+            warnings.append(
+                f"query heads padded back to {heads[0]} (hidden size / head_dim), which llama.cpp's phi3 graph needs: "
+                "the pruned heads save no compute there"
+            )
     permute = architecture in ROPE_PERMUTED  # the others use llama.cpp's NEOX RoPE: Hugging Face's layout
     norm_offset = (
         1.0 if architecture in GEMMA_ARCHITECTURES else 0.0
@@ -692,6 +711,7 @@ __all__ = [
     "gguf_architecture",
     "llama3_rope_factors",
     "phi3_head_refusal",
+    "phi3_head_target",
     "rope_permute",
     "split_experts",
     "unfuse_phi3",
