@@ -159,3 +159,10 @@ def test_longrope_and_partial_rotary_are_constants_pruned_heads_keep(tmp_path):
         SlimkitError, match=r"^Phi3Config refuses these widths \(.*short_factor.*\); use --format gguf or slimkit.load"
     ):
         export(model, tmp_path / "hf", "hf", tokenizer=byte_tokenizer())
+
+
+def test_offloaded_loading_for_compression_is_refused_in_one_line(tmp_path):
+    model = tiny_phi3(vocab_size=len(byte_tokenizer()) + 1)
+    folder = slimkit.save(model, byte_tokenizer(), tmp_path / "m")  # uniform widths: a stock fused folder
+    with pytest.raises(SlimkitError, match=r"^.*: a phi3 model is compressed with its fused projections .* max_memory"):
+        slimkit.load(folder, max_memory="1GiB")
