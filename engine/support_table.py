@@ -15,7 +15,7 @@ import typing
 from pydantic import BaseModel
 
 from slimkit.engine.registry import stage_def, stage_names
-from slimkit.primitives.arch.capabilities import OPERATIONS, refusal
+from slimkit.primitives.arch.capabilities import OPERATIONS, conditional, refusal
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 
 CHOICE_FIELDS = ("groups", "kinds")
@@ -52,6 +52,11 @@ class Reasons:
         return [f"{i}. {text}" for i, text in enumerate(self.texts, start=1)]
 
 
+def refused_cell(reason: str, reasons: Reasons) -> str:
+    """``refused [n]``, or ``refused where [n]`` for a refusal that holds only where the config says so."""
+    return f"refused {'where ' if conditional(reason) else ''}{reasons.cite(reason)}"
+
+
 def stage_cell(name: str, spec: ArchSpec, reasons: Reasons) -> str:
     """``works``, ``refused [n]`` or, for a stage whose operations follow its arguments, the choices refused."""
     definition = stage_def(name)
@@ -64,7 +69,7 @@ def stage_cell(name: str, spec: ArchSpec, reasons: Reasons) -> str:
     for operation in sorted(args.operations()):
         reason = refusal(spec, operation)
         if reason is not None:
-            return f"refused {reasons.cite(reason)}"
+            return refused_cell(reason, reasons)
     return "works"
 
 
@@ -93,7 +98,7 @@ def operation_table(reasons: Reasons) -> list[str]:
         cells = []
         for operation in OPERATIONS:
             reason = refusal(ARCH_SPECS[model_type], operation)
-            cells.append("works" if reason is None else f"refused {reasons.cite(reason)}")
+            cells.append("works" if reason is None else refused_cell(reason, reasons))
         rows.append([model_type, *cells])
     return _table(list(OPERATIONS), rows)
 
@@ -142,6 +147,7 @@ __all__ = [
     "architectures",
     "decoder_stages",
     "operation_table",
+    "refused_cell",
     "stage_cell",
     "stage_table",
     "support_markdown",

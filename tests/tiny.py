@@ -188,6 +188,22 @@ def tiny_olmo2(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> tor
     return _randomise_norms(Olmo2ForCausalLM(config))
 
 
+def tiny_phi3(
+    vocab_size: int = 300, layers: int = 3, tie: bool = False, partial_rotary_factor: float = 1.0
+) -> torch.nn.Module:
+    """Phi-3: fused qkv_proj and gate_up_proj, seen as their parts (slimkit's view, as slimkit.load gives it);
+    ``partial_rotary_factor`` < 1 is Phi-4-mini's RoPE over part of each head."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    from slimkit.primitives.arch.fused import split_fused
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary_factor}
+    config = Phi3Config(
+        vocab_size=vocab_size, num_hidden_layers=layers, tie_word_embeddings=tie, rope_parameters=rope, **_widths()
+    )
+    return split_fused(_randomise_norms(Phi3ForCausalLM(config)))
+
+
 def tiny_same_as_llama(model_type: str, vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
     """A decoder whose modules are Llama's (``SAME_AS_LLAMA`` in primitives/arch/spec.py), from its own config class."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -204,6 +220,7 @@ NEW_FAMILIES = {
     "gemma3_text": tiny_gemma3_text,
     "granite": tiny_granite,
     "olmo2": tiny_olmo2,
+    "phi3": tiny_phi3,
 }
 """The decoder families beyond Llama's (each ``factory(vocab_size=..., layers=...)``)."""
 

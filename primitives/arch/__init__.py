@@ -1,4 +1,5 @@
-"""Architecture adapters: :class:`ModelView` over llama-family (Llama incl. GQA, Mistral, Qwen2, Qwen3), OPT and BERT.
+"""Architecture adapters: :class:`ModelView` over every decoder in :data:`ARCH_SPECS` (Llama's family, Gemma, Granite,
+OLMo 2, Phi-3 through its fused view, the MoE families, OPT) and BERT.
 
 :func:`check_supported` refuses other architectures (and custom-code configs) with one line.
 """

@@ -87,6 +87,34 @@ def _qk_norms(spec: ArchSpec, inside_heads: bool) -> str | None:
     return None
 
 
+def rotary_fraction(spec: ArchSpec, config: Any) -> float:
+    """The fraction of each q/k head RoPE rotates (1.0 unless the spec names a key and the config sets it)."""
+    key = spec.rotary_fraction_key
+    if key is None or config is None:
+        return 1.0
+    rope = getattr(config, "rope_parameters", None)
+    value = rope.get(key) if isinstance(rope, dict) else None
+    value = getattr(config, key, None) if value is None else value
+    return 1.0 if value is None else float(value)
+
+
+def _partial_rotary(spec: ArchSpec, config: Any) -> str | None:
+    """Why dimensions inside a q/k head cannot be removed where RoPE rotates only part of each head: with a config,
+    only when its fraction is below 1; without one (the support table), the condition in words."""
+    if spec.rotary_fraction_key is None or (config is not None and rotary_fraction(spec, config) >= 1.0):
+        return None
+    return (
+        f"where its {spec.rotary_fraction_key} < 1 (Phi-4-mini), RoPE rotates only the first part of each q/k head "
+        "(pairs j, j + rotary_dim/2, the rest passed through), so removing query/key dimensions inside a head "
+        "changes which dimensions rotate; prune attention_head or kv_group"
+    )
+
+
+def conditional(reason: str) -> bool:
+    """Whether a refusal (given without a config) holds only where the config says so (it starts ``where``)."""
+    return reason.startswith("where ")
+
+
 def _routed_experts(spec: ArchSpec) -> str | None:
     if spec.experts is None:
         return None
@@ -104,15 +132,18 @@ def _encoder(spec: ArchSpec) -> str | None:
     return "it is an encoder (post-norm); use the encoder stages" if spec.encoder else None
 
 
-def refusal(spec: ArchSpec, operation: str) -> str | None:
-    """None when ``operation`` works on ``spec``'s architecture, else why not (one phrase, no model name)."""
+def refusal(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
+    """None when ``operation`` works on ``spec``'s architecture, else why not (one phrase, no model name).
+
+    ``config``: the loaded model's config, for traits a config decides (a partial rotary fraction); without it a
+    refusal that depends on the config is given with its condition."""
     if operation not in OPERATIONS:
         raise ValueError(f"unknown operation '{operation}'; allowed: {', '.join(OPERATIONS)}")
     reasons: list[str | None]
     if operation in ("attention_head", "kv_group"):
         reasons = [_qk_norms(spec, inside_heads=False)]
     elif operation == "qk_dim":
-        reasons = [_qk_norms(spec, inside_heads=True)]
+        reasons = [_qk_norms(spec, inside_heads=True), _partial_rotary(spec, config)]
     elif operation == "hidden_feature":
         reasons = [_routed_experts(spec), _embed_scale(spec)]
     elif operation in ("hidden_projection", "hidden_masks"):
@@ -135,9 +166,9 @@ def refusal(spec: ArchSpec, operation: str) -> str | None:
     return next((reason for reason in reasons if reason is not None), None)
 
 
-def refusal_message(spec: ArchSpec, operation: str) -> str | None:
+def refusal_message(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
     """``"qk_dim groups are not supported for qwen3: its per-head q/k norms ..."`` (one line), or None."""
-    reason = refusal(spec, operation)
+    reason = refusal(spec, operation, config)
     if reason is None:
         return None
     label = OPERATIONS[operation]
@@ -151,9 +182,9 @@ def spec_of(model: Any) -> ArchSpec | None:
     return ARCH_SPECS.get(model_type) if isinstance(model_type, str) else None
 
 
-def check_operation(spec: ArchSpec, operation: str) -> None:
-    """Raise :class:`SlimkitError` (one line) when ``operation`` is refused for ``spec``."""
-    message = refusal_message(spec, operation)
+def check_operation(spec: ArchSpec, operation: str, config: Any = None) -> None:
+    """Raise :class:`SlimkitError` (one line) when ``operation`` is refused for ``spec`` (and ``config``)."""
+    message = refusal_message(spec, operation, config)
     if message is not None:
         raise SlimkitError(message)
 
@@ -164,9 +195,18 @@ def check_operations(model: Any, operations: frozenset[str] | set[str] | tuple[s
     if spec is None:
         return
     for operation in sorted(operations):
-        message = refusal_message(spec, operation)
+        message = refusal_message(spec, operation, model.config)
         if message is not None:
             raise SlimkitError(f"{who}: {message}" if who else message)
 
 
-__all__ = ["OPERATIONS", "check_operation", "check_operations", "refusal", "refusal_message", "spec_of"]
+__all__ = [
+    "OPERATIONS",
+    "check_operation",
+    "check_operations",
+    "conditional",
+    "refusal",
+    "refusal_message",
+    "rotary_fraction",
+    "spec_of",
+]

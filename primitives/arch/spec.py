@@ -17,6 +17,17 @@ MLPKind = Literal["gated", "plain"]
 
 
 @dataclass(frozen=True)
+class FusedProjection:
+    """One matrix a model holds fused (Phi-3's ``self_attn.qkv_proj``): its path relative to the layer, the parts it
+    stacks by rows in order, and each part's width as a config key (times ``head_dim`` when ``per_head``)."""
+
+    path: str
+    parts: tuple[str, ...]
+    part_widths: tuple[str, ...]
+    per_head: bool = False
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     model_type: str
     layers: str
@@ -86,6 +97,16 @@ class ArchSpec:
     ``scaling`` from that width) and refuses a head count that does not divide the hidden size (OPT, BERT: their
     configs hold no ``head_dim``), so a config holding pruned head counts does not rebuild the model
     (:mod:`slimkit.primitives.arch.derived_head_dim`)."""
+    fused: tuple[FusedProjection, ...] = ()
+    """Matrices held fused, seen as their parts (:mod:`slimkit.primitives.arch.fused`); the role paths above then
+    name the parts (``self_attn.qkv_proj.q_proj``)."""
+    head_config_keys: tuple[str, ...] = ()
+    """Head counts the attention forward reads from its ``config`` rather than from its own attributes (Phi-3 splits
+    ``qkv_proj`` at ``config.num_attention_heads * head_dim``): each attention module gets a config of its own whose
+    values follow its layer's widths (:mod:`slimkit.primitives.arch.layer_config`)."""
+    rotary_fraction_key: str | None = None
+    """The config key of the fraction of each q/k head that RoPE rotates (``partial_rotary_factor``: Phi-4-mini
+    rotates 3/4), read from ``rope_parameters`` or the config; None: RoPE rotates the whole head."""
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
@@ -251,6 +272,29 @@ _OLMO2 = replace(
     k_norm="self_attn.k_norm",
     qk_norm_scope="projection",
 )
+# Phi-3 / Phi-4-mini: Llama's layout with q/k/v fused into ``qkv_proj`` and gate/up into ``gate_up_proj`` (seen as
+# their parts), an attention that splits qkv at ``config.num_attention_heads`` (one config per attention module), and
+# RoPE over a fraction of each head (``partial_rotary_factor``). longrope scaling and sliding windows are constants.
+_PHI3 = replace(
+    _LLAMA,
+    model_type="phi3",
+    q="self_attn.qkv_proj.q_proj",
+    k="self_attn.qkv_proj.k_proj",
+    v="self_attn.qkv_proj.v_proj",
+    gate="mlp.gate_up_proj.gate_proj",
+    up="mlp.gate_up_proj.up_proj",
+    fused=(
+        FusedProjection(
+            "self_attn.qkv_proj",
+            ("q_proj", "k_proj", "v_proj"),
+            ("num_attention_heads", "num_key_value_heads", "num_key_value_heads"),
+            per_head=True,
+        ),
+        FusedProjection("mlp.gate_up_proj", ("gate_proj", "up_proj"), ("intermediate_size", "intermediate_size")),
+    ),
+    head_config_keys=("num_attention_heads", "num_key_value_heads"),
+    rotary_fraction_key="partial_rotary_factor",
+)
 # Decoders whose modules and forward are Llama's (checked against their transformers modeling files): the same spec
 # covers them with no new code.
 SAME_AS_LLAMA = ("helium", "ministral", "seed_oss", "smollm3")
@@ -280,6 +324,7 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "gemma3_text": _GEMMA3,
     "granite": _GRANITE,
     "olmo2": _OLMO2,
+    "phi3": _PHI3,
     **{model_type: replace(_LLAMA, model_type=model_type) for model_type in SAME_AS_LLAMA},
     "opt": _OPT,
     "bert": _BERT,

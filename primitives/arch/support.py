@@ -22,13 +22,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 """Supported ``model_type`` s per task (decoders and encoders, by :attr:`ArchSpec.encoder`)."""
 
 
-NOT_YET: dict[str, str] = {
-    "phi3": (
-        "its q/k/v and gate/up projections are fused matrices (qkv_proj, gate_up_proj), and its attention splits "
-        "qkv_proj at the config's num_attention_heads, one value for every layer; slimkit's groups do not yet slice "
-        "inside fused matrices"
-    ),
-}
+NOT_YET: dict[str, str] = {}
 """Decoders transformers runs that slimkit does not compress yet, and the architectural reason (in the refusal)."""
 
 _CODE_FREE_AUTO = ("AutoTokenizer", "AutoProcessor", "AutoImageProcessor", "AutoFeatureExtractor")

@@ -14,7 +14,9 @@ from typing import Literal, cast
 
 from torch import nn
 
+from slimkit.primitives.arch.fused import is_split
 from slimkit.primitives.arch.head_widths import HeadWidthAttention, HeadWidths
+from slimkit.primitives.arch.layer_config import with_own_values
 from slimkit.primitives.arch.moe import layer_moe_widths
 from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
@@ -207,6 +209,9 @@ class LayerView:
         for attr, rule in _HEAD_ATTRS.items():
             if hasattr(attn, attr):
                 setattr(attn, attr, rule(h, kv, d))
+        if self.spec.head_config_keys:  # the forward reads these from its config: one config per attention module
+            own = {key: _HEAD_ATTRS[key](h, kv, d) for key in self.spec.head_config_keys}
+            setattr(attn, "config", with_own_values(attn.config, own))  # noqa: B010 (not a tensor or module)
 
     def set_head_dim(self, head_dim: int) -> None:
         """Give the attention module the head width ``head_dim`` and the scale its constructor derives from it
@@ -236,6 +241,12 @@ class ModelView:
         self.model = model
         self.spec = ARCH_SPECS[model_type]
         self.config = model.config
+        if self.spec.fused and not is_split(model):
+            fused = ", ".join(f.path for f in self.spec.fused)
+            raise SlimkitError(
+                f"this {model_type} model holds fused projections ({fused}) as single matrices; slimkit sees them "
+                "as their parts: load it with slimkit.load, or call slimkit.primitives.arch.fused.split_fused(model)"
+            )
 
     @property
     def base(self) -> nn.Module:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.fused import fuse_tensors
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.save import layer_hidden_size
 from slimkit.primitives.lowrank.module import LowRankLinear
@@ -121,6 +122,7 @@ def dense_tensors(model: nn.Module) -> DenseModel:
         tensors[head_key] = _product(head_weight, norm_map.weight.detach())
         merged.append(f"the final norm's output map {tuple(norm_map.weight.shape)} into the head (untied)")
         tied = False
+    fuse_tensors(tensors, model)  # fused projections under their stock names (Phi-3's qkv_proj, gate_up_proj)
     own = sum(p.numel() for p in model.parameters())
     added = sum(t.numel() for t in tensors.values()) - own
     return DenseModel(

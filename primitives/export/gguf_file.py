@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from slimkit.primitives.arch.capabilities import rotary_fraction
 from slimkit.primitives.arch.moe import moe_spec
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
@@ -57,9 +58,11 @@ EXPORTABLE_MODEL_TYPES = (
     "gemma3_text",
     "granite",
     "olmo2",
+    "phi3",
     "mixtral",
     "qwen3_moe",
 )
+
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -100,11 +103,25 @@ _OLMO2_LAYER_TENSORS = {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 """OLMo 2's names: no input norms, branch post-norms, q/k norms over the whole projections."""
-_LAYER_MAPS = {"gemma2": _GEMMA3_LAYER_TENSORS, "gemma3": _GEMMA3_LAYER_TENSORS, "olmo2": _OLMO2_LAYER_TENSORS}
+_PHI3_LAYER_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+"""Phi-3's names: q/k/v fused (``attn_qkv``), gate and up fused (``ffn_up``, gate first)."""
+_LAYER_MAPS = {
+    "gemma2": _GEMMA3_LAYER_TENSORS,
+    "gemma3": _GEMMA3_LAYER_TENSORS,
+    "olmo2": _OLMO2_LAYER_TENSORS,
+    "phi3": _PHI3_LAYER_TENSORS,
+}
 GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 """llama.cpp's Gemma architectures: norms written as ``1 + w`` (Hugging Face scales by ``1 + w``, llama.cpp by
 ``w``)."""
-PADDED_ARCHITECTURES = (*GEMMA_ARCHITECTURES, "granite", "olmo2")
+PADDED_ARCHITECTURES = (*GEMMA_ARCHITECTURES, "granite", "olmo2", "phi3")
 """llama.cpp architectures whose tensors are all built from one head count and feed-forward length: per-layer
 widths are padded to one (:mod:`slimkit.primitives.export.padding`), removed blocks refused."""
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6}
@@ -179,7 +196,7 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
         return "gemma3"  # per-layer widths are padded to one (primitives/export/padding.py)
     if model_type in ("gemma", "gemma2"):
         return model_type
-    if model_type in ("granite", "olmo2"):
+    if model_type in ("granite", "olmo2", "phi3"):
         return model_type
     if model_type in ("qwen2", "qwen3"):
         if not uniform:
@@ -213,8 +230,9 @@ def check_exportable(model: nn.Module) -> list[str]:
     window = getattr(config, "sliding_window", None)
     use_window = getattr(config, "use_sliding_window", True)
     if window is not None and use_window and window < config.max_position_embeddings:
+        what = "is written, but llama.cpp's phi3 disables Phi's window" if model_type == "phi3" else "is not written"
         warnings.append(
-            f"sliding_window {window} is not written (llama.cpp's {model_type} attends to the whole context): "
+            f"sliding_window {window} {what} (llama.cpp's {model_type} attends to the whole context): "
             f"outputs differ from the Hugging Face model beyond {window} tokens"
         )
     biased = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
@@ -308,6 +326,82 @@ def _gguf_name(name: str, architecture: str = "llama") -> str | None:
     return None
 
 
+_PHI3_FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def _phi3_rows(widths: dict[str, int], fused: str) -> list[int]:
+    d = widths["head_dim"]
+    if fused == "self_attn.qkv_proj":
+        return [widths["num_attention_heads"] * d, *[widths["num_key_value_heads"] * d] * 2]
+    return [widths["intermediate_size"]] * 2
+
+
+def unfuse_phi3(dense: DenseModel) -> None:
+    """Split each layer's fused ``qkv_proj`` / ``gate_up_proj`` of ``dense`` (in place) into Llama's names, by the
+    layer's widths."""
+    for index, widths in enumerate(dense.layer_widths):
+        for fused, parts in _PHI3_FUSED.items():
+            name = f"model.layers.{index}.{fused}.weight"
+            if name in dense.tensors:
+                pieces = dense.tensors.pop(name).split(_phi3_rows(widths, fused))
+                for part, piece in zip(parts, pieces, strict=True):
+                    dense.tensors[f"model.layers.{index}.{part}.weight"] = piece
+
+
+def fuse_phi3(dense: DenseModel) -> None:
+    """The inverse of :func:`unfuse_phi3`: Llama's names stacked back into ``qkv_proj`` and ``gate_up_proj``."""
+    for index in range(len(dense.layer_widths)):
+        for fused, parts in _PHI3_FUSED.items():
+            names = [f"model.layers.{index}.{part}.weight" for part in parts]
+            if all(name in dense.tensors for name in names):
+                dense.tensors[f"model.layers.{index}.{fused}.weight"] = torch.cat([dense.tensors.pop(n) for n in names])
+
+
+def phi3_head_target(widths: list[dict[str, int]], hidden_size: int) -> tuple[int, int] | None:
+    """The ``(query heads, KV heads)`` llama.cpp's phi3 needs every layer padded to, or None when none exists.
+
+    Its graph takes K from the fused ``attn_qkv`` at offset ``n_embd``, so the query heads must span the hidden size
+    (``hidden / head_dim`` heads); the KV heads are the fewest that divide them with every layer's KV heads and
+    group fitting (:mod:`.padding` keeps each head in its KV group)."""
+    live = [w for w in widths if w.get("num_attention_heads")]
+    if not live:
+        return None
+    head_dim = live[0]["head_dim"]
+    heads, remainder = divmod(hidden_size, head_dim)
+    kv_max = max(w["num_key_value_heads"] for w in live)
+    group = max(w["num_attention_heads"] // w["num_key_value_heads"] for w in live)
+    if remainder:
+        return None
+    for kv in range(kv_max, heads + 1):
+        if heads % kv == 0 and heads // kv >= group:
+            return heads, kv
+    return None
+
+
+def phi3_head_refusal(widths: list[dict[str, int]], hidden_size: int) -> str | None:
+    """Why llama.cpp's phi3 cannot read these per-layer widths exactly (one line), or None."""
+    if phi3_head_target(widths, hidden_size) is not None:
+        return None
+    live = [w for w in widths if w.get("num_attention_heads")]
+    shapes = sorted({(w["num_attention_heads"], w["num_key_value_heads"], w["head_dim"]) for w in live})
+    return (
+        f"attention of {', '.join(f'{h} heads over {kv} KV heads of {d}' for h, kv, d in shapes)} cannot be padded to "
+        f"query heads spanning the hidden size {hidden_size} with every head in its KV group, which llama.cpp's phi3 "
+        "graph needs (it cuts its fused attn_qkv at the hidden size); use --format hf or slimkit.load"
+    )
+
+
+def check_phi3_heads(dense: DenseModel) -> tuple[int, int]:
+    """The head counts to pad to (:func:`phi3_head_target`), or one line where there are none."""
+    target = phi3_head_target(dense.layer_widths, dense.hidden_size)
+    if target is None:
+        raise SlimkitError(phi3_head_refusal(dense.layer_widths, dense.hidden_size) or "")
+    return target
+
+
 def split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``tensors`` with each fused ``mlp.experts.gate_up_proj`` (E, 2 x width, hidden) split into the stacked
     ``mlp.experts.gate_proj`` and ``mlp.experts.up_proj`` (E, width, hidden) that llama.cpp reads."""
@@ -369,8 +463,11 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
         writer.add_head_count_kv([w["num_key_value_heads"] for w in widths])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    spec = ARCH_SPECS[config.model_type]
+    writer.add_rope_dimension_count(int(head_dim * rotary_fraction(spec, config)))  # Phi-4-mini rotates 3/4
     writer.add_rope_freq_base(_rope_theta(config))
+    if architecture == "phi3":  # llama.cpp's phi3 reads the key (0: no window)
+        writer.add_sliding_window(int(getattr(config, "sliding_window", None) or 0))
     scaling = _rope_scaling(config)
     if scaling.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -525,10 +622,21 @@ def write_gguf(
             f"removed attention / MLP blocks: llama.cpp's {architecture} graph runs every layer's attention and MLP "
             "(it has no per-layer skip like deci's); serve it with slimkit.load"
         )
+    heads, kept_heads = None, max(w["num_attention_heads"] for w in widths)
+    if architecture == "phi3":
+        heads = check_phi3_heads(dense)  # the query heads must span the hidden size
+        unfuse_phi3(dense)  # Llama's names, which the padding reads
     if architecture in PADDED_ARCHITECTURES:
-        note = pad_to_uniform(dense)  # llama.cpp builds every layer's tensors from one width
+        note = pad_to_uniform(dense, heads)  # llama.cpp builds every layer's tensors from one width
         if note is not None:
             warnings.append(note)
+    if architecture == "phi3":
+        fuse_phi3(dense)
+        if heads is not None and heads[0] > kept_heads:
+            warnings.append(
+                f"query heads padded back to {heads[0]} (hidden size / head_dim), which llama.cpp's phi3 graph needs: "
+                "the pruned heads save no compute there"
+            )
     permute = architecture in ROPE_PERMUTED  # the others use llama.cpp's NEOX RoPE: Hugging Face's layout
     norm_offset = (
         1.0 if architecture in GEMMA_ARCHITECTURES else 0.0
@@ -598,10 +706,15 @@ __all__ = [
     "GGUF_TYPES",
     "GgufResult",
     "check_exportable",
+    "check_phi3_heads",
+    "fuse_phi3",
     "gguf_architecture",
     "llama3_rope_factors",
+    "phi3_head_refusal",
+    "phi3_head_target",
     "rope_permute",
     "split_experts",
+    "unfuse_phi3",
     "write_gguf",
     "zero_feed_forwards",
     "zero_first_attention",

@@ -35,6 +35,7 @@ HF_MODEL_TYPES = (
     "gemma3_text",
     "granite",
     "olmo2",
+    "phi3",
     *SAME_AS_LLAMA,
     "mixtral",
     "qwen2_moe",

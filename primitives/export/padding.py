@@ -31,16 +31,21 @@ def _cols(weight: torch.Tensor, units: int, width: int, kept: list[int]) -> torc
     return _rows(weight.T, units, width, kept).T.contiguous()
 
 
-def pad_to_uniform(dense: DenseModel) -> str | None:
+def pad_to_uniform(dense: DenseModel, at_least: tuple[int, int] | None = None) -> str | None:
     """Pad every layer of ``dense`` (in place) to the largest MLP width and GQA shape; returns the note, or None when
-    the widths are already uniform. Layers must all have heads and an MLP (removed blocks are refused before)."""
+    the widths are already uniform. Layers must all have heads and an MLP (removed blocks are refused before).
+
+    ``at_least``: ``(query heads, KV heads)`` the attention is padded to at least (an engine that needs a head count,
+    llama.cpp's phi3); the KV heads must divide the query heads."""
     widths = dense.layer_widths
-    if dense.uniform:
-        return None
-    ffn = max(w["intermediate_size"] for w in widths)
     kv_max = max(w["num_key_value_heads"] for w in widths)
     group = max(w["num_attention_heads"] // w["num_key_value_heads"] for w in widths)
+    if at_least is not None:
+        kv_max, group = max(kv_max, at_least[1]), max(group, at_least[0] // at_least[1])
     heads = kv_max * group
+    if dense.uniform and (widths[0]["num_attention_heads"], widths[0]["num_key_value_heads"]) == (heads, kv_max):
+        return None
+    ffn = max(w["intermediate_size"] for w in widths)
     added = 0
     for index, w in enumerate(widths):
         prefix = f"model.layers.{index}."

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.export.gguf_file import PADDED_ARCHITECTURES, gguf_architecture
+from slimkit.primitives.export.gguf_file import PADDED_ARCHITECTURES, gguf_architecture, phi3_head_refusal
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, removed_blocks_refusal
 from slimkit.primitives.io.compat import removed_block_layers
 
@@ -54,10 +54,28 @@ def _merges(modules: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def _phi3_refusal(per_layer: dict[str, dict[str, Any]], config: dict[str, Any] | None) -> str | None:
+    """llama.cpp's phi3 condition on the head counts (:func:`~.gguf_file.phi3_head_refusal`), from the folder."""
+    config = config or {}
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if not heads or not hidden:
+        return None
+    keys = ("num_attention_heads", "num_key_value_heads", "head_dim")
+    plain = {"head_dim": hidden // heads, **{key: config[key] for key in keys if config.get(key)}}
+    widths = list(per_layer.values()) or [plain]
+    if not all(all(key in w for key in keys) for w in widths):
+        return None
+    return phi3_head_refusal(widths, int(widths[0].get("hidden_size", hidden)))
+
+
 def export_verdicts(
-    model_type: str, per_layer: dict[str, dict[str, Any]] | None, modules: list[dict[str, Any]] | None
+    model_type: str,
+    per_layer: dict[str, dict[str, Any]] | None,
+    modules: list[dict[str, Any]] | None,
+    config: dict[str, Any] | None = None,
 ) -> list[ExportVerdict]:
-    """The GGUF and plain-HF verdicts for a folder of ``model_type`` with these per-layer widths and modules."""
+    """The GGUF and plain-HF verdicts for a folder of ``model_type`` with these per-layer widths and modules;
+    ``config`` (``config.json``'s values) gives the widths of a folder without ``per_layer_config``."""
     modules = list(modules or [])
     blocking = _blocking(modules)
     merges = _merges(modules)
@@ -81,8 +99,9 @@ def export_verdicts(
         verdicts.append(ExportVerdict("gguf", False, str(error)))
     else:
         removed_layers = removed_block_layers(per_layer)
-        if blocking:
-            verdicts.append(ExportVerdict("gguf", False, blocking))
+        phi3 = _phi3_refusal(per_layer, config) if architecture == "phi3" else None
+        if blocking or phi3:
+            verdicts.append(ExportVerdict("gguf", False, blocking or phi3 or ""))
         elif architecture in PADDED_ARCHITECTURES and removed_layers:
             verdicts.append(
                 ExportVerdict(

@@ -141,7 +141,7 @@ def _dims_across_heads(heads: int, head_dim: int, dims: torch.Tensor) -> torch.T
 
 
 def qk_dim_group(view: ModelView, layer: LayerView) -> Group:
-    check_operation(layer.spec, "qk_dim")
+    check_operation(layer.spec, "qk_dim", view.config)
     d = layer.head_dim
     if layer.rope:  # rotate_half pairs dimension j with j + d/2
         dims = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1)
@@ -217,7 +217,7 @@ def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -
     view = ModelView(model)
     if kind not in GROUP_KINDS:
         raise ValueError(f"unknown group kind '{kind}'; allowed: {', '.join(GROUP_KINDS)}")
-    check_operation(view.spec, kind)
+    check_operation(view.spec, kind, view.config)
     if kind == "hidden_feature":
         return [hidden_feature_group(view)]
     indices = range(view.num_layers) if layers is None else layers

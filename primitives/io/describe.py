@@ -206,7 +206,9 @@ def folder_loaders(directory: str | os.PathLike) -> list[LoaderVerdict]:
     from slimkit.primitives.export.plan import export_verdicts
 
     model_type = unmark_config(config).get("model_type", "?")
-    for verdict in export_verdicts(model_type, config.get("per_layer_config"), manifest.get("modules")):
+    for verdict in export_verdicts(
+        model_type, config.get("per_layer_config"), manifest.get("modules"), unmark_config(config)
+    ):
         if verdict.format.startswith("gguf"):
             detail = f"as {verdict.format}: {verdict.detail}" if verdict.ok else verdict.detail
             verdicts.append(LoaderVerdict("llama.cpp via slimkit export --format gguf", verdict.ok, detail))

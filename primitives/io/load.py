@@ -17,6 +17,7 @@ from torch import nn
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.derived_head_dim import build_values, saved_head_dims, set_saved_head_dims
+from slimkit.primitives.arch.fused import split_fused
 from slimkit.primitives.arch.head_widths import KIND as HEAD_WIDTHS_KIND
 from slimkit.primitives.arch.head_widths import materialise_head_widths
 from slimkit.primitives.arch.moe import materialise_experts
@@ -394,10 +395,11 @@ def load(
         loaded = _as_loaded(folder, skeleton)
         _check_shapes(loaded, skeleton, config_dict, prefix, _SHAPE_HINT)
         _check_all_saved(loaded, skeleton, prefix)
-        _check_layer_widths(folder, skeleton, manifest)
+        _check_layer_widths(folder, split_fused(skeleton), manifest)
         del skeleton
         tokenizer = _load_tokenizer(directory, config)  # before the weights: its ids are checked against the rows
         if placement.max_memory is not None:
+            _refuse_offloaded_fused(directory, config, purpose)
             model = _load_offloaded(cls, directory, config, placement, offload_folder)
         elif placement.gpus:
             from slimkit.primitives.device.offload import load_spread
@@ -408,6 +410,8 @@ def load(
             model = cls.from_pretrained(
                 directory, dtype=placement.dtype, trust_remote_code=False, use_safetensors=True, **on_gpu
             )
+        if placement.max_memory is None:
+            split_fused(model)  # fused projections seen as their parts (exact)
         return model.eval(), tokenizer
     if placement.max_memory is not None:
         raise SlimkitError(
@@ -431,6 +435,7 @@ def load(
     model = _from_config_file(folder, lambda: _instantiate(_model_class(config, task), config, dtype=placement.dtype))
     for key in build:  # the config says what was saved; the modules get the saved widths below
         setattr(model.config, key, config_dict[key])
+    split_fused(model)  # a saved folder holds fused projections as their parts
     saved = folder.shapes
     _check_module_entries(folder, model, modules)
     materialise_lowrank(model, modules)
@@ -476,6 +481,17 @@ def load(
 
         return dispatch_spread(model, placement), tokenizer
     return model.to(placement.device).eval(), tokenizer
+
+
+def _refuse_offloaded_fused(directory: Path, config: Any, purpose: str) -> None:
+    """One line for compressing an offloaded model with fused projections (its weights are not in memory to split)."""
+    spec = ARCH_SPECS.get(getattr(config, "model_type", None) or "")
+    if purpose == "compress" and spec is not None and spec.fused:
+        fused = ", ".join(f.path for f in spec.fused)
+        raise SlimkitError(
+            f"{directory}: a {spec.model_type} model is compressed with its fused projections ({fused}) split into "
+            "their parts, which offloaded weights (max_memory) cannot be; load it without max_memory"
+        )
 
 
 def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, offload_folder: Any) -> nn.Module:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.fused import fused_for_save, split_fused
 from slimkit.primitives.arch.head_widths import head_width_entries
 from slimkit.primitives.arch.moe import moe_spec
 from slimkit.primitives.errors import SlimkitError
@@ -70,7 +72,7 @@ def _rebuilds(model: nn.Module, values: dict[str, Any]) -> bool:
     config = type(model.config)(**values)
     try:
         with torch.device("meta"):
-            built = type(model)(config)
+            built = split_fused(type(model)(config))
     except Exception:
         return False
     built_params = dict(built.named_parameters(remove_duplicate=False))
@@ -199,14 +201,6 @@ def _write_folder(
         offloaded = any(where in ("cpu", "disk") for where in (getattr(model, "hf_device_map", None) or {}).values())
         # A MoE model is written with its fused expert tensors as they are in memory (transformers would otherwise
         # split them back into the hub's per-expert layout, which slimkit's shape checks do not read).
-        model.save_pretrained(
-            tmp,
-            safe_serialization=True,
-            max_shard_size="1GB" if offloaded else "5GB",
-            save_original_format=moe_spec(model) is None,
-        )
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
         record = {
             "format": MANIFEST_FORMAT,
             "model_type": view.spec.model_type,
@@ -215,12 +209,22 @@ def _write_folder(
             "versions": versions(),
             **(manifest or {}),
         }
+        reasons = structure_reasons(per_layer, record.get("modules"))
+        # A plain folder holds fused projections as the stock model does; a slimkit-only one holds their parts.
+        with nullcontext() if reasons else fused_for_save(model):
+            model.save_pretrained(
+                tmp,
+                safe_serialization=True,
+                max_shard_size="1GB" if offloaded else "5GB",
+                save_original_format=moe_spec(model) is None,
+            )
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"
         config = unmark_config(json.loads(config_path.read_text()))
         config.update(global_widths)
         if per_layer is not None:
             config["per_layer_config"] = per_layer
-        reasons = structure_reasons(per_layer, record.get("modules"))
         if reasons:
             config = mark_config(config, reasons)
             rename_weight_files(tmp)

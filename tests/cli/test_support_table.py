@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from slimkit.engine.registry import stage_def
-from slimkit.engine.support_table import Reasons, architectures, decoder_stages, stage_cell, support_markdown
+from slimkit.engine.support_table import (
+    Reasons,
+    architectures,
+    decoder_stages,
+    operation_table,
+    stage_cell,
+    support_markdown,
+)
 from slimkit.primitives.arch.capabilities import refusal
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
@@ -57,3 +64,12 @@ def test_a_stage_check_model_refuses_what_the_table_says(stage, args, factory, m
     with pytest.raises(SlimkitError, match=message):
         parsed.check_model(factory())
     parsed.check_model(tiny_llama())  # llama takes every operation
+
+
+def test_a_refusal_the_config_decides_is_marked_where():
+    """Phi-3's qk_dim refusal holds only where partial_rotary_factor < 1 (Phi-4-mini): the cell says so."""
+    reasons = Reasons()
+    lines = operation_table(reasons)
+    phi3 = next(line for line in lines if line.startswith("| phi3 |"))
+    number = reasons.texts.index(next(t for t in reasons.texts if t.startswith("where its partial_rotary_factor < 1")))
+    assert f"| refused where [{number + 1}] |" in phi3 and phi3.count("where") == 1

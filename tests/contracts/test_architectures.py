@@ -19,6 +19,7 @@ import slimkit
 from benchmarks.exportable import LAYERS, llm_recipes, shrink
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.capabilities import OPERATIONS, refusal, refusal_message
+from slimkit.primitives.arch.fused import fused_for_save
 from slimkit.primitives.arch.spec import ARCH_SPECS, SAME_AS_LLAMA
 from slimkit.primitives.arch.support import SUPPORTED, check_supported
 from slimkit.primitives.blocks import Block, remove_block
@@ -28,7 +29,6 @@ from slimkit.primitives.projection import ProjectionSettings, project_hidden_dim
 from slimkit.primitives.surgery import prune_layer, remove_units
 from slimkit.recipes.loading import load_recipe, validate
 from tests.tiny import (
-    _FAMILY_WIDTHS,
     DECODERS,
     NEW_FAMILIES,
     assert_scaled_close,
@@ -57,7 +57,7 @@ def _refused(family: str, operation: str) -> bool:
 
 # -- (a) views and lossless transforms --------------------------------------------------------------------
 def test_views_see_each_new_family():
-    expected_norms = {"gemma": 2, "gemma2": 4, "gemma3_text": 4, "granite": 2, "olmo2": 2}
+    expected_norms = {"gemma": 2, "gemma2": 4, "gemma3_text": 4, "granite": 2, "olmo2": 2, "phi3": 2}
     for family in NEW:
         model = _model(family)
         layer = ModelView(model).layer(0)
@@ -196,17 +196,6 @@ def test_supported_lists_every_decoder_spec():
     check_supported({"model_type": "slimkit_compressed", "slimkit_base_model_type": "gemma3_text"}, "causal-lm")
 
 
-def test_phi3_is_refused_at_the_door_with_its_architectural_reason():
-    from transformers import Phi3Config
-
-    config = Phi3Config(num_hidden_layers=1, **_FAMILY_WIDTHS)
-    with pytest.raises(SlimkitError) as error:
-        check_supported(config, "causal-lm")
-    text = str(error.value)
-    assert "\n" not in text and text.startswith("model_type 'phi3' is not supported for causal-lm recipes (its q/k/v")
-    assert "qkv_proj" in text and text.endswith("smollm3")
-
-
 def test_each_refusal_is_one_line_naming_architecture_and_operation():
     for family in ARCH_SPECS:
         for operation in OPERATIONS:
@@ -273,7 +262,8 @@ def _tiny_folder(family: str, tmp_path: Path) -> Path:
     torch.manual_seed(0)
     folder = tmp_path / f"tiny-{family}"
     model = DECODERS[family](vocab_size=len(tokenizer), layers=LAYERS)
-    model.save_pretrained(folder)
+    with fused_for_save(model):  # the stock folder a user brings (Phi-3's projections fused)
+        model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -19,6 +19,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.llamacpp import gguf_logits
 from slimkit.primitives.export import export
 from slimkit.primitives.export.dense import dense_tensors
+from slimkit.primitives.export.gguf_file import phi3_head_refusal, phi3_head_target
 from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.export.plan import export_verdicts
 from slimkit.primitives.surgery import prune_layer
@@ -30,6 +31,7 @@ from tests.tiny import (
     tiny_gemma3_text,
     tiny_granite,
     tiny_olmo2,
+    tiny_phi3,
     tiny_same_as_llama,
 )
 
@@ -156,7 +158,7 @@ def test_granite_and_olmo2_gguf_equal_pytorch_in_llamacpp(tmp_path, bpe, factory
         export(model, tmp_path / "r.gguf", "gguf", "f32", tokenizer=bpe)
 
 
-@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text", "granite", "olmo2", "smollm3"])
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text", "granite", "olmo2", "phi3", "smollm3"])
 def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, family):
     """Uniform pruning keeps a config transformers builds: the folder is read back by stock transformers and its
     logits checked by the export itself (``max_abs_logit_diff``)."""
@@ -165,6 +167,51 @@ def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, fam
         prune_layer(model, "mlp_channel", layer.index, torch.arange(48))
     result = export(model, tmp_path / "hf", "hf", tokenizer=bpe)
     assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
+
+
+@pytest.mark.parametrize("case", ["dense", "partial_rotary", "per_layer"])
+def test_phi3_ggufs_equal_pytorch_in_llamacpp(tmp_path, bpe, case):
+    """Fused attn_qkv and ffn_up (gate first), NEOX RoPE over part of each head (Phi-4-mini's
+    partial_rotary_factor), per-layer MLP widths and one layer's pruned heads padded back with zeros."""
+    model = tiny_phi3(vocab_size=len(bpe), partial_rotary_factor=0.5 if case == "partial_rotary" else 1.0)
+    if case == "per_layer":
+        for layer in ModelView(model).layers:
+            prune_layer(model, "mlp_channel", layer.index, torch.arange(layer.mlp_width - 8 * (layer.index % 3)))
+        prune_layer(model, "attention_head", 2, torch.tensor([0, 2, 3, 5]))
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert result.architecture == "phi3"
+    assert any("padded with zeros" in w for w in result.warnings) == (case == "per_layer")
+    assert _diff(model, tmp_path / "m.gguf") <= EXACT
+    if case == "partial_rotary":  # the file rotates 4 of 8 dimensions: a fully rotated twin differs
+        full = tiny_phi3(vocab_size=len(bpe))
+        full.load_state_dict(model.state_dict())
+        assert _diff(full, tmp_path / "m.gguf") > 100 * EXACT
+
+
+def test_phi3_heads_pruned_in_every_layer_are_padded_back_and_longrope_is_refused(tmp_path, bpe):
+    """llama.cpp's phi3 takes K from attn_qkv at offset n_embd: the query heads must span the hidden size, so heads
+    pruned everywhere are padded back (exact, no compute saved); where no padding fits, one line."""
+    model = tiny_phi3(vocab_size=len(bpe))
+    for index in range(3):
+        prune_layer(model, "kv_group", index, torch.tensor([1]))  # 3 heads over 1 KV head in every layer
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert any(w.startswith("query heads padded back to 6") for w in result.warnings)
+    assert _diff(model, tmp_path / "m.gguf") <= EXACT
+    shape = {"num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": 64}
+    assert phi3_head_target([shape], 48) == (6, 1)  # one KV head, its group padded from 3 to 6 query heads
+    assert phi3_head_target([shape, {**shape, "num_attention_heads": 2, "num_key_value_heads": 2}], 48) == (6, 2)
+    assert phi3_head_refusal([shape], 48) is None
+    # 3 KV heads and groups of 3 need 9 query heads, more than the 6 that span the hidden size
+    reason = phi3_head_refusal([shape, {**shape, "num_key_value_heads": 3}], 48)
+    assert reason is not None and reason.endswith("use --format hf or slimkit.load") and "\n" not in reason
+    assert phi3_head_refusal([shape], 52) is not None  # 52 is no whole number of heads of 8
+    gguf, _ = export_verdicts("phi3", None, None, {"hidden_size": 52, **shape})
+    assert not gguf.ok and "llama.cpp's phi3" in gguf.detail
+    gguf, _ = export_verdicts("phi3", None, None, {"hidden_size": 48, **shape})
+    assert gguf.ok
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "longrope"}
+    with pytest.raises(SlimkitError, match=r"^rope scaling 'longrope' is not written by slimkit's GGUF export"):
+        export(model, tmp_path / "r.gguf", "gguf", "f32", tokenizer=bpe)
 
 
 def test_export_verdicts_name_the_padding_and_the_removed_block_refusal():
