@@ -64,6 +64,11 @@ class PruneNetArgs(StageArgs):
     """Distance between singular-value spectra: ``ks`` (Kolmogorov-Smirnov, Eq. 6), ``ad`` (Anderson-Darling)."""
     spectrum_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the singular-value computations (float64: slower, more exact)."""
+    spectrum: Literal["gram", "svd"] = "gram"
+    """How the singular values are computed: ``gram``, the square roots of the eigenvalues of the d x d Gram of the
+    rows (one eigenvalue problem of the hidden size per spectrum: far cheaper on a GPU); ``svd``, ``svdvals`` of the
+    rows (the former path). KS and Anderson-Darling read only the order of the values, which both give alike up to
+    rounding (docs/methods/prunenet-policy.md)."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
     """Fraction of each layer's MLP channels to remove; None follows the recipe target."""
     schedule: Literal["uniform", "linear"] = "uniform"
@@ -131,12 +136,14 @@ def prunenet(ctx: Context, args: PruneNetArgs) -> None:
                 distance=args.distance,
                 returns=args.returns,
                 update=args.update,
+                spectrum_method=args.spectrum,
             )
         report["policy"] = {
             "episodes": len(training.episode_penalty),
             "returns": args.returns,
             "update": args.update,
             "optimizer_steps": training.optimizer_steps,
+            "spectrum": args.spectrum,
             "seed": ctx.recipe.seed,
             "episode_penalty": training.episode_penalty,
             "seconds": training.seconds,
