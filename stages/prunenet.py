@@ -20,8 +20,8 @@ from pydantic import Field
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import BudgetMode, StageArgs
-from slimkit.engine.stage_memory import MemoryInputs, training_memory
-from slimkit.primitives.device.memory_model import StageMemory
+from slimkit.engine.stage_memory import MemoryInputs
+from slimkit.primitives.device.memory_model import FLOAT32, FLOAT64, StageMemory
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.policy.prunenet import (
     PruneNetPolicy,
@@ -79,8 +79,16 @@ class PruneNetArgs(StageArgs):
     """Save the trained policy with the run as OUT/policy/ (for reuse through ``policy``)."""
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        """The policy's training through the model at the calibration batch."""
-        return training_memory(stage, inputs, None, None)
+        """No pass through the model: the float32 policy (``W_inter`` n x d, ``W_proj``) with its gradients and AdamW's
+        moments, one layer's FFN1 upcast for its logits, and one spectrum's work (the kept rows and their Gram, or
+        the SVD's copy, in the spectrum's precision)."""
+        n, d = inputs.shape.intermediate, inputs.shape.hidden
+        precision = FLOAT64 if self.spectrum_dtype == "float64" else FLOAT32
+        memory = StageMemory(stage, advice="set spectrum_dtype: float32")
+        if self.policy is None and self.selection != "random":
+            memory.parts["policy"] = 4 * (n * d + n) * FLOAT32
+        memory.parts["spectrum"] = n * d * (FLOAT32 + precision) + d * d * precision
+        return memory
 
     def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else "solve"
