@@ -334,13 +334,34 @@ def target_of(shape: Shape, recipe: str) -> str:
     return "model" if REAL.get(shape.name) == shape or recipe.startswith("sp3") else "layers"
 
 
-def scale_recipe(recipe: str, samples: int, seq_len: int, of: str = "model") -> tuple[dict[str, Any], list[str]]:
-    """The bundled ``recipe`` for a cost run: 20% of ``of``, not strict, the calibration budget, without its
-    recovery stages (:data:`RECOVERY_STAGES`, at the top level or inside ``sequential``)."""
-    from slimkit.recipes.loading import parse_yaml, recipe_path
+VARIANT_SEPARATOR = "@"
+"""``--recipes`` takes ``NAME@KEY=VALUE[@KEY=VALUE...]``: the bundled NAME with ``slimkit --set`` overrides."""
 
-    path = recipe_path(recipe)
+
+def split_variant(recipe: str) -> tuple[str, list[str]]:
+    """``"sp3-llm@stages.1.args.learning_rate=0"`` -> ``("sp3-llm", ["stages.1.args.learning_rate=0"])``."""
+    name, *overrides = recipe.split(VARIANT_SEPARATOR)
+    return name, overrides
+
+
+def variant_raw(recipe: str) -> dict[str, Any]:
+    """The bundled recipe of ``recipe``'s name, parsed, with its overrides applied as ``slimkit recipe run --set``
+    would (keys address the recipe as written: stage indices before any stage is dropped)."""
+    from slimkit.recipes.loading import apply_override, parse_yaml, recipe_path
+
+    name, overrides = split_variant(recipe)
+    path = recipe_path(name)
     raw = parse_yaml(path.read_text(), str(path))
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return raw
+
+
+def scale_recipe(recipe: str, samples: int, seq_len: int, of: str = "model") -> tuple[dict[str, Any], list[str]]:
+    """The bundled ``recipe`` (with a variant's overrides) for a cost run: 20% of ``of``, not strict, the
+    calibration budget, without its recovery stages (:data:`RECOVERY_STAGES`, at the top level or inside
+    ``sequential``). The cost run's target and calibration replace what an override set there."""
+    raw = variant_raw(recipe)
     raw["target"] = {**(raw.get("target") or {}), "ratio": RATIO, "of": of, "strict": False}
     calibration = dict(raw.get("calibration") or {})
     calibration.update(samples=samples, seq_len=seq_len)
@@ -483,9 +504,10 @@ def run_one(
         "max_memory": max_memory,
         "status": "ok",
     }
-    work = Path(tempfile.mkdtemp(prefix=f"{shape.name}-{recipe}-", dir=scratch))
+    name = split_variant(recipe)[0]
+    work = Path(tempfile.mkdtemp(prefix=f"{shape.name}-{name}-", dir=scratch))
     try:
-        recipe_file = work / f"{recipe}.yaml"
+        recipe_file = work / f"{name}.yaml"
         recipe_file.write_text(yaml.safe_dump(raw, sort_keys=False))
         out = work / "run"
         command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", str(recipe_file), "--out", str(out)]
@@ -808,7 +830,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--recipes",
-        help=f"comma-separated recipes (default {','.join(RECIPES)}); 'all': every bundled causal-LM recipe",
+        help=f"comma-separated recipes (default {','.join(RECIPES)}); 'all': every bundled causal-LM recipe; "
+        "NAME@KEY=VALUE[@KEY=VALUE...]: a bundled recipe with --set overrides (e.g. "
+        "sp3-llm@stages.1.args.learning_rate=0), a row of its own",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (CPU float32, CUDA bf16)")
@@ -852,9 +876,16 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
     if recipes == ["all"]:
         recipes = llm_recipes()
 
-    unknown = [r for r in recipes if r not in bundled_recipes()]
+    unknown = [r for r in recipes if split_variant(r)[0] not in bundled_recipes()]
     if unknown:
         raise BenchError(f"--recipes: unknown recipe(s) {', '.join(unknown)}")
+    from slimkit.primitives.errors import SlimkitError
+
+    for recipe in recipes:
+        try:
+            variant_raw(recipe)
+        except SlimkitError as error:
+            raise BenchError(f"--recipes: {recipe}: {error}") from None
     if args.samples < 1 or args.seq_len < 8:
         raise BenchError("--samples must be at least 1 and --seq-len at least 8")
     cuda = args.device.startswith("cuda")
@@ -908,10 +939,7 @@ def recipe_weight(recipe: str) -> float:
     """A recipe's relative cost: the measured factor of the four base recipes, else the sum of its stages'."""
     if recipe in _RECIPE_WEIGHT:
         return _RECIPE_WEIGHT[recipe]
-    from slimkit.recipes.loading import parse_yaml, recipe_path
-
-    path = recipe_path(recipe)
-    stages = parse_yaml(path.read_text(), str(path)).get("stages") or []
+    stages = variant_raw(recipe).get("stages") or []
     flat = [c for s in stages if isinstance(s, dict) for c in (s.get("sequential") or [s])]
     weight = 0.0
     for stage in flat:

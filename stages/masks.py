@@ -22,7 +22,7 @@ from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
 from slimkit.engine.stage_memory import MemoryInputs, training_memory
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
-from slimkit.primitives.device.memory_model import StageMemory
+from slimkit.primitives.device.memory_model import StageMemory, adamw_training_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.masks.mask_settings import StreamMaskSettings
@@ -52,8 +52,13 @@ class MaskTrainArgs(StreamMaskSettings, StageArgs):
         return ALL_ROLES
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        """The backward's activations at the stage's own training batch."""
-        return training_memory(stage, inputs, self.batch_size, self.seq_len)
+        """The backward's activations at the stage's own training batch and, when the weights train
+        (``learning_rate > 0``), their gradients, float32 masters and AdamW moments (the gates are negligible)."""
+        memory = training_memory(stage, inputs, self.batch_size, self.seq_len)
+        if self.learning_rate > 0:
+            memory.parts |= adamw_training_bytes(inputs.shape.total_params(), inputs.dtype_bytes)
+            memory.advice = f"set learning_rate: 0 to train the masks alone (weights frozen), or {memory.advice}"
+        return memory
 
 
 @register_stage(

@@ -20,8 +20,8 @@ from pydantic import Field
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import BudgetMode, StageArgs
-from slimkit.engine.stage_memory import MemoryInputs, training_memory
-from slimkit.primitives.device.memory_model import StageMemory
+from slimkit.engine.stage_memory import MemoryInputs
+from slimkit.primitives.device.memory_model import FLOAT32, FLOAT64, StageMemory
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.policy.prunenet import (
     PruneNetPolicy,
@@ -64,6 +64,11 @@ class PruneNetArgs(StageArgs):
     """Distance between singular-value spectra: ``ks`` (Kolmogorov-Smirnov, Eq. 6), ``ad`` (Anderson-Darling)."""
     spectrum_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the singular-value computations (float64: slower, more exact)."""
+    spectrum: Literal["gram", "svd"] = "gram"
+    """How the singular values are computed: ``gram``, the square roots of the eigenvalues of the d x d Gram of the
+    rows (one eigenvalue problem of the hidden size per spectrum: far cheaper on a GPU); ``svd``, ``svdvals`` of the
+    rows (the former path). KS and Anderson-Darling read only the order of the values, which both give alike up to
+    rounding (docs/methods/prunenet-policy.md)."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
     """Fraction of each layer's MLP channels to remove; None follows the recipe target."""
     schedule: Literal["uniform", "linear"] = "uniform"
@@ -74,8 +79,16 @@ class PruneNetArgs(StageArgs):
     """Save the trained policy with the run as OUT/policy/ (for reuse through ``policy``)."""
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        """The policy's training through the model at the calibration batch."""
-        return training_memory(stage, inputs, None, None)
+        """No pass through the model: the float32 policy (``W_inter`` n x d, ``W_proj``) with its gradients and AdamW's
+        moments, one layer's FFN1 upcast for its logits, and one spectrum's work (the kept rows and their Gram, or
+        the SVD's copy, in the spectrum's precision)."""
+        n, d = inputs.shape.intermediate, inputs.shape.hidden
+        precision = FLOAT64 if self.spectrum_dtype == "float64" else FLOAT32
+        memory = StageMemory(stage, advice="set spectrum_dtype: float32")
+        if self.policy is None and self.selection != "random":
+            memory.parts["policy"] = 4 * (n * d + n) * FLOAT32
+        memory.parts["spectrum"] = n * d * (FLOAT32 + precision) + d * d * precision
+        return memory
 
     def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else "solve"
@@ -131,12 +144,14 @@ def prunenet(ctx: Context, args: PruneNetArgs) -> None:
                 distance=args.distance,
                 returns=args.returns,
                 update=args.update,
+                spectrum_method=args.spectrum,
             )
         report["policy"] = {
             "episodes": len(training.episode_penalty),
             "returns": args.returns,
             "update": args.update,
             "optimizer_steps": training.optimizer_steps,
+            "spectrum": args.spectrum,
             "seed": ctx.recipe.seed,
             "episode_penalty": training.episode_penalty,
             "seconds": training.seconds,

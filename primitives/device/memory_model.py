@@ -112,6 +112,17 @@ def gradient_sum_bytes(params: int, squares: bool) -> int:
     return params * FLOAT32 * (2 if squares else 1)
 
 
+def adamw_training_bytes(params: int, dtype_bytes: int) -> dict[str, int]:
+    """Training every one of ``params`` weights with AdamW through float32 masters (``FloatMaster``): their
+    gradients in the weights' dtype, for half-precision weights the float32 masters and the masters' gradients,
+    and AdamW's two float32 moments."""
+    parts = {"weight gradients": params * dtype_bytes}
+    if dtype_bytes < FLOAT32:
+        parts["float32 masters and their gradients"] = 2 * params * FLOAT32
+    parts["AdamW moments"] = 2 * params * FLOAT32
+    return parts
+
+
 def layer_activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
     """What one decoder layer's backward keeps for ``tokens`` tokens (see the module docstring)."""
     per_token = 6 * shape.hidden + 2 * shape.q_width + 2 * shape.kv_width + 4 * shape.intermediate
@@ -214,6 +225,7 @@ __all__ = [
     "MemoryPlan",
     "ModelShape",
     "StageMemory",
+    "adamw_training_bytes",
     "backward_activation_bytes",
     "forward_activation_bytes",
     "full_training_bytes",

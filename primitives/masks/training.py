@@ -5,8 +5,9 @@ Method note: docs/methods/sp3-mask-training.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,21 @@ MAX_GRAD_NORM = 1.0
 DIVERGENCE = Divergence("mask training", "lower the learning rates")
 
 
+@contextlib.contextmanager
+def frozen_weights(model: nn.Module, frozen: bool) -> Iterator[None]:
+    """With ``frozen``, the model's trainable parameters stop requiring gradients for the block (restored after):
+    a masks-only run then computes no weight gradient it would discard (a model-sized buffer and about a third of
+    the backward's work)."""
+    params = [p for p in model.parameters() if p.requires_grad] if frozen else []
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
 def train_masks(
     model: nn.Module,
     masks: MaskSet,
@@ -64,7 +80,9 @@ def train_masks(
     """Run ``schedule.total_steps`` optimiser steps (batches reused cyclically); returns the history and multipliers.
 
     The mask hooks must already be on ``model``. With ``settings.distill > 0``, ``teacher`` (a
-    frozen copy of the model taken *before* the hooks were added) is compared by ``distance``.
+    frozen copy of the model taken *before* the hooks were added) is compared by ``distance``. With
+    ``settings.learning_rate == 0`` the weights are frozen for the run (:func:`frozen_weights`) and a step with
+    nothing to train (fine-tuning steps) runs no backward: the same results without the unused weight gradients.
     """
     if settings.distill > 0 and (teacher is None or distance is None):
         raise SlimkitError("distillation needs a teacher model and a distance between their logits")
@@ -79,7 +97,7 @@ def train_masks(
     lagrangian_opt = lagrangian_optimizer(lagrangian, settings.lagrangian_learning_rate)
     optimizers = [opt for opt in (weight_opt, mask_opt, lagrangian_opt) if opt is not None]
     history: dict[str, list[float]] = {"loss": [], "task_loss": [], "expected_sparsity": [], "target": []}
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), frozen_weights(model, settings.learning_rate == 0):
         torch.manual_seed(seed)
         try:
             model.train()
@@ -100,8 +118,13 @@ def train_masks(
                     loss = loss + lagrangian(s_hat, now).float()
                     history["target"].append(now)
                     history["expected_sparsity"].append(float(s_hat.detach()))
-                # with float32 masters the optimiser does not see the model's grads: clear those too
-                value = checked_backward(loss, step + 1, DIVERGENCE, [*optimizers, model])
+                if loss.requires_grad:
+                    # with float32 masters the optimiser does not see the model's grads: clear those too
+                    value = checked_backward(loss, step + 1, DIVERGENCE, [*optimizers, model])
+                else:  # frozen weights and no active gates: nothing to update in this step
+                    value = float(loss.detach())
+                    if not math.isfinite(value):
+                        raise DIVERGENCE.error(step + 1, f"loss {value}")
                 if weight_opt is not None:
                     master_step(master, weight_opt, max_grad_norm)
                 if levels:
@@ -143,4 +166,4 @@ def run_settings(settings: MaskSettings, kind: type[MaskSettings], target: MaskT
     return {**own, "target": target.ratio, "total": target.total, "max_grad_norm": MAX_GRAD_NORM, "seed": seed}
 
 
-__all__ = ["MAX_GRAD_NORM", "MaskTarget", "run_settings", "train_masks"]
+__all__ = ["MAX_GRAD_NORM", "MaskTarget", "frozen_weights", "run_settings", "train_masks"]

@@ -23,7 +23,7 @@ from torch import nn
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.loop import Divergence, checked_backward, learning_rate_hint, non_finite_problem
 from slimkit.primitives.select import keep_count, keep_top
-from slimkit.primitives.spectrum import DISTANCES, singular_values
+from slimkit.primitives.spectrum import DISTANCES, SPECTRUM_METHODS, SpectrumMethod, singular_values
 
 Selection = Literal["policy", "random", "deterministic"]
 SELECTIONS: tuple[str, ...] = ("policy", "random", "deterministic")
@@ -321,6 +321,7 @@ def train_policy(
     weight_decay: float = 0.01,
     update: Update = "episode",
     policy: PruneNetPolicy | None = None,
+    spectrum_method: SpectrumMethod = "gram",
 ) -> tuple[PruneNetPolicy, PolicyReport]:
     """Train one policy over all layers' FFN1 weights with REINFORCE (§4.2–4.3, Algorithm 1).
 
@@ -336,12 +337,15 @@ def train_policy(
     given ``seed`` (initialisation and sampling use one ``torch.Generator``). An existing
     ``policy`` is trained further instead of a new one. ``episodes=0`` returns the initial policy
     untrained (the ablation that separates what training adds from what the linear logit ``W v`` does).
+    ``spectrum_method``: how the singular values are computed (:func:`~slimkit.primitives.spectrum.singular_values`);
+    each layer's full spectrum is computed once, the kept rows' once per layer per episode.
     """
     if not weights:
         raise SlimkitError("train_policy needs at least one weight matrix")
     _check_choice(distance, tuple(DISTANCES), "distance")
     _check_choice(returns, RETURNS, "returns")
     _check_choice(update, UPDATES, "update")
+    _check_choice(spectrum_method, SPECTRUM_METHODS, "spectrum method")
     if episodes < 0:
         raise SlimkitError(f"episodes must be at least 0 (0 keeps the initial, untrained policy), got {episodes}")
     shape = tuple(weights[0].shape)
@@ -357,7 +361,7 @@ def train_policy(
     measure = DISTANCES[distance]
     counts = [keep_count(shape[0], r) for r in ratios]
     start = time.perf_counter()
-    reference = [singular_values(w, spectrum_dtype) for w in weights]
+    reference = [singular_values(w, spectrum_dtype, spectrum_method) for w in weights]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=weight_decay)
     report = PolicyReport(
         kept=counts,
@@ -372,6 +376,7 @@ def train_policy(
             "returns": returns,
             "update": update,
             "spectrum_dtype": str(spectrum_dtype).removeprefix("torch."),
+            "spectrum_method": spectrum_method,
         },
     )
     past_returns = torch.zeros(len(weights), dtype=torch.float64)
@@ -385,7 +390,7 @@ def train_policy(
                 logits = policy.logits(w, direction)
                 order, log_prob, eps = policy.sample_with_noise(w, count, generator, logits=logits)
                 kept = order.sort().values.to(w.device)
-                penalties.append(measure(ref, singular_values(w.detach()[kept], spectrum_dtype)))
+                penalties.append(measure(ref, singular_values(w.detach()[kept], spectrum_dtype, spectrum_method)))
                 log_probs.append(log_prob)
                 draws.append((order, eps))
         returns_now = torch.tensor(discounted_penalties(penalties, gamma, returns), dtype=torch.float64)
@@ -419,16 +424,17 @@ def layer_penalties(
     generator: torch.Generator | None = None,
     spectrum_dtype: torch.dtype = torch.float32,
     distance: str = "ks",
+    spectrum_method: SpectrumMethod = "gram",
 ) -> list[float]:
     """``D_l`` per layer for the rows ``selection`` keeps (to compare policy, random and top-k)."""
     _check_choice(distance, tuple(DISTANCES), "distance")
+    _check_choice(spectrum_method, SPECTRUM_METHODS, "spectrum method")
     ratios = _layer_ratio_list(ratio, len(weights))
     out = []
     for w, r in zip(weights, ratios, strict=True):
         keep = policy_keep_indices(policy, w, r, selection, generator).to(w.device)
-        out.append(
-            DISTANCES[distance](singular_values(w, spectrum_dtype), singular_values(w.detach()[keep], spectrum_dtype))
-        )
+        full = singular_values(w, spectrum_dtype, spectrum_method)
+        out.append(DISTANCES[distance](full, singular_values(w.detach()[keep], spectrum_dtype, spectrum_method)))
     return out
 
 

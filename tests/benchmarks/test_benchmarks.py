@@ -860,6 +860,25 @@ def test_scale_power_fit_and_recipe_without_recovery():
     )
 
 
+def test_scale_recipe_variants_apply_set_overrides(tmp_path):
+    # NAME@KEY=VALUE: the bundled recipe with slimkit --set overrides, its own row; the cost run's target stays
+    from benchmarks.scale import build_parser, plan, recipe_weight, scale_recipe, split_variant
+
+    variant = "sp3-llm@stages.1.args.learning_rate=0@stages.1.args.mask_steps=300"
+    assert split_variant(variant) == ("sp3-llm", ["stages.1.args.learning_rate=0", "stages.1.args.mask_steps=300"])
+    raw, dropped = scale_recipe(variant, 8, 128)
+    assert raw["stages"][1]["args"]["learning_rate"] == 0 and raw["stages"][1]["args"]["mask_steps"] == 300
+    assert raw["target"] == {"ratio": 0.2, "of": "model", "strict": False} and dropped == []
+    assert recipe_weight(variant) == recipe_weight("sp3-llm")
+    common = ["--no-sweeps", "--offload-memory", "none", "--configs", "w64-L2", "--out", str(tmp_path)]
+    _shapes, recipes, _offload = plan(build_parser().parse_args([*common, "--recipes", f"prunenet,{variant}"]))
+    assert recipes == ["prunenet", variant]
+    with pytest.raises(BenchError, match="unknown recipe"):
+        plan(build_parser().parse_args([*common, "--recipes", "nope@target.ratio=0.3"]))
+    with pytest.raises(BenchError, match=r"--recipes: sp3-llm@stages\.9\.args\.x=1: --set stages\.9\.args\.x: '9'"):
+        plan(build_parser().parse_args([*common, "--recipes", "sp3-llm@stages.9.args.x=1"]))
+
+
 @pytest.mark.real
 def test_scale_benchmark_quick_smoke(tmp_path):
     """`python -m benchmarks.scale --quick`: tiny random-weight shapes (the smollm2-135m tokenizer) in three

@@ -80,3 +80,28 @@ def test_bad_return_or_update_is_refused(tiny_llama_dir):
         raw = prunenet_recipe(tiny_llama_dir, 0.25, **{field: value})
         with pytest.raises(SlimkitError, match=field):
             validate(raw, "tiny")
+
+
+def test_spectrum_method_reaches_the_report_and_svd_keeps_the_same_channels(tmp_path, tiny_llama_dir):
+    # the former svdvals path stays selectable; on the tiny model both methods keep the same rows
+    runs = {}
+    for method in ("gram", "svd"):
+        report = slimkit.run(prunenet_recipe(tiny_llama_dir, 0.25, spectrum=method), tmp_path / method).report
+        runs[method] = report.as_json()["stages"]["prunenet"]["policy"]
+        assert runs[method]["spectrum"] == method
+    assert runs["gram"]["episode_penalty"] == runs["svd"]["episode_penalty"]
+    gram, _ = slimkit.load(tmp_path / "gram" / "model")
+    svd, _ = slimkit.load(tmp_path / "svd" / "model")
+    assert all(torch.equal(a, b) for a, b in zip(gram.state_dict().values(), svd.state_dict().values(), strict=True))
+
+
+def test_memory_plan_counts_the_policy_and_one_spectrum_not_a_backward():
+    from slimkit.engine.stage_memory import MemoryInputs
+    from slimkit.primitives.device.memory_model import ModelShape
+    from slimkit.stages.prunenet import PruneNetArgs
+
+    shape = ModelShape(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256)
+    n, d = 14336, 4096
+    parts = PruneNetArgs().memory("prunenet", MemoryInputs(shape, None, 2)).parts
+    assert parts == {"policy": 16 * (n * d + n), "spectrum": 8 * n * d + 4 * d * d}
+    assert set(PruneNetArgs(selection="random").memory("prunenet", MemoryInputs(shape, None, 2)).parts) == {"spectrum"}

@@ -254,3 +254,40 @@ def test_kept_value_one_keeps_the_kept_filters_unscaled(kept_value):
         matches = (fused.T[:, None, :] == original.T[None, :, :]).all(-1).any(-1)  # each fused column an original
         exact.append(bool(matches.all()))
     assert all(exact) if kept_value == "one" else not any(exact)
+
+
+def test_masks_only_training_computes_no_weight_gradient_and_fuses_the_same_model(monkeypatch):
+    # learning_rate 0: the weights stop requiring gradients for the run (restored after) and the fine-tuning step,
+    # with nothing to train, runs no backward; the fused model and the history equal those of the former path,
+    # which computed the weights' gradients and discarded them
+    import contextlib
+
+    from slimkit.primitives.masks import training
+    from slimkit.primitives.masks.mask_settings import StreamMaskSettings
+    from slimkit.primitives.masks.stream import train_stream_masks
+    from slimkit.primitives.masks.training import MaskTarget
+
+    settings = StreamMaskSettings(finetune_steps=1, mask_steps=3, warmup_steps=1, learning_rate=0.0)
+    backward = training.checked_backward
+    start = _projected("llama-untied")
+    results = {}
+    for frozen in (True, False):
+        if not frozen:
+            monkeypatch.setattr(training, "frozen_weights", lambda _model, _frozen: contextlib.nullcontext())
+        model = copy.deepcopy(start)
+        weights_require_grad: list[bool] = []
+
+        def recorded(*args, model=model, seen=weights_require_grad):
+            seen.append(any(p.requires_grad for p in model.parameters()))
+            return backward(*args)
+
+        monkeypatch.setattr(training, "checked_backward", recorded)
+        total = ModelView(model).num_params()
+        report = train_stream_masks(model, [_ids(7), _ids(8)], settings, MaskTarget(0.2, total))
+        assert all(p.requires_grad for p in model.parameters())
+        results[frozen] = (model.state_dict(), report["history"], weights_require_grad)
+    state, history, seen = results[True]
+    old_state, old_history, old_seen = results[False]
+    assert seen == [False] * 3 and old_seen == [True] * 4  # the fine-tuning step ran a backward before
+    assert history == old_history and state.keys() == old_state.keys()
+    assert all(torch.equal(state[k], old_state[k]) for k in state)

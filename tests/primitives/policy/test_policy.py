@@ -210,6 +210,18 @@ def test_training_is_deterministic_for_a_seed(llama):
     assert r1.kept == [48] * 3 and len(r1.episode_seconds) == 3 and r1.seconds >= sum(r1.episode_seconds)
 
 
+def test_gram_and_svd_spectra_train_the_same_policy(llama):
+    # the penalties read only the order of the singular values, which both methods give alike here: the same
+    # penalties every episode, so the same updates and the same trained policy
+    weights = ffn_weights(llama)
+    p_gram, r_gram = train_policy(weights, 0.25, episodes=3, seed=7, returns="own", update="layer")
+    p_svd, r_svd = train_policy(weights, 0.25, episodes=3, seed=7, returns="own", update="layer", spectrum_method="svd")
+    assert r_gram.layer_penalty == r_svd.layer_penalty and r_gram.options["spectrum_method"] == "gram"
+    assert torch.equal(p_gram.w_inter, p_svd.w_inter) and torch.equal(p_gram.w_proj, p_svd.w_proj)
+    with pytest.raises(SlimkitError, match="unknown spectrum method 'qr'"):
+        train_policy(weights, 0.25, episodes=1, spectrum_method="qr")  # type: ignore[arg-type]
+
+
 def test_training_options(llama, opt):
     down = ffn_weights(llama, "down")
     assert down[0].shape == (64, 48)  # FFN2 columns as rows (Table 19)

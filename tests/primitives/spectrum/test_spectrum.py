@@ -80,3 +80,38 @@ def test_slicing_rows_keeps_the_spectrum_range():
     w = torch.randn(10, 30, dtype=torch.float64)
     full, sliced = singular_values(w, torch.float64), singular_values(w[[0, 2, 3, 7, 9]], torch.float64)
     assert sliced.max() <= full.max() + 1e-12 and sliced.min() >= full.min() - 1e-12
+
+
+def test_gram_singular_values_by_hand():
+    # W = [[3, 0], [0, 4], [0, 0]]: WᵀW = diag(9, 16), singular values 4, 3; the wide Wᵀ reads WWᵀ's (3x3) and
+    # gives the same two (its third eigenvalue, 0, is not a singular value of a 2-row matrix).
+    w = torch.tensor([[3.0, 0.0], [0.0, 4.0], [0.0, 0.0]])
+    for matrix in (w, w.T):
+        values = singular_values(matrix, torch.float64, "gram")
+        assert values.dtype == torch.float64 and values.tolist() == [4.0, 3.0]
+
+
+@pytest.mark.parametrize("shape", [(40, 12), (12, 40)])
+def test_gram_matches_svd_within_rounding(shape):
+    # float64: the squared values' absolute error is about eps·σ_max², so σ agrees to ~1e-12 relative here
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    gram, svd = singular_values(w, torch.float64, "gram"), singular_values(w, torch.float64, "svd")
+    assert gram.shape == svd.shape == (12,)
+    torch.testing.assert_close(gram, svd, rtol=1e-10, atol=0.0)
+
+
+def test_gram_and_svd_give_the_same_ks_penalties():
+    # the penalties read only the order of the pooled values: on a PruneNet-like draw (kept rows of a tall matrix,
+    # float32, as the recipe computes them) both methods give the same KS and Anderson-Darling distances
+    generator = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 32, generator=generator) * 0.02
+    for _ in range(5):
+        kept = w[torch.randperm(96, generator=generator)[:77].sort().values]
+        spectra = {m: (singular_values(w, method=m), singular_values(kept, method=m)) for m in ("gram", "svd")}
+        assert ks_distance(*spectra["gram"]) == ks_distance(*spectra["svd"])
+        assert anderson_darling(*spectra["gram"]) == pytest.approx(anderson_darling(*spectra["svd"]), rel=1e-9)
+
+
+def test_unknown_spectrum_method_is_refused():
+    with pytest.raises(ValueError, match="unknown spectrum method 'qr'"):
+        singular_values(torch.ones(3, 2), method="qr")  # type: ignore[arg-type]
