@@ -90,42 +90,40 @@ def _split_linear(linear: nn.Linear, fused: FusedProjection, widths: list[int]) 
     return FusedLinear(parts)
 
 
-def is_split(model: nn.Module) -> bool:
-    """Whether every fused projection of ``model`` is a :class:`FusedLinear` view (True without fused ones)."""
+def _fused_modules(model: nn.Module) -> Iterator[tuple[int, nn.Module, FusedProjection, nn.Module]]:
+    """``(layer index, layer, fused projection, its module now)`` for every fused projection ``model`` still has
+    (one whose block was removed is skipped); each path is resolved when reached, so callers may replace modules."""
     spec = fused_spec(model)
     if spec is None:
-        return True
-    for layer in _layers(model, spec):
+        return
+    for index, layer in enumerate(_layers(model, spec)):
         for fused in spec.fused:
             try:
                 module = layer.get_submodule(fused.path)
             except AttributeError:
                 continue  # its block was removed
-            if not isinstance(module, FusedLinear):
-                return False
-    return True
+            yield index, layer, fused, module
+
+
+def is_split(model: nn.Module) -> bool:
+    """Whether every fused projection of ``model`` is a :class:`FusedLinear` view (True without fused ones)."""
+    return all(isinstance(module, FusedLinear) for _, _, _, module in _fused_modules(model))
 
 
 def split_fused(model: nn.Module) -> nn.Module:
     """Replace each fused projection of ``model`` by a :class:`FusedLinear` of its parts, in place (exact: the
     parts are row slices of the fused matrix). Part widths come from the model's config. Idempotent; a model
     without fused projections is returned unchanged."""
-    spec = fused_spec(model)
-    if spec is None:
+    if fused_spec(model) is None:
         return model
     config = model.config
     head_dim = _head_dim(config)
-    for layer in _layers(model, spec):
-        for fused in spec.fused:
-            try:
-                module = layer.get_submodule(fused.path)
-            except AttributeError:
-                continue
-            if isinstance(module, FusedLinear):
-                continue
-            if not isinstance(module, nn.Linear):
-                raise SlimkitError(f"{fused.path} is a {type(module).__name__}, not the fused Linear slimkit splits")
-            layer.set_submodule(fused.path, _split_linear(module, fused, _part_widths(fused, config, head_dim)))
+    for _, layer, fused, module in _fused_modules(model):
+        if isinstance(module, FusedLinear):
+            continue
+        if not isinstance(module, nn.Linear):
+            raise SlimkitError(f"{fused.path} is a {type(module).__name__}, not the fused Linear slimkit splits")
+        layer.set_submodule(fused.path, _split_linear(module, fused, _part_widths(fused, config, head_dim)))
     return model
 
 
@@ -144,21 +142,14 @@ def fused_for_save(model: nn.Module) -> Iterator[nn.Module]:
 
     The fused weight is built once per projection and the parts' weights become row views of it, so this needs
     no second copy of the weights."""
-    spec = fused_spec(model)
     swapped: list[tuple[nn.Module, str, FusedLinear]] = []
     try:
-        for index, layer in enumerate(_layers(model, spec) if spec is not None else ()):
-            for fused in spec.fused if spec is not None else ():
-                try:
-                    view = layer.get_submodule(fused.path)
-                except AttributeError:
-                    continue
-                if not isinstance(view, FusedLinear):
-                    continue
-                parts = _plain_parts(view, f"layer {index} {fused.path}")
-                plain = _fuse_parts(parts)
-                swapped.append((layer, fused.path, view))
-                layer.set_submodule(fused.path, plain)
+        for index, layer, fused, view in _fused_modules(model):
+            if not isinstance(view, FusedLinear):
+                continue
+            plain = _fuse_parts(_plain_parts(view, f"layer {index} {fused.path}"))
+            swapped.append((layer, fused.path, view))
+            layer.set_submodule(fused.path, plain)
         yield model
     finally:
         for layer, path, view in swapped:
@@ -186,23 +177,17 @@ def _fuse_parts(parts: list[nn.Linear]) -> nn.Linear:
 def fuse_tensors(tensors: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     """``tensors`` (a model's dense, Hugging Face-named weights) with each split projection's parts concatenated
     back under the fused name (``...qkv_proj.q_proj.weight`` ... into ``...qkv_proj.weight``), in place."""
-    spec = fused_spec(model)
-    if spec is None:
+    if fused_spec(model) is None:
         return tensors
     paths = {id(module): name for name, module in model.named_modules()}
-    for layer in _layers(model, spec):
-        for fused in spec.fused:
-            try:
-                view = layer.get_submodule(fused.path)
-            except AttributeError:
-                continue
-            if not isinstance(view, FusedLinear):
-                continue
-            prefix = paths[id(view)]
-            for leaf in ("weight", "bias"):
-                keys = [f"{prefix}.{part}.{leaf}" for part in view.part_names]
-                if all(key in tensors for key in keys):
-                    tensors[f"{prefix}.{leaf}"] = torch.cat([tensors.pop(key) for key in keys])
+    for _, _, _, view in _fused_modules(model):
+        if not isinstance(view, FusedLinear):
+            continue
+        prefix = paths[id(view)]
+        for leaf in ("weight", "bias"):
+            keys = [f"{prefix}.{part}.{leaf}" for part in view.part_names]
+            if all(key in tensors for key in keys):
+                tensors[f"{prefix}.{leaf}"] = torch.cat([tensors.pop(key) for key in keys])
     return tensors
 
 
