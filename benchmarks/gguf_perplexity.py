@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 import torch
 
 import slimkit
+from benchmarks.grid import BenchError
+from benchmarks.inputs import check_folder_option
 from slimkit.primitives.datasets import textdata
 from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
 from slimkit.primitives.evaluate.llamacpp import gguf_perplexity_of_windows
@@ -64,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="folder for the GGUF file (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        try:
+            check_folder_option("--out", Path(args.out), "GGUF files")
+        except BenchError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     model, tokenizer, _info = slimkit.load_source(args.source, device="cpu", dtype="float32")
     with tempfile.TemporaryDirectory(prefix="slimkit-gguf-ppl-") as tmp:
         folder = Path(args.out) if args.out else Path(tmp)

@@ -36,3 +36,11 @@ def test_cli_row_on_wikitext_windows(tmp_path, capsys):
     assert row["windows"] == 2 and row["tokens"] == 64 and row["gguf"]["architecture"] == "llama"
     assert abs(row["relative_difference"]) < 1e-4
     assert json.loads((tmp_path / "r").read_text()) == row
+
+
+def test_an_out_that_is_a_file_is_one_line_before_any_work(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("not slimkit's")
+    assert main(["no-such-model", "--out", str(taken)]) == 2
+    assert capsys.readouterr().err.startswith("error: --out")
+    assert taken.read_text() == "not slimkit's"
