@@ -182,6 +182,8 @@ class StagePlanReport(ReportModel):
     stage: str
     total_gib: float
     parts_gib: dict[str, float]
+    released_gib: float = 0.0
+    """The model's weights the stage frees while its parts are held (a student trained whole)."""
 
 
 class MemoryPlanReport(ReportModel):

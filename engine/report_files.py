@@ -176,6 +176,8 @@ def _memory_plan_line(plan: MemoryPlanReport) -> str:
     if stage is not None:
         parts = ", ".join(f"{name.replace('_', ' ')} {value:.1f}" for name, value in stage.parts_gib.items() if value)
         line += f" + {stage.stage} {stage.total_gib:.1f}" + (f" ({parts})" if parts else "")
+        if stage.released_gib:
+            line += f" - the weights it releases {stage.released_gib:.1f}"
     return line + "."
 
 

@@ -23,6 +23,7 @@ from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_memory import MemoryInputs
 from slimkit.primitives.datasets.data_paths import cache_root
 from slimkit.primitives.device.memory_model import (
+    FLOAT32,
     StageMemory,
     full_training_bytes,
     gathered_unit_bytes,
@@ -117,21 +118,30 @@ class DistillArgs(LoraArgs):
         check_hidden_term(recipe, source, self)
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        """LoRA's training memory (with ``adapter: none``: every weight's float32 training state instead of the
-        adapters, per device: divided among the launched processes under ``sharding: fsdp``, with what a sharded
-        model holds gathered) and the dense teacher's weights."""
+        """LoRA's training memory and the dense teacher's weights. With ``adapter: none``, every weight's float32
+        training state instead of the adapters, per device (divided among the launched processes under
+        ``sharding: fsdp``, with what a sharded model holds gathered); that state replaces the model's own weights,
+        which the stage releases while it trains. A sharded student's end, when it is larger: the whole model
+        gathered back in its dtype beside this process's float32 shards and the teacher."""
         memory = super().memory(stage, inputs)
+        teacher = weights_bytes(inputs.shape, inputs.dtype_bytes)
         if self.adapter == "none":
             del memory.parts["adapters"]
             world = launched_world() if self.sharding == "fsdp" else 1
-            memory.parts["student training"] = full_training_bytes(inputs.shape.total_params(), world)
+            params = inputs.shape.total_params()
+            memory.parts["student training"] = full_training_bytes(params, world)
+            memory.released = weights_bytes(inputs.shape, inputs.dtype_bytes)
             if self.sharding == "fsdp":
                 memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape)
             memory.advice = f"{memory.advice}, or shard the student over more processes (sharding: fsdp)"
         # counted even for a cached top_k teacher, which a cache miss loads
-        memory.parts["teacher"] = weights_bytes(inputs.shape, inputs.dtype_bytes)
+        memory.parts["teacher"] = teacher
         tokens = (self.micro_batch_size or self.batch_size) * self.seq_len
         memory.parts["logits"] = 2 * tokens * inputs.shape.vocab * inputs.dtype_bytes  # the student's and the teacher's
+        if self.adapter == "none" and self.sharding == "fsdp":
+            end = {"float32 shards while gathering back": -(-params // world) * FLOAT32, "teacher": teacher}
+            if sum(end.values()) > memory.net:
+                memory.parts, memory.released = end, 0
         return memory
 
 

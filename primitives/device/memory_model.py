@@ -164,27 +164,36 @@ class StageMemory:
     advice: str = ""
     host_parts: dict[str, int] = field(default_factory=dict)
     """Parts that live in host memory whatever the device (e.g. gradient sums with ``stats_device: cpu``)."""
+    released: int = 0
+    """Bytes of the model's resident weights the stage frees while its parts are held (a student trained whole: its
+    weights replaced by their float32 training copy, or by this process's shards of it)."""
 
     @property
     def total(self) -> int:
         return sum(self.parts.values())
 
+    @property
+    def net(self) -> int:
+        """What the stage adds to the weights at its peak: its parts less the weights it releases."""
+        return self.total - self.released
+
 
 @dataclass
 class MemoryPlan:
-    """The weights and each stage's extra memory; the peak is the weights plus the largest stage."""
+    """The weights and each stage's extra memory; the peak is the weights plus the largest stage (its parts less the
+    weights it releases)."""
 
     weights: int
     stages: list[StageMemory]
 
     @property
     def peak_stage(self) -> StageMemory | None:
-        return max(self.stages, key=lambda s: s.total, default=None)
+        return max(self.stages, key=lambda s: s.net, default=None)
 
     @property
     def peak(self) -> int:
         stage = self.peak_stage
-        return self.weights + (stage.total if stage is not None else 0)
+        return self.weights + max(0, stage.net if stage is not None else 0)
 
     def describe(self) -> dict[str, Any]:
         """What the report records (GiB, two decimals): the weights, the peak, the stage that sets it, and each
@@ -193,12 +202,13 @@ class MemoryPlan:
         return {
             "weights_gib": round(self.weights / GIB, 2),
             "peak_gib": round(self.peak / GIB, 2),
-            "peak_stage": peak_stage.stage if peak_stage is not None and peak_stage.total > 0 else None,
+            "peak_stage": peak_stage.stage if peak_stage is not None and peak_stage.net > 0 else None,
             "stages": [
                 {
                     "stage": s.stage,
                     "total_gib": round(s.total / GIB, 2),
                     "parts_gib": {name: round(value / GIB, 2) for name, value in s.parts.items()},
+                    **({"released_gib": round(s.released / GIB, 2)} if s.released else {}),
                 }
                 for s in self.stages
             ],
@@ -209,9 +219,11 @@ class MemoryPlan:
         if self.peak <= available:
             return None
         stage = self.peak_stage
-        name = stage.stage if stage is not None and stage.total > 0 else "the model"
+        name = stage.stage if stage is not None and stage.net > 0 else "the model"
         parts = [("weights", self.weights), *((stage.parts.items()) if stage is not None else ())]
         listed = ", ".join(f"{part} {value / GIB:.1f}" for part, value in parts if value > 0)
+        if stage is not None and stage.released:
+            listed += f"; less the weights it releases, {stage.released / GIB:.1f}"
         advice = f"; {stage.advice}" if stage is not None and stage.advice else ""
         return (
             f"{name} needs about {self.peak / GIB:.1f} GiB on {device} ({listed}) and {device} has "

@@ -9,7 +9,7 @@ import torch
 
 import slimkit
 from slimkit.engine.stage_memory import MemoryInputs
-from slimkit.primitives.device.memory_model import GIB, ModelShape
+from slimkit.primitives.device.memory_model import GIB, MemoryPlan, ModelShape
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.loading import validate
 from slimkit.stages.distill import DistillArgs
@@ -88,3 +88,38 @@ def test_the_memory_plan_divides_the_training_state_among_fsdp_processes(monkeyp
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert DistillArgs(**args, sharding="fsdp").memory("distill", inputs).parts["student training"] == 116 * 20
     assert GIB > sharded["student training"]
+
+
+def test_a_student_trained_whole_releases_its_weights_in_the_plan(monkeypatch):
+    """The float32 training state replaces the model's own weights: the plan's peak counts the stage's parts less
+    the weights (348 parameters, float32 here); LoRA keeps the weights beside its adapters."""
+    inputs = MemoryInputs(SHAPE, None, 4)
+    args = {"tokens": 64, "batch_size": 1, "seq_len": 8}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for memory in (
+        DistillArgs(**args, adapter="none").memory("distill", inputs),
+        DistillArgs(**args, adapter="none", sharding="fsdp").memory("distill", inputs),
+    ):
+        assert memory.released == 348 * 4
+        plan = MemoryPlan(348 * 4, [memory])
+        assert plan.peak == memory.total  # weights + parts - released
+        assert plan.describe()["stages"][0]["released_gib"] == round(348 * 4 / GIB, 2)
+        assert "less the weights it releases" in (plan.refusal("cpu", 0) or "")
+    lora = DistillArgs(**args).memory("distill", inputs)
+    assert lora.released == 0 and MemoryPlan(348 * 4, [lora]).peak == 348 * 4 + lora.total
+
+
+def test_a_sharded_student_gathered_back_can_set_the_peak(monkeypatch):
+    """Over many processes the shards are small and the end sets the peak: the whole model gathered back in its
+    dtype (the plan's weights line) beside this process's float32 shards and the teacher."""
+    deep = ModelShape(hidden=32, intermediate=64, layers=40, heads=4, kv_heads=2, head_dim=8, vocab=10, tied=True)
+    params = deep.total_params()
+    # a layer: attention 32 x (2 x 32 + 2 x 16), MLP 3 x 32 x 64, two norms of 32; embeddings 10 x 32; final norm
+    assert params == 40 * (3072 + 6144 + 64) + 320 + 32 == 371552
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    args = DistillArgs(tokens=64, batch_size=1, seq_len=2, adapter="none", sharding="fsdp")
+    memory = args.memory("distill", MemoryInputs(deep, None, 4))
+    assert memory.released == 0
+    assert memory.parts == {"float32 shards while gathering back": 5806 * 4, "teacher": params * 4}
+    monkeypatch.setenv("WORLD_SIZE", "2")  # over two processes, training sets the peak
+    assert args.memory("distill", MemoryInputs(deep, None, 4)).released == params * 4
