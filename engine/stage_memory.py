@@ -15,8 +15,10 @@ from slimkit.primitives.device.memory_model import (
     FLOAT32,
     ModelShape,
     StageMemory,
+    adamw_training_bytes,
     backward_activation_bytes,
     forward_activation_bytes,
+    layer_activation_bytes,
 )
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ GRADIENT_ADVICE = "lower calibration.batch_size or set stats_device: cpu"
 ACTIVATION_ADVICE = "lower calibration.batch_size or set checkpoint_layers: true"
 LAYERWISE_ADVICE = "lower calibration.samples or calibration.seq_len"
 TRAINING_ADVICE = "lower the stage's batch_size or seq_len"
+TASK_TRAINING_ADVICE = "lower the stage's batch_size or max_length"
 
 
 @dataclass(frozen=True)
@@ -75,12 +78,28 @@ def training_memory(stage: str, inputs: MemoryInputs, batch_size: int | None, se
     return memory
 
 
+def task_training_memory(
+    stage: str, inputs: MemoryInputs, batch_size: int, max_length: int, trains_weights: bool
+) -> StageMemory:
+    """A stage that trains an encoder's task model: every layer's saved activations for ``batch_size`` examples of
+    ``max_length`` tokens (a task head: no vocabulary logits) and, when the weights train, their gradients,
+    float32 masters and AdamW moments."""
+    memory = StageMemory(stage, advice=TASK_TRAINING_ADVICE)
+    tokens = batch_size * max_length
+    memory.parts["activations"] = inputs.shape.layers * layer_activation_bytes(inputs.shape, tokens, inputs.dtype_bytes)
+    if trains_weights:
+        memory.parts |= adamw_training_bytes(inputs.shape.total_params(), inputs.dtype_bytes)
+    return memory
+
+
 __all__ = [
     "ACTIVATION_ADVICE",
     "GRADIENT_ADVICE",
     "LAYERWISE_ADVICE",
+    "TASK_TRAINING_ADVICE",
     "TRAINING_ADVICE",
     "MemoryInputs",
     "forward_memory",
+    "task_training_memory",
     "training_memory",
 ]

@@ -18,7 +18,9 @@ from pydantic import Field
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
+from slimkit.engine.stage_memory import MemoryInputs, task_training_memory
 from slimkit.primitives.datasets import gluedata
+from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.encoder import check_encoder_masks, train_encoder_masks
 from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
@@ -50,6 +52,14 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
     def needs_calibration(self) -> bool:
         # the MHA-intermediate projections read the calibration batches
         return self.intermediate and self.intermediate_basis == "pca"
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """The backward through the task model at ``batch_size`` x ``max_length`` and, when the weights train
+        (``learning_rate > 0``), their gradients, float32 masters and AdamW moments (the gates are negligible)."""
+        memory = task_training_memory(stage, inputs, self.batch_size, self.max_length, self.learning_rate > 0)
+        if self.learning_rate > 0:
+            memory.advice = f"set learning_rate: 0 to train the masks alone (weights frozen), or {memory.advice}"
+        return memory
 
     def check_model(self, model: Any) -> None:
         try:

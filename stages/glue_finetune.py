@@ -15,7 +15,9 @@ from pydantic import Field
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage_memory import MemoryInputs, task_training_memory
 from slimkit.primitives.datasets import gluedata
+from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.finetune.glue_task_model import GlueFinetuneConfig, finetune_glue
 
 
@@ -43,6 +45,14 @@ class GlueFinetuneArgs(StageArgs):
 
     def needs_task(self) -> bool:
         return True
+
+    def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
+        """Every weight trained (AdamW) on ``batch_size`` examples of ``max_length`` tokens (``max_steps: 0``:
+        nothing)."""
+        trains = self.max_steps != 0
+        if not trains:
+            return StageMemory(stage)
+        return task_training_memory(stage, inputs, self.batch_size, self.max_length, trains_weights=True)
 
 
 @register_stage("glue_finetune", args=GlueFinetuneArgs, scope="model", trains=True, paper="GLUE task fine-tuning")

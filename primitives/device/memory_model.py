@@ -208,7 +208,7 @@ class MemoryPlan:
                     "stage": s.stage,
                     "total_gib": round(s.total / GIB, 2),
                     "parts_gib": {name: round(value / GIB, 2) for name, value in s.parts.items()},
-                    **({"released_gib": round(s.released / GIB, 2)} if s.released else {}),
+                    "released_gib": round(s.released / GIB, 2),
                 }
                 for s in self.stages
             ],

@@ -1,5 +1,5 @@
 """``mask_train_encoder``'s refusals: mask levels a model cannot take and a step budget of zero, one line before
-any compute (the stage's ``check_model`` and its settings' validation)."""
+any compute (the stage's ``check_model`` and its settings' validation), and its memory plan."""
 
 from __future__ import annotations
 
@@ -87,3 +87,26 @@ def test_masks_are_not_trained_again_on_heads_of_their_own_widths():
     slice_heads(model, 1, [torch.tensor([0, 1])] * 4, [torch.tensor([3])] * 4)
     with pytest.raises(SlimkitError, match=r"mask_train_encoder: needs heads of one width; layer\(s\) 1 already"):
         MaskTrainEncoderArgs(hidden="shared").check_model(model)
+
+
+def test_the_memory_plan_counts_the_weights_training_when_they_train():
+    """``mask_train_encoder`` and ``glue_finetune`` plan the backward through the task model and, when the weights
+    train, their AdamW state. Hand-checkable float32 shape: one layer of hidden 4, MLP 8, 2 heads of 2, vocab 10 (212
+    parameters); a layer saves per token 6 x 4 + 2 x 4 + 2 x 4 + 4 x 8 = 72 values and 2 x 4 float32 norms (320 B)."""
+    from slimkit.engine.stage_memory import MemoryInputs
+    from slimkit.primitives.device.memory_model import ModelShape
+    from slimkit.stages.glue_finetune import GlueFinetuneArgs
+
+    shape = ModelShape(hidden=4, intermediate=8, layers=1, heads=2, kv_heads=2, head_dim=2, vocab=10, tied=True)
+    params = shape.total_params()
+    assert params == 4 * (2 * 4 + 2 * 4) + 3 * 4 * 8 + 2 * 4 + 10 * 4 + 4 == 212
+    inputs = MemoryInputs(shape, None, 4)
+    masks_only = MaskTrainEncoderArgs(learning_rate=0.0, batch_size=2, max_length=8).memory("m", inputs)
+    assert masks_only.parts == {"activations": 2 * 8 * 320}
+    trained = MaskTrainEncoderArgs(learning_rate=2e-5, batch_size=2, max_length=8).memory("m", inputs)
+    # float32 weights: their gradients and AdamW's two moments (no separate masters)
+    assert trained.parts == {"activations": 5120, "weight gradients": 212 * 4, "AdamW moments": 2 * 212 * 4}
+    assert "learning_rate: 0" in trained.advice
+    finetune = GlueFinetuneArgs(batch_size=2, max_length=8).memory("g", inputs)
+    assert finetune.parts == trained.parts
+    assert GlueFinetuneArgs(max_steps=0).memory("g", inputs).parts == {}
