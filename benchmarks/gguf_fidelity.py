@@ -68,24 +68,39 @@ def measure(model: torch.nn.Module, tokenizer, text: str, folder: Path) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    from benchmarks.inputs import OneLineParser
+
+    parser = OneLineParser(prog="python -m benchmarks.gguf_fidelity", description=__doc__.splitlines()[0])
     parser.add_argument("folder")
     parser.add_argument("--gguf-file", default=None, help="a GGUF file in FOLDER for transformers to dequantise")
     parser.add_argument("--text", default=TEXT)
     parser.add_argument("--per-layer", action="store_true", help="give the model per-layer widths first")
-    parser.add_argument("--out", default=None, help="folder for the GGUF file (default: a temporary one)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the GGUF file (default: a temporary one)")
+    return parser
+
+
+def _main(argv: list[str]) -> None:
+    from benchmarks.inputs import check_folder_option
+
+    args = build_parser().parse_args(argv)
+    if args.out is not None:
+        check_folder_option("--out", args.out, "GGUF files")
     extra = {"gguf_file": args.gguf_file} if args.gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(args.folder, **extra)
     model = AutoModelForCausalLM.from_pretrained(args.folder, dtype=torch.float32, **extra).eval()
     if args.per_layer:
         per_layer_widths(model)
     with tempfile.TemporaryDirectory(prefix="slimkit-fidelity-") as tmp:
-        folder = Path(args.out) if args.out else Path(tmp)
+        folder = args.out if args.out is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         print(json.dumps(measure(model, tokenizer, args.text, folder), indent=2))
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.run import bench_main
+
+    return bench_main(argv, _main)
 
 
 if __name__ == "__main__":

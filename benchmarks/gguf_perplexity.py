@@ -12,8 +12,6 @@ window from an empty cache. Prints both perplexities and their relative differen
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,8 +19,8 @@ from pathlib import Path
 import torch
 
 import slimkit
-from benchmarks.grid import BenchError
-from benchmarks.inputs import check_folder_option
+from benchmarks.inputs import OneLineParser, check_file_option, check_folder_option, emit_json
+from benchmarks.run import bench_main
 from slimkit.primitives.datasets import textdata
 from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
 from slimkit.primitives.evaluate.llamacpp import gguf_perplexity_of_windows
@@ -55,8 +53,8 @@ def measure(model: torch.nn.Module, tokenizer, args: argparse.Namespace, folder:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="python -m benchmarks.gguf_perplexity", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("source")
     parser.add_argument("--dataset", default="wikitext2")
     parser.add_argument("--max-tokens", type=int, default=PERPLEXITY_MAX_TOKENS)
@@ -64,25 +62,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--type", default="f32", help="GGUF type (f32, f16, bf16, q8_0)")
     parser.add_argument("--f32-cache", action="store_true", help="llama.cpp keeps keys and values in float32")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--out", default=None, help="folder for the GGUF file (default: a temporary one)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the GGUF file (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
     if args.out is not None:
-        try:
-            check_folder_option("--out", Path(args.out), "GGUF files")
-        except BenchError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
+        check_folder_option("--out", args.out, "GGUF files")
+    if args.json is not None:
+        check_file_option("--json", args.json)
     model, tokenizer, _info = slimkit.load_source(args.source, device="cpu", dtype="float32")
     with tempfile.TemporaryDirectory(prefix="slimkit-gguf-ppl-") as tmp:
-        folder = Path(args.out) if args.out else Path(tmp)
+        folder = args.out if args.out is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         row = {"source": args.source} | measure(model, tokenizer, args, folder)
-    text = json.dumps(row, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
-    return 0
+    emit_json(row, args.json, "--json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, _main)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Method note: docs/methods/benchmark-harness.md.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -75,4 +76,34 @@ def check_folder_option(option: str, path: Path, writes: str) -> None:
         raise BenchError(f"{option} {path}: {ancestor} is a file, not a folder")
 
 
-__all__ = ["MAX_YAML_BYTES", "OneLineParser", "check_folder_option", "read_json_file", "read_yaml_file"]
+def check_file_option(option: str, path: Path) -> None:
+    """One line, before any work and creating nothing, for a file option (``--json``) that cannot be written: a
+    folder, a symbolic link, a missing parent folder, no permission (the rule of ``slimkit eval --json``)."""
+    from slimkit.primitives.files.guard import check_file_target
+
+    try:
+        check_file_target(option, Path(path))
+    except SlimkitError as error:
+        raise BenchError(str(error)) from None
+
+
+def emit_json(result: dict[str, Any], path: Path | None, option: str) -> None:
+    """Print ``result`` as JSON and, with ``path`` (checked before the work by :func:`check_file_option`), write it
+    there through a hidden sibling renamed into place."""
+    from slimkit.primitives.files.guard import write_text_file
+
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path is not None:
+        write_text_file(Path(path), text + "\n", option)
+
+
+__all__ = [
+    "MAX_YAML_BYTES",
+    "OneLineParser",
+    "check_file_option",
+    "check_folder_option",
+    "emit_json",
+    "read_json_file",
+    "read_yaml_file",
+]

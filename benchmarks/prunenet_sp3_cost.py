@@ -16,7 +16,6 @@ Random weights: cost only. Method notes: docs/methods/prunenet-policy.md, docs/m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -171,7 +170,9 @@ def sp3_layer(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.prunenet_sp3_cost", description=__doc__.splitlines()[0])
+    from benchmarks.inputs import OneLineParser
+
+    parser = OneLineParser(prog="python -m benchmarks.prunenet_sp3_cost", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", help="the weights' dtype (float32 on a CPU, bfloat16 on a GPU)")
     parser.add_argument("--hidden", type=int, default=4096)
@@ -193,10 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str]) -> None:
     import torch
 
+    from benchmarks.inputs import check_file_option, emit_json
+
     args = build_parser().parse_args(argv)
+    if args.json is not None:
+        check_file_option("--json", args.json)
     if args.quick:
         args.hidden, args.intermediate, args.heads, args.kv_heads, args.head_dim, args.vocab = 64, 176, 4, 2, 16, 512
     result: dict[str, Any] = {
@@ -211,11 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "sp3"):
         result["sp3"] = sp3_layer(args)
     result["load_average_end"] = list(os.getloadavg())
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
-    return 0
+    emit_json(result, args.json, "--json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.run import bench_main
+
+    return bench_main(argv, _main)
 
 
 if __name__ == "__main__":

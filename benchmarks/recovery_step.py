@@ -9,7 +9,6 @@ Method note: docs/methods/recovery-loop.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -99,8 +98,10 @@ def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype, pro
     return {name: value / 2**30 for name, value in parts.items()} | {"total": sum(parts.values()) / 2**30}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    from benchmarks.inputs import OneLineParser
+
+    parser = OneLineParser(prog="python -m benchmarks.recovery_step", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--student-mlp", type=float, default=0.8, help="the student's MLP width / the teacher's")
     parser.add_argument("--device", default="cpu")
@@ -114,7 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-processes", default="", help="also the plan for these process counts, e.g. 8,16")
     parser.add_argument("--steps", type=int, default=3, help="steps run (the first is not timed)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: list[str]) -> None:
+    from benchmarks.grid import BenchError
+    from benchmarks.inputs import check_file_option, emit_json
+
+    args = build_parser().parse_args(argv)
+    if args.sharding == "fsdp" and args.adapter != "none":
+        raise BenchError("--sharding fsdp trains every weight: give --adapter none")
+    if args.out is not None:
+        check_file_option("--out", args.out)
 
     from slimkit.engine.processes import join_processes
     from slimkit.primitives.arch.view import ModelView
@@ -125,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     from slimkit.primitives.finetune.token_recovery import recover_in_tokens
     from slimkit.primitives.finetune.token_stream import TextSource
 
-    if args.sharding == "fsdp" and args.adapter != "none":
-        parser.error("--sharding fsdp trains every weight: give --adapter none")
     processes = join_processes()  # torchrun's processes (one outside a launcher)
     if processes.world > 1 and args.device.startswith("cuda"):
         args.device = f"cuda:{torch.cuda.current_device()}"
@@ -190,14 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         },
         "losses": report["losses"],
     }
-    if not processes.main:
-        return 0
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0
+    if processes.main:
+        emit_json(result, args.out, "--out")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.run import bench_main
+
+    return bench_main(argv, _main)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 import slimkit
 from slimkit.primitives.evaluate.counting import count_macs, count_params
 from slimkit.primitives.evaluate.speed import throughput
+from slimkit.primitives.files.guard import write_text_file
 
 # Decode time is generate time minus prefill time (slimkit.primitives.evaluate.speed); on a machine
 # that other jobs share, a slow prefill can exceed the whole generate call and the difference is
@@ -121,8 +122,10 @@ def _window_perplexities(loaded: list[tuple[str, Any, Any]], exports: dict[str, 
         record["ppl_tokens"] = tokens
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    from benchmarks.inputs import OneLineParser
+
+    parser = OneLineParser(prog="python -m benchmarks.speed", description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="model sources or folders; the first is the baseline")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -139,8 +142,18 @@ def main() -> None:
         help="llama.cpp: also the perplexity of each GGUF and of the PyTorch model on one window of this many "
         "WikiText-2 tokens (same token ids)",
     )
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=None, help="also write the settings and rows here")
+    return parser
+
+
+def _main(argv: list[str]) -> None:
+    from benchmarks.inputs import check_file_option, check_folder_option
+
+    args = build_parser().parse_args(argv)
+    if args.gguf_dir is not None:
+        check_folder_option("--gguf-dir", args.gguf_dir, "the exported GGUF files")
+    if args.json is not None:
+        check_file_option("--json", args.json)
     torch.set_num_threads(args.threads)
 
     loaded = [(name, *slimkit.load_source(name)[:2]) for name in args.models]
@@ -195,8 +208,15 @@ def main() -> None:
         if args.backend == "llama.cpp":
             settings["type"] = args.type
         failed = {name: item["error"] for name, item in exports.items() if "error" in item}
-        args.json.write_text(json.dumps({"settings": settings, "rows": rows, "not_exported": failed}, indent=2) + "\n")
+        text = json.dumps({"settings": settings, "rows": rows, "not_exported": failed}, indent=2) + "\n"
+        write_text_file(args.json, text, "--json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.run import bench_main
+
+    return bench_main(argv, _main)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

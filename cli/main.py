@@ -377,12 +377,12 @@ def eval_command(
         evaluate_model,
         preflight_eval_data,
     )
-    from slimkit.primitives.files.guard import check_not_input, write_text_file
+    from slimkit.primitives.files.guard import check_file_target, check_not_input, write_text_file
     from slimkit.primitives.io.finite import check_finite_weights
     from slimkit.primitives.io.model_sources import check_source, load_source
 
     if json_out is not None:
-        _check_json_target(json_out)
+        check_file_target("--json", json_out)
     if ppl is None:
         ppl = "" if glue else "wikitext2"
     eval_config = eval_options(
@@ -424,28 +424,6 @@ def eval_command(
     if json_out is not None:
         text = json.dumps({"model": info.name, "metrics": metrics, "details": details}, indent=2) + "\n"
         write_text_file(json_out, text, "--json")
-
-
-def _check_json_target(path: Path) -> None:
-    """Refuse an ``--json`` path that cannot be written, before any evaluation runs (nothing is created)."""
-    from slimkit.primitives.files.guard import check_path_name
-    from slimkit.primitives.files.writable import check_writable
-    from slimkit.primitives.io.paths import check_path_length
-
-    check_path_name("--json", path)
-    check_path_length("--json", path)
-    if path.is_symlink():
-        raise SlimkitError(f"--json {path} is a symbolic link; slimkit never writes through one: name the file itself")
-    if path.is_dir():
-        raise SlimkitError(f"--json {path}: is a folder; give a file path such as {path / 'results.json'}")
-    if path.exists() and not path.is_file():
-        raise SlimkitError(f"--json {path} is not a regular file; give a file path")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.exists():
-        raise SlimkitError(f"--json {path}: folder {parent} does not exist")
-    if not parent.is_dir():
-        raise SlimkitError(f"--json {path}: {parent} is not a folder")
-    check_writable("--json", path, replace=True)
 
 
 @app.command("export")

@@ -117,6 +117,29 @@ def write_text_file(path: Path, text: str, option: str) -> None:
             staging.unlink(missing_ok=True)
 
 
+def check_file_target(option: str, path: Path) -> None:
+    """Refuse, before any work and creating nothing, a ``path`` a command would write one file at (``--json``): a
+    name no file system takes, a symbolic link, a folder or other non-regular file, a missing or non-folder parent,
+    or a place this process cannot write; an existing regular file there is replaced."""
+    from slimkit.primitives.files.writable import check_writable
+    from slimkit.primitives.io.paths import check_path_length
+
+    check_path_name(option, path)
+    check_path_length(option, path)
+    if path.is_symlink():
+        raise SlimkitError(f"{option} {path} is a symbolic link; slimkit never writes through one: name the file")
+    if path.is_dir():
+        raise SlimkitError(f"{option} {path}: is a folder; give a file path such as {path / 'results.json'}")
+    if path.exists() and not path.is_file():
+        raise SlimkitError(f"{option} {path} is not a regular file; give a file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise SlimkitError(f"{option} {path}: folder {parent} does not exist")
+    if not parent.is_dir():
+        raise SlimkitError(f"{option} {path}: {parent} is not a folder")
+    check_writable(option, path, replace=True)
+
+
 def check_output_location(option: str, out: Path, inputs: Iterable[str | os.PathLike], writer: str) -> None:
     """The checks every output path gets before any work (``writer``, e.g. "a run", names who writes it): a name
     file systems take, not a protected folder, not an input, a name of its own (not ``.`` or ``..``), not a
@@ -163,6 +186,7 @@ def terminate_as_interrupt() -> Iterator[None]:
 __all__ = [
     "NAME_MAX_BYTES",
     "Terminated",
+    "check_file_target",
     "check_not_input",
     "check_output_location",
     "check_path_name",

@@ -221,3 +221,46 @@ def test_scale_checks_its_folders_and_reads_render_files_with_bounds(capsys, tmp
     one_line(capsys, tmp_path, scale.main, ["--quick", "--models-dir", "/"], "--models-dir / is the filesystem root")
     (tmp_path / "old.json").write_text("[" * 100_000 + "]" * 100_000)
     one_line(capsys, tmp_path, scale.main, ["--render", str(tmp_path / "old.json")], "nested more than")
+
+
+def test_the_file_option_check_and_the_json_writer(tmp_path, capsys):
+    from benchmarks.inputs import check_file_option, emit_json
+
+    with pytest.raises(BenchError, match="--json .*: is a folder"):
+        check_file_option("--json", tmp_path)
+    with pytest.raises(BenchError, match="folder .* does not exist"):
+        check_file_option("--json", tmp_path / "no" / "r.json")
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(BenchError, match="symbolic link"):
+        check_file_option("--json", link)
+    assert not (tmp_path / "elsewhere.json").exists() and not (tmp_path / "no").exists()
+    target = tmp_path / "r.json"
+    check_file_option("--json", target)
+    emit_json({"a": 1}, target, "--json")
+    assert json.loads(capsys.readouterr().out) == {"a": 1} == json.loads(target.read_text())
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "option"),
+    [
+        ("gguf_perplexity", ["no-such-model", "--json", "{tmp}"], "--json"),
+        ("prunenet_sp3_cost", ["--quick", "--json", "{tmp}"], "--json"),
+        ("recovery_step", ["--out", "{tmp}"], "--out"),
+        ("speed", ["no-such-model", "--json", "{tmp}"], "--json"),
+        ("speed", ["no-such-model", "--gguf-dir", "{tmp}/taken"], "--gguf-dir"),
+        ("gguf_fidelity", ["no-such-folder", "--out", "{tmp}/taken"], "--out"),
+        ("gguf_fidelity", ["no-such-folder", "--no-such-option"], "unrecognized arguments"),
+    ],
+)
+def test_the_measuring_tools_check_their_outputs_before_any_work(capsys, tmp_path, module, argv, option):
+    """A folder where a JSON file goes, or a file where a folder goes: one line, exit 2, nothing loaded or written."""
+    import importlib
+
+    (tmp_path / "taken").write_text("not slimkit's")
+    before = tree_checksum(tmp_path)
+    main = importlib.import_module(f"benchmarks.{module}").main
+    assert main([arg.replace("{tmp}", str(tmp_path)) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and option in err and err.count("\n") == 1
+    assert tree_checksum(tmp_path) == before
