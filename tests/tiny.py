@@ -383,8 +383,11 @@ def tiny_qwen3_moe(vocab_size: int = 300, layers: int = 2, experts: int = 8, top
     return _randomise_norms(_randomise_routers(Qwen3MoeForCausalLM(config)))
 
 
-def tiny_olmoe(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
-    """OLMoE: ``num_experts`` experts of width ``intermediate_size``, q/k norms over the whole projection."""
+def tiny_olmoe(
+    vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False, kv_heads: int = 2
+):
+    """OLMoE: ``num_experts`` experts of width ``intermediate_size``, q/k norms over the whole projection
+    (``kv_heads`` 4: no grouped keys, as the released OLMoE)."""
     from transformers import OlmoeConfig, OlmoeForCausalLM
 
     config = OlmoeConfig(
@@ -395,7 +398,7 @@ def tiny_olmoe(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: 
         num_experts_per_tok=top_k,
         norm_topk_prob=False,
         tie_word_embeddings=tie,
-        **_MOE_WIDTHS,
+        **{**_MOE_WIDTHS, "num_key_value_heads": kv_heads},
     )
     return _randomise_norms(_randomise_routers(OlmoeForCausalLM(config)))
 

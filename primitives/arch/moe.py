@@ -73,6 +73,7 @@ MOE_SPECS: dict[str, MoESpec] = {
         count_key="num_local_experts",
         width_key="intermediate_size",
         norm_topk_key=None,
+        gguf_arch="llama",  # llama.cpp runs Mixtral as llama with experts
         hub_moe="block_sparse_moe",
         hub_expert=("w1", "w3", "w2"),
         **_COMMON,
@@ -89,7 +90,7 @@ MOE_SPECS: dict[str, MoESpec] = {
     "qwen3_moe": MoESpec(
         "qwen3_moe", count_key="num_local_experts", width_key="moe_intermediate_size", gguf_arch="qwen3moe", **_COMMON
     ),
-    "olmoe": MoESpec("olmoe", count_key="num_experts", width_key="intermediate_size", **_COMMON),
+    "olmoe": MoESpec("olmoe", count_key="num_experts", width_key="intermediate_size", gguf_arch="olmoe", **_COMMON),
 }
 """MoE families by ``model_type``."""
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.arch.capabilities import rotary_fraction
-from slimkit.primitives.arch.moe import moe_spec
+from slimkit.primitives.arch.moe import MOE_SPECS, check_all_sparse, moe_spec
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
@@ -60,7 +60,9 @@ EXPORTABLE_MODEL_TYPES = (
     "olmo2",
     "phi3",
     "mixtral",
+    "qwen2_moe",
     "qwen3_moe",
+    "olmoe",
 )
 
 
@@ -88,6 +90,11 @@ _LAYER_TENSORS = {
     "mlp.experts.gate_proj": "ffn_gate_exps.weight",
     "mlp.experts.up_proj": "ffn_up_exps.weight",
     "mlp.experts.down_proj": "ffn_down_exps.weight",
+    # Qwen2-MoE's shared expert and its sigmoid gate (a vector in llama.cpp)
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
 _GEMMA3_LAYER_TENSORS = {
     **{k: v for k, v in _LAYER_TENSORS.items() if not k.endswith("bias") and k != "post_attention_layernorm.weight"},
@@ -205,13 +212,14 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
                 f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
             )
         return model_type
-    if model_type in ("mixtral", "qwen3_moe"):
+    moe = MOE_SPECS.get(model_type)
+    if moe is not None and moe.gguf_arch is not None:
         if not uniform:
             raise SlimkitError(
                 f"per-layer expert counts or widths of a {model_type} model: llama.cpp reads one expert count and one "
                 "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
             )
-        return "llama" if model_type == "mixtral" else "qwen3moe"  # llama.cpp runs Mixtral as llama with experts
+        return moe.gguf_arch
     raise SlimkitError(
         f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
         + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
@@ -238,15 +246,74 @@ def check_exportable(model: nn.Module) -> list[str]:
     biased = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
     if biased and model_type != "llama":
         raise SlimkitError(f"attention_bias / mlp_bias: slimkit's GGUF export writes them for llama, not {model_type}")
-    if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", False):
-        raise SlimkitError(
-            "norm_topk_prob false: llama.cpp's qwen3moe always renormalises the top-k routing weights, so its "
-            "outputs would differ; serve it with slimkit.load or transformers"
-        )
+    check_moe(config)
     scaling = _rope_scaling(config)
     if scaling.get("rope_type", "default") not in ("default", "llama3", "linear"):
         raise SlimkitError(f"rope scaling '{scaling.get('rope_type')}' is not written by slimkit's GGUF export")
     return warnings
+
+
+LLAMACPP_RENORMALISES = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
+"""Whether llama.cpp's MoE graph of each architecture renormalises the top-k routing weights (it reads no key)."""
+QUERY_SPANS_HIDDEN = ("qwen2moe", "olmoe")
+"""llama.cpp architectures that size the query projection (and OLMoE's q/k norms) by the hidden size."""
+
+
+def check_moe(config: Any) -> None:
+    """One line where llama.cpp's MoE graph would route otherwise than the Hugging Face model: the top-k weights
+    renormalised or not, dense MLP layers among the MoE ones, OLMoE's clipped q/k/v."""
+    moe = MOE_SPECS.get(getattr(config, "model_type", None) or "")
+    if moe is None or moe.gguf_arch is None:
+        return
+    check_all_sparse(config)
+    renormalises = LLAMACPP_RENORMALISES[moe.gguf_arch]
+    if moe.renormalises(config) != renormalises:
+        raise SlimkitError(
+            f"norm_topk_prob {str(not renormalises).lower()}: llama.cpp's {moe.gguf_arch} "
+            f"{'always' if renormalises else 'never'} renormalises the top-k routing weights, so its outputs would "
+            "differ; serve it with slimkit.load or transformers"
+        )
+    if getattr(config, "clip_qkv", None) is not None:
+        raise SlimkitError(f"clip_qkv {config.clip_qkv}: llama.cpp's {moe.gguf_arch} does not clip q/k/v")
+
+
+def query_width_refusal(widths: list[dict[str, int]], hidden_size: int, architecture: str) -> str | None:
+    """Why llama.cpp's qwen2moe / olmoe cannot run these layer widths, or None: a layer's query heads do not span
+    the hidden size (attention heads were removed), or an olmoe layer's key heads do not (grouped keys: llama.cpp
+    sizes OLMoE's key norm by the hidden size)."""
+    if architecture not in QUERY_SPANS_HIDDEN:
+        return None
+    for index, layer in enumerate(widths):
+        query = layer["num_attention_heads"] * layer["head_dim"]
+        key = layer["num_key_value_heads"] * layer["head_dim"]
+        if query != hidden_size:
+            return (
+                f"layer {index}: query width {query} is not the hidden size {hidden_size}, which llama.cpp's "
+                f"{architecture} requires (attention heads removed); prune experts or expert channels only, or serve "
+                "it with slimkit.load"
+            )
+        if architecture == "olmoe" and key != hidden_size:
+            return (
+                f"layer {index}: key width {key} is not the hidden size {hidden_size}: llama.cpp's olmoe "
+                "normalises keys over the hidden size (no grouped keys); serve it with slimkit.load"
+            )
+    return None
+
+
+def check_shared_experts(dense: DenseModel) -> int | None:
+    """The shared expert width every layer keeps (Qwen2-MoE), None without shared experts; one line when the widths
+    differ (llama.cpp reads one)."""
+    widths = {
+        int(tensor.shape[0])
+        for name, tensor in dense.tensors.items()
+        if name.endswith("mlp.shared_expert.gate_proj.weight")
+    }
+    if len(widths) > 1:
+        raise SlimkitError(
+            f"shared expert widths {sorted(widths)} differ between layers: llama.cpp reads one; prune with "
+            "allocation: uniform, or serve it with slimkit.load"
+        )
+    return widths.pop() if widths else None
 
 
 def check_gemma(config: Any, architecture: str) -> list[str]:
@@ -445,12 +512,16 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
         return
     moe = moe_spec(model)
     if moe is not None:  # every layer a MoE layer: the expert width is the feed-forward width
-        if architecture == "qwen3moe":
+        shared = check_shared_experts(dense)
+        if shared is not None:  # qwen2moe: n_ff is the fallback of the shared width
+            writer.add_feed_forward_length(shared)
+            writer.add_expert_shared_feed_forward_length(shared)
+        elif architecture in ("qwen3moe", "olmoe"):  # olmoe reads the expert width as n_ff
             writer.add_feed_forward_length(widths[0][moe.width_key])
         writer.add_expert_feed_forward_length(widths[0][moe.width_key])
         writer.add_expert_count(widths[0][moe.count_key])
         writer.add_expert_used_count(int(config.num_experts_per_tok))
-    if architecture == "qwen3moe":
+    if architecture in ("qwen3moe", "qwen2moe", "olmoe"):
         writer.add_head_count(widths[0]["num_attention_heads"])
         writer.add_head_count_kv(widths[0]["num_key_value_heads"])
     elif architecture != "deci":
@@ -623,6 +694,14 @@ def write_gguf(
             "(it has no per-layer skip like deci's); serve it with slimkit.load"
         )
     heads, kept_heads = None, max(w["num_attention_heads"] for w in widths)
+    refusal = query_width_refusal(dense.layer_widths, dense.hidden_size, architecture)
+    if refusal is not None:
+        raise SlimkitError(refusal)
+    if architecture in QUERY_SPANS_HIDDEN:  # llama.cpp's graph reads a head tensor even for a tied model
+        check_shared_experts(dense)
+        if dense.tied:
+            dense.tensors["lm_head.weight"] = dense.tensors["model.embed_tokens.weight"]
+            dense.tied = False
     if architecture == "phi3":
         heads = check_phi3_heads(dense)  # the query heads must span the hidden size
         unfuse_phi3(dense)  # Llama's names, which the padding reads
@@ -669,6 +748,8 @@ def write_gguf(
             if gguf_name is None:
                 raise SlimkitError(f"tensor '{hf_name}' has no GGUF name in slimkit's {architecture} mapping")
             weight = tensor.detach().to("cpu", torch.float32)
+            if gguf_name.endswith("ffn_gate_inp_shexp.weight"):
+                weight = weight.reshape(-1)  # Linear(hidden, 1): the vector llama.cpp reads
             if norm_offset and gguf_name.endswith("norm.weight"):
                 weight = weight + norm_offset
             layer = int(hf_name.split(".")[2]) if hf_name.startswith("model.layers.") else None
@@ -706,12 +787,15 @@ __all__ = [
     "GGUF_TYPES",
     "GgufResult",
     "check_exportable",
+    "check_moe",
     "check_phi3_heads",
+    "check_shared_experts",
     "fuse_phi3",
     "gguf_architecture",
     "llama3_rope_factors",
     "phi3_head_refusal",
     "phi3_head_target",
+    "query_width_refusal",
     "rope_permute",
     "split_experts",
     "unfuse_phi3",

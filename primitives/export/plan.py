@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.export.gguf_file import PADDED_ARCHITECTURES, gguf_architecture, phi3_head_refusal
+from slimkit.primitives.export.gguf_file import (
+    PADDED_ARCHITECTURES,
+    QUERY_SPANS_HIDDEN,
+    gguf_architecture,
+    phi3_head_refusal,
+    query_width_refusal,
+)
 from slimkit.primitives.export.hf_folder import HF_MODEL_TYPES, removed_blocks_refusal
 from slimkit.primitives.io.compat import removed_block_layers
 
@@ -54,8 +60,11 @@ def _merges(modules: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _phi3_refusal(per_layer: dict[str, dict[str, Any]], config: dict[str, Any] | None) -> str | None:
-    """llama.cpp's phi3 condition on the head counts (:func:`~.gguf_file.phi3_head_refusal`), from the folder."""
+def _head_widths(
+    per_layer: dict[str, dict[str, Any]], config: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], int] | None:
+    """Each layer's head counts and head width, and the hidden size, from the folder (``per_layer_config``, else
+    ``config.json``); None when the folder does not say."""
     config = config or {}
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     if not heads or not hidden:
@@ -65,7 +74,21 @@ def _phi3_refusal(per_layer: dict[str, dict[str, Any]], config: dict[str, Any] |
     widths = list(per_layer.values()) or [plain]
     if not all(all(key in w for key in keys) for w in widths):
         return None
-    return phi3_head_refusal(widths, int(widths[0].get("hidden_size", hidden)))
+    return widths, int(widths[0].get("hidden_size", hidden))
+
+
+def _phi3_refusal(per_layer: dict[str, dict[str, Any]], config: dict[str, Any] | None) -> str | None:
+    """llama.cpp's phi3 condition on the head counts (:func:`~.gguf_file.phi3_head_refusal`), from the folder."""
+    found = _head_widths(per_layer, config)
+    return phi3_head_refusal(*found) if found is not None else None
+
+
+def _query_refusal(
+    per_layer: dict[str, dict[str, Any]], config: dict[str, Any] | None, architecture: str
+) -> str | None:
+    """llama.cpp's qwen2moe / olmoe condition on the query and key widths (:func:`~.gguf_file.query_width_refusal`)."""
+    found = _head_widths(per_layer, config)
+    return query_width_refusal(*found, architecture) if found is not None else None
 
 
 def export_verdicts(
@@ -100,8 +123,9 @@ def export_verdicts(
     else:
         removed_layers = removed_block_layers(per_layer)
         phi3 = _phi3_refusal(per_layer, config) if architecture == "phi3" else None
-        if blocking or phi3:
-            verdicts.append(ExportVerdict("gguf", False, blocking or phi3 or ""))
+        query = _query_refusal(per_layer, config, architecture) if architecture in QUERY_SPANS_HIDDEN else None
+        if blocking or phi3 or query:
+            verdicts.append(ExportVerdict("gguf", False, blocking or phi3 or query or ""))
         elif architecture in PADDED_ARCHITECTURES and removed_layers:
             verdicts.append(
                 ExportVerdict(

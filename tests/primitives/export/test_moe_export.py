@@ -1,9 +1,11 @@
-"""Exports of MoE models with removed experts: GGUF (llama.cpp's qwen3moe, and llama with experts for Mixtral)
-and plain Hugging Face folders when every layer keeps the same count; one-line refusals otherwise."""
+"""Exports of MoE models with removed experts: GGUF (llama.cpp's qwen3moe, qwen2moe with its shared expert, olmoe,
+and llama with experts for Mixtral) and plain Hugging Face folders when every layer keeps the same count; one-line
+refusals otherwise."""
 
 import gguf
 import pytest
 import torch
+from torch import nn
 
 from slimkit.primitives.arch.moe import moe_blocks
 from slimkit.primitives.errors import SlimkitError
@@ -45,8 +47,20 @@ def test_uniform_qwen3_moe_gguf_holds_the_kept_experts(tmp_path):
     assert reader.fields["qwen3moe.expert_used_count"].contents() == 2
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
-def test_uniform_gguf_logits_match_in_llamacpp(tmp_path, family):
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama", "qwen2_moe": "qwen2moe", "olmoe": "olmoe"}
+
+
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [
+        ("qwen3_moe", {}),
+        ("mixtral", {}),
+        ("qwen2_moe", {}),
+        ("qwen2_moe", {"tie": True}),  # llama.cpp's qwen2moe reads a head tensor: the embedding is written again
+        ("olmoe", {"kv_heads": 4}),
+    ],
+)
+def test_uniform_gguf_logits_match_in_llamacpp(tmp_path, family, options):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
     from slimkit.primitives.evaluate.llamacpp import gguf_logits
 
@@ -54,11 +68,11 @@ def test_uniform_gguf_logits_match_in_llamacpp(tmp_path, family):
         model = _pruned_qwen3_moe()
     else:
         torch.manual_seed(0)
-        model = MOE_FAMILIES["mixtral"](vocab_size=270, experts=6)
+        model = MOE_FAMILIES[family](vocab_size=270, experts=6, **options)
         for block in moe_blocks(model):
             keep_experts(block, [0, 2, 4, 5])
     result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
-    assert result.architecture == ("qwen3moe" if family == "qwen3_moe" else "llama")
+    assert result.architecture == GGUF_ARCH[family]
     expected = model_output(model, torch.tensor([IDS]))[0].float()
     actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", IDS, threads=1))
     assert actual.shape == expected.shape
@@ -86,5 +100,65 @@ def test_per_layer_counts_and_unrenormalised_routing_are_refused_in_one_line(tmp
     plain.config.norm_topk_prob = False
     with pytest.raises(SlimkitError, match="always renormalises"):
         export(plain, tmp_path / "n.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
-    with pytest.raises(SlimkitError, match="GGUF export supports"):
-        export(MOE_FAMILIES["olmoe"](), tmp_path / "x.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+
+
+def test_the_qwen2moe_gguf_holds_the_shared_expert(tmp_path):
+    torch.manual_seed(0)
+    model = MOE_FAMILIES["qwen2_moe"](vocab_size=270, experts=6)
+    for block in moe_blocks(model):
+        keep_experts(block, [0, 2, 4, 5])
+    export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    shapes = {t.name: t.shape.tolist() for t in reader.tensors}
+    assert shapes["blk.0.ffn_gate_exps.weight"] == [32, 16, 4]
+    assert shapes["blk.0.ffn_gate_shexp.weight"] == [32, 24] and shapes["blk.0.ffn_down_shexp.weight"] == [24, 32]
+    assert shapes["blk.1.ffn_gate_inp_shexp.weight"] == [32]  # Linear(hidden, 1) as the vector llama.cpp reads
+    assert shapes["blk.0.attn_q.bias"] == [32]
+    assert reader.fields["qwen2moe.expert_shared_feed_forward_length"].contents() == 24
+    assert reader.fields["qwen2moe.expert_feed_forward_length"].contents() == 16
+
+
+def test_what_llamacpps_qwen2moe_and_olmoe_cannot_run_is_refused_in_one_line(tmp_path):
+    """Renormalised routing (llama.cpp never renormalises there), grouped keys in OLMoE (its key norm spans the
+    hidden size), removed attention heads (the query spans the hidden size), shared experts of several widths,
+    clipped q/k/v: one line each, nothing written."""
+    from slimkit.primitives.surgery import prune_layer
+
+    cases = []
+    renormalised = MOE_FAMILIES["qwen2_moe"](vocab_size=270)
+    renormalised.config.norm_topk_prob = True
+    cases.append((renormalised, "norm_topk_prob true: llama.cpp's qwen2moe never renormalises"))
+    cases.append((MOE_FAMILIES["olmoe"](vocab_size=270), "key width 16 is not the hidden size 32"))
+    headless = MOE_FAMILIES["qwen2_moe"](vocab_size=270)
+    for index in range(2):
+        prune_layer(headless, "kv_group", index, torch.tensor([1]))  # one of two key groups: 2 of 4 query heads
+    cases.append((headless, "query width 16 is not the hidden size 32"))
+    uneven = MOE_FAMILIES["qwen2_moe"](vocab_size=270)
+    shared = uneven.model.layers[0].mlp.shared_expert  # a narrower shared expert in layer 0 only
+    shared.gate_proj, shared.up_proj, shared.down_proj = nn.Linear(32, 12), nn.Linear(32, 12), nn.Linear(12, 32)
+    cases.append((uneven, r"shared expert widths \[12, 24\] differ"))
+    clipped = MOE_FAMILIES["olmoe"](vocab_size=270, kv_heads=4)
+    clipped.config.clip_qkv = 8.0
+    cases.append((clipped, "clip_qkv 8.0"))
+    for model, fragment in cases:
+        with pytest.raises(SlimkitError, match=fragment) as error:
+            export(model, tmp_path / "x.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+        assert "\n" not in str(error.value)
+        assert not (tmp_path / "x.gguf").exists()
+
+
+def test_export_verdicts_apply_llamacpps_query_and_key_widths():
+    """``slimkit inspect``'s verdict reads the same rule as the exporter (query_width_refusal), from config.json."""
+    from slimkit.primitives.export.gguf_file import query_width_refusal
+    from slimkit.primitives.export.plan import export_verdicts
+
+    full = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8}
+    assert query_width_refusal([full], 32, "olmoe") is None
+    assert "key width 16" in (query_width_refusal([{**full, "num_key_value_heads": 2}], 32, "olmoe") or "")
+    assert query_width_refusal([{**full, "num_key_value_heads": 2}], 32, "qwen2moe") is None  # GQA is fine there
+    assert "query width 24" in (query_width_refusal([full, {**full, "num_attention_heads": 3}], 32, "qwen2moe") or "")
+    assert query_width_refusal([{**full, "num_attention_heads": 3}], 32, "qwen3moe") is None  # sized by its heads
+    gguf_ok, _ = export_verdicts("olmoe", None, None, {"hidden_size": 32, **full})
+    assert (gguf_ok.format, gguf_ok.ok) == ("gguf olmoe", True)
+    grouped, _ = export_verdicts("olmoe", None, None, {"hidden_size": 32, **full, "num_key_value_heads": 2})
+    assert not grouped.ok and "normalises keys over the hidden size" in grouped.detail
