@@ -45,14 +45,27 @@ def recipe_path(name_or_file: str) -> Path:
 
 
 def read_recipe_text(path: Path) -> str:
-    """A recipe file's text (UTF-8); an unreadable, oversized or non-UTF-8 file is one :class:`SlimkitError` line."""
+    """A recipe file's text (UTF-8); an unreadable, oversized or non-UTF-8 file, or anything but a regular file, is
+    one :class:`SlimkitError` line. The file is opened without blocking and checked on the open descriptor, so a
+    named pipe swapped in after :func:`recipe_path`'s check cannot block the read."""
+    import os
+    import stat
+
     try:
-        size = path.stat().st_size
-        if size > MAX_RECIPE_BYTES:
-            raise SlimkitError(
-                f"recipe {path}: {size:,} bytes, more than the {MAX_RECIPE_BYTES >> 10} KiB a recipe may hold"
-            )
-        return path.read_text(encoding="utf-8")
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(descriptor, "rb") as handle:
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode):
+                raise SlimkitError(f"recipe {path} is not a regular file; give a .yaml file")
+            if status.st_size > MAX_RECIPE_BYTES:
+                raise SlimkitError(
+                    f"recipe {path}: {status.st_size:,} bytes, more than the {MAX_RECIPE_BYTES >> 10} KiB a recipe "
+                    "may hold"
+                )
+            data = handle.read(MAX_RECIPE_BYTES + 1)
+        if len(data) > MAX_RECIPE_BYTES:  # grew after the check
+            raise SlimkitError(f"recipe {path}: more than the {MAX_RECIPE_BYTES >> 10} KiB a recipe may hold")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise SlimkitError(
             f"recipe {path}: not UTF-8 text ({error.reason}, byte 0x{error.object[error.start]:02x} at offset "

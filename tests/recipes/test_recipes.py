@@ -156,3 +156,19 @@ def test_the_schema_docstring_example_validates():
     example = yaml.safe_load(schema.__doc__.split("```yaml")[1].split("```")[0])
     recipe = validate(example, "schema docstring")
     assert [s.stage for s in recipe.flat_stages()] == ["lowrank", "prune"]
+
+
+def test_reading_a_recipe_never_blocks_on_a_named_pipe(tmp_path):
+    """A named pipe where the recipe file was (swapped in after recipe_path's check) is one line, not a read that
+    waits for a writer forever: the file is opened without blocking and checked on its descriptor."""
+    import os
+
+    from slimkit.recipes.loading import read_recipe_text
+
+    fifo = tmp_path / "r.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(SlimkitError, match=r"is not a regular file; give a \.yaml file"):
+        read_recipe_text(fifo)
+    plain = tmp_path / "p.yaml"
+    plain.write_bytes(b"recipe: x\r\n")
+    assert read_recipe_text(plain) == "recipe: x\r\n"
