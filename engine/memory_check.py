@@ -23,10 +23,14 @@ from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec, St
 
 
 def stage_memory(
-    spec: StageSpec, shape: ModelShape, calibration: CalibrationConfig | None, dtype_bytes: int
+    spec: StageSpec,
+    shape: ModelShape,
+    calibration: CalibrationConfig | None,
+    dtype_bytes: int,
+    device: str | None = None,
 ) -> StageMemory:
     """One top-level stage's peak beside the weights: the stage's own estimate (:meth:`StageArgs.memory`)."""
-    return spec.parsed_args().memory(spec.stage, MemoryInputs(shape, calibration, dtype_bytes))
+    return spec.parsed_args().memory(spec.stage, MemoryInputs(shape, calibration, dtype_bytes, device))
 
 
 def block_memory(
@@ -52,15 +56,18 @@ def search_log_prob_bytes(spec: StageSpec, shape: ModelShape, calibration: Calib
     return MemoryInputs(shape, calibration, 0).log_prob_bytes(spec.parsed_args().holdout_batches())
 
 
-def recipe_memory_plan(recipe: Recipe, config: Any, dtype: torch.dtype) -> MemoryPlan:
-    """The plan of ``recipe`` on a model of ``config`` (a transformers config) in ``dtype``."""
+def recipe_memory_plan(
+    recipe: Recipe, config: Any, dtype: torch.dtype, device: torch.device | None = None
+) -> MemoryPlan:
+    """The plan of ``recipe`` on a model of ``config`` (a transformers config) in ``dtype`` on ``device`` (None: not
+    known)."""
     shape = ModelShape.from_config(config)
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
     calibration = recipe.calibration_config()
     stages = [
         block_memory(item, shape, calibration, dtype_bytes)
         if isinstance(item, SequentialSpec)
-        else stage_memory(item, shape, calibration, dtype_bytes)
+        else stage_memory(item, shape, calibration, dtype_bytes, str(device) if device is not None else None)
         for item in recipe.stages
     ]
     return MemoryPlan(weights_bytes(shape, dtype_bytes), stages)
@@ -81,7 +88,7 @@ def check_memory_plan(recipe: Recipe, placement: Any, model: Any = None) -> Memo
     config = getattr(model, "config", None) if model is not None else _source_config(recipe)
     if config is None or not all(hasattr(config, k) for k in ("hidden_size", "intermediate_size", "vocab_size")):
         return None
-    plan = recipe_memory_plan(recipe, config, placement.dtype)
+    plan = recipe_memory_plan(recipe, config, placement.dtype, placement.device)
     budget = placement.max_memory
     if budget is not None and budget < plan.weights:
         return plan  # offloaded: layer-wise stages hold one layer at a time; the runner refuses whole-model ones

@@ -33,11 +33,13 @@ TASK_TRAINING_ADVICE = "lower the stage's batch_size or max_length"
 
 @dataclass(frozen=True)
 class MemoryInputs:
-    """The model's shape (from its config), the recipe's calibration settings and the weights' bytes per value."""
+    """The model's shape (from its config), the recipe's calibration settings, the weights' bytes per value and
+    the device the plan is for (None: not known; a stage then counts everything it may put there)."""
 
     shape: ModelShape
     calibration: CalibrationConfig | None
     dtype_bytes: int
+    device: str | None = None
 
     @property
     def tokens(self) -> int:

@@ -36,9 +36,20 @@ class ReloadedDense:
     """The dense weights' size in the model's dtype (``format_size``: ``"540.4 MB"``)."""
 
 
-def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why: str, instead: str, holds: str):
+def reload_dense(
+    ctx: Context,
+    stage: str,
+    *,
+    what: str,
+    device: str | None,
+    why: str,
+    instead: str,
+    holds: str,
+    max_memory: str | None = None,
+):
     """The recipe's model source loaded again on ``device`` (None: the compressed model's) in the compressed
-    model's dtype, as a :class:`ReloadedDense`.
+    model's dtype, as a :class:`ReloadedDense`; with ``max_memory``, offloaded (at most that much of its weights on
+    ``device``, the rest in CPU memory or on disk, moved in layer by layer for each forward).
 
     The refusals are one line each: ``"{stage}: {why} reloads the recipe's model source, but this run compresses a
     model given in memory (nothing to reload); run the recipe from its model source, or {instead}"``, and
@@ -58,7 +69,7 @@ def reload_dense(ctx: Context, stage: str, *, what: str, device: str | None, why
     need = format_size(dense * first.element_size())
     started = time.perf_counter()
     try:
-        model, _tokenizer, _info = load_source(path, device=device, dtype=dtype)
+        model, _tokenizer, _info = load_source(path, device=device, dtype=dtype, max_memory=max_memory)
     except (SlimkitError, RuntimeError, OSError) as error:  # torch.OutOfMemoryError is a RuntimeError
         problem = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SlimkitError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from slimkit.engine.context import Context
@@ -24,11 +24,13 @@ from slimkit.engine.stage_memory import MemoryInputs
 from slimkit.primitives.datasets.data_paths import cache_root
 from slimkit.primitives.device.memory_model import (
     FLOAT32,
+    ModelShape,
     StageMemory,
     full_training_bytes,
     gathered_unit_bytes,
     weights_bytes,
 )
+from slimkit.primitives.device.placement import check_device_name, parse_size
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
@@ -42,6 +44,8 @@ from slimkit.stages.recovery_settings import run_token_budget
 PROJECTING_STAGES = ("pca_project", "pca_project_post")
 TRAINING = ("adapter", "sharding")
 """What trains and how it is spread (not LoRA's settings)."""
+TEACHER = ("teacher", "top_k", "teacher_device", "teacher_max_memory")
+"""Which teacher and where it runs (not LoRA's settings)."""
 LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
 """The adapters' settings (refused with ``adapter: none``, which trains no adapters)."""
 
@@ -61,6 +65,13 @@ class DistillArgs(LoraArgs):
     """What trains: lora = LoRA adapters (rank, alpha, dropout, target_modules), merged into the weights at the end;
     none = every weight of the student (full-parameter distillation; tokens only): trained in float32 (a bfloat16
     model's forward passes under bfloat16 autocast) and cast back to the model's dtype."""
+    teacher_device: str | None = None
+    """Where the dense teacher runs: None = the student's device; cpu; cuda:N (a GPU of its own, beside the student's;
+    one process only). Its logits are moved to the student's device for the loss."""
+    teacher_max_memory: str | None = None
+    """Offload the teacher: at most this much of its weights on its device (e.g. 4GiB), its other decoder layers in
+    CPU memory (on a GPU) or on disk (on a CPU), moved in layer by layer for each forward (accelerate's hooks): less
+    device memory, slower steps. None: the whole teacher on its device."""
     sharding: Literal["none", "fsdp"] = "none"
     """How the student is spread over the processes of torchrun / accelerate launch: none = a whole copy on each
     (gradients all-reduced); fsdp = each process holds 1/N of every float32 weight, gradient and AdamW moment (torch
@@ -74,6 +85,29 @@ class DistillArgs(LoraArgs):
         if self.top_k is not None and self.hidden_weight > 0:
             raise ValueError("top_k and hidden_weight: the cached teacher keeps logits only; set hidden_weight: 0")
         return self
+
+    @field_validator("teacher_device")
+    @classmethod
+    def _teacher_device(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            check_device_name(value, "teacher_device")
+        except SlimkitError:
+            value = "auto"
+        if value == "auto":
+            raise ValueError("a device: cpu, cuda or cuda:N (unset: the student's)")
+        return value
+
+    @field_validator("teacher_max_memory")
+    @classmethod
+    def _teacher_max_memory(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_size(value, "teacher_max_memory")
+            except SlimkitError as error:
+                raise ValueError(str(error).removeprefix("teacher_max_memory: ")) from None
+        return value
 
     @model_validator(mode="after")
     def _full_parameters(self) -> DistillArgs:
@@ -92,12 +126,20 @@ class DistillArgs(LoraArgs):
         return self
 
     def check_model(self, model: Any) -> None:
-        """LoRA's checks; with ``sharding: fsdp`` several launched processes and the student on one device."""
+        """LoRA's checks; a teacher on a GPU of its own in one process only; with ``sharding: fsdp`` several
+        launched processes and the student on one device."""
         if self.adapter == "lora":
             super().check_model(model)
-        if self.sharding != "fsdp" or not self.trains():
+        if not self.trains():
             return
         world = launched_world()
+        if world > 1 and (self.teacher_device or "").startswith("cuda"):
+            raise SlimkitError(
+                f"distill: teacher_device {self.teacher_device} would put every launched process's teacher on one GPU; "
+                "leave it unset (each process's own device) or set teacher_max_memory to offload it"
+            )
+        if self.sharding != "fsdp":
+            return
         if world < 2:
             raise SlimkitError(
                 "distill: sharding: fsdp shards the student over launched processes and this run is one process; "
@@ -118,7 +160,9 @@ class DistillArgs(LoraArgs):
         check_hidden_term(recipe, source, self)
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        """LoRA's training memory and the dense teacher's weights. With ``adapter: none``, every weight's float32
+        """LoRA's training memory and the dense teacher's weights (offloaded: within ``teacher_max_memory`` and one
+        layer; on a ``teacher_device`` other than the planned one: not counted there). With ``adapter: none``, every
+        weight's float32
         training state instead of the adapters, per device (divided among the launched processes under
         ``sharding: fsdp``, with what a sharded model holds gathered); that state replaces the model's own weights,
         which the stage releases while it trains. A sharded student's end, when it is larger: the whole model
@@ -135,14 +179,38 @@ class DistillArgs(LoraArgs):
                 memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape)
             memory.advice = f"{memory.advice}, or shard the student over more processes (sharding: fsdp)"
         # counted even for a cached top_k teacher, which a cache miss loads
-        memory.parts["teacher"] = teacher
+        if same_device(self.teacher_device, inputs.device):
+            memory.parts["teacher"] = teacher_bytes(inputs.shape, teacher, self.teacher_max_memory)
         tokens = (self.micro_batch_size or self.batch_size) * self.seq_len
         memory.parts["logits"] = 2 * tokens * inputs.shape.vocab * inputs.dtype_bytes  # the student's and the teacher's
         if self.adapter == "none" and self.sharding == "fsdp":
-            end = {"float32 shards while gathering back": -(-params // world) * FLOAT32, "teacher": teacher}
+            end = {"float32 shards while gathering back": -(-params // world) * FLOAT32}
+            if "teacher" in memory.parts:
+                end["teacher"] = memory.parts["teacher"]
             if sum(end.values()) > memory.net:
                 memory.parts, memory.released = end, 0
         return memory
+
+
+def same_device(teacher_device: str | None, device: str | None) -> bool:
+    """Whether the teacher shares the planned device: unset, the plan's device not known, or the same device
+    (``cuda`` is ``cuda:0``)."""
+    if teacher_device is None or device is None:
+        return True
+    return normal_device(teacher_device) == normal_device(device)
+
+
+def normal_device(name: str) -> str:
+    return "cuda:0" if name == "cuda" else name
+
+
+def teacher_bytes(shape: ModelShape, weights: int, max_memory: str | None) -> int:
+    """The teacher's weights on its device: all of them, or offloaded within ``max_memory`` plus the decoder layer
+    moved in for its forward."""
+    if max_memory is None:
+        return weights
+    layer = weights * shape.layer_params() // max(shape.total_params(), 1)
+    return min(weights, parse_size(max_memory, "teacher_max_memory") + layer)
 
 
 def check_hidden_term(recipe: Recipe, source: dict[str, Any], args: DistillArgs) -> None:
@@ -165,8 +233,9 @@ def check_hidden_term(recipe: Recipe, source: dict[str, Any], args: DistillArgs)
         )
 
 
-def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
-    """The dense teacher on the student's device in its dtype, and what the report records about it."""
+def load_teacher(ctx: Context, args: DistillArgs) -> tuple[nn.Module, dict[str, object]]:
+    """The dense teacher in the student's dtype (on the student's device, or ``teacher_device``; offloaded within
+    ``teacher_max_memory``), and what the report records about it."""
     if ctx.recipe.task is not None:
         raise SlimkitError(
             f"distill: needs a causal language model's logits; this recipe makes a {ctx.recipe.task} task model"
@@ -175,13 +244,16 @@ def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
         ctx,
         "distill",
         what="dense teacher",
-        device=None,
+        device=args.teacher_device,
+        max_memory=args.teacher_max_memory,
         why="teacher: dense",
         instead="use the lora stage",
         holds="the stage holds two models at once: the teacher needs about {need} beside the student",
     )
     info = {
         "teacher": "dense",
+        "teacher_device": args.teacher_device or "the student's",
+        "teacher_offloaded": args.teacher_max_memory is not None,
         "teacher_source": dense.source,
         "teacher_load_seconds": dense.load_seconds,
         "teacher_weights": dense.weights,
@@ -198,7 +270,7 @@ def load_teacher(ctx: Context) -> tuple[nn.Module, dict[str, object]]:
 )
 def distill(ctx: Context, args: DistillArgs) -> None:
     """Recover by matching the dense teacher's logits (KL): LoRA adapters merged into the weights, or every weight."""
-    config = lora_config(ctx, args, exclude={"temperature", "hidden_weight", "teacher", "top_k", *TRAINING})
+    config = lora_config(ctx, args, exclude={"temperature", "hidden_weight", *TEACHER, *TRAINING})
     settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
     if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
         ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config)
@@ -214,7 +286,7 @@ def distill(ctx: Context, args: DistillArgs) -> None:
     if args.top_k is not None:
         distill_offline(ctx, args, config)
         return
-    teacher, info = load_teacher(ctx)
+    teacher, info = load_teacher(ctx, args)
     cuda = any(p.device.type == "cuda" for p in teacher.parameters())
     try:
         if args.tokens is not None:
@@ -252,7 +324,7 @@ def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None
     loaded: dict[str, object] = {}
 
     def load() -> nn.Module:
-        teacher, info = load_teacher(ctx)
+        teacher, info = load_teacher(ctx, args)
         loaded.update(info)
         return teacher
 

@@ -123,3 +123,51 @@ def test_a_sharded_student_gathered_back_can_set_the_peak(monkeypatch):
     assert memory.parts == {"float32 shards while gathering back": 5806 * 4, "teacher": params * 4}
     monkeypatch.setenv("WORLD_SIZE", "2")  # over two processes, training sets the peak
     assert args.memory("distill", MemoryInputs(deep, None, 4)).released == params * 4
+
+
+def test_an_offloaded_teacher_teaches_exactly_what_a_resident_one_does(tmp_path, tiny_llama_dir):
+    """``teacher_max_memory``: the teacher's decoder layers outside the budget are offloaded (to disk on a CPU) and
+    moved in for each forward; its logits, so the distilled student, are the resident teacher's."""
+    from transformers import AutoModelForCausalLM
+
+    dense = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    layer = sum(p.numel() for p in dense.model.layers[0].parameters()) * 4
+    resident = sum(p.numel() for p in dense.parameters()) * 4 - len(dense.model.layers) * layer  # embeddings, norm
+    budget = f"{resident + int(layer * 1.5)}B"  # room for one decoder layer and a half: the others on disk
+    from slimkit.primitives.io.model_sources import load_source
+
+    teacher, _tokenizer, _info = load_source(str(tiny_llama_dir), device="cpu", dtype="float32", max_memory=budget)
+    assert list(teacher.hf_device_map.values()).count("disk") == len(dense.model.layers) - 1
+    del teacher
+    raw = _recipe(tiny_llama_dir)
+    offloaded = _recipe(tiny_llama_dir, teacher_max_memory=budget)
+    resident = slimkit.run(raw, None, evaluate=False, compare_dense=False)
+    result = slimkit.run(offloaded, None, evaluate=False, compare_dense=False)
+    details = result.report.as_json()["stages"]["distill"]
+    assert details["teacher_offloaded"] is True
+    assert details["losses"] == resident.report.as_json()["stages"]["distill"]["losses"]
+    expected = dict(resident.model.named_parameters())
+    for name, param in result.model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+
+
+def test_the_teacher_placement_is_checked_and_planned(monkeypatch):
+    inputs = MemoryInputs(SHAPE, None, 4, device="cpu")
+    args = {"tokens": 64, "batch_size": 1, "seq_len": 8}
+    assert DistillArgs(**args).memory("distill", inputs).parts["teacher"] == 348 * 4
+    assert "teacher" not in DistillArgs(**args, teacher_device="cuda:1").memory("distill", inputs).parts
+    assert DistillArgs(**args, teacher_device="cpu").memory("distill", inputs).parts["teacher"] == 348 * 4
+    on_gpu = MemoryInputs(SHAPE, None, 4, device="cuda:0")
+    assert "teacher" in DistillArgs(**args, teacher_device="cuda").memory("distill", on_gpu).parts  # cuda is cuda:0
+    unknown = MemoryInputs(SHAPE, None, 4)  # the device not known: counted
+    assert "teacher" in DistillArgs(**args, teacher_device="cuda:1").memory("distill", unknown).parts
+    # offloaded within 400 bytes: the budget and one layer moved in (152 of 348 parameters: 608 bytes)
+    offloaded = DistillArgs(**args, teacher_max_memory="400B").memory("distill", inputs).parts["teacher"]
+    assert offloaded == 400 + 348 * 4 * 152 // 348 == 1008
+    assert DistillArgs(**args, teacher_max_memory="1GiB").memory("distill", inputs).parts["teacher"] == 348 * 4
+    for bad, fragment in (({"teacher_device": "gpu"}, "teacher_device"), ({"teacher_max_memory": "lots"}, "size")):
+        with pytest.raises(ValueError, match=fragment):
+            DistillArgs(**args, **bad)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SlimkitError, match="teacher_device cuda:1 would put every launched process's teacher"):
+        DistillArgs(**args, teacher_device="cuda:1").check_model(None)
