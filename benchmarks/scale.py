@@ -41,7 +41,7 @@ from benchmarks.scale_jobs import (
     PLAN_MARGIN,
     PROCESS_BYTES,
     Demand,
-    can_start,
+    blocked_by,
     expected_peak,
     rerun_alone,
 )
@@ -745,11 +745,12 @@ def _rows_table(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
 def _concurrency_lines(concurrency: dict[str, Any] | None) -> list[str]:
     if not concurrency:
         return []
-    known = ", ".join(f"`{Path(p).name}`" for p in concurrency.get("known_peaks") or []) or "none"
+    known = ", ".join(f"`{Path(p).name}`" for p in concurrency.get("known_peaks") or [])
+    rule = f"max(memory plan, peak measured in {known})" if known else "memory plan"
     return [
         f"- `--jobs {concurrency['jobs']}`: rows ran as concurrent processes, a row starting when the running rows' "
         f"expected peaks plus its own fit in {concurrency['capacity_gib']:.1f} GiB ({concurrency['memory_fraction']:g} "
-        f"of {concurrency['device_gib']:.1f}); expected peak = max(memory plan, peak measured in {known}) x "
+        f"of {concurrency['device_gib']:.1f}) and their saved models on the scratch disk; expected peak = {rule} x "
         f"{concurrency['plan_margin']:g} + {concurrency['process_gib']:g} GiB. Column 'run': **times of a row run "
         "beside others are not comparable with a row run alone** (they shared the device and the cores); peak "
         "memory is each process's own; a row short of memory beside others ran again alone at the end"
@@ -908,7 +909,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--recipes",
-        help=f"comma-separated recipes (default {','.join(RECIPES)}); 'all': every bundled causal-LM recipe; "
+        help=f"comma-separated recipes (default {','.join(RECIPES)}); 'all': every bundled causal-LM recipe (with "
+        "the other entries after them); "
         "NAME@KEY=VALUE[@KEY=VALUE...]: a bundled recipe with --set overrides (e.g. "
         "sp3-llm@stages.1.args.learning_rate=0), a row of its own",
     )
@@ -972,8 +974,8 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
     recipes = _names(args.recipes) or list(QUICK_RECIPES if args.quick else RECIPES)
     from slimkit.recipes.loading import bundled_recipes
 
-    if recipes == ["all"]:
-        recipes = llm_recipes()
+    if "all" in recipes:  # every causal-LM recipe, then the other entries (variants) not already among them
+        recipes = list(dict.fromkeys([*llm_recipes(), *(r for r in recipes if r != "all")]))
 
     unknown = [r for r in recipes if split_variant(r)[0] not in bundled_recipes()]
     if unknown:
@@ -1117,6 +1119,7 @@ class Queued:
     planned: float | None = None
     first: dict[str, Any] | None = None
     beside: set[str] = field(default_factory=set)
+    waiting: str | None = None
 
     @property
     def row_id(self) -> str:
@@ -1380,7 +1383,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                             record({**skipped_row(shape, sweeps, recipe, memory, dtype), "reason": reason})
                         continue
                     others = [e.reserved for e in running.values()]
-                    if not can_start(entry.reserved, others, capacity, _disk_free(scratch), args.jobs):
+                    wait = blocked_by(entry.reserved, others, capacity, _disk_free(scratch), args.jobs)
+                    if wait is not None:
+                        if wait != entry.waiting:
+                            log(f"{entry.label} waits: {wait}")
+                            entry.waiting = wait
                         break
                     queue.pop(0)
                     log(

@@ -39,16 +39,31 @@ def expected_peak(planned: float | None, measured: float | None) -> float:
     return max(known) * PLAN_MARGIN + PROCESS_BYTES if known else math.inf
 
 
-def can_start(head: Demand, running: Sequence[Demand], memory: float, disk_free: float, jobs: int) -> bool:
-    """Whether the next row (``head``) starts now: always when nothing runs (a row too large for the device runs
-    alone and finds out itself), else when fewer than ``jobs`` run and the running rows' demands plus its own fit
-    under ``memory`` (bytes the rows may use together) and ``disk_free`` (the scratch disk's free bytes now)."""
+def blocked_by(head: Demand, running: Sequence[Demand], memory: float, disk_free: float, jobs: int) -> str | None:
+    """Why the next row (``head``) cannot start now, or None when it can: it always can when nothing runs (a row too
+    large for the device runs alone and finds out itself); else fewer than ``jobs`` must run and the running rows'
+    demands plus its own must fit under ``memory`` (bytes the rows may use together) and ``disk_free`` (the scratch
+    disk's free bytes now)."""
     if not running:
-        return True
+        return None
     if len(running) >= jobs:
-        return False
-    fits_memory = sum(r.memory for r in running) + head.memory <= memory
-    return fits_memory and sum(r.disk for r in running) + head.disk <= disk_free
+        return f"{len(running)} rows run (--jobs {jobs})"
+    held = sum(r.memory for r in running)
+    if held + head.memory > memory:
+        return f"memory: {_gib(held)} expected beside {_gib(head.memory)} > {_gib(memory)} GiB"
+    written = sum(r.disk for r in running)
+    if written + head.disk > disk_free:
+        return f"scratch disk: {_gib(written)} beside {_gib(head.disk)} > {_gib(disk_free)} GiB free"
+    return None
+
+
+def can_start(head: Demand, running: Sequence[Demand], memory: float, disk_free: float, jobs: int) -> bool:
+    """Whether the next row starts now (:func:`blocked_by` gives no reason to wait)."""
+    return blocked_by(head, running, memory, disk_free, jobs) is None
+
+
+def _gib(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value / GIB:.1f}"
 
 
 def short_of_memory(row: dict[str, Any]) -> bool:
@@ -88,6 +103,7 @@ __all__ = [
     "PLAN_MARGIN",
     "PROCESS_BYTES",
     "Demand",
+    "blocked_by",
     "can_start",
     "expected_peak",
     "rerun_alone",

@@ -122,5 +122,8 @@ def test_jobs_options_are_checked_before_any_work(tmp_path):
         plan(build_parser().parse_args([*common, "--jobs", "0"]))
     with pytest.raises(BenchError, match=r"--memory-fraction must be above 0 and at most 1, got 1\.5"):
         plan(build_parser().parse_args([*common, "--memory-fraction", "1.5"]))
+    variant = "sp3-llm@stages.1.args.learning_rate=0"
+    _shapes, recipes, _offload = plan(build_parser().parse_args([*common, "--recipes", f"all,cce,{variant}"]))
+    assert recipes == [*llm_recipes(), variant]  # 'all' and more: each recipe once, the variant after them
     with pytest.raises(BenchError, match="--known-peaks"):
         plan(build_parser().parse_args([*common, "--known-peaks", str(tmp_path / "missing.json")]))

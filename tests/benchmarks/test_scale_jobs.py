@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from benchmarks.scale_jobs import GIB, Demand, can_start, expected_peak, rerun_alone, short_of_memory, simulate
+from benchmarks.scale_jobs import (
+    GIB,
+    Demand,
+    blocked_by,
+    can_start,
+    expected_peak,
+    rerun_alone,
+    short_of_memory,
+    simulate,
+)
 
 
 def test_expected_peak_takes_the_larger_of_plan_and_measurement_with_the_margin():
@@ -26,6 +35,13 @@ def test_a_row_starts_when_its_peak_fits_beside_the_running_ones():
     # the scratch disk: each row may write its saved model
     assert not can_start(Demand(1, disk=30 * GIB), [Demand(1, disk=30 * GIB)], 100 * GIB, 50 * GIB, 4)
     assert can_start(Demand(1, disk=20 * GIB), [Demand(1, disk=30 * GIB)], 100 * GIB, 50 * GIB, 4)
+    # why a row waits (logged)
+    assert (
+        blocked_by(Demand(21 * GIB), running, 100 * GIB, math.inf, 3) == "memory: 80.0 expected beside 21.0 > 100.0 GiB"
+    )
+    assert blocked_by(Demand(1), running, 100 * GIB, math.inf, 2) == "2 rows run (--jobs 2)"
+    disk = blocked_by(Demand(1, disk=30 * GIB), [Demand(1, disk=30 * GIB)], 100 * GIB, 50 * GIB, 4)
+    assert disk == "scratch disk: 30.0 beside 30.0 > 50.0 GiB free"
 
 
 def test_the_simulated_schedule_keeps_the_order():
