@@ -433,9 +433,9 @@ def sample_memory(
     cpu: dict[str, float] = {}
     while not _ended(process, cpu):
         if deadline is not None and time.perf_counter() > deadline:
-            stop_group(process)
+            stop_group(process, cpu)
             sampled = {"peak_anon_mb": anon / 1024, "peak_file_mb": file / 1024} if seen else {}
-            return {"peak_anon_mb": None, "peak_file_mb": None, **sampled, "timed_out": True}
+            return {"peak_anon_mb": None, "peak_file_mb": None, **sampled, **cpu, "timed_out": True}
         try:
             pids = [c.pid for c in psutil.Process(process.pid).children(recursive=True)]
         except psutil.Error:
@@ -467,15 +467,17 @@ def _ended(process: subprocess.Popen, cpu: dict[str, float]) -> bool:
     return True
 
 
-def stop_group(process: subprocess.Popen) -> None:
-    """Kill a run started in its own session (the launcher and the run it started) and reap it."""
+def stop_group(process: subprocess.Popen, cpu: dict[str, float] | None = None) -> None:
+    """Kill a run started in its own session (the launcher and the run it started) and reap it; ``cpu`` gets its
+    CPU seconds as :func:`sample_memory` records them."""
     import signal
 
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    process.wait()
+    while not _ended(process, {} if cpu is None else cpu):
+        time.sleep(0.02)
 
 
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "MemoryError")
