@@ -1181,10 +1181,13 @@ def device_bytes(device: str) -> int:
     return psutil.virtual_memory().total
 
 
-def admit_rows(queue: list[Queued], args: argparse.Namespace, dtype: str, result: dict[str, Any]) -> float:
+def admit_rows(
+    queue: list[Queued], args: argparse.Namespace, dtype: str, result: dict[str, Any]
+) -> tuple[float, float]:
     """Set each queued row's demand for ``--jobs``: expected peak (:func:`benchmarks.scale_jobs.expected_peak` of
     its plan and the largest peak ``--known-peaks`` measured for it) and its saved model's size on the scratch disk
-    (at most the dense weights); record them in the settings; the bytes the running rows may use together."""
+    (at most the dense weights); record the settings used; the bytes the running rows may use together and
+    the device's memory."""
     known = known_peaks(args.known_peaks)
     total = device_bytes(args.device)
     capacity = total * args.memory_fraction
@@ -1192,7 +1195,7 @@ def admit_rows(queue: list[Queued], args: argparse.Namespace, dtype: str, result
         entry.planned = planned_peak(entry.shape, entry.recipe, args, dtype, entry.memory)
         measured = known.get((entry.row_id, entry.memory, dtype))
         weights = entry.shape.params()["total"] * _dtype_bytes(dtype)
-        entry.demand = Demand(expected_peak(entry.planned, measured), float(weights))
+        entry.demand = Demand(expected_peak(entry.planned, measured, total), float(weights))
     result["settings"]["concurrency"] = {
         "jobs": args.jobs,
         "memory_fraction": args.memory_fraction,
@@ -1202,7 +1205,7 @@ def admit_rows(queue: list[Queued], args: argparse.Namespace, dtype: str, result
         "process_gib": PROCESS_BYTES / 2**30,
         "known_peaks": [str(p) for p in args.known_peaks],
     }
-    return capacity
+    return capacity, total
 
 
 def _disk_free(folder: Path) -> float:
@@ -1325,9 +1328,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 continue
             queue.append(Queued(shape, sweeps, recipe, memory, f"[{index}/{len(jobs)}] {row_id}"))
         if args.jobs > 1:
-            capacity = admit_rows(queue, args, dtype, result)
-        else:
-            capacity = 0.0  # one row at a time: nothing is ever beside a row, so no demand is needed
+            capacity, device_total = admit_rows(queue, args, dtype, result)
+        else:  # one row at a time: nothing is ever beside a row, so no demand is needed
+            capacity = device_total = 0.0
         running: dict[str, Queued] = {}
         finished: queue_module.Queue[tuple[str, dict[str, Any]]] = queue_module.Queue()
         live: set[subprocess.Popen] = set()
@@ -1421,7 +1424,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                     row["planned_peak_mb"] = _mb(entry.planned)
                     if entry.first is not None:
                         row["rerun_of"] = {k: entry.first.get(k) for k in ("status", "reason", "beside")}
-                if rerun_alone(row):
+                if rerun_alone(row, device_total):
                     log(f"  {row['id']}: {row['status']} beside {', '.join(row['beside'])}: run again alone at the end")
                     queue.append(replace(entry, first=row, beside=set()))
                     continue

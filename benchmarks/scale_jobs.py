@@ -32,9 +32,12 @@ class Demand:
     disk: float = 0.0
 
 
-def expected_peak(planned: float | None, measured: float | None) -> float:
+def expected_peak(planned: float | None, measured: float | None, device: float = math.inf) -> float:
     """A row's expected peak in bytes from its memory plan and an earlier measured peak (either may be None);
-    ``math.inf`` (run alone) when neither is known."""
+    ``math.inf`` (run alone) when neither is known. A plan above the whole ``device`` is refused by the run's own
+    check before it loads anything, so such a row holds only its process (PROCESS_BYTES) and need not run alone."""
+    if planned is not None and planned > device:
+        return float(PROCESS_BYTES)
     known = [value for value in (planned, measured) if value is not None]
     return max(known) * PLAN_MARGIN + PROCESS_BYTES if known else math.inf
 
@@ -74,9 +77,13 @@ def short_of_memory(row: dict[str, Any]) -> bool:
     return row.get("status") == "failed" and _PLAN_REFUSAL.search(row.get("reason") or "") is not None
 
 
-def rerun_alone(row: dict[str, Any]) -> bool:
-    """Whether a row is run again, alone, at the end: it ran short of memory while others ran beside it, and it is
-    not itself such a re-run (once)."""
+def rerun_alone(row: dict[str, Any], device: float = math.inf) -> bool:
+    """Whether a row is run again, alone, at the end: it ran short of memory while others ran beside it, it is not
+    itself such a re-run (once), and its plan (``planned_peak_mb``) fits the ``device`` (bytes): a plan above the
+    device is refused alone as well."""
+    planned = row.get("planned_peak_mb")
+    if planned is not None and planned * 2**20 > device:
+        return False
     return bool(row.get("beside")) and "rerun_of" not in row and short_of_memory(row)
 
 

@@ -23,6 +23,8 @@ def test_expected_peak_takes_the_larger_of_plan_and_measurement_with_the_margin(
     assert expected_peak(10 * GIB, 20 * GIB) == pytest.approx(25 * GIB)  # a measured 20 beats the plan's 10
     assert expected_peak(None, 5 * GIB) == pytest.approx(7 * GIB)
     assert expected_peak(None, None) == math.inf  # nothing known: it runs alone
+    # a plan above the whole device is refused before loading: only the process, no need to run alone
+    assert expected_peak(150 * GIB, None, device=140 * GIB) == GIB
 
 
 def test_a_row_starts_when_its_peak_fits_beside_the_running_ones():
@@ -63,3 +65,6 @@ def test_a_row_short_of_memory_beside_others_runs_again_alone_once():
     assert rerun_alone({"status": "failed", "reason": refused, "beside": ["x/lorap"]})
     assert not rerun_alone({"status": "failed", "reason": "exit 1: KeyError: 'q_proj'", "beside": ["x/lorap"]})
     assert not rerun_alone({"status": "timeout", "reason": "not finished", "beside": ["x/lorap"]})
+    # refused by a plan above the device: alone it would be refused the same
+    big = {"status": "failed", "reason": refused, "beside": ["x/lorap"], "planned_peak_mb": 150 * 1024}
+    assert not rerun_alone(big, device=140 * GIB) and rerun_alone(big, device=160 * GIB)
