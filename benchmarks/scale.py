@@ -951,10 +951,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--known-peaks",
         type=Path,
-        action="append",
+        nargs="+",
+        action="extend",
         default=[],
-        help="with --jobs: an earlier results .json whose measured peak GPU memory a row expects when above its "
-        "memory plan (repeatable)",
+        help="with --jobs: earlier results .json files whose measured peak GPU memory a row expects when above its "
+        "memory plan",
     )
     parser.add_argument("--quick", action="store_true", help="tiny shapes only (the smoke test)")
     parser.add_argument("--no-baseline", action="store_true", help="no baseline row (peak RSS above it is not shown)")
@@ -1209,9 +1210,18 @@ def admit_rows(
 
 
 def _disk_free(folder: Path) -> float:
+    """Bytes the running rows may still write under ``folder`` beside a new one: the file system's free bytes plus
+    what the rows already wrote there (each running row's reservation counts its whole saved model)."""
     import shutil
 
-    return float(shutil.disk_usage(folder).free)
+    written = 0
+    for parent, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                written += os.lstat(os.path.join(parent, name)).st_blocks * 512
+            except OSError:  # removed meanwhile by its run
+                pass
+    return float(shutil.disk_usage(folder).free + written)
 
 
 def _mb(value: float | None) -> float | None:
@@ -1321,6 +1331,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             # the most expensive runs
             jobs.sort(key=lambda job: (job[3] is None, estimated_cost(job[0], job[2], job[3] is not None)))
         log(f"{len(jobs)} runs on {args.device} ({dtype}); results {base}.*")
+        if args.jobs > 1:
+            log(f"--jobs {args.jobs}: run folders in {scratch} ({_disk_free(scratch) / 2**30:.1f} GiB free)")
         queue: list[Queued] = []
         for index, (shape, sweeps, recipe, memory) in enumerate(jobs, 1):
             row_id = f"{shape.name}/{recipe}"

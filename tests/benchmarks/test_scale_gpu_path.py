@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from benchmarks.scale import (
     RECOVERY_STAGES,
@@ -97,6 +100,13 @@ def test_jobs_run_rows_side_by_side_and_one_short_of_memory_again_alone(tmp_path
     monkeypatch.setattr(scale, "model_folder", lambda *a, **k: (tmp_path, None))
     argv = ["--configs", "w64-L2", "--recipes", "wanda-channels,magnitude", "--no-sweeps", "--offload-memory", "none"]
     argv += ["--no-baseline", "--jobs", "2", "--out", str(tmp_path / "out"), "--name", "jobs"]
+    earlier = {
+        "settings": {"dtype": "float32"},
+        "rows": [{"id": "w64-L2/magnitude", "status": "ok", "peak_gpu_mb": 500}],
+    }
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    (tmp_path / "other.json").write_text(json.dumps({"settings": {"dtype": "bfloat16"}, "rows": []}))
+    argv += ["--known-peaks", str(tmp_path / "earlier.json"), str(tmp_path / "other.json")]
     result = scale.run(scale.build_parser().parse_args(argv), argv)
     assert sorted(calls[:2]) == ["magnitude", "wanda-channels"] and calls[2:] == ["wanda-channels"]
     rows = {r["recipe"]: r for r in result["rows"]}
@@ -105,6 +115,8 @@ def test_jobs_run_rows_side_by_side_and_one_short_of_memory_again_alone(tmp_path
     assert again["status"] == "ok" and again["beside"] == [] and again["rerun_of"]["status"] == "oom"
     assert again["rerun_of"]["beside"] == ["w64-L2/magnitude"] and len(result["rows"]) == 2
     assert again["planned_peak_mb"] > 0 and again["expected_peak_mb"] > again["planned_peak_mb"]
+    # the measured 500 MB is above magnitude's tiny plan: it is what the row expects (x 1.2 + 1 GiB)
+    assert rows["magnitude"]["expected_peak_mb"] == pytest.approx(500 * 1.2 + 1024)
     assert result["settings"]["concurrency"]["jobs"] == 2
     text = markdown(result)
     assert "| w64-L2 | `magnitude` | beside 1 | 2 |" in text and "alone (again, after oom beside 1)" in text
@@ -112,8 +124,6 @@ def test_jobs_run_rows_side_by_side_and_one_short_of_memory_again_alone(tmp_path
 
 
 def test_jobs_options_are_checked_before_any_work(tmp_path):
-    import pytest
-
     from benchmarks.grid import BenchError
     from benchmarks.scale import build_parser, plan
 
