@@ -1452,7 +1452,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return result
 
 
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt  # a SIGTERM (``timeout``) ends as Ctrl-C does: running rows stopped, results kept
+
+
 def _main(argv: list[str]) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(argv)
     if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
         result = read_json_file(args.render, "--render")
