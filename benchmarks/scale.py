@@ -13,10 +13,12 @@ import datetime as dt
 import json
 import math
 import os
+import queue as queue_module
 import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,6 +35,15 @@ from benchmarks.run import (
     log,
     machine_info,
     via_launcher,
+)
+from benchmarks.scale_jobs import (
+    MEMORY_FRACTION,
+    PLAN_MARGIN,
+    PROCESS_BYTES,
+    Demand,
+    blocked_by,
+    expected_peak,
+    rerun_alone,
 )
 from slimkit.primitives.files.removal import discard, remove_owned
 
@@ -419,11 +430,12 @@ def sample_memory(
 
     anon = file = 0
     seen = False
-    while process.poll() is None:
+    cpu: dict[str, float] = {}
+    while not _ended(process, cpu):
         if deadline is not None and time.perf_counter() > deadline:
-            stop_group(process)
+            stop_group(process, cpu)
             sampled = {"peak_anon_mb": anon / 1024, "peak_file_mb": file / 1024} if seen else {}
-            return {"peak_anon_mb": None, "peak_file_mb": None, **sampled, "timed_out": True}
+            return {"peak_anon_mb": None, "peak_file_mb": None, **sampled, **cpu, "timed_out": True}
         try:
             pids = [c.pid for c in psutil.Process(process.pid).children(recursive=True)]
         except psutil.Error:
@@ -435,19 +447,37 @@ def sample_memory(
             file = max(file, sum(p.get("RssFile", 0) for p in parts))
         time.sleep(every_s)
     if not seen:
-        return {"peak_anon_mb": None, "peak_file_mb": None}
-    return {"peak_anon_mb": anon / 1024, "peak_file_mb": file / 1024}
+        return {"peak_anon_mb": None, "peak_file_mb": None, **cpu}
+    return {"peak_anon_mb": anon / 1024, "peak_file_mb": file / 1024, **cpu}
 
 
-def stop_group(process: subprocess.Popen) -> None:
-    """Kill a run started in its own session (the launcher and the run it started) and reap it."""
+def _ended(process: subprocess.Popen, cpu: dict[str, float]) -> bool:
+    """Whether ``process`` ended (reaped without blocking); when it did, ``cpu["cpu_s"]`` is its CPU seconds with
+    its waited-for descendants' (``wait4``: this process's own, whatever other runs end beside it)."""
+    if not hasattr(os, "wait4") or process.returncode is not None:
+        return process.poll() is not None
+    try:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere
+        return process.poll() is not None
+    if pid == 0:
+        return False
+    process.returncode = os.waitstatus_to_exitcode(status)
+    cpu["cpu_s"] = usage.ru_utime + usage.ru_stime
+    return True
+
+
+def stop_group(process: subprocess.Popen, cpu: dict[str, float] | None = None) -> None:
+    """Kill a run started in its own session (the launcher and the run it started) and reap it; ``cpu`` gets its
+    CPU seconds as :func:`sample_memory` records them."""
     import signal
 
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    process.wait()
+    while not _ended(process, {} if cpu is None else cpu):
+        time.sleep(0.02)
 
 
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "MemoryError")
@@ -479,9 +509,11 @@ def run_one(
     scratch: Path,
     max_memory: str | None = None,
     timeout_s: float | None = None,
+    live: set[subprocess.Popen] | None = None,
 ) -> dict[str, Any]:
     """One compression run in its own process; the row (status ok, or failed / oom / timeout with the reason).
-    ``timeout_s``: the run is killed after this many seconds (a ``--budget-s`` that would be overrun)."""
+    ``timeout_s``: the run is killed after this many seconds (a ``--budget-s`` that would be overrun); ``live``:
+    the process is in it while it runs (so the caller can stop it)."""
     import yaml
 
     of = target_of(shape, recipe)
@@ -525,14 +557,21 @@ def run_one(
             process = subprocess.Popen(
                 via_launcher(command), stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-            sampled = sample_memory(process, deadline=None if timeout_s is None else start + timeout_s)
+            if live is not None:
+                live.add(process)
+            try:
+                sampled = sample_memory(process, deadline=None if timeout_s is None else start + timeout_s)
+            finally:
+                if live is not None:
+                    live.discard(process)
         done = process
         row["process_wall_s"] = time.perf_counter() - start
         timed_out = bool(sampled.pop("timed_out", False))
+        cpu_s = sampled.pop("cpu_s", None)
         row.update(sampled)
         # CPU seconds of the whole process (imports and load included): less sensitive than wall time to
         # other processes on the same cores; the 1-minute load average says how busy the machine was
-        row["process_cpu_s"] = _children_cpu_s() - cpu_before
+        row["process_cpu_s"] = cpu_s if cpu_s is not None else _children_cpu_s() - cpu_before
         row["load_average_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         if timed_out:
             reason = f"not finished within {timeout_s:.0f} s (what was left of --budget-s); last output: "
@@ -649,21 +688,41 @@ def _gb(mb: float | None) -> str:
     return "-" if mb is None else f"{mb / 1024:.2f}"
 
 
+def _concurrent(rows: list[dict[str, Any]]) -> bool:
+    """Whether the rows come from a ``--jobs`` run (each says which rows ran beside it)."""
+    return any("beside" in r for r in rows)
+
+
+def run_cell(row: dict[str, Any]) -> str:
+    """How a row ran: alone, beside N other rows (its times are not comparable with a row run alone), or alone
+    again after it ran short of memory beside others."""
+    first = row.get("rerun_of")
+    if first is not None:
+        return f"alone (again, after {first.get('status')} beside {len(first.get('beside') or [])})"
+    beside = row.get("beside") or []
+    return f"beside {len(beside)}" if beside else "alone"
+
+
 def _rows_table(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
-    head = "| shape | recipe | layers | hidden | params | weights GiB | load s | calib s | stage s | save s "
+    concurrent = _concurrent(rows)
+    head = "| shape | recipe" + (" | run" if concurrent else "") + " | layers | hidden | params | weights GiB "
+    head += "| load s | calib s | stage s | save s "
     head += "| compress s | s/layer | peak RSS GiB | above baseline GiB" + (" | peak GPU GiB" if gpu else "")
     extra = any(r.get("load_average_1m") is not None for r in rows)
     head += " | achieved | per stage s |" + (" process CPU s | load 1m |" if extra else "")
-    lines = [head, "|" + " --- |" * 2 + " ---: |" * (head.count("|") - 3)]
+    lines = [head, "|" + " --- |" * (2 + concurrent) + " ---: |" * (head.count("|") - 3 - concurrent)]
     for r in rows:
+        run = [run_cell(r)] if concurrent else []
         if r["status"] != "ok":
-            cells = [r["shape"], f"`{r['recipe']}`", str(r["layers"]), str(r["hidden"]), "-", _gb(r["weights_mb"])]
+            cells = [r["shape"], f"`{r['recipe']}`", *run, str(r["layers"]), str(r["hidden"]), "-"]
+            cells.append(_gb(r["weights_mb"]))
             lines.append("| " + " | ".join(cells) + f" | **{r['status']}**: {r.get('reason', '')} |")
             continue
         stage = sum(v for k, v in r["stages_s"].items() if k[:1].isdigit())
         cells = [
             r["shape"],
             f"`{r['recipe']}`",
+            *run,
             str(r["layers"]),
             str(r["hidden"]),
             f"{r['params_before'] / 1e6:,.0f}M",
@@ -683,6 +742,21 @@ def _rows_table(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _concurrency_lines(concurrency: dict[str, Any] | None) -> list[str]:
+    if not concurrency:
+        return []
+    known = ", ".join(f"`{Path(p).name}`" for p in concurrency.get("known_peaks") or [])
+    rule = f"max(memory plan, peak measured in {known})" if known else "memory plan"
+    return [
+        f"- `--jobs {concurrency['jobs']}`: rows ran as concurrent processes, a row starting when the running rows' "
+        f"expected peaks plus its own fit in {concurrency['capacity_gib']:.1f} GiB ({concurrency['memory_fraction']:g} "
+        f"of {concurrency['device_gib']:.1f}) and their saved models on the scratch disk; expected peak = {rule} x "
+        f"{concurrency['plan_margin']:g} + {concurrency['process_gib']:g} GiB. Column 'run': **times of a row run "
+        "beside others are not comparable with a row run alone** (they shared the device and the cores); peak "
+        "memory is each process's own; a row short of memory beside others ran again alone at the end"
+    ]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -709,6 +783,7 @@ def markdown(result: dict[str, Any]) -> str:
         "- compress s = calibration + the recipe's stages (load and save listed apart); s/layer = compress s / "
         "decoder layers; above baseline = peak RSS minus the baseline row (a 2-layer tiny model: the process "
         "itself)",
+        *_concurrency_lines(s.get("concurrency")),
         f"- wall time of the whole benchmark: {result.get('wall_s', 0) + result.get('resumed_wall_s', 0):.0f} s "
         f"over {1 + bool(result.get('resumed_wall_s'))} invocation(s) (model building "
         f"{result.get('build_s', 0):.0f} s of it)",
@@ -768,21 +843,27 @@ def markdown(result: dict[str, Any]) -> str:
             "anonymous memory minus the baseline's stays near the budget plus one layer and its calibration "
             "activations, well below the weights.",
             "",
-            "| shape | recipe | weights GiB | budget | baseline RSS GiB | peak RSS GiB | above baseline GiB"
+            "| shape | recipe"
+            + (" | run" if _concurrent(offload) else "")
+            + " | weights GiB | budget | baseline RSS GiB | peak RSS GiB | above baseline GiB"
             + " | peak anon GiB (baseline) | peak file-backed GiB"
             + (" | peak GPU GiB" if gpu else "")
             + " | offloaded | load s | compress s | save s | achieved |",
-            "| --- | --- |" + " ---: |" * (11 + (1 if gpu else 0)) + " --- |",
+            "| --- | --- |"
+            + (" --- |" if _concurrent(offload) else "")
+            + " ---: |" * (11 + (1 if gpu else 0))
+            + " --- |",
         ]
         for r in offload:
+            recipe = f"`{r['recipe']}`" + (f" | {run_cell(r)}" if _concurrent(offload) else "")
             if r["status"] != "ok":
                 lines.append(
-                    f"| {r['shape']} | `{r['recipe']}` | {_gb(r['weights_mb'])} | {r['max_memory']} | "
+                    f"| {r['shape']} | {recipe} | {_gb(r['weights_mb'])} | {r['max_memory']} | "
                     f"{_gb(base.get('peak_rss_mb'))} | **{r['status']}**: {r.get('reason', '')} |"
                 )
                 continue
             lines.append(
-                f"| {r['shape']} | `{r['recipe']}` | {_gb(r['weights_mb'])} | {r['max_memory']} | "
+                f"| {r['shape']} | {recipe} | {_gb(r['weights_mb'])} | {r['max_memory']} | "
                 f"{_gb(base.get('peak_rss_mb'))} | {_gb(r['peak_rss_mb'])} | {_gb(r.get('peak_rss_above_baseline_mb'))}"
                 + f" | {_gb(r.get('peak_anon_mb'))} ({_gb(base.get('peak_anon_mb'))}) | {_gb(r.get('peak_file_mb'))}"
                 + (f" | {_gb(r['peak_gpu_mb'])}" if gpu else "")
@@ -830,7 +911,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--recipes",
-        help=f"comma-separated recipes (default {','.join(RECIPES)}); 'all': every bundled causal-LM recipe; "
+        help=f"comma-separated recipes (default {','.join(RECIPES)}); 'all': every bundled causal-LM recipe (with "
+        "the other entries after them); "
         "NAME@KEY=VALUE[@KEY=VALUE...]: a bundled recipe with --set overrides (e.g. "
         "sp3-llm@stages.1.args.learning_rate=0), a row of its own",
     )
@@ -853,6 +935,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="start no run after this many seconds (the rest are listed as cut); runs go cheapest first",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="rows run at the same time, admitted by expected peak memory (default 1: one at a time)",
+    )
+    parser.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=MEMORY_FRACTION,
+        help=f"with --jobs: the running rows' expected peaks sum to at most this share of the device's memory "
+        f"(default {MEMORY_FRACTION})",
+    )
+    parser.add_argument(
+        "--known-peaks",
+        type=Path,
+        nargs="+",
+        action="extend",
+        default=[],
+        help="with --jobs: earlier results .json files whose measured peak GPU memory a row expects when above its "
+        "memory plan",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes only (the smoke test)")
     parser.add_argument("--no-baseline", action="store_true", help="no baseline row (peak RSS above it is not shown)")
     parser.add_argument(
@@ -873,8 +977,8 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
     recipes = _names(args.recipes) or list(QUICK_RECIPES if args.quick else RECIPES)
     from slimkit.recipes.loading import bundled_recipes
 
-    if recipes == ["all"]:
-        recipes = llm_recipes()
+    if "all" in recipes:  # every causal-LM recipe, then the other entries (variants) not already among them
+        recipes = list(dict.fromkeys([*llm_recipes(), *(r for r in recipes if r != "all")]))
 
     unknown = [r for r in recipes if split_variant(r)[0] not in bundled_recipes()]
     if unknown:
@@ -888,6 +992,12 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
             raise BenchError(f"--recipes: {recipe}: {error}") from None
     if args.samples < 1 or args.seq_len < 8:
         raise BenchError("--samples must be at least 1 and --seq-len at least 8")
+    if args.jobs < 1:
+        raise BenchError(f"--jobs must be at least 1, got {args.jobs}")
+    if not 0 < args.memory_fraction <= 1:
+        raise BenchError(f"--memory-fraction must be above 0 and at most 1, got {args.memory_fraction}")
+    for path in args.known_peaks:
+        read_json_file(path, "--known-peaks")
     cuda = args.device.startswith("cuda")
     configs = _names(args.configs)
     if configs is None:
@@ -998,6 +1108,126 @@ def skipped_row(shape: Shape, sweeps: list[str], recipe: str, memory: str | None
     return row | {"weights_mb": shape.params()["total"] * _dtype_bytes(dtype) / 2**20, "status": "skipped"}
 
 
+@dataclass
+class Queued:
+    """A row waiting to start: what it runs, what it reserves beside others (``--jobs``), and for a row run again
+    alone, its first attempt."""
+
+    shape: Shape
+    sweeps: list[str]
+    recipe: str
+    memory: str | None
+    label: str
+    demand: Demand = field(default_factory=lambda: Demand(0.0))
+    planned: float | None = None
+    first: dict[str, Any] | None = None
+    beside: set[str] = field(default_factory=set)
+    waiting: str | None = None
+
+    @property
+    def row_id(self) -> str:
+        return f"{self.shape.name}/{self.recipe}" + ("@offload" if self.memory else "")
+
+    @property
+    def reserved(self) -> Demand:
+        """What it holds while it runs: a re-run holds the whole device (nothing starts beside it)."""
+        return self.demand if self.first is None else Demand(math.inf, self.demand.disk)
+
+
+def planned_peak(
+    shape: Shape, recipe: str, args: argparse.Namespace, dtype: str, max_memory: str | None
+) -> float | None:
+    """Bytes a run needs on its device by the recipe's memory plan (``slimkit.engine.memory_check``, the check
+    ``slimkit recipe run`` refuses with before loading), from the shape's config alone: the weights plus the largest
+    stage, or for an offloaded run its ``--max-memory`` plus the largest stage; None when no plan can be made."""
+    import torch
+
+    from slimkit.engine.memory_check import recipe_memory_plan
+    from slimkit.primitives.device.placement import parse_size
+    from slimkit.recipes.loading import validate
+
+    raw, _dropped = scale_recipe(recipe, args.samples, args.seq_len, target_of(shape, recipe))
+    try:
+        plan = recipe_memory_plan(validate(raw, recipe), shape.config(dtype), getattr(torch, dtype))
+    except Exception as error:  # no plan: the row runs alone (it reports its own refusal if the recipe is bad)
+        log(f"  {shape.name}/{recipe}: no memory plan ({type(error).__name__}: {error}); it runs alone")
+        return None
+    if max_memory:
+        return parse_size(max_memory) + plan.peak - plan.weights
+    return float(plan.peak)
+
+
+def known_peaks(paths: list[Path]) -> dict[tuple[str, str | None, str], float]:
+    """The largest peak GPU memory (bytes) measured per (row id, --max-memory, dtype) in earlier results files."""
+    found: dict[tuple[str, str | None, str], float] = {}
+    for path in paths:
+        result = read_json_file(path, "--known-peaks")
+        dtype = str((result.get("settings") or {}).get("dtype"))
+        for row in result.get("rows") or []:
+            if isinstance(row, dict) and row.get("status") == "ok" and row.get("peak_gpu_mb"):
+                key = (str(row.get("id")), row.get("max_memory"), dtype)
+                found[key] = max(found.get(key, 0.0), float(row["peak_gpu_mb"]) * 2**20)
+    return found
+
+
+def device_bytes(device: str) -> int:
+    """Memory of the runs' device: the GPU's total, or the machine's RAM for the CPU."""
+    import torch
+
+    where = build_device(device)
+    if where.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(where)).total_memory
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def admit_rows(
+    queue: list[Queued], args: argparse.Namespace, dtype: str, result: dict[str, Any]
+) -> tuple[float, float]:
+    """Set each queued row's demand for ``--jobs``: expected peak (:func:`benchmarks.scale_jobs.expected_peak` of
+    its plan and the largest peak ``--known-peaks`` measured for it) and its saved model's size on the scratch disk
+    (at most the dense weights); record the settings used; the bytes the running rows may use together and
+    the device's memory."""
+    known = known_peaks(args.known_peaks)
+    total = device_bytes(args.device)
+    capacity = total * args.memory_fraction
+    for entry in queue:
+        entry.planned = planned_peak(entry.shape, entry.recipe, args, dtype, entry.memory)
+        measured = known.get((entry.row_id, entry.memory, dtype))
+        weights = entry.shape.params()["total"] * _dtype_bytes(dtype)
+        entry.demand = Demand(expected_peak(entry.planned, measured, total), float(weights))
+    result["settings"]["concurrency"] = {
+        "jobs": args.jobs,
+        "memory_fraction": args.memory_fraction,
+        "device_gib": total / 2**30,
+        "capacity_gib": capacity / 2**30,
+        "plan_margin": PLAN_MARGIN,
+        "process_gib": PROCESS_BYTES / 2**30,
+        "known_peaks": [str(p) for p in args.known_peaks],
+    }
+    return capacity, total
+
+
+def _disk_free(folder: Path) -> float:
+    """Bytes the running rows may still write under ``folder`` beside a new one: the file system's free bytes plus
+    what the rows already wrote there (each running row's reservation counts its whole saved model)."""
+    import shutil
+
+    written = 0
+    for parent, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                written += os.lstat(os.path.join(parent, name)).st_blocks * 512
+            except OSError:  # removed meanwhile by its run
+                pass
+    return float(shutil.disk_usage(folder).free + written)
+
+
+def _mb(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) else value / 2**20
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     import torch
 
@@ -1101,32 +1331,119 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             # the most expensive runs
             jobs.sort(key=lambda job: (job[3] is None, estimated_cost(job[0], job[2], job[3] is not None)))
         log(f"{len(jobs)} runs on {args.device} ({dtype}); results {base}.*")
+        if args.jobs > 1:
+            log(f"--jobs {args.jobs}: run folders in {scratch} ({_disk_free(scratch) / 2**30:.1f} GiB free)")
+        queue: list[Queued] = []
         for index, (shape, sweeps, recipe, memory) in enumerate(jobs, 1):
             row_id = f"{shape.name}/{recipe}"
             if row_id in skip or row_id + ("@offload" if memory else "") in kept:
                 continue
-            left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
-            if left is not None and left < MIN_ROW_S:
-                reason = (
-                    f"not run: {max(left, 0):.0f} s of --budget-s {args.budget_s:.0f} s left (runs go cheapest first "
-                    "by an estimate from the layers' size and the recipe's stages)"
-                )
-                record({**skipped_row(shape, sweeps, recipe, memory, dtype), "reason": reason})
-                continue
-            log(f"[{index}/{len(jobs)}] {row_id}" + (f" with --max-memory {memory}" if memory else ""))
-            try:
-                folder = folder_of(shape)
-            except Exception as error:  # a shape that cannot be built is a row, not a crash
-                row = {"id": row_id, "shape": shape.name, "kind": sweeps[0], "sweeps": sweeps}
-                row |= {"recipe": recipe, "layers": shape.layers, "hidden": shape.hidden, "status": "failed"}
-                row |= {"weights_mb": shape.params()["total"] * _dtype_bytes(dtype) / 2**20, "max_memory": memory}
-                record({**row, "reason": f"building the model: {type(error).__name__}: {error}"[:400]})
-                continue
-            if (shape, recipe, memory) == (base_shape, "wanda-channels", None) and baseline["status"] == "ok":
-                record({**baseline, "kind": sweeps[0], "sweeps": sweeps, "baseline_run": True})
-                continue
-            left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
-            record(run_one(shape, sweeps, folder, recipe, args, dtype, scratch, memory, timeout_s=left))
+            queue.append(Queued(shape, sweeps, recipe, memory, f"[{index}/{len(jobs)}] {row_id}"))
+        if args.jobs > 1:
+            capacity, device_total = admit_rows(queue, args, dtype, result)
+        else:  # one row at a time: nothing is ever beside a row, so no demand is needed
+            capacity = device_total = 0.0
+        running: dict[str, Queued] = {}
+        finished: queue_module.Queue[tuple[str, dict[str, Any]]] = queue_module.Queue()
+        live: set[subprocess.Popen] = set()
+
+        def start_row(entry: Queued, folder: Path, timeout_s: float | None) -> None:
+            def work() -> None:
+                try:
+                    row = run_one(
+                        entry.shape,
+                        entry.sweeps,
+                        folder,
+                        entry.recipe,
+                        args,
+                        dtype,
+                        scratch,
+                        entry.memory,
+                        timeout_s=timeout_s,
+                        live=live,
+                    )
+                except Exception as error:  # a crash of the harness itself is that row's result, not a hang
+                    row = {
+                        **skipped_row(entry.shape, entry.sweeps, entry.recipe, entry.memory, dtype),
+                        "status": "failed",
+                        "reason": f"{type(error).__name__}: {error}"[:400],
+                    }
+                finished.put((entry.row_id, row))
+
+            for other in running.values():
+                other.beside.add(entry.row_id)
+                entry.beside.add(other.row_id)
+            running[entry.row_id] = entry
+            threading.Thread(target=work, daemon=True).start()
+
+        try:
+            while queue or running:
+                while queue:
+                    entry = queue[0]
+                    shape, sweeps, recipe, memory = entry.shape, entry.sweeps, entry.recipe, entry.memory
+                    left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
+                    if left is not None and left < MIN_ROW_S:
+                        queue.pop(0)
+                        reason = (
+                            f"not run: {max(left, 0):.0f} s of --budget-s {args.budget_s:.0f} s left (runs go "
+                            "cheapest first by an estimate from the layers' size and the recipe's stages)"
+                        )
+                        if entry.first is not None:  # a re-run that no longer fits the budget: the first attempt
+                            record(
+                                entry.first
+                                | {
+                                    "reason": f"{entry.first.get('reason')} (beside other rows; "
+                                    f"not run again alone: {reason})"[:600]
+                                }
+                            )
+                        else:
+                            record({**skipped_row(shape, sweeps, recipe, memory, dtype), "reason": reason})
+                        continue
+                    others = [e.reserved for e in running.values()]
+                    wait = blocked_by(entry.reserved, others, capacity, _disk_free(scratch), args.jobs)
+                    if wait is not None:
+                        if wait != entry.waiting:
+                            log(f"{entry.label} waits: {wait}")
+                            entry.waiting = wait
+                        break
+                    queue.pop(0)
+                    log(
+                        entry.label
+                        + (f" with --max-memory {memory}" if memory else "")
+                        + (f" (beside {len(running)} running)" if running else "")
+                        + (" (again, alone)" if entry.first is not None else "")
+                    )
+                    try:
+                        folder = folder_of(shape)
+                    except Exception as error:  # a shape that cannot be built is a row, not a crash
+                        row = {"id": entry.row_id, "shape": shape.name, "kind": sweeps[0], "sweeps": sweeps}
+                        row |= {"recipe": recipe, "layers": shape.layers, "hidden": shape.hidden, "status": "failed"}
+                        row |= {"weights_mb": shape.params()["total"] * _dtype_bytes(dtype) / 2**20}
+                        row |= {"max_memory": memory}
+                        record({**row, "reason": f"building the model: {type(error).__name__}: {error}"[:400]})
+                        continue
+                    if (shape, recipe, memory) == (base_shape, "wanda-channels", None) and baseline["status"] == "ok":
+                        record({**baseline, "kind": sweeps[0], "sweeps": sweeps, "baseline_run": True})
+                        continue
+                    left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
+                    start_row(entry, folder, left)
+                if not running:
+                    continue
+                key, row = finished.get()
+                entry = running.pop(key)
+                if args.jobs > 1:
+                    row |= {"beside": sorted(entry.beside), "expected_peak_mb": _mb(entry.demand.memory)}
+                    row["planned_peak_mb"] = _mb(entry.planned)
+                    if entry.first is not None:
+                        row["rerun_of"] = {k: entry.first.get(k) for k in ("status", "reason", "beside")}
+                if rerun_alone(row, device_total):
+                    log(f"  {row['id']}: {row['status']} beside {', '.join(row['beside'])}: run again alone at the end")
+                    queue.append(replace(entry, first=row, beside=set()))
+                    continue
+                record(row)
+        finally:
+            for process in list(live):  # an interrupted benchmark leaves no run behind
+                stop_group(process)
     result["wall_s"] = time.perf_counter() - start
     result["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     result["exponents"] = exponents(result["rows"], recipes)
@@ -1135,7 +1452,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return result
 
 
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt  # a SIGTERM (``timeout``) ends as Ctrl-C does: running rows stopped, results kept
+
+
 def _main(argv: list[str]) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(argv)
     if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
         result = read_json_file(args.render, "--render")

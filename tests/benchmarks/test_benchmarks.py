@@ -939,3 +939,36 @@ def test_results_say_where_rows_were_measured():
     assert measured_on(result) == "float32, CUDA (NVIDIA H100 80GB HBM3); bfloat16, CPU"
     # rows without placements (older results): the settings on the benchmark's machine
     assert measured_on({"rows": [{}], "settings": {"device": "auto", "dtype": "auto"}, "machine": {}}) == "float32, CPU"
+
+
+@pytest.mark.slow
+def test_scale_quick_with_two_jobs_runs_rows_side_by_side(tmp_path):
+    """`python -m benchmarks.scale --quick --jobs 2`: the sweep rows as two processes at a time, each with its own
+    peak RSS and CPU seconds, the rows that overlapped saying so (a byte tokenizer: no real model needed)."""
+    from tests.tiny import byte_tokenizer
+
+    byte_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    command = [sys.executable, "-m", "benchmarks.scale", "--quick", "--jobs", "2", "--no-baseline", "--threads", "1"]
+    command += [
+        "--offload-memory",
+        "none",
+        "--samples",
+        "2",
+        "--seq-len",
+        "32",
+        "--tokenizer",
+        str(tmp_path / "tokenizer"),
+    ]
+    command += ["--out", str(tmp_path), "--name", "jobs", "--models-dir", str(tmp_path / "models")]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [path] = tmp_path.glob("*-jobs.json")
+    result = json.loads(path.read_text())
+    rows = {r["id"]: r for r in result["rows"]}
+    assert len(rows) == 3 and all(r["status"] == "ok" for r in rows.values()), rows
+    # the second row starts beside the first (two tiny plans fit in 0.9 of the RAM); the third beside whichever runs
+    assert rows["w64-L12/wanda-channels"]["beside"] and result["settings"]["concurrency"]["jobs"] == 2
+    for row in rows.values():
+        assert row["peak_rss_mb"] > 0 and row["process_cpu_s"] > 0
+        assert row["expected_peak_mb"] > row["planned_peak_mb"] > 0
+    assert "| beside " in path.with_suffix(".md").read_text()
