@@ -226,9 +226,9 @@ def test_scale_checks_its_folders_and_reads_render_files_with_bounds(capsys, tmp
 def test_the_file_option_check_and_the_json_writer(tmp_path, capsys):
     from benchmarks.inputs import check_file_option, emit_json
 
-    with pytest.raises(BenchError, match="--json .*: is a folder"):
+    with pytest.raises(BenchError, match=r"--json .*: is a folder"):
         check_file_option("--json", tmp_path)
-    with pytest.raises(BenchError, match="folder .* does not exist"):
+    with pytest.raises(BenchError, match=r"folder .* does not exist"):
         check_file_option("--json", tmp_path / "no" / "r.json")
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "elsewhere.json")
