@@ -7,7 +7,7 @@ Method note: docs/methods/allocation.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator
 from typing import Protocol
 
 import torch
@@ -78,7 +78,7 @@ def _weights_only(ctx: Context, last: int) -> Iterator[tuple[LayerView, LayerSta
 
 
 def dense_layer_statistics(
-    ctx: Context, batches: list[torch.Tensor], roles: Sequence[str], last: int
+    ctx: Context, batches: list[torch.Tensor], roles: Collection[str], last: int
 ) -> Iterator[tuple[LayerView, LayerStats]]:
     """The model as it is when the block starts, run layer by layer (0 to ``last``) on ``batches``: each layer with
     the statistics the layer-wise pass gathers (:func:`~slimkit.engine.layerwise.layer_statistics`, the Grams of

@@ -57,7 +57,7 @@ def reload_dense(
     ``holds`` replaced by the dense weights' size."""
     source = dense_of(ctx.source)
     path = source.get("path")
-    if ctx.source.get("path") is None:
+    if ctx.source.get("path") is None or path is None:
         raise SlimkitError(
             f"{stage}: {why} reloads the recipe's model source, but this run compresses a model given in memory "
             f"(nothing to reload); run the recipe from its model source, or {instead}"

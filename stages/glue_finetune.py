@@ -18,6 +18,7 @@ from slimkit.engine.stage_args import StageArgs
 from slimkit.engine.stage_memory import MemoryInputs, task_training_memory
 from slimkit.primitives.datasets import gluedata
 from slimkit.primitives.device.memory_model import StageMemory
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.glue_task_model import GlueFinetuneConfig, finetune_glue
 
 
@@ -58,7 +59,10 @@ class GlueFinetuneArgs(StageArgs):
 @register_stage("glue_finetune", args=GlueFinetuneArgs, scope="model", trains=True, paper="GLUE task fine-tuning")
 def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> None:
     """Fine-tune every weight on the recipe's GLUE task (AdamW, linear decay) on its train split."""
-    config = GlueFinetuneConfig(task=ctx.recipe.task, seed=ctx.recipe.seed, **args.model_dump())
+    task = ctx.recipe.task
+    if task is None:  # needs_task: the recipe's validation asks for one
+        raise SlimkitError("glue_finetune: the recipe sets no task; set task to a GLUE task")
+    config = GlueFinetuneConfig(task=task, seed=ctx.recipe.seed, **args.model_dump())
     available = len(gluedata.read_split(config.task, "train"))
     total = config.total_steps(min(config.train_examples or available, available))
     with ctx.tracker.task(f"glue_finetune {config.task}", total) as advance:

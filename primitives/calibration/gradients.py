@@ -103,6 +103,8 @@ def accumulate_gradients(
     )
 
     def fold(param: torch.Tensor) -> None:
+        if param.grad is None:  # the hook runs after accumulation; nothing to fold without a gradient
+            return
         key = id(param)
         g = param.grad.to(device=grad[key].device, dtype=grad[key].dtype)
         grad[key] += g
