@@ -1,8 +1,9 @@
 """A student sharded over the launched processes for full-parameter recovery (torch's FSDP2 ``fully_shard``): each
 process holds 1/world of every float32 weight, gradient and AdamW moment; a unit's weights are gathered for its
 forward and backward only. Gradients are summed, not averaged, over the processes (the recovery loop divides each
-loss by the global batch's token count itself). The full weights come back gathered: to the main process alone
-(CPU) for a checkpoint, into a plain model on every process at the end (the rest of the recipe runs on each).
+loss by the global batch's token count itself). A checkpoint holds each process's own shards (nothing gathered);
+the full weights come back gathered, one at a time, into a plain model on every process at the end (the rest of
+the recipe runs on each).
 
 Method note: docs/methods/recovery-loop.md.
 """
@@ -78,36 +79,22 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else tensor
 
 
-def _options(cpu_offload: bool = False):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This process's shards of ``model``'s weights (``"model"``) and of ``optimizer``'s state (``"optimizer"``), by
+    weight name, as sharded tensors on their device (nothing gathered): what a sharded checkpoint writes, and what it
+    is read back into. An optimizer that has not stepped gets its state made first (a step of learning rate 0)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
-
-
-def gathered_weights(model: nn.Module) -> dict[str, Any]:
-    """The full weights by name on the main process's CPU (``{}`` on the others); every process must call it."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return get_model_state_dict(model, options=_options(cpu_offload=True))
+    weights, state = get_state_dict(model, optimizer)
+    return {"model": weights, "optimizer": state}
 
 
-def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's full state keyed by weight name on the main process's CPU (``{}`` on the others); every
-    process must call it."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, shards: dict[str, Any]) -> None:
+    """Put ``shards`` (as :func:`sharded_state` made them, read back from a checkpoint) into ``model`` and
+    ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
-
-
-def load_gathered(
-    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any], state: dict[str, Any]
-) -> None:
-    """Each process takes its shards of full ``weights`` and optimizer ``state`` (as :func:`gathered_weights` and
-    :func:`gathered_optimizer` made them; read memory-mapped, so the processes of a machine share the pages)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    set_model_state_dict(model, weights, options=_options())
-    set_optimizer_state_dict(model, optimizer, state, options=_options())
+    set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])
 
 
 def gather_into(sharded: nn.Module, skeleton: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -136,11 +123,10 @@ def gather_into(sharded: nn.Module, skeleton: nn.Module, dtype: torch.dtype) -> 
 __all__ = [
     "full_norm",
     "gather_into",
-    "gathered_optimizer",
-    "gathered_weights",
-    "load_gathered",
+    "load_sharded_state",
     "local",
     "meta_skeleton",
     "shard_model",
+    "sharded_state",
     "to_float32",
 ]

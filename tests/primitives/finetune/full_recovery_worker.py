@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from slimkit.primitives.arch.view import ModelView
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.full_recovery import recover_all_weights
 from slimkit.primitives.finetune.recovery import DistillationObjective, RecoveryConfig
 from slimkit.primitives.finetune.token_stream import TextSource
@@ -26,23 +27,27 @@ CONFIG = RecoveryConfig(
 second process runs one uncounted padding micro-batch under FSDP); the last step is truncated (7 tokens short)."""
 
 
-def student(vocab: int) -> torch.nn.Module:
-    """The tiny Llama with layer i's MLP cut to ``WIDTHS[i]`` channels (a pruned model of per-layer widths)."""
+def student(vocab: int, widths: tuple[int, ...] = WIDTHS) -> torch.nn.Module:
+    """The tiny Llama with layer i's MLP cut to ``widths[i]`` channels (a pruned model of per-layer widths)."""
     torch.manual_seed(0)
     model = tiny_llama(vocab_size=vocab)
-    for index, width in enumerate(WIDTHS):
+    for index, width in enumerate(widths):
         if width < 64:
             remove_units(model, layer_group(model, "mlp_channel", index), list(range(width)))
     return model
 
 
 def train(
-    shard: bool = False, config: RecoveryConfig = CONFIG, checkpoint: Path | None = None, stop_at: int | None = None
+    shard: bool = False,
+    config: RecoveryConfig = CONFIG,
+    checkpoint: Path | None = None,
+    stop_at: int | None = None,
+    widths: tuple[int, ...] = WIDTHS,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The run (``shard``: FSDP over the process group, decoder layers as units); ``stop_at``: killed after that
-    step (KeyboardInterrupt), as a stopped run is."""
+    step (KeyboardInterrupt), as a stopped run is; ``widths``: the student's MLP widths."""
     tokenizer = byte_tokenizer()
-    model = student(len(tokenizer))
+    model = student(len(tokenizer), widths)
     torch.manual_seed(1)
     teacher = tiny_llama(vocab_size=len(tokenizer)).requires_grad_(False)
     objective = DistillationObjective(teacher, temperature=2.0)
@@ -75,6 +80,11 @@ def worker(rank: int, world: int, init_file: str, out: str, shard: bool) -> None
             resumed, resumed_report = train(True, every_two, folder)
             result["resume_equal"] = all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
             result["resumed_from"] = resumed_report["resumed_from_step"]
+            try:  # a student of other widths finds the checkpoint: refused on every process, nothing hangs
+                train(True, every_two, folder, widths=(64, 23, 41))
+                result["refused"] = None
+            except SlimkitError as error:
+                result["refused"] = str(error)
         if rank == 0:
             torch.save(result, out)
     finally:

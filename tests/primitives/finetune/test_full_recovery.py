@@ -3,7 +3,8 @@ every weight trains and comes back in the model's dtype; two CPU processes (gloo
 sharding it with FSDP, end with the weights of one process training the same global batches from the same seed
 (float32 round-off of summing gradients in another order: 1e-4 relative / 1e-5 absolute on every weight, losses to
 1e-5); a run killed after step 3 resumes from its step-2 checkpoint to the uninterrupted weights bit for bit, in one
-process and under FSDP."""
+process and under FSDP, where the checkpoint is each process's shards (no gathered weights) and a student of other
+shapes is refused in one line."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune.checkpoint import SHARDED_KEY, SHARDS_DIR, STATE_FILE
 from slimkit.primitives.finetune.sharding import shard_model
 from tests.primitives.finetune.full_recovery_worker import CONFIG, WIDTHS, student, train, worker
 from tests.tiny import tiny_llama
@@ -23,6 +25,14 @@ def _two_processes(tmp_path, shard: bool) -> dict:
     out = tmp_path / "two.pt"
     mp.spawn(worker, args=(2, str(tmp_path / "init"), str(out), shard), nprocs=2, join=True)
     return torch.load(out, weights_only=True)
+
+
+def _tensors(value) -> int:
+    """How many tensor elements ``value`` (nested dicts, lists, tuples) holds."""
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return sum(_tensors(item) for item in items)
 
 
 def _assert_equal_runs(two: dict, state: dict, report: dict) -> None:
@@ -50,7 +60,7 @@ def test_a_bfloat16_student_trains_in_float32_and_comes_back_bfloat16(monkeypatc
     import tests.primitives.finetune.full_recovery_worker as worker_module
 
     made = worker_module.student
-    monkeypatch.setattr(worker_module, "student", lambda vocab: made(vocab).to(torch.bfloat16))
+    monkeypatch.setattr(worker_module, "student", lambda *args: made(*args).to(torch.bfloat16))
     state, report = train()
     assert all(v.dtype == torch.bfloat16 for v in state.values() if v.is_floating_point())
     assert report["config"]["autocast"] is True and report["stopped"] is None
@@ -82,3 +92,16 @@ def test_two_fsdp_processes_equal_one_and_resume_bit_for_bit(tmp_path):
     two = _two_processes(tmp_path, shard=True)
     _assert_equal_runs(two, *train())
     assert two["resumed_from"] == 2 and two["resume_equal"]
+    refused = two["refused"]
+    assert refused is not None and "\n" not in refused
+    assert "holds other trained tensors than this run" in refused and "model.layers.1.mlp" in refused
+    folder = tmp_path / "checkpoint"
+    shards = sorted(p.name for p in (folder / SHARDS_DIR).iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    state = torch.load(folder / STATE_FILE, weights_only=True)
+    assert "trained" not in state and "optimizer" not in state and state["step"] == 4
+    assert state[SHARDED_KEY]["model.layers.2.mlp.up_proj.weight"] == (WIDTHS[2], 48)
+    assert _tensors({k: v for k, v in state.items() if k != "random"}) == 0  # no weight or moment in state.pt
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".checkpoint.")]  # no staging left
+    sizes = [(folder / SHARDS_DIR / name).stat().st_size for name in shards[1:]]
+    assert all(0.35 < size / sum(sizes) < 0.65 for size in sizes)  # each process wrote about half, none the whole
