@@ -1,9 +1,9 @@
 """A student sharded over the launched processes for full-parameter recovery (torch's FSDP2 ``fully_shard``): each
 process holds 1/world of every float32 weight, gradient and AdamW moment; a unit's weights are gathered for its
-forward and backward only. Gradients are summed, not averaged, over the processes (the recovery loop divides each
-loss by the global batch's token count itself). A checkpoint holds each process's own shards (nothing gathered);
-the full weights come back gathered, one at a time, into a plain model on every process at the end (the rest of
-the recipe runs on each).
+forward and backward only (in bfloat16 for a bfloat16 model, its gradients reduced in float32). Gradients are
+summed, not averaged, over the processes (the recovery loop divides each loss by the global batch's token count
+itself). A checkpoint holds each process's own shards (nothing gathered); the full weights come back gathered, one
+at a time, into a plain model on every process at the end (the rest of the recipe runs on each).
 
 Method note: docs/methods/recovery-loop.md.
 """
@@ -43,24 +43,27 @@ def meta_skeleton(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def shard_model(model: nn.Module, units: Sequence[nn.Module]) -> None:
+def shard_model(model: nn.Module, units: Sequence[nn.Module], compute_dtype: torch.dtype | None = None) -> None:
     """Shard ``model`` in place over the process group: each of ``units`` (the decoder layers) its own FSDP unit,
     the rest (embeddings, final norm, head) the root's; each unit is cast to float32 just before it is sharded, so
-    the whole model is never held in float32. Every process must hold the same weights (the launched processes run
-    the same recipe on the same seed)."""
+    the whole model is never held in float32. ``compute_dtype`` (bfloat16 for a bfloat16 model): the weights are
+    gathered and computed in it and the gradients reduced in float32 (FSDP2's ``MixedPrecisionPolicy``); None: in
+    float32. Every process must hold the same weights (the launched processes run the same recipe on the same
+    seed)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     world = _world_size()
     if world < 2:
         raise SlimkitError("sharding: fsdp needs several launched processes; this is one (use sharding: none)")
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (world,))
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
     for unit in units:
         to_float32(unit)
-        fully_shard(unit, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
     to_float32(model)
-    fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # a sum over processes, not a mean
