@@ -91,6 +91,7 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
     :data:`SHARDS_DIR`; the main process writes ``state`` (the small rest; None on the others) and swaps the folder
     in once every process has written. A failure on the main process is raised on every process (none waits)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     rank, _ = _process()
     staging: Path | None = None
@@ -100,16 +101,18 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
             remove_leftovers(folder)
             staging = staging_dir(folder)
         except Exception as error:
-            problem = f"cannot write the recovery checkpoint {folder} ({type(error).__name__}: {error})"
+            problem = f"cannot write the recovery checkpoint {folder} ({_reason(error)})"
     shared = _shared(None if staging is None else str(staging))
     if shared is None:
         raise SlimkitError(problem or f"cannot write the recovery checkpoint {folder} (the main process failed)")
     staging = Path(shared)
     try:
         dcp.save(shards, checkpoint_id=staging / SHARDS_DIR)  # raises on every process when one fails
-    except BaseException:
+    except BaseException as error:
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, (Exception, CheckpointException)):  # a failed write (not an interrupt) is one line
+            raise SlimkitError(f"cannot write the recovery checkpoint {folder} ({_reason(error)})") from error
         raise
     aside: Path | None = None
     if rank == 0:
@@ -118,7 +121,7 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
             aside = swap_in(staging, folder)
         except Exception as error:
             shutil.rmtree(staging, ignore_errors=True)
-            problem = f"cannot write the recovery checkpoint {folder} ({type(error).__name__}: {error})"
+            problem = f"cannot write the recovery checkpoint {folder} ({_reason(error)})"
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -148,10 +151,17 @@ def load_checkpoint(folder: Path) -> dict[str, Any] | None:
         raise _unreadable(folder, path, error) from error
 
 
+def _reason(error: BaseException) -> str:
+    """``error`` in one short line: a collective's error (several lines, each process's traceback) by its last line,
+    which names the error that started it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[-1] if len(lines) > 1 else f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text[:300]
+
+
 def _unreadable(folder: Path, path: Path, error: BaseException) -> SlimkitError:
-    reason = " ".join(f"{type(error).__name__}: {error}".split())
     return SlimkitError(
-        f"cannot read the recovery checkpoint {path} ({reason[:300]}); delete {folder} to start the recovery over"
+        f"cannot read the recovery checkpoint {path} ({_reason(error)}); delete {folder} to start the recovery over"
     )
 
 
@@ -159,11 +169,12 @@ def load_sharded(folder: Path, shards: dict[str, Any]) -> None:
     """Read this process's shards of a sharded checkpoint at ``folder`` into ``shards`` (sharded state dicts, in
     place); every process calls it (a collective)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     path = folder / SHARDS_DIR
     try:
         dcp.load(shards, checkpoint_id=path)
-    except Exception as error:
+    except (Exception, CheckpointException) as error:
         raise _unreadable(folder, path, error) from error
 
 

@@ -1,5 +1,6 @@
-"""Which checkpoint a recovery run can resume from (:func:`resume_problem`, checked by hand on small dicts), and the
-replicated checkpoint written atomically and read back."""
+"""Which checkpoint a recovery run can resume from (:func:`resume_problem`, checked by hand on small dicts); the
+replicated and the sharded checkpoint written atomically and read back (the sharded one in a process group of one),
+a failed write keeping the previous checkpoint."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
+import slimkit.primitives.finetune.checkpoint as checkpoint_module
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.checkpoint import (
     SHARDED_KEY,
+    SHARDS_DIR,
     STATE_FILE,
     load_checkpoint,
+    load_sharded,
     resume_problem,
     save_checkpoint,
+    save_sharded_checkpoint,
     shapes_of,
 )
 
@@ -70,3 +76,40 @@ def test_an_unreadable_checkpoint_is_one_line(tmp_path):
     (folder / STATE_FILE).write_bytes(b"not a checkpoint")
     with pytest.raises(SlimkitError, match=r"^cannot read the recovery checkpoint .*; delete .* over$"):
         load_checkpoint(folder)
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_sharded_checkpoint_is_swapped_in_whole_and_a_failed_write_keeps_the_previous(
+    tmp_path, one_process_group, monkeypatch
+):
+    folder = tmp_path / "ckpt"
+    save_sharded_checkpoint(folder, {"step": 1}, {"model": {"w": torch.arange(6.0)}})
+    assert (folder / SHARDS_DIR / "__0_0.distcp").is_file() and (folder / SHARDS_DIR / ".metadata").is_file()
+    save_sharded_checkpoint(folder, {"step": 2}, {"model": {"w": torch.arange(6.0) * 2}})
+
+    def fail(*_args, **_kwargs):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patched:  # a shard cannot be written: every process's write fails
+        patched.setattr(torch, "save", fail)
+        with pytest.raises(SlimkitError, match=r"^cannot write the recovery checkpoint .* \(OSError: disk full\)$"):
+            save_sharded_checkpoint(folder, {"step": 3}, {"model": {"w": torch.arange(6.0) * 3}})
+    with monkeypatch.context() as patched:  # the main process cannot swap the folder in
+        patched.setattr(checkpoint_module, "swap_in", fail)
+        with pytest.raises(SlimkitError, match=r"^cannot write the recovery checkpoint .* \(OSError: disk full\)$"):
+            save_sharded_checkpoint(folder, {"step": 3}, {"model": {"w": torch.arange(6.0) * 3}})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "init") == ["ckpt"]  # no staging left
+    state = load_checkpoint(folder)
+    assert state == {"step": 2}
+    shards = {"model": {"w": torch.zeros(6)}}
+    load_sharded(folder, shards)
+    assert torch.equal(shards["model"]["w"], torch.arange(6.0) * 2)
+    (folder / SHARDS_DIR / "__0_0.distcp").unlink()  # a shard lost: one line naming the folder to delete
+    with pytest.raises(SlimkitError, match=r"^cannot read the recovery checkpoint .*; delete .* over$"):
+        load_sharded(folder, shards)
