@@ -1,9 +1,11 @@
 """A recovery run's checkpoint: everything the next step depends on, written atomically, read back to resume.
 
 A checkpoint is a folder holding ``state.pt`` (``torch.save`` of plain tensors, numbers and dicts, read back with
-``weights_only=True``): the trained tensors by name, the optimizer's and the learning-rate scheduler's state, the
-steps done (which is the data position: the windows consumed follow from it), the random states (CPU, every CUDA
-device, Python's) and the curves so far. It is built in a hidden sibling and swapped in whole
+``weights_only=True``): the optimizer's and scheduler's state or where they are, the steps done (the data position),
+the random states (CPU, every CUDA device, Python's) and the curves so far. A replicated run's ``state.pt`` also holds
+the trained tensors and the optimizer's state; a sharded run's holds only the trained tensors' names and shapes, and
+every process writes its own shards of the weights and optimizer state beside it with ``torch.distributed.checkpoint``
+(nothing is gathered). The folder is built in a hidden sibling and swapped in whole
 (:mod:`slimkit.primitives.files.atomic`), so a run killed while writing leaves the previous checkpoint intact.
 
 Method note: docs/methods/recovery-loop.md.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,12 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir, swap_in
 
 STATE_FILE = "state.pt"
+SHARDS_DIR = "shards"
+"""The sharded checkpoint's ``torch.distributed.checkpoint`` folder (one ``__RANK_*.distcp`` file per process)."""
+SHARDED_KEY = "sharded"
+"""The key of a sharded checkpoint's ``state.pt`` holding the trained tensors' shapes by name."""
+
+Shapes = Mapping[str, tuple[int, ...]]
 
 
 def random_state() -> dict[str, Any]:
@@ -45,6 +54,14 @@ def _python_state(saved: Any) -> tuple:
     return version, tuple(internal), gauss
 
 
+def _process() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def save_checkpoint(folder: Path, state: dict[str, Any]) -> None:
     """Write ``state`` as the checkpoint at ``folder``, replacing the previous one in one step."""
     remove_leftovers(folder)
@@ -59,20 +76,137 @@ def save_checkpoint(folder: Path, state: dict[str, Any]) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def load_checkpoint(folder: Path, mmap: bool = False) -> dict[str, Any] | None:
-    """The checkpoint at ``folder``; None when there is none. A file that cannot be read is one error line. ``mmap``:
-    tensors read from the file as they are used (several processes of a machine share the pages)."""
-    remove_leftovers(folder)
+def _shared(value: str | None) -> str | None:
+    """The main process's ``value`` on every process (a collective)."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: dict[str, Any]) -> None:
+    """Write a sharded checkpoint at ``folder``; every process calls it (a collective). Each process writes its own
+    shards of ``shards`` (sharded state dicts: :func:`~slimkit.primitives.finetune.sharding.sharded_state`) into
+    :data:`SHARDS_DIR`; the main process writes ``state`` (the small rest; None on the others) and swaps the folder
+    in once every process has written. A failure on the main process is raised on every process (none waits)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    rank, _ = _process()
+    staging: Path | None = None
+    problem: str | None = None
+    if rank == 0:
+        try:
+            remove_leftovers(folder)
+            staging = staging_dir(folder)
+        except Exception as error:
+            problem = f"cannot write the recovery checkpoint {folder} ({_reason(error)})"
+    shared = _shared(None if staging is None else str(staging))
+    if shared is None:
+        raise SlimkitError(problem or f"cannot write the recovery checkpoint {folder} (the main process failed)")
+    staging = Path(shared)
+    try:
+        dcp.save(shards, checkpoint_id=staging / SHARDS_DIR)  # raises on every process when one fails
+    except BaseException as error:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, (Exception, CheckpointException)):  # a failed write (not an interrupt) is one line
+            raise SlimkitError(f"cannot write the recovery checkpoint {folder} ({_reason(error)})") from error
+        raise
+    aside: Path | None = None
+    if rank == 0:
+        try:
+            torch.save(state, staging / STATE_FILE)
+            aside = swap_in(staging, folder)
+        except Exception as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            problem = f"cannot write the recovery checkpoint {folder} ({_reason(error)})"
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    problem = _shared(problem)  # every process learns whether the main one swapped the folder in
+    if problem is not None:
+        raise SlimkitError(problem)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def load_checkpoint(folder: Path) -> dict[str, Any] | None:
+    """The checkpoint's ``state.pt`` at ``folder``; None when there is none. A file that cannot be read is one error
+    line. Every launched process calls it: the main one cleans what a killed writer left, then all read."""
+    rank, size = _process()
+    if rank == 0:
+        remove_leftovers(folder)
+    if size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
     path = folder / STATE_FILE
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise SlimkitError(
-            f"cannot read the recovery checkpoint {path} ({type(error).__name__}: {error}); delete {folder} to "
-            "start the recovery over"
-        ) from error
+        raise _unreadable(folder, path, error) from error
+
+
+def _reason(error: BaseException) -> str:
+    """``error`` in one short line: a collective's error (several lines, each process's traceback) by its last line,
+    which names the error that started it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[-1] if len(lines) > 1 else f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text[:300]
+
+
+def _unreadable(folder: Path, path: Path, error: BaseException) -> SlimkitError:
+    return SlimkitError(
+        f"cannot read the recovery checkpoint {path} ({_reason(error)}); delete {folder} to start the recovery over"
+    )
+
+
+def load_sharded(folder: Path, shards: dict[str, Any]) -> None:
+    """Read this process's shards of a sharded checkpoint at ``folder`` into ``shards`` (sharded state dicts, in
+    place); every process calls it (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    path = folder / SHARDS_DIR
+    try:
+        dcp.load(shards, checkpoint_id=path)
+    except (Exception, CheckpointException) as error:
+        raise _unreadable(folder, path, error) from error
+
+
+def shapes_of(tensors: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor by name (a sharded tensor's whole shape); what a checkpoint is checked against."""
+    return {name: tuple(int(d) for d in tensor.shape) for name, tensor in tensors.items()}
+
+
+def resume_problem(folder: Path, state: Mapping[str, Any], shapes: Shapes, sharded: bool) -> str | None:
+    """Why this run cannot resume from ``state`` (a checkpoint's ``state.pt``), one line; None when it can.
+    ``shapes``: this run's trained tensors by name; ``sharded``: whether this run writes sharded checkpoints."""
+    start_over = f"delete {folder} to start the recovery over"
+    if sharded and SHARDED_KEY not in state:
+        return (
+            f"the recovery checkpoint {folder} holds gathered weights (a replicated run's, or a sharded run's from an "
+            f"earlier slimkit), not the per-process shards this sharded run resumes from; {start_over}"
+        )
+    if not sharded and "trained" not in state:
+        return f"the recovery checkpoint {folder} is a sharded run's, and this run is not sharded; {start_over}"
+    saved = state[SHARDED_KEY] if sharded else shapes_of(state["trained"])
+    saved = {name: tuple(int(d) for d in shape) for name, shape in saved.items()}
+    wanted = {name: tuple(shape) for name, shape in shapes.items()}
+    if saved == wanted:
+        return None
+    differ = sorted(set(saved) ^ set(wanted)) or sorted(n for n in saved if saved[n] != wanted[n])
+    first = differ[0]
+    detail = f"{first}: saved {list(saved[first]) if first in saved else 'none'}, this run "
+    detail += f"{list(wanted[first]) if first in wanted else 'none'}"
+    return (
+        f"the recovery checkpoint {folder} holds other trained tensors than this run ({len(differ)} differ; "
+        f"{detail}); {start_over}"
+    )
 
 
 def remove_checkpoint(folder: Path) -> None:
@@ -84,10 +218,16 @@ def remove_checkpoint(folder: Path) -> None:
 
 
 __all__ = [
+    "SHARDED_KEY",
+    "SHARDS_DIR",
     "STATE_FILE",
     "load_checkpoint",
+    "load_sharded",
     "random_state",
     "remove_checkpoint",
     "restore_random_state",
+    "resume_problem",
     "save_checkpoint",
+    "save_sharded_checkpoint",
+    "shapes_of",
 ]

@@ -3,8 +3,8 @@
 teacher, or the LM loss), replicated on every process (gradients all-reduced) or sharded over them (FSDP).
 
 The weights train in float32 (the optimizer's master copy; a bfloat16 model's forward passes run under bfloat16
-autocast) and are cast back to the model's dtype at the end. A diverged run keeps the last good weights and says
-where it stopped. Method note: docs/methods/recovery-loop.md.
+autocast, sharded ones on weights gathered in bfloat16) and are cast back to the model's dtype at the end. A diverged
+run keeps the last good weights and says where it stopped. Method note: docs/methods/recovery-loop.md.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def recover_all_weights(
     with torch.random.fork_rng(devices=rng_devices(model)):
         torch.manual_seed(recovery.seed)
         if shard_units is not None:
-            shard_model(model, shard_units)
+            shard_model(model, shard_units, dtype if dtype == torch.bfloat16 else None)
         else:
             to_float32(model)
         model.requires_grad_(True)

@@ -21,20 +21,19 @@ from torch import nn
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.checkpoint import (
+    SHARDED_KEY,
     load_checkpoint,
+    load_sharded,
     random_state,
     restore_random_state,
+    resume_problem,
     save_checkpoint,
+    save_sharded_checkpoint,
+    shapes_of,
 )
 from slimkit.primitives.finetune.distill import distill_loss, hidden_mse
 from slimkit.primitives.finetune.loop import non_finite_problem
-from slimkit.primitives.finetune.sharding import (
-    full_norm,
-    gathered_optimizer,
-    gathered_weights,
-    load_gathered,
-    local,
-)
+from slimkit.primitives.finetune.sharding import full_norm, load_sharded_state, local, sharded_state
 from slimkit.primitives.finetune.token_stream import TextSource, TokenBudget, budget_batches, validation_windows
 
 Schedule = Literal["constant", "cosine"]
@@ -239,7 +238,7 @@ def mean_loss(
 class RecoveryRun:
     """One token-budgeted run over ``trained`` (name -> the tensors the optimizer updates) of ``model``. ``sharded``:
     ``model`` is sharded over the processes (:mod:`~slimkit.primitives.finetune.sharding`), which reduces the
-    gradients itself, and its checkpoints hold the weights gathered to the main process."""
+    gradients itself, and its checkpoints hold each process's shards of the weights and optimizer state."""
 
     def __init__(
         self,
@@ -263,18 +262,12 @@ class RecoveryRun:
         self.last_good_step = 0
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
+    def _progress(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the trained tensors and the optimizer's state."""
         r = self.result
-        if self.sharded:  # collective: every process gathers, the main one receives
-            trained, optimizer = gathered_weights(self.model), gathered_optimizer(self.model, self.optimizer)
-        else:
-            trained = {name: t.detach().to("cpu", copy=True) for name, t in self.trained.items()}
-            optimizer = self.optimizer.state_dict()
         return {
             "step": r.steps_done,
             "tokens": r.tokens,
-            "trained": trained,
-            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "random": random_state(),
             "train_curve": [list(p) for p in r.train_curve],
@@ -284,12 +277,19 @@ class RecoveryRun:
         }
 
     def save(self) -> None:
-        """Write the checkpoint (the main process only; every process waits for it)."""
+        """Write the checkpoint: replicated, the main process writes it and every process waits; sharded, every
+        process writes its own shards and the main process the rest."""
         if self.checkpoint is None:
             return
         rank, size = world()
-        state = self._state() if rank == 0 or self.sharded else None
-        if state is not None and rank == 0:
+        if self.sharded:
+            shards = sharded_state(self.model, self.optimizer)
+            state = {**self._progress(), SHARDED_KEY: shapes_of(shards["model"])} if rank == 0 else None
+            save_sharded_checkpoint(self.checkpoint, state, shards)
+            return
+        if rank == 0:
+            trained = {name: t.detach().to("cpu", copy=True) for name, t in self.trained.items()}
+            state = {**self._progress(), "trained": trained, "optimizer": self.optimizer.state_dict()}
             save_checkpoint(self.checkpoint, state)
         if size > 1:
             import torch.distributed as dist
@@ -297,19 +297,21 @@ class RecoveryRun:
             dist.barrier()
 
     def resume(self) -> bool:
-        """Load the checkpoint when there is one; whether the run resumed."""
-        state = load_checkpoint(self.checkpoint, mmap=self.sharded) if self.checkpoint is not None else None
-        if state is None:
+        """Load the checkpoint when there is one (every process reads it); whether the run resumed."""
+        state = load_checkpoint(self.checkpoint) if self.checkpoint is not None else None
+        if state is None or self.checkpoint is None:
             return False
-        names = set(self.model.state_dict()) if self.sharded else set(self.trained)
-        if set(state["trained"]) != names:
-            raise SlimkitError(
-                f"the recovery checkpoint {self.checkpoint} holds other trained tensors than this run; delete it to "
-                "start the recovery over"
-            )
         if self.sharded:
-            load_gathered(self.model, self.optimizer, state["trained"], state["optimizer"])
+            shards = sharded_state(self.model, self.optimizer)
+            problem = resume_problem(self.checkpoint, state, shapes_of(shards["model"]), sharded=True)
+            if problem is not None:
+                raise SlimkitError(problem)
+            load_sharded(self.checkpoint, shards)
+            load_sharded_state(self.model, self.optimizer, shards)
         else:
+            problem = resume_problem(self.checkpoint, state, shapes_of(self.trained), sharded=False)
+            if problem is not None:
+                raise SlimkitError(problem)
             with torch.no_grad():
                 for name, tensor in self.trained.items():
                     tensor.copy_(state["trained"][name])

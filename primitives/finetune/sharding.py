@@ -1,8 +1,9 @@
 """A student sharded over the launched processes for full-parameter recovery (torch's FSDP2 ``fully_shard``): each
 process holds 1/world of every float32 weight, gradient and AdamW moment; a unit's weights are gathered for its
-forward and backward only. Gradients are summed, not averaged, over the processes (the recovery loop divides each
-loss by the global batch's token count itself). The full weights come back gathered: to the main process alone
-(CPU) for a checkpoint, into a plain model on every process at the end (the rest of the recipe runs on each).
+forward and backward only (in bfloat16 for a bfloat16 model, its gradients reduced in float32). Gradients are
+summed, not averaged, over the processes (the recovery loop divides each loss by the global batch's token count
+itself). A checkpoint holds each process's own shards (nothing gathered); the full weights come back gathered, one
+at a time, into a plain model on every process at the end (the rest of the recipe runs on each).
 
 Method note: docs/methods/recovery-loop.md.
 """
@@ -42,24 +43,27 @@ def meta_skeleton(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def shard_model(model: nn.Module, units: Sequence[nn.Module]) -> None:
+def shard_model(model: nn.Module, units: Sequence[nn.Module], compute_dtype: torch.dtype | None = None) -> None:
     """Shard ``model`` in place over the process group: each of ``units`` (the decoder layers) its own FSDP unit,
     the rest (embeddings, final norm, head) the root's; each unit is cast to float32 just before it is sharded, so
-    the whole model is never held in float32. Every process must hold the same weights (the launched processes run
-    the same recipe on the same seed)."""
+    the whole model is never held in float32. ``compute_dtype`` (bfloat16 for a bfloat16 model): the weights are
+    gathered and computed in it and the gradients reduced in float32 (FSDP2's ``MixedPrecisionPolicy``); None: in
+    float32. Every process must hold the same weights (the launched processes run the same recipe on the same
+    seed)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     world = _world_size()
     if world < 2:
         raise SlimkitError("sharding: fsdp needs several launched processes; this is one (use sharding: none)")
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (world,))
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
     for unit in units:
         to_float32(unit)
-        fully_shard(unit, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
     to_float32(model)
-    fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # a sum over processes, not a mean
@@ -78,36 +82,22 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else tensor
 
 
-def _options(cpu_offload: bool = False):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This process's shards of ``model``'s weights (``"model"``) and of ``optimizer``'s state (``"optimizer"``), by
+    weight name, as sharded tensors on their device (nothing gathered): what a sharded checkpoint writes, and what it
+    is read back into. An optimizer that has not stepped gets its state made first (a step of learning rate 0)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
-
-
-def gathered_weights(model: nn.Module) -> dict[str, Any]:
-    """The full weights by name on the main process's CPU (``{}`` on the others); every process must call it."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return get_model_state_dict(model, options=_options(cpu_offload=True))
+    weights, state = get_state_dict(model, optimizer)
+    return {"model": weights, "optimizer": state}
 
 
-def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's full state keyed by weight name on the main process's CPU (``{}`` on the others); every
-    process must call it."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, shards: dict[str, Any]) -> None:
+    """Put ``shards`` (as :func:`sharded_state` made them, read back from a checkpoint) into ``model`` and
+    ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
-
-
-def load_gathered(
-    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any], state: dict[str, Any]
-) -> None:
-    """Each process takes its shards of full ``weights`` and optimizer ``state`` (as :func:`gathered_weights` and
-    :func:`gathered_optimizer` made them; read memory-mapped, so the processes of a machine share the pages)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    set_model_state_dict(model, weights, options=_options())
-    set_optimizer_state_dict(model, optimizer, state, options=_options())
+    set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])
 
 
 def gather_into(sharded: nn.Module, skeleton: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -136,11 +126,10 @@ def gather_into(sharded: nn.Module, skeleton: nn.Module, dtype: torch.dtype) -> 
 __all__ = [
     "full_norm",
     "gather_into",
-    "gathered_optimizer",
-    "gathered_weights",
-    "load_gathered",
+    "load_sharded_state",
     "local",
     "meta_skeleton",
     "shard_model",
+    "sharded_state",
     "to_float32",
 ]

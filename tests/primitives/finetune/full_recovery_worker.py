@@ -11,8 +11,10 @@ import torch
 import torch.distributed as dist
 
 from slimkit.primitives.arch.view import ModelView
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.full_recovery import recover_all_weights
 from slimkit.primitives.finetune.recovery import DistillationObjective, RecoveryConfig
+from slimkit.primitives.finetune.sharding import local, shard_model
 from slimkit.primitives.finetune.token_stream import TextSource
 from slimkit.primitives.groups import layer_group
 from slimkit.primitives.surgery.units import remove_units
@@ -26,23 +28,28 @@ CONFIG = RecoveryConfig(
 second process runs one uncounted padding micro-batch under FSDP); the last step is truncated (7 tokens short)."""
 
 
-def student(vocab: int) -> torch.nn.Module:
-    """The tiny Llama with layer i's MLP cut to ``WIDTHS[i]`` channels (a pruned model of per-layer widths)."""
+def student(vocab: int, widths: tuple[int, ...] = WIDTHS, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The tiny Llama with layer i's MLP cut to ``widths[i]`` channels (a pruned model of per-layer widths)."""
     torch.manual_seed(0)
     model = tiny_llama(vocab_size=vocab)
-    for index, width in enumerate(WIDTHS):
+    for index, width in enumerate(widths):
         if width < 64:
             remove_units(model, layer_group(model, "mlp_channel", index), list(range(width)))
-    return model
+    return model.to(dtype)
 
 
 def train(
-    shard: bool = False, config: RecoveryConfig = CONFIG, checkpoint: Path | None = None, stop_at: int | None = None
+    shard: bool = False,
+    config: RecoveryConfig = CONFIG,
+    checkpoint: Path | None = None,
+    stop_at: int | None = None,
+    widths: tuple[int, ...] = WIDTHS,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The run (``shard``: FSDP over the process group, decoder layers as units); ``stop_at``: killed after that
-    step (KeyboardInterrupt), as a stopped run is."""
+    step (KeyboardInterrupt), as a stopped run is; ``widths``, ``dtype``: the student's MLP widths and dtype."""
     tokenizer = byte_tokenizer()
-    model = student(len(tokenizer))
+    model = student(len(tokenizer), widths, dtype)
     torch.manual_seed(1)
     teacher = tiny_llama(vocab_size=len(tokenizer)).requires_grad_(False)
     objective = DistillationObjective(teacher, temperature=2.0)
@@ -58,13 +65,34 @@ def train(
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
 
 
-def worker(rank: int, world: int, init_file: str, out: str, shard: bool) -> None:
+def gathered_dtypes() -> dict[str, torch.dtype]:
+    """A bfloat16 student sharded with bfloat16 compute: the dtype of a layer's weight as its forward sees it
+    (gathered), of the gradient each process keeps (its shard), and of the weight's shard."""
+    tokenizer = byte_tokenizer()
+    model = student(len(tokenizer), dtype=torch.bfloat16)
+    shard_model(model, ModelView(model).layer_list, torch.bfloat16)
+    up = model.model.layers[1].mlp.up_proj
+    seen: dict[str, torch.dtype] = {}
+
+    def record(module: torch.nn.Module, _args) -> None:
+        seen.setdefault("gathered", module.weight.dtype)
+
+    up.register_forward_pre_hook(record)
+    model(input_ids=torch.arange(8).view(1, 8), use_cache=False).logits.float().square().mean().backward()
+    seen["gradient"] = local(up.weight.grad).dtype
+    seen["shard"] = local(up.weight).dtype
+    return seen
+
+
+def worker(rank: int, world: int, init_file: str, out: str, shard: bool, dtype: torch.dtype = torch.float32) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        state, report = train(shard)
+        state, report = train(shard, dtype=dtype)
         result: dict = {"state": state, "losses": report["losses"], "validation": report["validation"]}
-        if shard:  # killed after step 3 with a checkpoint every 2 steps, then resumed: the uninterrupted weights?
+        if shard and dtype == torch.bfloat16:
+            result["dtypes"] = gathered_dtypes()
+        elif shard:  # killed after step 3 with a checkpoint every 2 steps, then resumed: the uninterrupted weights?
             folder = Path(out).parent / "checkpoint"
             every_two = replace(CONFIG, checkpoint_every=2)
             uninterrupted, _ = train(True, every_two)
@@ -75,6 +103,11 @@ def worker(rank: int, world: int, init_file: str, out: str, shard: bool) -> None
             resumed, resumed_report = train(True, every_two, folder)
             result["resume_equal"] = all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
             result["resumed_from"] = resumed_report["resumed_from_step"]
+            try:  # a student of other widths finds the checkpoint: refused on every process, nothing hangs
+                train(True, every_two, folder, widths=(64, 23, 41))
+                result["refused"] = None
+            except SlimkitError as error:
+                result["refused"] = str(error)
         if rank == 0:
             torch.save(result, out)
     finally:
