@@ -65,18 +65,20 @@ def build(shape: dict, mlp: float, device: str, dtype: torch.dtype, seed: int):
 
 def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype, processes: int) -> dict[str, float]:
     """The memory plan's parts (GiB) per device of this distillation on the teacher's shape, for ``processes``
-    launched processes (the student's training state divided among them under ``--sharding fsdp``)."""
+    launched processes (distill's plan reads the launched world: the student's training state divided among them
+    under ``--sharding fsdp``); ``released``: the weights the training state replaces; ``total``: the plan's peak."""
+    import os
+
     from transformers import LlamaConfig
 
     from slimkit.engine.memory_check import recipe_memory_plan
-    from slimkit.primitives.device.memory_model import ModelShape, full_training_bytes
     from slimkit.recipes.schema import Recipe
 
     distill: dict = {"tokens": 1, "batch_size": args.batch_size, "seq_len": args.seq_len}
     if args.adapter == "lora":
         distill["rank"] = args.rank
     else:
-        distill.update(adapter="none", sharding="none")
+        distill.update(adapter="none", sharding=args.sharding)
     if args.micro_batch_size:
         distill["micro_batch_size"] = args.micro_batch_size
     recipe = Recipe(
@@ -86,16 +88,19 @@ def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype, pro
         stages=[{"stage": "distill", "args": distill}],
         eval={"perplexity": None},
     )
-    config = LlamaConfig(**shape)
-    plan = recipe_memory_plan(recipe, config, dtype)
-    parts = {"weights": plan.weights, **plan.stages[0].parts}
-    if args.sharding == "fsdp":  # the plan of a run launched with that many processes (distill's memory() reads it)
-        from slimkit.primitives.device.memory_model import gathered_unit_bytes
-
-        model_shape = ModelShape.from_config(config)
-        parts["student training"] = full_training_bytes(model_shape.total_params(), processes)
-        parts["gathered units"] = gathered_unit_bytes(model_shape)
-    return {name: value / 2**30 for name, value in parts.items()} | {"total": sum(parts.values()) / 2**30}
+    launched = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(processes)
+    try:
+        plan = recipe_memory_plan(recipe, LlamaConfig(**shape), dtype)
+    finally:
+        if launched is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = launched
+    stage = plan.stages[0]
+    parts = {"weights": plan.weights, **stage.parts}
+    gib = {name: value / 2**30 for name, value in parts.items()}
+    return gib | {"released": stage.released / 2**30, "total": plan.peak / 2**30}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -176,7 +176,7 @@ class DistillArgs(LoraArgs):
             memory.parts["student training"] = full_training_bytes(params, world)
             memory.released = weights_bytes(inputs.shape, inputs.dtype_bytes)
             if self.sharding == "fsdp":
-                memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape)
+                memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape, inputs.dtype_bytes)
             memory.advice = f"{memory.advice}, or shard the student over more processes (sharding: fsdp)"
         # counted even for a cached top_k teacher, which a cache miss loads
         if same_device(self.teacher_device, inputs.device):

@@ -98,13 +98,15 @@ def full_training_bytes(params: int, world: int = 1) -> int:
     return -(-params // world) * FULL_TRAINING_BYTES
 
 
-def gathered_unit_bytes(shape: ModelShape) -> int:
-    """What a sharded model holds gathered beside its shards, as float32 weights and gradients: the root unit (the
-    embeddings, an untied head, the final norm: FSDP keeps the root gathered from its forward through its backward)
-    and two decoder layers (the one computing and the one prefetched)."""
+def gathered_unit_bytes(shape: ModelShape, dtype_bytes: int = FLOAT32) -> int:
+    """What a sharded model holds gathered beside its shards: the root unit (the embeddings, an untied head, the
+    final norm: FSDP keeps the root gathered from its forward through its backward) and two decoder layers (the one
+    computing and the one prefetched), as weights and gradients in the compute dtype (``dtype_bytes``: a half-precision
+    model gathers in its dtype), and then the float32 copy of the larger unit's gradients the reduction makes."""
     head = 1 if shape.tied else 2
     root = head * shape.embedding_params() + shape.hidden
-    return (root + 2 * shape.layer_params()) * 2 * FLOAT32
+    gathered = (root + 2 * shape.layer_params()) * 2 * dtype_bytes
+    return gathered + (max(root, shape.layer_params()) * FLOAT32 if dtype_bytes < FLOAT32 else 0)
 
 
 def gradient_sum_bytes(params: int, squares: bool) -> int:

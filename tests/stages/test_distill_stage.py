@@ -84,6 +84,9 @@ def test_the_memory_plan_divides_the_training_state_among_fsdp_processes(monkeyp
     assert sharded["student training"] == 174 * 5 * 4 == 3480  # half of each on each of the 2 processes
     # the root (embeddings 40, final norm 4) and two layers, as float32 weights and gradients
     assert sharded["gathered units"] == (40 + 4 + 2 * 152) * 2 * 4 == 2784
+    # a bfloat16 student gathers in bfloat16 and reduces the larger unit's (a layer's) gradients in float32
+    half = DistillArgs(**args, sharding="fsdp").memory("distill", MemoryInputs(SHAPE, None, 2)).parts
+    assert half["gathered units"] == (40 + 4 + 2 * 152) * 2 * 2 + 152 * 4 == 2000
     assert sharded["teacher"] == replicated["teacher"] == 348 * 4  # the teacher is replicated
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert DistillArgs(**args, sharding="fsdp").memory("distill", inputs).parts["student training"] == 116 * 20
