@@ -21,6 +21,7 @@ from slimkit.engine.context import Context
 from slimkit.engine.processes import launched_world
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage_memory import MemoryInputs
+from slimkit.primitives.arch.view import ModelView
 from slimkit.primitives.datasets.data_paths import cache_root
 from slimkit.primitives.device.memory_model import (
     FLOAT32,
@@ -35,6 +36,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
 from slimkit.primitives.finetune.recovery import DistillationObjective
+from slimkit.primitives.finetune.sharding import shard_frozen
 from slimkit.primitives.finetune.teacher_cache import TopKCache, TopKDistillationObjective, teacher_fingerprint
 from slimkit.recipes.schema import Recipe
 from slimkit.stages.dense_source import dense_of, release_memory, reload_dense
@@ -42,7 +44,7 @@ from slimkit.stages.lora import LoraArgs, lora_config
 from slimkit.stages.recovery_settings import run_token_budget
 
 PROJECTING_STAGES = ("pca_project", "pca_project_post")
-TRAINING = ("adapter", "sharding")
+TRAINING = ("adapter", "sharding", "teacher_sharding")
 """What trains and how it is spread (not LoRA's settings)."""
 TEACHER = ("teacher", "top_k", "teacher_device", "teacher_max_memory")
 """Which teacher and where it runs (not LoRA's settings)."""
@@ -75,8 +77,13 @@ class DistillArgs(LoraArgs):
     sharding: Literal["none", "fsdp"] = "none"
     """How the student is spread over the processes of torchrun / accelerate launch: none = a whole copy on each
     (gradients all-reduced); fsdp = each process holds 1/N of every float32 weight, gradient and AdamW moment (torch
-    FSDP2, one unit per decoder layer; needs adapter: none and several launched processes). The teacher is replicated
-    either way."""
+    FSDP2, one unit per decoder layer; needs adapter: none and several launched processes). The teacher stays whole
+    on each process unless teacher_sharding: fsdp."""
+    teacher_sharding: Literal["none", "fsdp"] = "none"
+    """none = a whole teacher on each process (its forward needs no communication); fsdp = the online teacher
+    sharded like the student, 1/N of its weights on each process and every layer gathered for each forward (less
+    memory, an all-gather of the teacher per micro-batch: for a teacher that does not fit beside the student's
+    shards). Needs sharding: fsdp; not with top_k, teacher_device or teacher_max_memory."""
 
     @model_validator(mode="after")
     def _top_k_needs_tokens(self) -> DistillArgs:
@@ -118,6 +125,12 @@ class DistillArgs(LoraArgs):
                 raise ValueError(f"{', '.join(given)}: LoRA's settings; adapter: none trains every weight, no adapters")
             if self.tokens is None and self.trains():
                 raise ValueError("adapter: none: only with tokens (the token-budgeted loop); set tokens")
+        if self.teacher_sharding == "fsdp":
+            if self.sharding != "fsdp":
+                raise ValueError("teacher_sharding: fsdp needs sharding: fsdp (the teacher sharded beside the student)")
+            placed = [name for name in ("top_k", "teacher_device", "teacher_max_memory") if getattr(self, name)]
+            if placed:
+                raise ValueError(f"teacher_sharding: fsdp shards the online teacher; {placed[0]} places it otherwise")
         if self.sharding == "fsdp" and self.adapter != "none":
             raise ValueError(
                 "sharding: fsdp shards a student trained whole; set adapter: none (LoRA adapters are small enough to "
@@ -153,6 +166,10 @@ class DistillArgs(LoraArgs):
                 f"{', '.join(sorted(map(str, devices)))} (model.max_memory / several GPUs per process): remove that"
             )
 
+    def shards_teacher(self) -> bool:
+        """Whether the teacher is sharded over the processes (``teacher_sharding: fsdp``)."""
+        return self.teacher_sharding == "fsdp"
+
     def reloads_dense(self) -> bool:
         return self.trains()  # the teacher is loaded only to train against
 
@@ -179,7 +196,10 @@ class DistillArgs(LoraArgs):
                 memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape, inputs.dtype_bytes)
             memory.advice = f"{memory.advice}, or shard the student over more processes (sharding: fsdp)"
         # counted even for a cached top_k teacher, which a cache miss loads
-        if same_device(self.teacher_device, inputs.device):
+        if self.shards_teacher():  # this process's shards, the root and two layers gathered, in the teacher's dtype
+            gathered = sharded_teacher_gathered(inputs.shape) * inputs.dtype_bytes
+            memory.parts["teacher"] = -(-teacher // launched_world()) + gathered
+        elif same_device(self.teacher_device, inputs.device):
             memory.parts["teacher"] = teacher_bytes(inputs.shape, teacher, self.teacher_max_memory)
         tokens = (self.micro_batch_size or self.batch_size) * self.seq_len
         memory.parts["logits"] = 2 * tokens * inputs.shape.vocab * inputs.dtype_bytes  # the student's and the teacher's
@@ -202,6 +222,13 @@ def same_device(teacher_device: str | None, device: str | None) -> bool:
 
 def normal_device(name: str) -> str:
     return "cuda:0" if name == "cuda" else name
+
+
+def sharded_teacher_gathered(shape: ModelShape) -> int:
+    """Parameters a sharded teacher holds gathered: its root (embeddings, an untied head, the final norm) once its
+    first forward has run, and two decoder layers (the one computing and the one prefetched)."""
+    head = 1 if shape.tied else 2
+    return head * shape.embedding_params() + shape.hidden + 2 * shape.layer_params()
 
 
 def teacher_bytes(shape: ModelShape, weights: int, max_memory: str | None) -> int:
@@ -293,6 +320,9 @@ def distill(ctx: Context, args: DistillArgs) -> None:
             objective = DistillationObjective(teacher, settings.temperature, settings.hidden_weight)
             teacher.eval()
             teacher.requires_grad_(False)
+            if args.shards_teacher():
+                shard_frozen(teacher, ModelView(teacher).layer_list)
+            info["teacher_sharded"] = args.shards_teacher()
             lora, units = trained(ctx, args, config)
             ctx.model, report = run_token_budget(ctx, "distill", args, lora, objective, "distill training", units)
             ctx.report_stage("distill", {**report, **info})

@@ -70,6 +70,24 @@ def shard_model(model: nn.Module, units: Sequence[nn.Module], compute_dtype: tor
             module.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no pre-scaled sum)
 
 
+def shard_frozen(model: nn.Module, units: Sequence[nn.Module]) -> None:
+    """Shard a model that only runs forward (the teacher) in place over the process group, in its own dtype: each of
+    ``units`` (the decoder layers) gathered for its forward and freed after it; the root (embeddings, final norm,
+    head) stays gathered once its first forward has run. Every process must run the same forwards in step (the
+    sharded student's loop pads its micro-batches so they do), and hold the same weights."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world = _world_size()
+    if world < 2:
+        raise SlimkitError("sharding: fsdp needs several launched processes; this is one (use sharding: none)")
+    model.requires_grad_(False)
+    mesh = init_device_mesh(next(model.parameters()).device.type, (world,))
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def full_norm(norm: torch.Tensor) -> torch.Tensor:
     """A gradient norm of sharded gradients (a DTensor) as the plain tensor every process agrees on."""
     full = getattr(norm, "full_tensor", None)
@@ -129,6 +147,7 @@ __all__ = [
     "load_sharded_state",
     "local",
     "meta_skeleton",
+    "shard_frozen",
     "shard_model",
     "sharded_state",
     "to_float32",

@@ -4,6 +4,7 @@ float32 round-off."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def test_two_fsdp_processes_distil_every_weight_to_the_one_process_result(tmp_pa
     args = {"tokens": 3 * 4 * 32 - 5, "batch_size": 4, "seq_len": 32, "validation_windows": 2, "adapter": "none"}
 
     def recipe_of(sharding: str) -> dict:
-        return tiny_recipe(tiny_llama_dir, stages=[prune, {"stage": "distill", "args": {**args, "sharding": sharding}}])
+        spread = {"sharding": sharding, "teacher_sharding": sharding}  # the teacher sharded too under fsdp
+        return tiny_recipe(tiny_llama_dir, stages=[prune, {"stage": "distill", "args": {**args, **spread}}])
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(recipe_of("fsdp")))
@@ -67,3 +69,6 @@ def test_two_fsdp_processes_distil_every_weight_to_the_one_process_result(tmp_pa
     for name, tensor in two.items():
         torch.testing.assert_close(tensor, single[name], rtol=1e-4, atol=1e-5, msg=name)
     assert one.report.as_json()["stages"]["distill"]["stopped"] is None
+    report = json.loads((out / "report.json").read_text())["stages"]["distill"]
+    assert report["teacher_sharded"] is True and report["sharding"] == "fsdp"  # the teacher sharded with the student
+    assert one.report.as_json()["stages"]["distill"]["teacher_sharded"] is False

@@ -87,7 +87,18 @@ def test_the_memory_plan_divides_the_training_state_among_fsdp_processes(monkeyp
     # a bfloat16 student gathers in bfloat16 and reduces the larger unit's (a layer's) gradients in float32
     half = DistillArgs(**args, sharding="fsdp").memory("distill", MemoryInputs(SHAPE, None, 2)).parts
     assert half["gathered units"] == (40 + 4 + 2 * 152) * 2 * 2 + 152 * 4 == 2000
-    assert sharded["teacher"] == replicated["teacher"] == 348 * 4  # the teacher is replicated
+    assert replicated["teacher"] == 348 * 4  # a whole teacher on each process
+    assert sharded["teacher"] == 348 * 4  # also beside a sharded student, unless teacher_sharding: fsdp
+    # sharded with the student: half its weights, plus its root (embeddings 40, norm 4) and two layers gathered
+    both = DistillArgs(**args, sharding="fsdp", teacher_sharding="fsdp").memory("distill", inputs).parts
+    assert both["teacher"] == 348 * 4 // 2 + (40 + 4 + 2 * 152) * 4 == 2088
+    for extra, fragment in (
+        ({"sharding": "none"}, "teacher_sharding: fsdp needs sharding: fsdp"),
+        ({"sharding": "fsdp", "teacher_max_memory": "1GiB"}, "teacher_max_memory places it otherwise"),
+        ({"sharding": "fsdp", "teacher_device": "cpu"}, "teacher_device places it otherwise"),
+    ):
+        with pytest.raises(ValueError, match=fragment):
+            DistillArgs(**args, teacher_sharding="fsdp", **extra)
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert DistillArgs(**args, sharding="fsdp").memory("distill", inputs).parts["student training"] == 116 * 20
     assert GIB > sharded["student training"]
@@ -120,10 +131,12 @@ def test_a_sharded_student_gathered_back_can_set_the_peak(monkeypatch):
     # a layer: attention 32 x (2 x 32 + 2 x 16), MLP 3 x 32 x 64, two norms of 32; embeddings 10 x 32; final norm
     assert params == 40 * (3072 + 6144 + 64) + 320 + 32 == 371552
     monkeypatch.setenv("WORLD_SIZE", "64")
-    args = DistillArgs(tokens=64, batch_size=1, seq_len=2, adapter="none", sharding="fsdp")
+    args = DistillArgs(tokens=64, batch_size=1, seq_len=2, adapter="none", sharding="fsdp", teacher_sharding="fsdp")
     memory = args.memory("distill", MemoryInputs(deep, None, 4))
     assert memory.released == 0
-    assert memory.parts == {"float32 shards while gathering back": 5806 * 4, "teacher": params * 4}
+    # the teacher sharded too: 1/64 of it, its root (embeddings, final norm) and two layers gathered
+    teacher = params * 4 // 64 + (320 + 32 + 2 * 9280) * 4
+    assert memory.parts == {"float32 shards while gathering back": 5806 * 4, "teacher": teacher}
     monkeypatch.setenv("WORLD_SIZE", "2")  # over two processes, training sets the peak
     assert args.memory("distill", MemoryInputs(deep, None, 4)).released == params * 4
 
