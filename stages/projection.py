@@ -27,14 +27,19 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, layer_input_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
+from slimkit.primitives.projection.norms import BLOCK_ROWS
 
 
 def projection_memory(stage: str, inputs: MemoryInputs) -> StageMemory:
-    """Every calibration sample's inputs of one layer, and the covariance, its eigenvectors and the rotation."""
+    """Every calibration sample's inputs of one layer, the covariance, its eigenvectors and the rotation, and the
+    largest weight rewritten in the new basis (the embedding or head: the new matrix beside the old one, and one
+    block of rows in float64 three times: the block, its scaled copy and its product)."""
     shape = inputs.shape
     memory = StageMemory(stage, advice=LAYERWISE_ADVICE)
     memory.parts["layer inputs"] = layer_input_bytes(shape, inputs.samples, inputs.seq_len, inputs.dtype_bytes)
     memory.parts["matrices"] = 3 * shape.hidden * shape.hidden * FLOAT32
+    widest = max(shape.vocab, shape.intermediate)
+    memory.parts["rewritten weight"] = widest * shape.hidden * inputs.dtype_bytes + 3 * BLOCK_ROWS * shape.hidden * 8
     return memory
 
 

@@ -26,6 +26,7 @@ from slimkit.primitives.projection.norms import (
     readers,
     residual_matrix,
     set_param,
+    times_basis,
 )
 
 Residual = Literal["eq34", "input"]
@@ -59,22 +60,19 @@ def resized_rms_norm(norm: nn.Module, width: int, value: float) -> nn.Module:
 def _read_through(module: nn.Module, basis: torch.Tensor, gamma: torch.Tensor | None = None) -> None:
     """``W ← W diag(γ) Q`` on the input dimension of a linear module."""
     owner, name = linear_param(module, "weight", 1)
-    weight = getattr(owner, name).detach().double()
-    if gamma is not None:
-        weight = weight * gamma.to(weight.device, torch.float64)[None, :]
-    set_param(owner, name, weight @ basis.to(weight.device, torch.float64))
+    set_param(owner, name, times_basis(getattr(owner, name), basis, gamma))
 
 
 def _write_through(module: nn.Module, basis: torch.Tensor) -> None:
-    """``W ← Qᵀ W`` and ``b ← Qᵀ b`` on the output dimension of a linear module."""
+    """``W ← Qᵀ W`` and ``b ← Qᵀ b`` on the output dimension of a linear module (``Qᵀ W = (Wᵀ Q)ᵀ``, by blocks of
+    ``W``'s columns)."""
     owner, name = linear_param(module, "weight", 0)
-    weight = getattr(owner, name).detach().double()
-    basis = basis.to(weight.device, torch.float64)
-    set_param(owner, name, basis.T @ weight)
+    weight = getattr(owner, name)
+    set_param(owner, name, times_basis(weight.detach().T, basis).T)
     bias_owner, bias_name = linear_param(module, "bias", 0)
     bias = getattr(bias_owner, bias_name)
     if bias is not None:
-        set_param(bias_owner, bias_name, basis.T @ bias.detach().to(weight.device, torch.float64))
+        set_param(bias_owner, bias_name, basis.to(weight.device, torch.float64).T @ bias.detach().double())
 
 
 def _check_fusable(view: ModelView, basis: torch.Tensor) -> None:
@@ -91,7 +89,7 @@ def fuse_embeddings(model: nn.Module, basis: torch.Tensor) -> None:
     basis = basis.double()
     with torch.no_grad():
         for module in [view.embed_tokens] + [view.base.get_submodule(p) for p in view.spec.extra_embeddings]:
-            set_param(module, "weight", module.weight.detach().double() @ basis.to(module.weight.device))
+            set_param(module, "weight", times_basis(module.weight, basis))
     if tied:
         view.head.weight = view.embed_tokens.weight
         view.head.in_features = view.embed_tokens.weight.shape[1]

@@ -5,6 +5,7 @@ Method note: docs/methods/sp3-projection.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -39,6 +40,35 @@ def set_param(owner: nn.Module, name: str, value: torch.Tensor, like: torch.Tens
         owner.num_embeddings, owner.embedding_dim = owner.weight.shape
 
 
+BLOCK_ROWS = 4096
+"""Rows of a weight rewritten at a time in float64: the work beside the new matrix is one block of this many rows,
+not a float64 copy of the whole matrix (a 128,256-token embedding or head would need two copies of 4 GiB each)."""
+
+
+def by_row_blocks(weight: torch.Tensor, columns: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``fn`` applied to ``weight`` (n x d) a block of :data:`BLOCK_ROWS` rows at a time, each block in float64,
+    into a new n x ``columns`` matrix in ``weight``'s dtype and device (``fn`` must treat rows independently)."""
+    out = torch.empty(weight.shape[0], columns, dtype=weight.dtype, device=weight.device)
+    for start in range(0, weight.shape[0], BLOCK_ROWS):
+        out[start : start + BLOCK_ROWS] = fn(weight[start : start + BLOCK_ROWS].detach().double())
+    return out
+
+
+def times_basis(weight: torch.Tensor, basis: torch.Tensor, gamma: torch.Tensor | None = None) -> torch.Tensor:
+    """``W diag(γ) Q`` (``weight`` n x d, ``basis`` d x k) in ``weight``'s dtype, by blocks of rows in float64."""
+    basis = basis.to(weight.device, torch.float64)
+    if gamma is None:
+        return by_row_blocks(weight, basis.shape[1], lambda block: block @ basis)
+    scale = gamma.to(weight.device, torch.float64)[None, :]
+    return by_row_blocks(weight, basis.shape[1], lambda block: (block * scale) @ basis)
+
+
+def scale_columns(weight: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """``W diag(γ)`` in ``weight``'s dtype, by blocks of rows in float64."""
+    scale = gamma.to(weight.device, torch.float64)[None, :]
+    return by_row_blocks(weight, weight.shape[1], lambda block: block * scale)
+
+
 def norm_params(norm: nn.Module, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(γ, β)`` of a norm as float64 on its device (γ = 1 for a norm without weight; β None without bias)."""
     weight = getattr(norm, "weight", None)
@@ -65,7 +95,7 @@ def fold_into_readers(gamma: torch.Tensor, beta: torch.Tensor | None, modules: l
                     bias_now = getattr(module, "bias", None)
                     out = module(beta.to(weight.device, weight.dtype)[None])[0].double()
                     shift = out - (0 if bias_now is None else bias_now.detach().double())
-            set_param(owner, name, weight.detach().double() * gamma.to(weight.device)[None, :])
+            set_param(owner, name, scale_columns(weight, gamma))
             if shift is not None:
                 bias_owner, bias_name = linear_param(module, "bias", 0)
                 bias = getattr(bias_owner, bias_name)
@@ -152,8 +182,8 @@ def _centre_rows(module: nn.Module) -> None:
     """Centre what ``module`` writes to the stream: ``W ← (I − 11ᵀ/d) W`` on its output dimension."""
     with torch.no_grad():
         if isinstance(module, nn.Embedding):
-            weight = module.weight.detach().double()
-            set_param(module, "weight", weight - weight.mean(dim=1, keepdim=True))
+            centred = by_row_blocks(module.weight, module.weight.shape[1], lambda b: b - b.mean(dim=1, keepdim=True))
+            set_param(module, "weight", centred)
             return
         owner, name = linear_param(module, "weight", 0)
         weight = getattr(owner, name).detach().double()
@@ -241,7 +271,9 @@ def residual_matrix(p_in: torch.Tensor, p_out: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
+    "BLOCK_ROWS",
     "TiedHead",
+    "by_row_blocks",
     "centring_matrix",
     "check_pre_norm",
     "fold_into_readers",
@@ -252,5 +284,7 @@ __all__ = [
     "projected_layernorm",
     "readers",
     "residual_matrix",
+    "scale_columns",
+    "times_basis",
     "untie_head",
 ]
