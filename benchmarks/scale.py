@@ -1459,13 +1459,16 @@ def _interrupt(_signum: int, _frame: Any) -> None:
 def _main(argv: list[str]) -> None:
     import signal
 
-    signal.signal(signal.SIGTERM, _interrupt)
-    args = build_parser().parse_args(argv)
-    if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
-        result = read_json_file(args.render, "--render")
-        args.render.with_suffix(".md").write_text(markdown(result))
-        return
-    run(args, argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        args = build_parser().parse_args(argv)
+        if args.render is not None:  # the markdown again from a results file (e.g. after a change to the tables)
+            result = read_json_file(args.render, "--render")
+            args.render.with_suffix(".md").write_text(markdown(result))
+            return
+        run(args, argv)
+    finally:  # the handler is the benchmark's only while it runs (main() may be called in a longer process)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
