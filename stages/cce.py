@@ -135,7 +135,16 @@ class CceArgs(ScoringArgs):
             memory.advice = ACTIVATION_ADVICE
         else:
             memory.parts["gradients"] = scored_params(shape, self.kinds, shape.layers) * inputs.dtype_bytes
-        return self.add_backward_activations(memory, inputs)
+        memory = self.add_backward_activations(memory, inputs)
+        if "coupled" in spec_names(self.scorer_spec()) and {"attention_head", "hidden_feature"} & set(self.kinds):
+            # after the backward (its activations freed): one KV group's float32 head products and their gradients,
+            # about five tensors of (query heads per group) x d x d; counted when larger than the activations
+            per_group = shape.heads // max(shape.kv_heads, 1)
+            scoring = 5 * per_group * shape.hidden * shape.hidden * FLOAT32
+            if scoring > memory.parts["activations"]:
+                memory.parts["activations or head scoring"] = scoring
+                del memory.parts["activations"]
+        return memory
 
 
 def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Tensor], int | None]:

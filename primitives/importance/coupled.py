@@ -196,11 +196,21 @@ def attention_scores(
         strict=True,
     ):
         right = kv_weight.view(num_kv_heads, d_k, d_m)
-        grad = head_product_gradients(left, grad_left, right, grad_right)  # [heads, d_m, d_m]
-        right = right.repeat_interleave(per_group, dim=0)
-        heads += component_scores(left, right, grad).sum(-1)
-        if feats is not None:
-            feats += pool_features(feature_saliences(left @ right, grad), num_kv_heads, feature_scope)
+        saliences = torch.zeros(num_heads, d_m, dtype=q.dtype, device=q.device) if feats is not None else None
+        # one KV group at a time (its equations involve no other group): the d_m x d_m products and gradients of
+        # per_group heads at once, not of every head (32 x 4096 x 4096 float32 numbers are 2 GiB a tensor)
+        for group in range(num_kv_heads):
+            rows = slice(group * per_group, (group + 1) * per_group)
+            kv = slice(group, group + 1)
+            grad = head_product_gradients(
+                left[rows], grad_left[rows], right[kv], None if grad_right is None else grad_right[kv]
+            )  # [per_group, d_m, d_m]
+            shared = right[kv].expand(per_group, -1, -1)
+            heads[rows] += component_scores(left[rows], shared, grad).sum(-1)
+            if saliences is not None:
+                saliences[rows] = feature_saliences(left[rows] @ shared, grad)
+        if feats is not None and saliences is not None:
+            feats += pool_features(saliences, num_kv_heads, feature_scope)
     return heads, feats
 
 

@@ -560,3 +560,19 @@ def test_schedule_runs_with_scoring_as_a_callback(llama):
     assert seen == [(0, [6, 6, 6, 64, 64, 64]), (1, [4, 4, 4, 48, 48, 48])]
     assert [layer.mlp_width for layer in ModelView(llama).layers] == [32, 32, 32]
     assert [layer.num_heads for layer in ModelView(llama).layers] == [4, 4, 4]
+
+
+def test_attention_scores_hold_one_kv_group_of_head_products_at_a_time():
+    """16 query heads over 4 KV groups, d_m 128: the scoring's live tensors stay within six d_m x d_m float32
+    products of one group's 4 heads (every head's at once would be 16 heads' worth)."""
+    from slimkit.primitives.evaluate.tensor_bytes import LiveTensorBytes
+
+    torch.manual_seed(0)
+    d_m, heads, kv, d_k = 128, 16, 4, 8
+    q, o = torch.randn(heads * d_k, d_m), torch.randn(d_m, heads * d_k)
+    k, v = torch.randn(kv * d_k, d_m), torch.randn(kv * d_k, d_m)
+    grads = [torch.randn_like(t) for t in (q, k, v, o)]
+    with LiveTensorBytes() as live:
+        attention_scores(q, k, v, o, grads[0], grads[3], heads, kv, grads[1], grads[2])
+    one_group_product = (heads // kv) * d_m * d_m * 4
+    assert live.peak <= 6 * one_group_product < heads * d_m * d_m * 4 * 4
