@@ -28,7 +28,7 @@ from slimkit.engine.stage_memory import ACTIVATION_ADVICE, GRADIENT_ADVICE, Memo
 from slimkit.primitives.allocate.allocation_settings import GlobalSettings, SearchSettings
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import input_norm_hooks
-from slimkit.primitives.device.memory_model import StageMemory, gradient_sum_bytes
+from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, gradient_sum_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.groups import Group, build_groups
@@ -95,7 +95,14 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
             memory.parts["gradient sums"] = sums
         largest = shape.embedding_params() if "hidden_feature" in self.groups else shape.mlp_params() // 3
         memory.parts["one gradient"] = largest * inputs.dtype_bytes  # the largest scored weight's, before it is summed
-        return self.add_backward_activations(memory, inputs)
+        memory = self.add_backward_activations(memory, inputs)
+        # after the backward (activations and the last gradient freed): the largest scored weight's salience in
+        # float32, its units gathered and their aggregate (three copies); counted where that is larger
+        scoring = 3 * largest * FLOAT32
+        if scoring > memory.parts["activations"] + memory.parts["one gradient"]:
+            del memory.parts["activations"], memory.parts["one gradient"]
+            memory.parts["activations or scoring"] = scoring
+        return memory
 
 
 class PruneLayerArgs(PruneArgs):
