@@ -321,7 +321,7 @@ def distill(ctx: Context, args: DistillArgs) -> None:
             teacher.eval()
             teacher.requires_grad_(False)
             if args.shards_teacher():
-                shard_frozen(teacher, ModelView(teacher).layer_list)
+                shard_frozen(teacher, list(ModelView(teacher).layer_list))
             info["teacher_sharded"] = args.shards_teacher()
             lora, units = trained(ctx, args, config)
             ctx.model, report = run_token_budget(ctx, "distill", args, lora, objective, "distill training", units)
