@@ -215,10 +215,12 @@ def _refit_layer(
     keep_expert_channels(block, index)
     block.experts.down_proj.data.copy_(fitted.down)
     used = [d for d in fitted.damping if d is not None]
+    counts = [int(c) for c in routing.counts.tolist() if c > 0]
     return {
         "pass": number + 1,
         "damping": max(used) if used else None,
         "experts_sliced_only": fitted.sliced_only,
+        "fewest_tokens": min(counts) if counts else 0,
         "error_sliced": float(f"{fitted.relative_error(False):.4g}"),
         "error_refit": float(f"{fitted.relative_error(True):.4g}"),
     }

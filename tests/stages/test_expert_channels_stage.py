@@ -90,6 +90,8 @@ def test_refit_lowers_every_layers_calibration_error_and_reloads(tmp_path, famil
         assert refit_error < sliced_error and whole_refit < whole_sliced
         idle = [e for e, count in enumerate(inputs[layer].counts.tolist()) if count == 0]
         assert entry["refit"]["experts_sliced_only"] == idle and entry["refit"]["pass"] == 1
+        fewest = min(c for c in inputs[layer].counts.tolist() if c > 0)
+        assert entry["refit"]["fewest_tokens"] == fewest and entry["refit"]["damping"] == 1e-6
     reloaded, _ = slimkit.load(tmp_path / "refit" / "model")
     ids = torch.randint(3, 259, (2, 9))
     with torch.no_grad():
