@@ -53,9 +53,9 @@ def gram_bytes(experts: int, width: int) -> int:
 
 
 def solve_bytes(hidden: int, width: int) -> int:
-    """Bytes of one expert's float64 refit: its Gram (and the kept block's damped copy and Cholesky factor, each at
-    most as large) and its down projection with the solution."""
-    return 3 * width * width * FLOAT64 + 2 * hidden * width * FLOAT64
+    """Bytes of one expert's float64 refit: its Gram symmetrised (three ``width^2`` copies at the peak; the kept
+    block's damped copy and Cholesky factor come after) and its down projection, ``D G`` and the solution."""
+    return 3 * width * width * FLOAT64 + 3 * hidden * width * FLOAT64
 
 
 def refit_passes(layers: list[tuple[int, int]], budget: int) -> list[list[int]]:

@@ -48,17 +48,26 @@ class ExpertDownRefit:
         return float(error.sum()) / total if total > 0 else 0.0
 
 
+class _ExpertError:
+    """One expert's Gram in float64 and ``D G``, from which the error of any ``D'`` on channels ``K`` follows."""
+
+    def __init__(self, down: torch.Tensor, gram: torch.Tensor, kept: torch.Tensor) -> None:
+        self.gram = gram.double()
+        self.kept = kept.to(self.gram.device)
+        down_gram = down.to(device=self.gram.device, dtype=torch.float64) @ self.gram
+        self.energy = float((down_gram * down.to(down_gram)).sum())
+        self.cross = down_gram[:, self.kept]  # D G[:, K] (G is symmetric)
+
+    def __call__(self, new_down: torch.Tensor) -> float:
+        new = new_down.to(device=self.gram.device, dtype=torch.float64)
+        fitted = (new @ self.gram[self.kept][:, self.kept] * new).sum()
+        return max(0.0, float(self.energy - 2 * (self.cross * new).sum() + fitted))
+
+
 def weighted_error(down: torch.Tensor, gram: torch.Tensor, new_down: torch.Tensor, kept: torch.Tensor) -> float:
     """``sum w^2 ||D a - D' a_K||^2`` of one expert from its Gram ``G`` (``width x width``) alone: ``D`` is
     ``hidden x width``, ``D'`` ``hidden x |K|``."""
-    g = gram.double()
-    k = kept.to(g.device)
-    d = down.to(device=g.device, dtype=torch.float64)
-    new = new_down.to(device=g.device, dtype=torch.float64)
-    dense = (d @ g * d).sum()
-    cross = (new @ g[k] * d).sum()
-    fitted = (new @ g[k][:, k] * new).sum()
-    return max(0.0, float(dense - 2 * cross + fitted))
+    return _ExpertError(down, gram, kept)(new_down)
 
 
 def refit_expert_down(
@@ -87,9 +96,8 @@ def refit_expert_down(
         fitted = refit_least_squares(down[e], gram, kept, damping=damping, toward_kept=True)
         out[e] = fitted.weight
         dampings.append(fitted.damping)
-        energy[e] = weighted_error(down[e], gram, down[e][:, :0], kept[:0])
-        before[e] = weighted_error(down[e], gram, sliced, kept)
-        after[e] = weighted_error(down[e], gram, fitted.weight, kept)
+        error = _ExpertError(down[e], gram, kept)
+        energy[e], before[e], after[e] = error.energy, error(sliced), error(fitted.weight)
     return ExpertDownRefit(out, dampings, before, after, energy)
 
 

@@ -123,7 +123,7 @@ def test_refit_passes_and_memory_plan():
     layer = 6 * 16 * 16 * 4
     parts = ExpertChannelArgs(refit=True, refit_memory=str(2 * layer)).memory("s", inputs).parts
     assert parts["expert grams"] == 2 * layer
-    assert parts["refit solve"] == 3 * 16 * 16 * 8 + 2 * 32 * 16 * 8
+    assert parts["refit solve"] == 3 * 16 * 16 * 8 + 3 * 32 * 16 * 8
     assert ExpertChannelArgs(refit=True).memory("s", inputs).parts["expert grams"] == 4 * layer  # all four fit
     with pytest.raises(ValueError, match="refit_memory"):
         ExpertChannelArgs(refit=True, refit_memory="lots")
