@@ -18,7 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import Field, field_validator
+import torch
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from slimkit.engine.context import Context
@@ -40,6 +41,8 @@ from slimkit.primitives.experts.refit import refit_expert_down
 from slimkit.primitives.reconstruct.solve import DEFAULT_DAMPING
 
 FLOAT64 = 8
+REFIT_ONLY = ("refit_memory", "damping")
+"""Settings that only the refit reads."""
 
 
 def channel_params(block: MoEBlock) -> int:
@@ -97,6 +100,15 @@ class ExpertChannelArgs(StageArgs):
         except SlimkitError as error:
             raise ValueError(str(error).removeprefix("refit_memory: ")) from None
         return value
+
+    @model_validator(mode="after")
+    def _refit_settings(self) -> ExpertChannelArgs:
+        if not self.refit:
+            fields = type(self).model_fields
+            given = [name for name in REFIT_ONLY if getattr(self, name) != fields[name].default]
+            if given:
+                raise ValueError(f"{', '.join(given)}: settings of the refit; set refit: true or leave them out")
+        return self
 
     def budget(self) -> BudgetMode:
         return "solve" if self.ratio is None else "explicit"
@@ -171,7 +183,7 @@ def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> None:
     blocks = [b for b in moe_blocks(ctx.model) if b.index in stats]
     removed = _removed(ctx, args, blocks)
     layers: dict[int, dict[str, Any]] = {}
-    kept: dict[int, Any] = {}
+    kept: dict[int, torch.Tensor] = {}
     for block in blocks:
         keep = block.width - removed[block.index]
         channel_sq = stats[block.index].channel_sq
@@ -205,7 +217,7 @@ def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> None:
 
 
 def _refit_layer(
-    block: MoEBlock, routing: ExpertRouting, index: Any, args: ExpertChannelArgs, number: int
+    block: MoEBlock, routing: ExpertRouting, index: torch.Tensor, args: ExpertChannelArgs, number: int
 ) -> dict[str, Any]:
     """Slice ``block``'s experts to channels ``index`` with their down projections refitted; what the refit did."""
     if routing.gram is None:

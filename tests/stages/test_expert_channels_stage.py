@@ -127,3 +127,5 @@ def test_refit_passes_and_memory_plan():
     assert ExpertChannelArgs(refit=True).memory("s", inputs).parts["expert grams"] == 4 * layer  # all four fit
     with pytest.raises(ValueError, match="refit_memory"):
         ExpertChannelArgs(refit=True, refit_memory="lots")
+    with pytest.raises(ValueError, match="damping: settings of the refit"):
+        ExpertChannelArgs(damping=0.01)
