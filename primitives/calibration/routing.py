@@ -1,22 +1,22 @@
 """Calibration statistics that follow the routing of a mixture-of-experts model.
 
-One forward pass over the calibration batches with a hook on every layer's router. The hook sees the tokens the
-router reads and the experts it picks for each (the model's own routing, top-k weights included), and folds them
-into per-expert running sums: how many tokens each expert received (``counts``), the top-k weight it received in
-total (``mass``), the router's softmax probability summed over every token (``probability``), and, when asked, the
-per-channel sums of squares of the inputs an expert received (``input_sq``, hidden channels) and of its own
-intermediate activations ``act(gate x) * up x`` on only those tokens (``channel_sq``, Wanda-style channel norms
-inside each expert). No token is kept, except a bounded sample of each layer's router inputs when a scorer needs
-them (``inputs``, at most ``keep_inputs`` tokens per layer, spread evenly over the batches, on ``stats_device``).
+One forward pass over the calibration batches with a hook on each layer's router (every layer, or a ``layers``
+subset: the pass then stops after the deepest of them). The hook sees the tokens the router reads and the experts it
+picks for each (top-k weights included) and folds them into per-expert running sums: tokens received (``counts``),
+top-k weight received (``mass``), the router's softmax summed over every token (``probability``); on request the
+per-channel sums of squares of an expert's inputs (``input_sq``) and of its intermediate activations
+``a = act(gate x) * up x`` on only its tokens (``channel_sq``), and the Gram of those activations with each token
+weighted by its routing weight squared (``gram``: ``sum w^2 a a^T``, what a refit of the down projection needs).
+No token is kept, except a bounded, evenly spread sample of each layer's router inputs (``inputs``, ``keep_inputs``).
 
-Sums are float32 (float64 for the counts) on ``stats_device`` (default: each router's device): a layer's sums are
-``experts x (hidden + width)`` numbers at most.
+Sums are float32 (float64 for the counts) on ``stats_device`` (default: each router's device): ``experts x (hidden
++ width)`` numbers a layer, plus ``experts x width^2`` with Grams. Method note: ``docs/methods/moe-experts.md``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +44,9 @@ class ExpertRouting:
     """``(experts, width)``: sum of squares of each expert's intermediate channels over the tokens routed to it."""
     inputs: torch.Tensor | None = None
     """``(n, hidden)``: a sample of the router's input tokens (None unless asked for)."""
+    gram: torch.Tensor | None = None
+    """``(experts, width, width)``: ``sum w^2 a a^T`` over the tokens routed to each expert, ``a`` its intermediate
+    activations and ``w`` the token's routing weight for it (None unless asked for)."""
 
     @property
     def frequency(self) -> torch.Tensor:
@@ -61,10 +64,24 @@ class ExpertRouting:
         return float(self.mass[list(kept)].sum()) / total if total > 0 else 0.0
 
 
+class _StopForward(Exception):
+    """Raised after the deepest hooked layer's router when the rest of the forward is not needed."""
+
+
 class _RouterHook:
-    def __init__(self, block: MoEBlock, channels: bool, per_batch: int, stats_device: torch.device | None) -> None:
+    def __init__(
+        self,
+        block: MoEBlock,
+        channels: bool,
+        grams: bool,
+        per_batch: int,
+        stats_device: torch.device | None,
+        stop: bool = False,
+    ) -> None:
         self.block = block
         self.channels = channels
+        self.grams = grams
+        self.stop = stop
         self.per_batch = per_batch
         self.device = stats_device
         self.stats: ExpertRouting | None = None
@@ -85,6 +102,7 @@ class _RouterHook:
             probability=zeros(experts),
             input_sq=zeros(experts, hidden) if self.channels else None,
             channel_sq=zeros(experts, width) if self.channels else None,
+            gram=zeros(experts, width, width) if self.grams else None,
         )
 
     @torch.no_grad()
@@ -98,18 +116,24 @@ class _RouterHook:
         stats.counts += torch.bincount(flat, minlength=stats.counts.numel()).to(torch.float64)
         stats.mass.index_add_(0, flat, scores.reshape(-1).float().to(where))
         stats.probability += torch.softmax(logits.float(), dim=-1).sum(dim=0).to(where)
-        if self.channels:
-            assert stats.input_sq is not None and stats.channel_sq is not None  # allocated with channels
+        if self.channels or self.grams:
             experts = self.block.experts
             for expert in index.unique().tolist():
-                token = torch.where(index == expert)[0]
+                token, slot = torch.where(index == expert)
                 routed = x[token]
-                stats.input_sq[expert] += routed.float().pow(2).sum(dim=0).to(where)
                 gate, up = nn.functional.linear(routed, experts.gate_up_proj[expert]).chunk(2, dim=-1)
-                stats.channel_sq[expert] += (experts.act_fn(gate) * up).float().pow(2).sum(dim=0).to(where)
+                act = (experts.act_fn(gate) * up).float()
+                if stats.input_sq is not None and stats.channel_sq is not None:
+                    stats.input_sq[expert] += routed.float().pow(2).sum(dim=0).to(where)
+                    stats.channel_sq[expert] += act.pow(2).sum(dim=0).to(where)
+                if stats.gram is not None:
+                    weighted = act * scores[token, slot].float()[:, None]
+                    stats.gram[expert] += (weighted.T @ weighted).to(where)
         if self.per_batch:
             step = max(1, x.shape[0] // self.per_batch)
             self.samples.append(x[::step][: self.per_batch].detach().to(where))
+        if self.stop:
+            raise _StopForward
 
 
 @torch.no_grad()
@@ -118,19 +142,38 @@ def collect_routing(
     batches: Sequence[torch.Tensor],
     *,
     channels: bool = False,
+    grams: bool | Collection[int] = False,
     keep_inputs: int = 0,
+    layers: Collection[int] | None = None,
     stats_device: torch.device | str | None = None,
 ) -> dict[int, ExpertRouting]:
-    """Routing statistics of every MoE layer of ``model`` over ``batches`` (token ids ``[batch, seq]``), by layer
-    index. ``channels``: also the per-expert channel sums of squares; ``keep_inputs``: also a sample of at most this
-    many router input tokens per layer."""
+    """Routing statistics of the MoE layers of ``model`` over ``batches`` (token ids ``[batch, seq]``), by layer
+    index. ``channels``: also the per-expert channel sums of squares; ``grams``: also the routing-weighted Grams of
+    the experts' intermediate activations (True: in every hooked layer; a collection: in those layers only);
+    ``keep_inputs``: also a sample of at most this many router input tokens per layer; ``layers``: hook only these
+    layers (by index; None: all) and stop each forward after the deepest of them."""
     device = torch.device(stats_device) if stats_device is not None else None
     per_batch = math.ceil(keep_inputs / max(len(batches), 1)) if keep_inputs else 0
-    hooks = {block.index: _RouterHook(block, channels, per_batch, device) for block in moe_blocks(model)}
+    blocks = [b for b in moe_blocks(model) if layers is None or b.index in layers]
+    deepest = max((b.index for b in blocks), default=-1) if layers is not None else None
+    hooks = {
+        block.index: _RouterHook(
+            block,
+            channels,
+            grams is True or (not isinstance(grams, bool) and block.index in grams),
+            per_batch,
+            device,
+            stop=block.index == deepest,
+        )
+        for block in blocks
+    }
     handles = [hook.block.router.register_forward_hook(hook) for hook in hooks.values()]
     try:
         for batch in batches:
-            model(to_input_device(model, batch), use_cache=False)
+            try:
+                model(to_input_device(model, batch), use_cache=False)
+            except _StopForward:
+                pass
     finally:
         for handle in handles:
             handle.remove()
