@@ -38,7 +38,7 @@ from slimkit.primitives.experts.channels import (
     kept_channels,
 )
 from slimkit.primitives.experts.refit import refit_expert_down
-from slimkit.primitives.reconstruct.solve import DEFAULT_DAMPING
+from slimkit.primitives.reconstruct.solve import DEFAULT_OBS_DAMPING
 
 FLOAT64 = 8
 REFIT_ONLY = ("refit_memory", "damping")
@@ -89,8 +89,10 @@ class ExpertChannelArgs(StageArgs):
     refit_memory: str = "4GiB"
     """refit: the Grams one calibration pass may hold (``experts x width^2`` float32 numbers a layer, on the device
     of each router); layers are refitted in as many passes as this needs, at least one layer a pass."""
-    damping: float = Field(DEFAULT_DAMPING, ge=0.0, allow_inf_nan=False)
-    """refit: ridge relative to the mean diagonal of each expert's Gram, pulling towards the sliced columns."""
+    damping: float = Field(DEFAULT_OBS_DAMPING, ge=0.0, allow_inf_nan=False)
+    """refit: ridge relative to the mean diagonal of each expert's Gram, pulling towards the sliced columns (so, as
+    for OBS, SparseGPT's 1% shrinks nothing towards zero; an expert sees few tokens, and a near-zero ridge overfits
+    them)."""
 
     @field_validator("refit_memory")
     @classmethod
