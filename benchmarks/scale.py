@@ -967,6 +967,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resume", action="store_true", help="keep the ok rows of today's results file of this name; run the rest"
     )
+    parser.add_argument(
+        "--resume-from",
+        type=Path,
+        default=None,
+        help="as --resume, from this results .json (e.g. an earlier day's); the results go under today's name",
+    )
     parser.add_argument("--note", action="append", default=[], help="a line for the results' 'Left out' list")
     parser.add_argument("--render", type=Path, default=None, help="only write the .md of this results .json")
     parser.add_argument("--name", default=None, help="results are OUT/<date>-<name>.*; default 'scale' / 'scale-quick'")
@@ -998,6 +1004,8 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Shape, list[str]]], list[
         raise BenchError(f"--memory-fraction must be above 0 and at most 1, got {args.memory_fraction}")
     for path in args.known_peaks:
         read_json_file(path, "--known-peaks")
+    if args.resume_from is not None:
+        read_json_file(args.resume_from, "--resume-from")
     cuda = args.device.startswith("cuda")
     configs = _names(args.configs)
     if configs is None:
@@ -1295,19 +1303,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             else:
                 log(f"  {row['id']}: {row['status']}: {row.get('reason')}")
 
-        previous = (
-            json.loads(base.with_suffix(".json").read_text())
-            if args.resume and base.with_suffix(".json").is_file()
-            else {}
-        )
+        source = args.resume_from or (base.with_suffix(".json") if args.resume else None)
+        previous = read_json_file(source, "--resume-from") if source is not None and source.is_file() else {}
         kept = {r["id"]: r for r in previous.get("rows", []) if r.get("status") == "ok"}
         if kept:
-            log(f"--resume: keeping {len(kept)} rows of {base}.json")
+            log(f"--resume: keeping {len(kept)} rows of {source}")
+            result["resumed_from"] = str(source)
             result["rows"] += list(kept.values())
             result["build_s"] += previous.get("build_s") or 0.0
             result["resumed_wall_s"] = (previous.get("resumed_wall_s") or 0.0) + (previous.get("wall_s") or 0.0)
             result["cuts"] = [*previous.get("cuts", []), *result["cuts"]]
-            result["machine"]["load_average_start"] = previous["machine"].get("load_average_start")
+            result["machine"]["load_average_start"] = (previous.get("machine") or {}).get("load_average_start")
         # the baseline: a run of a tiny model (the process itself); in --quick the smallest sweep shape's
         # wanda-channels run, used again as that sweep row (one process fewer in the smoke test)
         base_shape = width_shape(QUICK_WIDTHS[0], QUICK_DEPTHS[0], kind="depth") if args.quick else BASELINE

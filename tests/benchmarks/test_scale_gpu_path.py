@@ -137,3 +137,33 @@ def test_jobs_options_are_checked_before_any_work(tmp_path):
     assert recipes == [*llm_recipes(), variant]  # 'all' and more: each recipe once, the variant after them
     with pytest.raises(BenchError, match="--known-peaks"):
         plan(build_parser().parse_args([*common, "--known-peaks", str(tmp_path / "missing.json")]))
+
+
+def test_resume_from_an_earlier_days_file_keeps_its_ok_rows(tmp_path, monkeypatch):
+    """A second GPU session on another day: --resume-from names the earlier results file; its ok rows are kept
+    (not run again), the others run, and the results go under today's name."""
+    import benchmarks.scale as scale
+
+    calls = []
+
+    def fake_run_one(shape, sweeps, folder, recipe, args, dtype, scratch, max_memory=None, timeout_s=None, live=None):
+        calls.append(recipe)
+        return _ok_row(shape, sweeps, recipe, max_memory, dtype)
+
+    monkeypatch.setattr(scale, "run_one", fake_run_one)
+    monkeypatch.setattr(scale, "model_folder", lambda *a, **k: (tmp_path, None))
+    shape = scale.synthetic_shape("w64-L2")
+    failed = _ok_row(shape, ["real"], "wanda-channels", None, "float32") | {"status": "oom", "reason": "exit 1"}
+    earlier = {"rows": [_ok_row(shape, ["real"], "magnitude", None, "float32"), failed], "wall_s": 100.0}
+    (tmp_path / "2026-11-01-gpu.json").write_text(json.dumps(earlier))
+    argv = ["--configs", "w64-L2", "--recipes", "wanda-channels,magnitude", "--no-sweeps", "--offload-memory", "none"]
+    argv += ["--no-baseline", "--out", str(tmp_path / "out"), "--name", "gpu"]
+    argv += ["--resume-from", str(tmp_path / "2026-11-01-gpu.json")]
+    result = scale.run(scale.build_parser().parse_args(argv), argv)
+    assert calls == ["wanda-channels"]  # magnitude's ok row kept, the oom row run again
+    assert {r["recipe"] for r in result["rows"]} == {"magnitude", "wanda-channels"}
+    assert result["resumed_from"].endswith("2026-11-01-gpu.json") and result["resumed_wall_s"] == 100.0
+    from benchmarks.grid import BenchError
+
+    with pytest.raises(BenchError, match="--resume-from"):
+        scale.plan(scale.build_parser().parse_args([*argv[:-1], str(tmp_path / "missing.json")]))
