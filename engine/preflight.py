@@ -102,15 +102,20 @@ def model_placement(recipe: Recipe, model: Any = None) -> Placement:
     first = next(model.parameters())
     if settings.max_memory is not None:
         raise SlimkitError("model.max_memory applies when slimkit loads the model, not to a model given in memory")
-    for field, wanted, actual in (("device", settings.device, first.device), ("dtype", settings.dtype, first.dtype)):
-        if wanted != "auto":
-            resolved = resolve_device(wanted) if field == "device" else DTYPES[wanted]
-            if resolved != actual and not (field == "device" and resolved.type == actual.type == "cuda"):
-                raise SlimkitError(
-                    f"model.{field}: the recipe asks for {wanted} but the model given has {actual}; "
-                    f"move or cast the model first, or leave model.{field}: auto"
-                )
+    if settings.device != "auto":
+        device = resolve_device(settings.device)
+        if device != first.device and not device.type == first.device.type == "cuda":
+            raise _given_model_differs("device", settings.device, first.device)
+    if settings.dtype != "auto" and DTYPES[settings.dtype] != first.dtype:
+        raise _given_model_differs("dtype", settings.dtype, first.dtype)
     return Placement(first.device, first.dtype)
+
+
+def _given_model_differs(field: str, wanted: str, actual: object) -> SlimkitError:
+    return SlimkitError(
+        f"model.{field}: the recipe asks for {wanted} but the model given has {actual}; "
+        f"move or cast the model first, or leave model.{field}: auto"
+    )
 
 
 def check_stage_dtypes(recipe: Recipe, dtype: torch.dtype) -> None:

@@ -19,6 +19,7 @@ import torch
 from slimkit.engine.context import Context
 from slimkit.engine.layer_stats import LayerStats
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank import max_useful_rank, singular_energies
 from slimkit.primitives.lowrank.rank_allocation import (
@@ -33,7 +34,7 @@ from slimkit.stages.allocation_results import RankAllocation, rank_allocation_ke
 from slimkit.stages.lowrank import LowRankArgs, global_wanted, lowrank_fraction, whiten_failure
 
 
-def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: str, stats: LayerStats) -> torch.Tensor:
+def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: LinearRole, stats: LayerStats) -> torch.Tensor:
     linear = layer.linear(role)
     if args.method == "awsvd":
         return singular_energies(linear.weight, input_norms=stats["input_norms"][ctx.view.path_of(linear)])

@@ -15,6 +15,7 @@ from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.arch.capabilities import check_operation
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
 
@@ -101,7 +102,7 @@ def _linear_members(path: str, module: nn.Module, dim: int, indices: torch.Tenso
     return members
 
 
-def _layer_path(view: ModelView, layer: LayerView, role: str) -> str:
+def _layer_path(view: ModelView, layer: LayerView, role: LinearRole) -> str:
     return f"{view.path_of(layer.module)}.{layer.linear_path(role)}"
 
 

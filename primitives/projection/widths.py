@@ -123,7 +123,10 @@ def projected_param_count(
             count += _per_feature(layer.attn_norm.module, d) + _per_feature(layer.mlp_norm.module, d)
             per_feature_dense += count
             projected += count * widths[g]
-    final_count = _per_feature(view.final_norm.module, d)
+    final = view.final_norm
+    if final is None:
+        raise SlimkitError(f"{view.spec.model_type}: no final norm to count the projected widths through")
+    final_count = _per_feature(final.module, d)
     residual = sum(widths[g] * widths[g - 1] for g in range(1, len(widths)))
     if view.head is not None and not view.tied:
         final_count += view.head.weight.shape[0]
