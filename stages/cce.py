@@ -34,7 +34,7 @@ from slimkit.primitives.groups import Group
 from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_gradients, spec_names
 from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
 from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
-from slimkit.stages.scoring import ScoringArgs, gradient_options, input_norms, roles_of, scored_params
+from slimkit.stages.scoring import ScoringArgs, gradient_options, input_norms, roles_of, scored_params, with_scoring
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
 KINDS: tuple[str, ...] = SCHEDULE_KINDS
@@ -125,8 +125,8 @@ class CceArgs(ScoringArgs):
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
         """A gradient scorer: the proxy's adapters with their gradients and AdamW state (``gradients: lora``) or one
         batch's gradient of every scored weight (``full``), and the backward's activations; else one forward's."""
-        if not self.needs_gradients():
-            return forward_memory(stage, inputs)
+        if not self.needs_gradients():  # one forward's activations (a data scorer's), freed before the scoring
+            return with_scoring(forward_memory(stage, inputs), inputs.shape, self.kinds, ["activations"])
         shape = inputs.shape
         memory = StageMemory(stage, advice=GRADIENT_ADVICE)
         if self.gradients == "lora":

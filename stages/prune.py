@@ -28,7 +28,7 @@ from slimkit.engine.stage_memory import ACTIVATION_ADVICE, GRADIENT_ADVICE, Memo
 from slimkit.primitives.allocate.allocation_settings import GlobalSettings, SearchSettings
 from slimkit.primitives.arch import LayerView
 from slimkit.primitives.calibration import input_norm_hooks
-from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, gradient_sum_bytes
+from slimkit.primitives.device.memory_model import StageMemory, gradient_sum_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 from slimkit.primitives.groups import Group, build_groups
@@ -50,7 +50,14 @@ from slimkit.primitives.select.plan import (
 )
 from slimkit.primitives.surgery import remove_units
 from slimkit.stages.allocation_results import allocated_fraction, allocation_entry
-from slimkit.stages.scoring import ScoringArgs, evaluations, roles_of, scored_params
+from slimkit.stages.scoring import (
+    ScoringArgs,
+    evaluations,
+    largest_scored,
+    roles_of,
+    scored_params,
+    with_scoring,
+)
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 
 GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
@@ -80,9 +87,11 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
         """A gradient scorer: the float32 gradient sums of the scored weights (on the host with ``stats_device:
-        cpu``), one gradient before it is folded in, the backward's activations; else one forward's activations."""
-        if not self.needs_gradients():
-            return forward_memory(stage, inputs)
+        cpu``), one gradient before it is folded in, the backward's activations; else one forward's activations.
+        Then the scoring of the largest scored weight (float32 copies, ``scoring_bytes``) where it is larger than
+        what it follows."""
+        if not self.needs_gradients():  # one forward's activations (a data scorer's), freed before the scoring
+            return with_scoring(forward_memory(stage, inputs), inputs.shape, self.groups, ["activations"])
         shape = inputs.shape
         params = scored_params(shape, self.groups, max(shape.layers - self.skip_first - self.skip_last, 0))
         memory = StageMemory(stage, advice=GRADIENT_ADVICE)
@@ -93,16 +102,10 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
             memory.advice = ACTIVATION_ADVICE
         else:
             memory.parts["gradient sums"] = sums
-        largest = shape.embedding_params() if "hidden_feature" in self.groups else shape.mlp_params() // 3
-        memory.parts["one gradient"] = largest * inputs.dtype_bytes  # the largest scored weight's, before it is summed
+        # the largest scored weight's gradient, before it is summed
+        memory.parts["one gradient"] = largest_scored(shape, self.groups) * inputs.dtype_bytes
         memory = self.add_backward_activations(memory, inputs)
-        # after the backward (activations and the last gradient freed): the largest scored weight's salience in
-        # float32, its units gathered and their aggregate (three copies); counted where that is larger
-        scoring = 3 * largest * FLOAT32
-        if scoring > memory.parts["activations"] + memory.parts["one gradient"]:
-            del memory.parts["activations"], memory.parts["one gradient"]
-            memory.parts["activations or scoring"] = scoring
-        return memory
+        return with_scoring(memory, shape, self.groups, ["activations", "one gradient"])
 
 
 class PruneLayerArgs(PruneArgs):

@@ -22,7 +22,7 @@ from slimkit.engine.stage_memory import MemoryInputs
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
-from slimkit.primitives.device.memory_model import ModelShape, StageMemory, backward_activation_bytes
+from slimkit.primitives.device.memory_model import FLOAT32, ModelShape, StageMemory, backward_activation_bytes
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group
@@ -140,6 +140,30 @@ def scored_params(shape: ModelShape, kinds: Sequence[str], layers: int) -> int:
     if "mlp_channel" in kinds:
         per_layer += shape.mlp_params()
     return per_layer * layers
+
+
+def largest_scored(shape: ModelShape, kinds: Sequence[str]) -> int:
+    """Parameters of the largest weight a scorer of these group kinds reads: the embedding for hidden features, else
+    one MLP matrix."""
+    return shape.embedding_params() if "hidden_feature" in kinds else shape.mlp_params() // 3
+
+
+def scoring_bytes(shape: ModelShape, kinds: Sequence[str]) -> int:
+    """What scoring the largest scored weight holds: the weight upcast to float32, its salience or magnitude and its
+    units gathered (three float32 copies; the scorers see each weight in float32, ``member_sum``)."""
+    return 3 * largest_scored(shape, kinds) * FLOAT32
+
+
+def with_scoring(memory: StageMemory, shape: ModelShape, kinds: Sequence[str], before: Sequence[str]) -> StageMemory:
+    """``memory`` with the scoring of the largest weight, which runs after the parts named in ``before`` are freed
+    (a backward's activations, its last gradient): counted instead of them where it is larger."""
+    held = sum(memory.parts.get(name, 0) for name in before)
+    scoring = scoring_bytes(shape, kinds)
+    if scoring > held:
+        for name in before:
+            memory.parts.pop(name, None)
+        memory.parts["scoring" if not held else f"{' and '.join(before)} or scoring"] = scoring
+    return memory
 
 
 def input_norms(model: nn.Module, batches: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
