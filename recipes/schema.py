@@ -244,6 +244,8 @@ DeviceName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_de
 """auto, cpu, cuda or cuda:N (checked by :func:`~slimkit.primitives.device.placement.check_device_name`)."""
 DtypeName = Annotated[str, AfterValidator(lambda name: _as_value_error(check_dtype_name, name))]
 """auto, float32, bfloat16 or float16 (checked by :func:`~slimkit.primitives.device.placement.check_dtype_name`)."""
+SizeText = Annotated[str, AfterValidator(lambda value: _as_value_error(parse_size, value))]
+"""A memory size such as 20GiB or 512MB (checked by :func:`~slimkit.primitives.device.placement.parse_size`)."""
 
 
 class ModelConfig(Strict):

@@ -31,14 +31,14 @@ from slimkit.primitives.device.memory_model import (
     gathered_unit_bytes,
     weights_bytes,
 )
-from slimkit.primitives.device.placement import check_device_name, parse_size
+from slimkit.primitives.device.placement import parse_size
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune import LoraConfig, lora_recover
 from slimkit.primitives.finetune.distill import DistillConfig, distill_recover
 from slimkit.primitives.finetune.recovery import DistillationObjective
 from slimkit.primitives.finetune.sharding import shard_frozen
 from slimkit.primitives.finetune.teacher_cache import TopKCache, TopKDistillationObjective, teacher_fingerprint
-from slimkit.recipes.schema import Recipe
+from slimkit.recipes.schema import DeviceName, Recipe, SizeText
 from slimkit.stages.dense_source import dense_of, release_memory, reload_dense
 from slimkit.stages.lora import LoraArgs, lora_config
 from slimkit.stages.recovery_settings import run_token_budget
@@ -67,10 +67,10 @@ class DistillArgs(LoraArgs):
     """What trains: lora = LoRA adapters (rank, alpha, dropout, target_modules), merged into the weights at the end;
     none = every weight of the student (full-parameter distillation; tokens only): trained in float32 (a bfloat16
     model's forward passes under bfloat16 autocast) and cast back to the model's dtype."""
-    teacher_device: str | None = None
+    teacher_device: DeviceName | None = None
     """Where the dense teacher runs: None = the student's device; cpu; cuda:N (a GPU of its own, beside the student's;
     one process only). Its logits are moved to the student's device for the loss."""
-    teacher_max_memory: str | None = None
+    teacher_max_memory: SizeText | None = None
     """Offload the teacher: at most this much of its weights on its device (e.g. 4GiB), its other decoder layers in
     CPU memory (on a GPU) or on disk (on a CPU), moved in layer by layer for each forward (accelerate's hooks): less
     device memory, slower steps. None: the whole teacher on its device."""
@@ -96,24 +96,8 @@ class DistillArgs(LoraArgs):
     @field_validator("teacher_device")
     @classmethod
     def _teacher_device(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        try:
-            check_device_name(value, "teacher_device")
-        except SlimkitError:
-            value = "auto"
         if value == "auto":
             raise ValueError("a device: cpu, cuda or cuda:N (unset: the student's)")
-        return value
-
-    @field_validator("teacher_max_memory")
-    @classmethod
-    def _teacher_max_memory(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                parse_size(value, "teacher_max_memory")
-            except SlimkitError as error:
-                raise ValueError(str(error).removeprefix("teacher_max_memory: ")) from None
         return value
 
     @model_validator(mode="after")

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
 from slimkit.engine.context import Context
@@ -39,6 +39,7 @@ from slimkit.primitives.experts.channels import (
 )
 from slimkit.primitives.experts.refit import refit_expert_down
 from slimkit.primitives.reconstruct.solve import DEFAULT_OBS_DAMPING
+from slimkit.recipes.schema import SizeText
 
 FLOAT64 = 8
 REFIT_ONLY = ("refit_memory", "damping")
@@ -86,22 +87,13 @@ class ExpertChannelArgs(StageArgs):
     refit: bool = False
     """Refit every expert's down projection on its kept channels by least squares on its routed tokens (false: the
     kept channels are sliced as they are)."""
-    refit_memory: str = "4GiB"
+    refit_memory: SizeText = "4GiB"
     """refit: the Grams one calibration pass may hold (``experts x width^2`` float32 numbers a layer, on the device
     of each router); layers are refitted in as many passes as this needs, at least one layer a pass."""
     damping: float = Field(DEFAULT_OBS_DAMPING, ge=0.0, allow_inf_nan=False)
     """refit: ridge relative to the mean diagonal of each expert's Gram, pulling towards the sliced columns (so, as
     for OBS, SparseGPT's 1% shrinks nothing towards zero; an expert sees few tokens, and a near-zero ridge overfits
     them)."""
-
-    @field_validator("refit_memory")
-    @classmethod
-    def _refit_memory(cls, value: str) -> str:
-        try:
-            parse_size(value, "refit_memory")
-        except SlimkitError as error:
-            raise ValueError(str(error).removeprefix("refit_memory: ")) from None
-        return value
 
     @model_validator(mode="after")
     def _refit_settings(self) -> ExpertChannelArgs:
