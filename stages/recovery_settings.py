@@ -22,7 +22,8 @@ from slimkit.engine.context import Context
 from slimkit.engine.stage_args import StageArgs
 from slimkit.primitives.finetune import LoraConfig
 from slimkit.primitives.finetune.full_recovery import recover_all_weights
-from slimkit.primitives.finetune.recovery import RecoveryConfig, RecoveryResult, TokenObjective, world
+from slimkit.primitives.finetune.process_group import world
+from slimkit.primitives.finetune.recovery import RecoveryConfig, RecoveryResult, TokenObjective
 from slimkit.primitives.finetune.token_recovery import recover_in_tokens
 from slimkit.primitives.finetune.token_stream import TextSource, folder_files
 

@@ -23,6 +23,7 @@ import torch
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir, swap_in
+from slimkit.primitives.finetune.process_group import world
 
 STATE_FILE = "state.pt"
 SHARDS_DIR = "shards"
@@ -52,14 +53,6 @@ def _python_state(saved: Any) -> tuple:
     """Python's random state as ``random.setstate`` takes it (a saved tuple may come back as lists)."""
     version, internal, gauss = saved
     return version, tuple(internal), gauss
-
-
-def _process() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def save_checkpoint(folder: Path, state: dict[str, Any]) -> None:
@@ -93,7 +86,7 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    rank, _ = _process()
+    rank, _ = world()
     staging: Path | None = None
     problem: str | None = None
     if rank == 0:
@@ -135,7 +128,7 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
 def load_checkpoint(folder: Path) -> dict[str, Any] | None:
     """The checkpoint's ``state.pt`` at ``folder``; None when there is none. A file that cannot be read is one error
     line. Every launched process calls it: the main one cleans what a killed writer left, then all read."""
-    rank, size = _process()
+    rank, size = world()
     if rank == 0:
         remove_leftovers(folder)
     if size > 1:

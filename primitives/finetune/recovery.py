@@ -33,6 +33,7 @@ from slimkit.primitives.finetune.checkpoint import (
 )
 from slimkit.primitives.finetune.distill import distill_loss, hidden_mse
 from slimkit.primitives.finetune.loop import non_finite_problem
+from slimkit.primitives.finetune.process_group import world
 from slimkit.primitives.finetune.sharding import full_norm, load_sharded_state, local, sharded_state
 from slimkit.primitives.finetune.token_stream import TextSource, TokenBudget, budget_batches, validation_windows
 
@@ -151,15 +152,6 @@ class RecoveryResult:
 
 Progress = Callable[[int, int, "RecoveryResult"], None]
 """``progress(step, tokens_this_step, result)`` after each step."""
-
-
-def world() -> tuple[int, int]:
-    """``(rank, world size)`` of this process (``(0, 1)`` outside ``torch.distributed``)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -440,5 +432,4 @@ __all__ = [
     "RecoveryRun",
     "TokenObjective",
     "mean_loss",
-    "world",
 ]

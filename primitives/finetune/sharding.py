@@ -18,12 +18,7 @@ import torch
 from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+from slimkit.primitives.finetune.process_group import world as process_world
 
 
 def to_float32(module: nn.Module, recurse: bool = True) -> None:
@@ -43,6 +38,17 @@ def meta_skeleton(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def _process_mesh(model: nn.Module):
+    """The one-dimensional device mesh of the launched processes on ``model``'s device type; one line when this is
+    one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = process_world()[1]
+    if world < 2:
+        raise SlimkitError("sharding: fsdp needs several launched processes; this is one (use sharding: none)")
+    return init_device_mesh(next(model.parameters()).device.type, (world,))
+
+
 def shard_model(model: nn.Module, units: Sequence[nn.Module], compute_dtype: torch.dtype | None = None) -> None:
     """Shard ``model`` in place over the process group: each of ``units`` (the decoder layers) its own FSDP unit,
     the rest (embeddings, final norm, head) the root's; each unit is cast to float32 just before it is sharded, so
@@ -50,14 +56,9 @@ def shard_model(model: nn.Module, units: Sequence[nn.Module], compute_dtype: tor
     gathered and computed in it and the gradients reduced in float32 (FSDP2's ``MixedPrecisionPolicy``); None: in
     float32. Every process must hold the same weights (the launched processes run the same recipe on the same
     seed)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    world = _world_size()
-    if world < 2:
-        raise SlimkitError("sharding: fsdp needs several launched processes; this is one (use sharding: none)")
-    device = next(model.parameters()).device
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = _process_mesh(model)
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
     for unit in units:
         to_float32(unit)
@@ -75,14 +76,10 @@ def shard_frozen(model: nn.Module, units: Sequence[nn.Module]) -> None:
     ``units`` (the decoder layers) gathered for its forward and freed after it; the root (embeddings, final norm,
     head) stays gathered once its first forward has run. Every process must run the same forwards in step (the
     sharded student's loop pads its micro-batches so they do), and hold the same weights."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    world = _world_size()
-    if world < 2:
-        raise SlimkitError("sharding: fsdp needs several launched processes; this is one (use sharding: none)")
+    mesh = _process_mesh(model)
     model.requires_grad_(False)
-    mesh = init_device_mesh(next(model.parameters()).device.type, (world,))
     for unit in units:
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
