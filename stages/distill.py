@@ -3,8 +3,9 @@ weights, or (``adapter: none``) every weight, replicated or sharded over the lau
 
 The ``lora`` stage with its loss replaced: the same arguments and budget, so a ``distill`` row and a ``lora`` row
 compare at equal steps and tokens. The teacher (``teacher: dense``) is the recipe's model, reloaded from its source
-onto the student's device for the stage (replicated on every process): two models in memory at once. A teacher that
-cannot be loaded is one error line. With ``tokens``, it trains through the token-budgeted loop (validation,
+for the stage: on the student's device by default, whole on every process (or on ``teacher_device``, offloaded
+within ``teacher_max_memory``, or sharded with the student: ``teacher_sharding``). A teacher that cannot be loaded is
+one error line. With ``tokens``, it trains through the token-budgeted loop (validation,
 checkpoints, resume). It removes no parameters (budget ``none``) and trains (refused with float16 weights).
 
 Method note: docs/methods/finetune-lora-distill.md.
@@ -28,6 +29,7 @@ from slimkit.primitives.device.memory_model import (
     ModelShape,
     StageMemory,
     full_training_bytes,
+    gathered_params,
     gathered_unit_bytes,
     weights_bytes,
 )
@@ -162,29 +164,29 @@ class DistillArgs(LoraArgs):
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
         """LoRA's training memory and the dense teacher's weights (offloaded: within ``teacher_max_memory`` and one
-        layer; on a ``teacher_device`` other than the planned one: not counted there). With ``adapter: none``, every
-        weight's float32
-        training state instead of the adapters, per device (divided among the launched processes under
-        ``sharding: fsdp``, with what a sharded model holds gathered); that state replaces the model's own weights,
-        which the stage releases while it trains. A sharded student's end, when it is larger: the whole model
-        gathered back in its dtype beside this process's float32 shards and the teacher."""
+        layer; sharded: this process's share and what it holds gathered; on a ``teacher_device`` other than the
+        planned one: not counted there). With ``adapter: none``, every weight's float32 training state instead of the
+        adapters, per device (divided among the launched processes under ``sharding: fsdp``, with what a sharded
+        model holds gathered); that state replaces the model's own weights, which the stage releases while it
+        trains. A sharded student's end, when it is larger: the whole model gathered back in its dtype beside this
+        process's float32 shards and the teacher."""
         memory = super().memory(stage, inputs)
-        teacher = weights_bytes(inputs.shape, inputs.dtype_bytes)
+        weights = weights_bytes(inputs.shape, inputs.dtype_bytes)  # the student's own, and the dense teacher's
         if self.adapter == "none":
             del memory.parts["adapters"]
             world = launched_world() if self.sharding == "fsdp" else 1
             params = inputs.shape.total_params()
             memory.parts["student training"] = full_training_bytes(params, world)
-            memory.released = weights_bytes(inputs.shape, inputs.dtype_bytes)
+            memory.released = weights
             if self.sharding == "fsdp":
                 memory.parts["gathered units"] = gathered_unit_bytes(inputs.shape, inputs.dtype_bytes)
             memory.advice = f"{memory.advice}, or shard the student over more processes (sharding: fsdp)"
         # counted even for a cached top_k teacher, which a cache miss loads
         if self.shards_teacher():  # this process's shards, the root and two layers gathered, in the teacher's dtype
-            gathered = sharded_teacher_gathered(inputs.shape) * inputs.dtype_bytes
-            memory.parts["teacher"] = -(-teacher // launched_world()) + gathered
+            gathered = gathered_params(inputs.shape) * inputs.dtype_bytes
+            memory.parts["teacher"] = -(-weights // launched_world()) + gathered
         elif same_device(self.teacher_device, inputs.device):
-            memory.parts["teacher"] = teacher_bytes(inputs.shape, teacher, self.teacher_max_memory)
+            memory.parts["teacher"] = teacher_bytes(inputs.shape, weights, self.teacher_max_memory)
         tokens = (self.micro_batch_size or self.batch_size) * self.seq_len
         memory.parts["logits"] = 2 * tokens * inputs.shape.vocab * inputs.dtype_bytes  # the student's and the teacher's
         if self.adapter == "none" and self.sharding == "fsdp":
@@ -206,13 +208,6 @@ def same_device(teacher_device: str | None, device: str | None) -> bool:
 
 def normal_device(name: str) -> str:
     return "cuda:0" if name == "cuda" else name
-
-
-def sharded_teacher_gathered(shape: ModelShape) -> int:
-    """Parameters a sharded teacher holds gathered: its root (embeddings, an untied head, the final norm) once its
-    first forward has run, and two decoder layers (the one computing and the one prefetched)."""
-    head = 1 if shape.tied else 2
-    return head * shape.embedding_params() + shape.hidden + 2 * shape.layer_params()
 
 
 def teacher_bytes(shape: ModelShape, weights: int, max_memory: str | None) -> int:

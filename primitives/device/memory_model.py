@@ -98,15 +98,24 @@ def full_training_bytes(params: int, world: int = 1) -> int:
     return -(-params // world) * FULL_TRAINING_BYTES
 
 
+def root_unit_params(shape: ModelShape) -> int:
+    """Parameters of a sharded model's root unit: the embeddings, an untied head and the final norm."""
+    return (1 if shape.tied else 2) * shape.embedding_params() + shape.hidden
+
+
+def gathered_params(shape: ModelShape) -> int:
+    """Parameters a sharded model holds gathered: its root unit (FSDP keeps it gathered once its forward has run)
+    and two decoder layers (the one computing and the one prefetched)."""
+    return root_unit_params(shape) + 2 * shape.layer_params()
+
+
 def gathered_unit_bytes(shape: ModelShape, dtype_bytes: int = FLOAT32) -> int:
     """What a sharded model holds gathered beside its shards: the root unit (the embeddings, an untied head, the
     final norm: FSDP keeps the root gathered from its forward through its backward) and two decoder layers (the one
     computing and the one prefetched), as weights and gradients in the compute dtype (``dtype_bytes``: a half-precision
     model gathers in its dtype), and then the float32 copy of the larger unit's gradients the reduction makes."""
-    head = 1 if shape.tied else 2
-    root = head * shape.embedding_params() + shape.hidden
-    gathered = (root + 2 * shape.layer_params()) * 2 * dtype_bytes
-    return gathered + (max(root, shape.layer_params()) * FLOAT32 if dtype_bytes < FLOAT32 else 0)
+    gathered = gathered_params(shape) * 2 * dtype_bytes
+    return gathered + (max(root_unit_params(shape), shape.layer_params()) * FLOAT32 if dtype_bytes < FLOAT32 else 0)
 
 
 def gradient_sum_bytes(params: int, squares: bool) -> int:
@@ -243,10 +252,12 @@ __all__ = [
     "backward_activation_bytes",
     "forward_activation_bytes",
     "full_training_bytes",
+    "gathered_params",
     "gathered_unit_bytes",
     "gradient_sum_bytes",
     "layer_activation_bytes",
     "layer_input_bytes",
     "logits_bytes",
+    "root_unit_params",
     "weights_bytes",
 ]
