@@ -34,7 +34,15 @@ from slimkit.primitives.groups import Group
 from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_gradients, spec_names
 from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
 from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
-from slimkit.stages.scoring import ScoringArgs, gradient_options, input_norms, roles_of, scored_params, with_scoring
+from slimkit.stages.scoring import (
+    ScoringArgs,
+    gradient_options,
+    input_norms,
+    roles_of,
+    scored_params,
+    scoring_bytes,
+    with_scoring,
+)
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
 KINDS: tuple[str, ...] = SCHEDULE_KINDS
@@ -126,7 +134,8 @@ class CceArgs(ScoringArgs):
         """A gradient scorer: the proxy's adapters with their gradients and AdamW state (``gradients: lora``) or one
         batch's gradient of every scored weight (``full``), and the backward's activations; else one forward's."""
         if not self.needs_gradients():  # one forward's activations (a data scorer's), freed before the scoring
-            return with_scoring(forward_memory(stage, inputs), inputs.shape, self.kinds, ["activations"])
+            scoring = scoring_bytes(inputs.shape, self.kinds)
+            return with_scoring(forward_memory(stage, inputs), scoring, ["activations"])
         shape = inputs.shape
         memory = StageMemory(stage, advice=GRADIENT_ADVICE)
         if self.gradients == "lora":
@@ -137,13 +146,11 @@ class CceArgs(ScoringArgs):
             memory.parts["gradients"] = scored_params(shape, self.kinds, shape.layers) * inputs.dtype_bytes
         memory = self.add_backward_activations(memory, inputs)
         if "coupled" in spec_names(self.scorer_spec()) and {"attention_head", "hidden_feature"} & set(self.kinds):
-            # after the backward (its activations freed): one KV group's float32 head products and their gradients,
-            # about five tensors of (query heads per group) x d x d; counted when larger than the activations
+            # after the backward: one KV group's float32 head products and their gradients, about five tensors of
+            # (query heads per group) x d x d
             per_group = shape.heads // max(shape.kv_heads, 1)
             scoring = 5 * per_group * shape.hidden * shape.hidden * FLOAT32
-            if scoring > memory.parts["activations"]:
-                memory.parts["activations or head scoring"] = scoring
-                del memory.parts["activations"]
+            memory = with_scoring(memory, scoring, ["activations"], what="head scoring")
         return memory
 
 

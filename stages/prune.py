@@ -56,6 +56,7 @@ from slimkit.stages.scoring import (
     largest_scored,
     roles_of,
     scored_params,
+    scoring_bytes,
     with_scoring,
 )
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
@@ -91,7 +92,8 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
         Then the scoring of the largest scored weight (float32 copies, ``scoring_bytes``) where it is larger than
         what it follows."""
         if not self.needs_gradients():  # one forward's activations (a data scorer's), freed before the scoring
-            return with_scoring(forward_memory(stage, inputs), inputs.shape, self.groups, ["activations"])
+            scoring = scoring_bytes(inputs.shape, self.groups)
+            return with_scoring(forward_memory(stage, inputs), scoring, ["activations"])
         shape = inputs.shape
         params = scored_params(shape, self.groups, max(shape.layers - self.skip_first - self.skip_last, 0))
         memory = StageMemory(stage, advice=GRADIENT_ADVICE)
@@ -105,7 +107,7 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
         # the largest scored weight's gradient, before it is summed
         memory.parts["one gradient"] = largest_scored(shape, self.groups) * inputs.dtype_bytes
         memory = self.add_backward_activations(memory, inputs)
-        return with_scoring(memory, shape, self.groups, ["activations", "one gradient"])
+        return with_scoring(memory, scoring_bytes(shape, self.groups), ["activations", "one gradient"])
 
 
 class PruneLayerArgs(PruneArgs):

@@ -154,15 +154,15 @@ def scoring_bytes(shape: ModelShape, kinds: Sequence[str]) -> int:
     return 3 * largest_scored(shape, kinds) * FLOAT32
 
 
-def with_scoring(memory: StageMemory, shape: ModelShape, kinds: Sequence[str], before: Sequence[str]) -> StageMemory:
-    """``memory`` with the scoring of the largest weight, which runs after the parts named in ``before`` are freed
-    (a backward's activations, its last gradient): counted instead of them where it is larger."""
+def with_scoring(memory: StageMemory, scoring: int, before: Sequence[str], what: str = "scoring") -> StageMemory:
+    """``memory`` with ``scoring`` bytes of scoring (``what``: its name), which runs after the parts named in
+    ``before`` are freed (a backward's activations, its last gradient): counted instead of them where it is
+    larger."""
     held = sum(memory.parts.get(name, 0) for name in before)
-    scoring = scoring_bytes(shape, kinds)
     if scoring > held:
         for name in before:
             memory.parts.pop(name, None)
-        memory.parts["scoring" if not held else f"{' and '.join(before)} or scoring"] = scoring
+        memory.parts[what if not held else f"{' and '.join(before)} or {what}"] = scoring
     return memory
 
 

@@ -16,11 +16,12 @@ SHAPE = ModelShape(hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head
 def test_the_scoring_term_by_hand():
     assert scoring_bytes(SHAPE, ["mlp_channel"]) == 3 * 32 * 4 == 384
     assert scoring_bytes(SHAPE, ["attention_head", "hidden_feature"]) == 3 * 40 * 4 == 480
-    small = with_scoring(StageMemory("s", {"activations": 100, "sums": 7}), SHAPE, ["mlp_channel"], ["activations"])
+    mlp = scoring_bytes(SHAPE, ["mlp_channel"])
+    small = with_scoring(StageMemory("s", {"activations": 100, "sums": 7}), mlp, ["activations"])
     assert small.parts == {"sums": 7, "activations or scoring": 384}
-    large = with_scoring(StageMemory("s", {"activations": 1000}), SHAPE, ["mlp_channel"], ["activations"])
+    large = with_scoring(StageMemory("s", {"activations": 1000}), mlp, ["activations"])
     assert large.parts == {"activations": 1000}
-    assert with_scoring(StageMemory("s"), SHAPE, ["mlp_channel"], ["activations"]).parts == {"scoring": 384}
+    assert with_scoring(StageMemory("s"), mlp, ["activations"]).parts == {"scoring": 384}
 
 
 def test_weight_only_scorers_plan_their_scoring():
