@@ -96,9 +96,9 @@ def _execute(
         with timings.stage("calibration"):
             calibration = _calibrate(ctx)
         tracker.reached("compute")
-        shares = run_stages(ctx, timings)
+        stages = run_stages(ctx, timings)
         start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
-        result = finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
+        result = finish.finish(ctx, start, stages, save_dtype, out_path, force, options, timings)
     if out_path is not None:  # published: nothing is left to resume
         output_safety.remove_checkpoints(out_path)
     return result
