@@ -1,7 +1,7 @@
 """slimkit: small, composable structured-compression primitives for transformer language models.
 
-Public API, the same as the command line's: :class:`Recipe`, :func:`run`, :func:`evaluate`, :func:`load`,
-:func:`save` and :func:`load_source`.
+Public API, the same as the command line's: :class:`Recipe`, :func:`run`, :func:`compress`, :func:`evaluate`,
+:func:`load`, :func:`save` and :func:`load_source`.
 
 Method note: docs/methods/engine.md.
 """
@@ -21,7 +21,18 @@ from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PER
 
 __version__ = "0.1.0"
 
-__all__ = ["Recipe", "Result", "__version__", "evaluate", "export", "load", "load_source", "run", "save"]
+__all__ = [
+    "Recipe",
+    "Result",
+    "__version__",
+    "compress",
+    "evaluate",
+    "export",
+    "load",
+    "load_source",
+    "run",
+    "save",
+]
 
 
 def run(
@@ -72,6 +83,64 @@ def run(
         recipe = validate(data, "recipe")
     options = RunOptions(evaluate=evaluate, compare_dense=compare_dense)
     return run_recipe(recipe, out, model=model, tokenizer=tokenizer, force=force, options=options, tracker=tracker)
+
+
+def compress(
+    model,
+    out=None,
+    *,
+    params: float | None = None,
+    memory: str | None = None,
+    context: int = 4096,
+    batch: int = 1,
+    speedup: float | None = None,
+    runtime: str = "llama.cpp",
+    time_limit: float | None = None,
+    compare: Sequence[str] = (),
+    force: bool = False,
+    evaluate: bool = True,
+    compare_dense: bool = True,
+    tracker=None,
+):
+    """The best model under a budget, found by the ``search`` stage (the bundled ``search`` recipe on ``model``, a
+    source name or folder, or a ``model:`` mapping); returns a ``Compressed``: ``search`` (the run's ``Result``),
+    ``compared`` (each bundled recipe of ``compare`` run at the same parameter ratio, in memory) and ``rows`` (the
+    comparison). Budgets (at least one): ``params`` (fraction of the parameters kept), ``memory`` (weights plus the
+    KV cache at ``context`` x ``batch``, e.g. ``"2GiB"``), ``speedup`` (over dense in ``runtime``: ``llama.cpp`` or
+    ``pytorch``). ``time_limit``: seconds for the search. With ``out``: the run's folder (``out/search/recipe.yaml``
+    reproduces the model without searching) and, with ``compare``, ``out/compare.md`` and ``out/compare.json``."""
+    from pydantic import ValidationError
+
+    from slimkit.primitives.errors import SlimkitError, format_validation_error
+    from slimkit.primitives.io.paths import as_names, as_path
+    from slimkit.recipes.compress import Compressed, CompressSettings, compress_recipe, run_comparison
+
+    out = None if out is None else as_path(out, "out")
+    try:
+        settings = CompressSettings(
+            params=params,
+            memory=memory,
+            context=context,
+            batch=batch,
+            speedup=speedup,
+            runtime=runtime,
+            time_limit=time_limit,
+            compare=as_names(compare, "compare") or [],
+        )
+    except ValidationError as error:
+        raise SlimkitError(f"compress: {format_validation_error(error)}") from None
+    raw = compress_recipe(model, settings)
+    searched = run(raw, out, force=force, evaluate=evaluate, compare_dense=compare_dense, tracker=tracker)
+    if not settings.compare:
+        return Compressed(searched, {}, [])
+    compared, rows = run_comparison(raw, searched.report.as_json(), settings.compare, run)
+    if out is not None:
+        from slimkit.engine.output_safety import write_run_marker
+        from slimkit.recipes.compress import write_comparison
+
+        write_comparison(out, rows)
+        write_run_marker(out)
+    return Compressed(searched, compared, rows)
 
 
 def evaluate(

@@ -1,4 +1,4 @@
-"""The ``slimkit`` command line (Typer): ``recipe list|show|validate|run``, ``stage list|show``, ``eval``,
+"""The ``slimkit`` command line (Typer): ``recipe list|show|validate|run``, ``stage list|show``, ``compress``, ``eval``,
 ``inspect``, ``export``. Input and usage problems print one line, ``error: ...``, and exit with 2.
 
 Method note: docs/methods/engine.md.
@@ -120,6 +120,69 @@ def recipe_run(
     result = slimkit.run(parsed, out, force=force, evaluate=not no_eval, compare_dense=dense, tracker=RichTracker())
     if join_processes().main:  # under torchrun / accelerate launch, the main process writes and reports
         typer.echo(markdown(result.report, "widths.png", saved_structure(out / "model")))
+
+
+@app.command("compress")
+def compress_command(
+    model: Annotated[str, typer.Argument(help="Model source name or folder (e.g. smollm2-135m).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")],
+    params: Annotated[
+        float | None, typer.Option("--params", help="Fraction of the parameters kept (0.8: remove 20%).")
+    ] = None,
+    memory: Annotated[
+        str | None, typer.Option("--memory", help="Most memory at --context x --batch: weights + KV cache (2GiB).")
+    ] = None,
+    context: Annotated[int, typer.Option("--context", help="Tokens per sequence for --memory.")] = 4096,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences at once for --memory.")] = 1,
+    speedup: Annotated[
+        float | None, typer.Option("--speedup", help="Times faster than dense in --runtime (prefill and decode).")
+    ] = None,
+    runtime: Annotated[str, typer.Option("--runtime", help="Where it will be served: llama.cpp or pytorch.")] = (
+        "llama.cpp"
+    ),
+    time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds for the search.")] = None,
+    compare: Annotated[
+        str | None, typer.Option("--compare", help="Bundled recipes to run at the same budget (quality,deploy).")
+    ] = None,
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the evaluation.")] = False,
+    dense: Annotated[
+        bool, typer.Option("--dense/--no-dense", help="Put the dense model's metrics beside the run's.")
+    ] = True,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier slimkit output (or an empty folder) at --out.")
+    ] = False,
+) -> None:
+    """Find the best model under a budget (the search stage) and write it, its recipe (OUT/search/recipe.yaml: no
+    search when rerun) and its report (OUT/search/scores.png: the candidates' scores per layer)."""
+    import slimkit
+    from slimkit.engine.progress import RichTracker
+    from slimkit.engine.report_files import markdown
+    from slimkit.primitives.io.describe import saved_structure
+    from slimkit.recipes.compress import comparison_markdown
+
+    if runtime not in ("llama.cpp", "pytorch"):
+        raise SlimkitError(unknown("--runtime", runtime, ["llama.cpp", "pytorch"]))
+    if runtime != "llama.cpp" and speedup is None:
+        raise SlimkitError("--runtime says where --speedup is measured; give --speedup too")
+    result = slimkit.compress(
+        model,
+        out,
+        params=params,
+        memory=memory,
+        context=context,
+        batch=batch,
+        speedup=speedup,
+        runtime=runtime,
+        time_limit=time_limit,
+        compare=_split_csv(compare),
+        force=force,
+        evaluate=not no_eval,
+        compare_dense=dense,
+        tracker=RichTracker(),
+    )
+    typer.echo(markdown(result.search.report, "widths.png", saved_structure(out / "model")))
+    if result.rows:
+        typer.echo(comparison_markdown(result.rows))
 
 
 SCOPES = {

@@ -160,6 +160,10 @@ CASES: dict[str, tuple[str, dict]] = {
             ]
         },
     ),
+    "search": (
+        "llama",
+        {"stages": [{"stage": "search", "args": {"candidates": {"kv_groups": [], "channels": [0.75, 0.5, 0.25]}}}]},
+    ),
     "obs_prune_layer": (
         "llama",
         {

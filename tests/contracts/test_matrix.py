@@ -71,6 +71,10 @@ STAGE_CASES: dict[str, dict[str, Any]] = {
         "target": {"ratio": 0.2, "of": "mlp"},
         "stages": [{"stage": "prunenet", "args": {"episodes": 1, "save_policy": False}}],
     },
+    "search": {
+        "target": {"ratio": 0.2, "of": "model"},
+        "stages": [{"stage": "search", "args": {"candidates": {"heads": [0.67], "kv_groups": [], "channels": [0.5]}}}],
+    },
     "remove_blocks": {
         "target": {"ratio": 0.0},
         "stages": [{"stage": "remove_blocks", "args": {"kinds": ["mlp"], "count": 1}}],

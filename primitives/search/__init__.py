@@ -1,0 +1,1 @@
+"""The search: the block library, its scores and the exact selection (`slimkit.primitives.search`)."""

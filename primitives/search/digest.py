@@ -1,0 +1,84 @@
+"""Content digests that key the search's caches: what a candidate, a score or a latency depends on.
+
+A candidate of layer ``l`` is computed from layer ``l``'s weights and its dense inputs, which depend on every earlier
+layer, the embeddings and the calibration tokens: :class:`RollingDigest` folds those in order (``prefix``, then one
+layer at a time), so ``layer_key(l)`` changes whenever anything a candidate of layer ``l`` reads changes. A score
+also depends on the later layers, the head and the held-out tokens: ``model_key`` covers the whole model.
+Tensors are hashed by name, dtype, shape and bytes (one tensor copied to the host at a time).
+
+Method note: docs/methods/search.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+FORMAT = 1
+"""Bumped when what a key covers, or how a cached entry is computed, changes."""
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The tensor's raw bytes (host copy, contiguous)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def update_with_tensors(digest: Any, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Fold ``(name, tensor)`` pairs into ``digest`` (a hashlib object), one tensor at a time."""
+    for name, tensor in named:
+        digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode())
+        digest.update(tensor_bytes(tensor))
+
+
+def settings_key(settings: Any) -> str:
+    """A short digest of JSON-able settings."""
+    text = json.dumps({"format": FORMAT, "settings": settings}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _unique(module: nn.Module, seen: set[int]) -> list[tuple[str, torch.Tensor]]:
+    found = []
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            found.append((name, tensor))
+    return found
+
+
+class RollingDigest:
+    """The digest of everything up to one layer, then of the whole model (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, layers: list[nn.Module], tokens: torch.Tensor) -> None:
+        self._model = model
+        self._layers = layers
+        self._seen: set[int] = set()
+        for layer in layers:  # the layers' own tensors are folded in one at a time, later
+            self._seen.update(id(t) for t in [*layer.parameters(), *layer.buffers()])
+        outside = [(n, t) for n, t in _unique(model, set()) if id(t) not in self._seen]
+        self._digest = hashlib.sha256(f"format {FORMAT}".encode())
+        self._digest.update(tensor_bytes(tokens.to(torch.int64)))
+        # everything outside the layers (embeddings, final norm, head): the embeddings feed every layer
+        update_with_tensors(self._digest, outside)
+        self._done = 0
+        self._keys: list[str] = []
+
+    def layer_key(self, index: int) -> str:
+        """The digest of the calibration tokens, the non-layer tensors and layers ``0..index``."""
+        while self._done <= index:
+            update_with_tensors(self._digest, _unique(self._layers[self._done], set()))
+            self._keys.append(self._digest.copy().hexdigest()[:32])
+            self._done += 1
+        return self._keys[index]
+
+    def model_key(self) -> str:
+        """The digest of the calibration tokens and every tensor of the model."""
+        return self.layer_key(len(self._layers) - 1)
+
+
+__all__ = ["FORMAT", "RollingDigest", "settings_key", "tensor_bytes", "update_with_tensors"]
