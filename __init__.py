@@ -133,7 +133,7 @@ def compress(
     searched = run(raw, out, force=force, evaluate=evaluate, compare_dense=compare_dense, tracker=tracker)
     if not settings.compare:
         return Compressed(searched, {}, [])
-    compared, rows = run_comparison(raw, searched.report.as_json(), settings.compare, run)
+    compared, rows = run_comparison(raw, searched.report.as_json(), settings.compare, run, evaluate)
     if out is not None:
         from slimkit.engine.output_safety import write_run_marker
         from slimkit.recipes.compress import write_comparison

@@ -143,12 +143,14 @@ class Compressed:
 
 
 def run_comparison(
-    searched: dict[str, Any], report: dict[str, Any], names: list[str], run: Callable[..., Any]
+    searched: dict[str, Any], report: dict[str, Any], names: list[str], run: Callable[..., Any], evaluate: bool = True
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Each bundled recipe of ``names`` run (by ``run``, in memory) at the searched model's achieved ratio; their
     results, and the rows of the search and each of them."""
     ratio = float(report["target"]["achieved"])
-    compared = {name: run(compare_recipe(name, searched, ratio), None, compare_dense=False) for name in names}
+    compared = {
+        name: run(compare_recipe(name, searched, ratio), None, evaluate=evaluate, compare_dense=False) for name in names
+    }
     reports = {"search": report, **{name: result.report.as_json() for name, result in compared.items()}}
     return compared, comparison_rows(reports)
 

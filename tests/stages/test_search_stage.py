@@ -142,3 +142,15 @@ def test_bad_arguments_are_refused_at_validation(tiny_llama_dir):
 def test_a_chosen_layer_the_model_lacks_is_refused_before_calibration(tiny_llama_dir):
     with pytest.raises(SlimkitError, match="chosen names layer 7; the model has layers 0-2"):
         slimkit.run(_recipe(tiny_llama_dir, chosen={7: {"mlp": "removed"}}), evaluate=False)
+
+
+@pytest.mark.slow
+def test_a_strict_target_between_the_candidates_sizes_is_refused_naming_the_nearest(tiny_llama_dir):
+    recipe = _recipe(tiny_llama_dir, 0.101)
+    recipe["target"]["tolerance"] = 0.0001
+    with pytest.raises(SlimkitError, match=r"removes [\d,]+-[\d,]+ parameters within the other budgets; the nearest: "):
+        slimkit.run(recipe, evaluate=False)
+    recipe["target"]["strict"] = False
+    result = slimkit.run(recipe, evaluate=False)
+    assert not result.report.target.met
+    assert any("the target is not strict, so the search lands there" in note for note in result.report.notes)
