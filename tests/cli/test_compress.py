@@ -78,7 +78,9 @@ def test_the_comparison_table():
 @pytest.mark.slow
 def test_compress_writes_the_run_its_recipe_and_the_comparison(tmp_path, tiny_llama_dir):
     out = tmp_path / "out"
-    result = slimkit.compress(str(tiny_llama_dir), out, params=0.85, compare=["wanda-channels+reconstruct"], evaluate=False)
+    result = slimkit.compress(
+        str(tiny_llama_dir), out, params=0.85, compare=["wanda-channels+reconstruct"], evaluate=False
+    )
     assert result.search.report.target.met
     assert {row["recipe"] for row in result.rows} == {"search", "wanda-channels+reconstruct"}
     assert (out / "search" / "recipe.yaml").is_file() and (out / "search" / "scores.png").is_file()
