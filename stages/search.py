@@ -31,16 +31,16 @@ from slimkit.primitives.allocate.fitness import mean_kl
 from slimkit.primitives.search.candidates import CandidateSpec
 from slimkit.primitives.search.latency import LatencyTable
 from slimkit.primitives.search.picture import layer_table, plot_scores
-from slimkit.primitives.search.selection import Budget, NoFeasibleChoice, Selection, select
+from slimkit.primitives.search.selection import Budget, Selection
 from slimkit.primitives.search.store import LibraryStore, default_root
 from slimkit.stages.search_args import SearchArgs, chosen_specs, search_settings
 from slimkit.stages.search_budgets import (
+    choose,
     kept_blocks_budgets,
     latency_budgets,
     latency_table,
     memory_budget,
-    nearest_target,
-    target_budget,
+    target_budgets,
 )
 from slimkit.stages.search_library import LibraryCost, Scored, apply_choice, library_pass, split_batches
 
@@ -158,21 +158,17 @@ class Search:
         tick = time.perf_counter()
         table = latency_table(ctx, args, slots, store.root)
         latency_seconds = time.perf_counter() - tick
-        budgets = [target_budget(ctx, slots), *kept_blocks_budgets(slots)]
+        others = kept_blocks_budgets(slots)
         memory = memory_budget(ctx, args, slots)
         if memory is not None:
-            budgets.append(memory[0])
+            others.append(memory[0])
         if table is not None:
-            budgets += latency_budgets(args, slots, table)
+            others += latency_budgets(args, slots, table)
         left = None if deadline is None else max(MIN_SOLVER_SECONDS, deadline - time.perf_counter())
         scores = [[entry.kl for entry in slot] for slot in slots]
-        try:
-            selection = select(scores, budgets, left)
-        except NoFeasibleChoice:  # the target's window, between the candidates' sizes: refused, or the nearest
-            select([[0.0] * len(slot) for slot in slots], budgets[1:], left)  # raises when the others alone do
-            budgets[0], note = nearest_target(budgets[0], budgets[1:], left, ctx.recipe.target.strict)
-            ctx.notes.append(note)
-            selection = select(scores, budgets, left)
+        target = target_budgets(ctx, slots)
+        selection, budgets, notes = choose(scores, target, others, left, ctx.recipe.target.strict)
+        ctx.notes.extend(notes)
         choice: dict[tuple[int, str], CandidateSpec] = {
             (slot[i].layer, slot[i].spec.part): slot[i].spec for slot, i in zip(slots, selection.choice, strict=True)
         }

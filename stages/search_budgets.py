@@ -24,21 +24,45 @@ from slimkit.primitives.search.latency import (
     pytorch_timer,
     table_key,
 )
-from slimkit.primitives.search.selection import Budget, NoFeasibleChoice, select
+from slimkit.primitives.search.selection import Budget, NoFeasibleChoice, Selection, select
 from slimkit.stages.search_args import LatencyBudget, SearchArgs
 from slimkit.stages.search_library import Scored
 
 Slots = list[list[Scored]]
 
 
-def target_budget(ctx: Context, slots: Slots) -> Budget:
-    """Parameters of the target's part removed: what is left of the target, within its tolerance."""
+def target_budgets(ctx: Context, slots: Slots) -> tuple[Budget, Budget]:
+    """Parameters of the target's part removed: at least what is left of the target (up to its tolerance above it),
+    and, where no choice does that, anywhere within its tolerance."""
     target = ctx.recipe.target
     dense = ctx.params_before[target.part]
     wanted = ctx.params_to_remove()
     slack = math.floor(target.tolerance * dense)
     costs = [[float(entry.removed.get(target.part, 0)) for entry in slot] for slot in slots]
-    return Budget(f"parameters removed ({target.part})", costs, upper=wanted + slack, lower=max(0, wanted - slack))
+    name = f"parameters removed ({target.part})"
+    return Budget(name, costs, upper=wanted + slack, lower=wanted), Budget(
+        name, costs, upper=wanted + slack, lower=max(0, wanted - slack)
+    )
+
+
+def choose(
+    scores: list[list[float]],
+    target: tuple[Budget, Budget],
+    others: list[Budget],
+    time_limit: float | None,
+    strict: bool,
+) -> tuple[Selection, list[Budget], list[str]]:
+    """The selection under the first of the target's windows a choice meets (with the other budgets); else, for a
+    target that is not strict, under the nearest removal a choice reaches (with a note). Refused in one line when
+    the other budgets alone exclude every choice, or the target is strict."""
+    for budget in target:
+        try:
+            return select(scores, [budget, *others], time_limit), [budget, *others], []
+        except NoFeasibleChoice:
+            continue
+    select([[0.0] * len(slot) for slot in scores], others, time_limit)  # raises when the others alone do
+    widened, note = nearest_target(target[1], others, time_limit, strict)
+    return select(scores, [widened, *others], time_limit), [widened, *others], [note]
 
 
 def kept_blocks_budgets(slots: Slots) -> list[Budget]:
@@ -171,5 +195,5 @@ __all__ = [
     "memory_budget",
     "nearest_target",
     "read_table",
-    "target_budget",
+    "target_budgets",
 ]
