@@ -174,7 +174,8 @@ class SearchArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksR
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
         """The dense log-probabilities and every layer's dense inputs on the held-out batches; one forward's
-        activations; one layer's Grams and solves (float64, the widest consumer); a candidate and its parent's copy
+        activations; one layer's float64 Grams of the refit roles (the widest with its solve's temporaries, as
+        reconstruct's plan counts them); a candidate and its parent's copy
         (two layers' weights at most); a latency probe's copy of the model (when measuring a latency table)."""
         shape = inputs.shape
         memory = StageMemory(stage, advice=f"{ACTIVATION_ADVICE}, or lower the search's holdout")
@@ -182,17 +183,22 @@ class SearchArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksR
         held_tokens = self.holdout * inputs.tokens
         memory.parts["held-out layer inputs"] = shape.layers * held_tokens * shape.hidden * inputs.dtype_bytes
         memory.parts["activations"] = forward_activation_bytes(shape, inputs.tokens, inputs.dtype_bytes)
-        widest = max(shape.hidden, shape.intermediate, shape.q_width)
-        grams = (len(self._gram_roles()) + 5) * widest * widest * FLOAT64
-        memory.parts["one layer's Grams and solves"] = grams
+        width = {"q": shape.hidden, "k": shape.hidden, "v": shape.hidden, "gate": shape.hidden, "up": shape.hidden}
+        width |= {"o": shape.q_width, "down": shape.intermediate}
+        roles = self.refit_roles()
+        widest = max((width[role] for role in roles), default=0)
+        grams = sum(width[role] ** 2 for role in roles) - widest**2 + 5 * widest**2  # the widest one solved
+        memory.parts["one layer's Grams and solves"] = grams * FLOAT64
         memory.parts["a candidate and its parent's copy"] = 2 * shape.layer_params() * inputs.dtype_bytes
         if self.latency_budget is not None and self.latency_budget.table is None and self.chosen is None:
             memory.parts["a latency probe (a copy of the model)"] = shape.total_params() * inputs.dtype_bytes
         return memory
 
-    def _gram_roles(self) -> set[str]:
+    def refit_roles(self) -> list[LinearRole]:
+        """The projections whose dense input Grams the candidates are refit against (their consumers, the low-rank
+        roles)."""
         ladder = self.candidates
-        roles = set()
+        roles: set[LinearRole] = set()
         if ladder.heads or ladder.kv_groups:
             roles.add("o")
         if ladder.channels:
@@ -201,7 +207,7 @@ class SearchArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksR
             roles |= {"q", "k", "v", "o"}
         if ladder.mlp_lowrank:
             roles |= {"gate", "up", "down"}
-        return roles
+        return sorted(roles)
 
 
 def chosen_specs(chosen: Choice) -> dict[tuple[int, str], CandidateSpec]:

@@ -28,7 +28,6 @@ from slimkit.engine.context import Context
 from slimkit.primitives.allocate.fitness import dense_log_probs
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.moe import moe_blocks, moe_spec
-from slimkit.primitives.arch.view import BLOCK_ROLES, LinearRole
 from slimkit.primitives.search.build import BuildSettings, LayerEvidence, apply_record, build_candidate
 from slimkit.primitives.search.candidates import CandidateSpec, Part, layer_specs, refused_kinds
 from slimkit.primitives.search.costs import MemoryAt, memory_removed
@@ -71,21 +70,6 @@ class LibraryCost:
     scores_read: int = 0
     skipped: list[str] = field(default_factory=list)
     """Candidates left unscored when the time limit ran out."""
-
-
-def refit_roles(args: SearchArgs) -> list[LinearRole]:
-    """The projections whose dense input Grams the builder refits against."""
-    ladder = args.candidates
-    roles: set[LinearRole] = set()
-    if ladder.heads or ladder.kv_groups:
-        roles.add("o")
-    if ladder.channels:
-        roles.add("down")
-    if ladder.attention_lowrank:
-        roles.update(BLOCK_ROLES["attention"])
-    if ladder.mlp_lowrank:
-        roles.update(BLOCK_ROLES["mlp"])
-    return sorted(roles)
 
 
 @contextmanager
@@ -228,7 +212,7 @@ def _on_demand(ctx: Context, args: SearchArgs, index: int, counts: Mapping[int, 
     """Layer ``index``'s dense statistics from a pass of its own (a stored candidate of a layer after the pass's
     last turned out damaged)."""
     fit, _held = split_batches(ctx, args)
-    for layer, stats in dense_layer_statistics(ctx, fit, refit_roles(args), index):
+    for layer, stats in dense_layer_statistics(ctx, fit, args.refit_roles(), index):
         if layer.index == index:
             return _evidence(index, stats, counts)
     raise AssertionError("the statistics pass ended before its last layer")
@@ -262,7 +246,7 @@ def library_pass(
         if any(s.kind != "dense" and not store.has_candidate(work.key(i, s)) for s in found)
     ]
     last = max(missing, default=-1)
-    statistics = iter(dense_layer_statistics(ctx, fit, refit_roles(args), last)) if last >= 0 else iter(())
+    statistics = iter(dense_layer_statistics(ctx, fit, args.refit_roles(), last)) if last >= 0 else iter(())
     slots: list[list[Scored]] = []
     with expert_counts(model) as counts, ctx.tracker.task("search: library", view.num_layers) as advance:
         for index in range(view.num_layers):
@@ -304,7 +288,7 @@ def apply_choice(
     fit, _held = split_batches(ctx, args)
     last = max(where[0] for where in missing)
     with expert_counts(model) as counts:
-        for layer, stats in dense_layer_statistics(ctx, fit, refit_roles(args), ModelView(model).num_layers - 1):
+        for layer, stats in dense_layer_statistics(ctx, fit, args.refit_roles(), ModelView(model).num_layers - 1):
             here = sorted(where for where in wanted if where[0] == layer.index)
             for where in here:
                 record = records.pop(where, None)
@@ -324,4 +308,4 @@ def apply_choice(
     return done
 
 
-__all__ = ["LibraryCost", "Scored", "apply_choice", "build_settings", "library_pass", "refit_roles", "split_batches"]
+__all__ = ["LibraryCost", "Scored", "apply_choice", "build_settings", "library_pass", "split_batches"]
