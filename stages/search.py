@@ -42,7 +42,14 @@ from slimkit.stages.search_budgets import (
     memory_budget,
     target_budgets,
 )
-from slimkit.stages.search_library import LibraryCost, Scored, apply_choice, library_pass, split_batches
+from slimkit.stages.search_library import (
+    LibraryCost,
+    Scored,
+    apply_choice,
+    apply_sequential,
+    library_pass,
+    split_batches,
+)
 
 MIN_SOLVER_SECONDS = 10.0
 
@@ -143,7 +150,7 @@ class Search:
         store = LibraryStore(default_root() if args.store else None)
         try:
             if args.chosen is not None:
-                done = apply_choice(ctx, args, chosen_specs(args.chosen), store)
+                done = _apply(ctx, args, chosen_specs(args.chosen), store)
                 chosen = {str(k): v for k, v in args.chosen.items()}
                 return StageResult({"mode": "fixed", "chosen": chosen, "candidates": done})
             return self._search(ctx, args, store)
@@ -172,7 +179,7 @@ class Search:
         choice: dict[tuple[int, str], CandidateSpec] = {
             (slot[i].layer, slot[i].spec.part): slot[i].spec for slot, i in zip(slots, selection.choice, strict=True)
         }
-        applied = apply_choice(ctx, args, choice, store)
+        applied = _apply(ctx, args, choice, store)
         _fit, held = split_batches(ctx, args)
         measured = mean_kl(ctx.model, held, dense)
         chosen: dict[int, dict[str, str]] = {}
@@ -199,6 +206,14 @@ class Search:
         ctx.notes.extend(f"search: {note}" for note in selection.notes)
         recipe = written_recipe(ctx, args, chosen)
         return StageResult(details, artifacts={"search": _artifacts(recipe, slots, chosen, table)})
+
+
+def _apply(
+    ctx: Context, args: SearchArgs, choice: dict[tuple[int, str], CandidateSpec], store: LibraryStore
+) -> dict[str, int]:
+    if args.refit_chosen == "sequential":
+        return apply_sequential(ctx, args, choice, store)
+    return apply_choice(ctx, args, choice, store)
 
 
 def _latency_entry(table: LatencyTable, selection: Selection, budgets: list[Budget]) -> dict[str, Any]:

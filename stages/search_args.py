@@ -64,6 +64,8 @@ class LatencyBudget(Strict):
     """Tokens of the timed decode."""
     repeats: int = Field(3, ge=1)
     """Timed runs per model (the median is kept)."""
+    threads: int | None = Field(None, ge=1)
+    """llama.cpp's threads (None: every core); PyTorch runs with the process's."""
     table: str | None = None
     """A latency table (JSON, as the search writes to its report folder) to use instead of measuring one."""
 
@@ -90,6 +92,10 @@ class SearchArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksR
     Gram), as reconstruct's."""
     toward: Literal["zero", "kept"] = "kept"
     """What the refits' ridge pulls towards (reconstruct's toward)."""
+    refit_chosen: Literal["sequential", "parent"] = "sequential"
+    """How the chosen candidates are put in place: sequential: made again layer by layer on the inputs the layers
+    before them (already replaced) give them, each refit against its parent's outputs there (as reconstruct refits
+    inside sequential); parent: as they were scored, made on the dense model's inputs (read from the store)."""
     memory_budget: MemoryBudget | None = None
     """A memory budget beside the recipe's target (weights plus KV cache at a context and batch)."""
     latency_budget: LatencyBudget | None = None

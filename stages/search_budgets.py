@@ -102,7 +102,7 @@ def latency_budgets(args: SearchArgs, slots: Slots, table: LatencyTable) -> list
 
 
 def latency_settings(latency: LatencyBudget) -> LatencySettings:
-    return LatencySettings(latency.runtime, latency.context, latency.new_tokens, 1, latency.repeats)
+    return LatencySettings(latency.runtime, latency.context, latency.new_tokens, 1, latency.repeats, latency.threads)
 
 
 def read_table(path: str) -> LatencyTable:

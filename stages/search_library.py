@@ -25,9 +25,12 @@ from torch import nn
 
 from slimkit.engine.allocation_prepass import dense_layer_statistics
 from slimkit.engine.context import Context
+from slimkit.engine.layerwise import layer_statistics
 from slimkit.primitives.allocate.fitness import dense_log_probs
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.moe import moe_blocks, moe_spec
+from slimkit.primitives.calibration import capture_layer_inputs, run_layer
+from slimkit.primitives.device.offload import resident
 from slimkit.primitives.search.build import BuildSettings, LayerEvidence, apply_record, build_candidate
 from slimkit.primitives.search.candidates import CandidateSpec, Part, layer_specs, refused_kinds
 from slimkit.primitives.search.costs import MemoryAt, memory_removed
@@ -308,4 +311,57 @@ def apply_choice(
     return done
 
 
-__all__ = ["LibraryCost", "Scored", "apply_choice", "build_settings", "library_pass", "split_batches"]
+def apply_sequential(
+    ctx: Context, args: SearchArgs, choice: Mapping[tuple[int, str], CandidateSpec], store: LibraryStore
+) -> dict[str, int]:
+    """Each chosen candidate made again layer by layer on the inputs the layers before it (already replaced) give
+    it, refit against its parent's outputs there (as ``reconstruct`` refits inside ``sequential``); read from the
+    store where it was made before from the same model and inputs. Returns how many were read and built."""
+    model = ctx.model
+    build = build_settings(args)
+    batch = ctx.calibration_batches()[0].shape[0]
+    view = ctx.view
+    digest = RollingDigest(model, list(view.layer_list), torch.cat(ctx.calibration_batches()))
+    wanted = {where: spec for where, spec in choice.items() if spec.kind != "dense"}
+    done = {"read": 0, "built": 0}
+    if not wanted:
+        return done
+    fit, _held = split_batches(ctx, args)
+    last = max(layer for layer, _part in wanted)
+    inputs = capture_layer_inputs(model, view.layer(0).module, fit)
+    names = {id(module): name for name, module in model.named_modules()}
+    with expert_counts(model) as counts:
+        for layer in view.layers[: last + 1]:
+            here = sorted(where for where in wanted if where[0] == layer.index)
+            with resident(model, names[id(layer.module)], layer.module):
+                keys = {where: candidate_key(digest, layer.index, wanted[where], build, batch) for where in here}
+                records = {where: store.read_candidate(keys[where]) for where in here}
+                evidence = None
+                if any(record is None for record in records.values()):
+                    stats, _outputs = layer_statistics(view, layer, inputs, args.refit_roles())
+                    evidence = _evidence(layer.index, stats, counts)
+                for where in here:
+                    record = records[where]
+                    if record is None and evidence is not None:
+                        record = build_candidate(model, layer.index, wanted[where], evidence, build)
+                        if record is not None:
+                            store.write_candidate(keys[where], record)
+                            done["built"] += 1
+                    elif record is not None:
+                        done["read"] += 1
+                    if record is not None:
+                        apply_record(model, record)
+                if layer.index < last:
+                    inputs.hidden = run_layer(ctx.view.layer(layer.index).module, inputs)
+    return done
+
+
+__all__ = [
+    "LibraryCost",
+    "Scored",
+    "apply_choice",
+    "apply_sequential",
+    "build_settings",
+    "library_pass",
+    "split_batches",
+]

@@ -67,18 +67,34 @@ class RollingDigest:
         update_with_tensors(self._digest, outside)
         self._done = 0
         self._keys: list[str] = []
+        self._pending: tuple[int, str] | None = None
+
+    def _fold(self) -> None:
+        update_with_tensors(self._digest, _unique(self._layers[self._done], set()))
+        self._keys.append(self._digest.hexdigest()[:32])
+        self._done += 1
+        self._pending = None
 
     def layer_key(self, index: int) -> str:
-        """The digest of the calibration tokens, the non-layer tensors and layers ``0..index``."""
-        while self._done <= index:
-            update_with_tensors(self._digest, _unique(self._layers[self._done], set()))
-            self._keys.append(self._digest.copy().hexdigest()[:32])
-            self._done += 1
-        return self._keys[index]
+        """The digest of the calibration tokens, the non-layer tensors and layers ``0..index``: the layers before
+        ``index`` as they were when first folded in (in order), layer ``index`` as it is at the first call (so a
+        layer-by-layer pass that changes each layer after asking for its key keys each layer by the changed ones
+        before it)."""
+        if index < self._done:
+            return self._keys[index]
+        while self._done < index:
+            self._fold()
+        if self._pending is None:
+            digest = self._digest.copy()
+            update_with_tensors(digest, _unique(self._layers[index], set()))
+            self._pending = (index, digest.hexdigest()[:32])
+        return self._pending[1]
 
     def model_key(self) -> str:
-        """The digest of the calibration tokens and every tensor of the model."""
-        return self.layer_key(len(self._layers) - 1)
+        """The digest of the calibration tokens and every tensor of the model (its layers as first folded in)."""
+        while self._done < len(self._layers):
+            self._fold()
+        return self._keys[-1]
 
 
 __all__ = ["FORMAT", "RollingDigest", "settings_key", "tensor_bytes", "update_with_tensors"]
