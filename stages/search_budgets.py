@@ -18,10 +18,10 @@ from slimkit.primitives.search.costs import MemoryAt, model_memory
 from slimkit.primitives.search.latency import (
     LatencySettings,
     LatencyTable,
-    Timer,
-    llamacpp_timer,
+    LlamacppTiming,
+    PytorchTiming,
+    Timing,
     measure_table,
-    pytorch_timer,
     table_key,
 )
 from slimkit.primitives.search.selection import Budget, NoFeasibleChoice, Selection, select
@@ -136,13 +136,13 @@ def latency_table(ctx: Context, args: SearchArgs, slots: Slots, root: Path | Non
             return LatencyTable.from_json(path.read_text(), str(path))
         except SlimkitError as error:
             ctx.notes.append(f"search: the stored latency table was ignored and measured again: {error}")
-    timer: Timer = (
-        pytorch_timer(int(ctx.model.config.vocab_size), settings)
+    timing: Timing = (
+        PytorchTiming(int(ctx.model.config.vocab_size), settings)
         if latency.runtime == "pytorch"
-        else llamacpp_timer(ctx.tokenizer, settings)
+        else LlamacppTiming(ctx.tokenizer, settings)
     )
     with ctx.tracker.task("search: latency table", None):
-        table = measure_table(ctx.model, specs, settings, timer, BuildSettings())
+        table = measure_table(ctx.model, specs, settings, timing, BuildSettings())
     if path is not None:
         partial = staging_file(path)
         partial.write_text(table.to_json())

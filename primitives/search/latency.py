@@ -1,8 +1,9 @@
 """Measured latency per candidate: what replacing one layer's sub-block adds to (or saves from) the prefill and the
 per-token decode time of the runtime the model will be served in (PyTorch on its device, or llama.cpp through GGUF).
 
-A candidate is timed on a *probe*: the model with its shape in every other layer, timed whole against the dense
-model, ``added = (T_probe - T_dense) / changed``; a choice's latency is the additive estimate ``T_dense + sum added``.
+A candidate is timed on a *probe*: the model with its shape in every layer but the first, timed whole, alternating
+with the dense model, ``added = (T_probe - T_dense) / changed`` (each the fastest of its samples); a choice's
+latency is the additive estimate ``T_dense + sum added``.
 A table is kept per model shape, runtime, settings and machine (:func:`table_key`), or given as JSON.
 
 Method note: docs/methods/search.md.
@@ -15,11 +16,12 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -34,8 +36,6 @@ Runtime = Literal["pytorch", "llama.cpp"]
 RUNTIMES: tuple[Runtime, ...] = ("pytorch", "llama.cpp")
 Phase = Literal["prefill", "decode"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")
-Timer = Callable[[nn.Module], dict[str, float]]
-"""Seconds of one model in a runtime: ``{"prefill": s, "decode": s per token}``."""
 
 
 @dataclass(frozen=True)
@@ -135,68 +135,123 @@ def table_key(model: nn.Module, specs: Sequence[CandidateSpec], settings: Latenc
 
 
 def probe(model: nn.Module, spec: CandidateSpec, settings: BuildSettings) -> tuple[nn.Module, int]:
-    """A copy of ``model`` with ``spec``'s shape in every other layer (from layer 0), and how many layers changed."""
+    """A copy of ``model`` with ``spec``'s shape in every layer but the first (a GGUF whose first layer has no
+    attention gets a placeholder head), and how many layers changed."""
     copied = copy.deepcopy(model)
-    changed = list(range(0, ModelView(copied).num_layers, 2))
+    changed = list(range(1, ModelView(copied).num_layers)) or [0]
     for index in changed:
         reshape(copied, index, spec, timing_structure(copied, index, spec, settings))
     return copied, len(changed)
 
 
-def pytorch_timer(vocab_size: int, settings: LatencySettings) -> Timer:
-    """Seconds of a model in PyTorch on its own device."""
-    from slimkit.primitives.evaluate.speed import throughput
+class Timing(Protocol):
+    """A runtime's timing session: a model loaded once, then timed one sample at a time."""
 
-    def time_model(model: nn.Module) -> dict[str, float]:
-        result = throughput(model, vocab_size, settings.batch, settings.context, settings.new_tokens, settings.repeats)
-        tokens = settings.batch * settings.context
-        return {"prefill": tokens / result.prefill_tokens_per_s, "decode": settings.batch / result.decode_tokens_per_s}
+    def load(self, model: nn.Module) -> Any: ...
 
-    return time_model
+    def sample(self, handle: Any) -> dict[str, float]:
+        """Seconds of one prefill of the context and of one decoded token (its mean over the new tokens)."""
+        ...
+
+    def close(self, handle: Any) -> None: ...
 
 
-def llamacpp_timer(tokenizer: Any, settings: LatencySettings) -> Timer:
-    """Seconds of a model exported to GGUF (float16) in llama.cpp on the CPU."""
-    from slimkit.primitives.evaluate.llamacpp import gguf_throughput
-    from slimkit.primitives.export.gguf_file import write_gguf
+@dataclass
+class PytorchTiming:
+    """Models timed in PyTorch on their own device (:func:`~slimkit.primitives.evaluate.speed.throughput`)."""
 
-    def time_model(model: nn.Module) -> dict[str, float]:
-        with tempfile.TemporaryDirectory(prefix="slimkit-latency-") as folder:
-            path = Path(folder) / "probe.gguf"
-            write_gguf(model, tokenizer, path, type="f16")
-            result = gguf_throughput(path, settings.context, settings.new_tokens, settings.threads, settings.repeats)
+    vocab_size: int
+    settings: LatencySettings
+
+    def load(self, model: nn.Module) -> Any:
+        return model
+
+    def sample(self, handle: Any) -> dict[str, float]:
+        from slimkit.primitives.evaluate.speed import throughput
+
+        s = self.settings
+        result = throughput(handle, self.vocab_size, s.batch, s.context, s.new_tokens, repeats=1)
         return {
-            "prefill": settings.context / result["prefill_tokens_per_s"],
-            "decode": 1.0 / result["decode_tokens_per_s"],
+            "prefill": s.batch * s.context / result.prefill_tokens_per_s,
+            "decode": s.batch / result.decode_tokens_per_s,
         }
 
-    return time_model
+    def close(self, handle: Any) -> None:
+        return None
+
+
+@dataclass
+class LlamacppTiming:
+    """Models exported to GGUF (float16) and timed in llama.cpp on the CPU, batch 1."""
+
+    tokenizer: Any
+    settings: LatencySettings
+
+    def load(self, model: nn.Module) -> Any:
+        from slimkit.primitives.evaluate.llamacpp import load_gguf
+        from slimkit.primitives.export.gguf_file import write_gguf
+
+        folder = tempfile.TemporaryDirectory(prefix="slimkit-latency-")
+        path = Path(folder.name) / "probe.gguf"
+        write_gguf(model, self.tokenizer, path, type="f16")
+        s = self.settings
+        return load_gguf(path, s.context + s.new_tokens, threads=s.threads), folder
+
+    def sample(self, handle: Any) -> dict[str, float]:
+        from slimkit.primitives.evaluate.llamacpp import gguf_throughput
+
+        s = self.settings
+        result = gguf_throughput(handle[0], s.context, s.new_tokens, s.threads, repeats=1)
+        return {"prefill": s.context / result["prefill_tokens_per_s"], "decode": 1.0 / result["decode_tokens_per_s"]}
+
+    def close(self, handle: Any) -> None:
+        handle[0].close()
+        handle[1].cleanup()
+
+
+def fastest(samples: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per phase, the least seconds of ``samples`` (the run other work disturbed least)."""
+    return {phase: min(sample[phase] for sample in samples) for phase in PHASES}
 
 
 def measure_table(
-    model: nn.Module, specs: Sequence[CandidateSpec], settings: LatencySettings, timer: Timer, build: BuildSettings
+    model: nn.Module, specs: Sequence[CandidateSpec], settings: LatencySettings, timing: Timing, build: BuildSettings
 ) -> LatencyTable:
-    """Each distinct candidate's per-layer seconds added in the runtime ``timer`` times (see the module docstring).
-    The dense model is timed before and after the probes; their spread is in the table's notes."""
-    first = timer(model)
-    probes: dict[str, tuple[dict[str, float], int]] = {}
+    """Each distinct candidate's per-layer seconds added in ``timing``'s runtime (see the module docstring): each
+    probe timed ``settings.repeats`` times, alternating with the dense model, the fastest of each kept, so a probe
+    and the dense model it is compared with are timed in the same minutes."""
+    dense_handle = timing.load(model)
     added: dict[str, dict[str, float]] = {}
-    notes: list[str] = []
-    for spec in sorted({s for s in specs if s.kind != "dense"}):
-        key = f"{spec.part}/{spec.name}"
-        if spec.kind == "lowrank" and settings.runtime == "llama.cpp":
-            added[key] = dict.fromkeys(PHASES, 0.0)
-            continue
-        probed, changed = probe(model, spec, build)
-        probes[key] = (timer(probed), changed)
-        del probed
-    last = timer(model)
-    dense: dict[str, float] = {phase: (first[phase] + last[phase]) / 2 for phase in PHASES}
-    for key, (seconds, changed) in probes.items():
-        added[key] = {phase: (seconds[phase] - dense[phase]) / changed for phase in PHASES}
-    for phase in PHASES:
-        spread = abs(first[phase] - last[phase]) / dense[phase]
-        notes.append(f"dense {phase} timed twice: {first[phase]:.4g} s and {last[phase]:.4g} s ({spread:.1%} apart)")
+    dense_samples: list[dict[str, float]] = []
+    try:
+        for spec in sorted({s for s in specs if s.kind != "dense"}):
+            key = f"{spec.part}/{spec.name}"
+            if spec.kind == "lowrank" and settings.runtime == "llama.cpp":
+                added[key] = dict.fromkeys(PHASES, 0.0)
+                continue
+            probed, changed = probe(model, spec, build)
+            handle = timing.load(probed)
+            del probed
+            here: list[dict[str, float]] = []
+            seconds: list[dict[str, float]] = []
+            try:
+                for _ in range(settings.repeats):
+                    here.append(timing.sample(dense_handle))
+                    seconds.append(timing.sample(handle))
+            finally:
+                timing.close(handle)
+            near, probe_best = fastest(here), fastest(seconds)
+            added[key] = {phase: (probe_best[phase] - near[phase]) / changed for phase in PHASES}
+            dense_samples += here
+        dense_samples.append(timing.sample(dense_handle))
+    finally:
+        timing.close(dense_handle)
+    dense = fastest(dense_samples)
+    notes = [
+        f"dense {phase}: fastest {dense[phase]:.4g} s of {len(dense_samples)} samples, median "
+        f"{statistics.median(sample[phase] for sample in dense_samples):.4g} s"
+        for phase in PHASES
+    ]
     if settings.runtime == "llama.cpp" and any(s.kind == "lowrank" for s in specs):
         notes.append("low-rank candidates are merged back to dense weights in GGUF: 0 added, not measured")
     return LatencyTable(settings.runtime, dense, added, asdict(settings), notes)
@@ -207,13 +262,14 @@ __all__ = [
     "RUNTIMES",
     "LatencySettings",
     "LatencyTable",
+    "LlamacppTiming",
     "Phase",
+    "PytorchTiming",
     "Runtime",
-    "Timer",
-    "llamacpp_timer",
+    "Timing",
+    "fastest",
     "machine",
     "measure_table",
     "probe",
-    "pytorch_timer",
     "table_key",
 ]
