@@ -379,6 +379,7 @@ def eval_command(
     )
     from slimkit.primitives.files.guard import check_file_target, check_not_input, write_text_file
     from slimkit.primitives.io.finite import check_finite_weights
+    from slimkit.primitives.io.folder import check_tokenizer_files
     from slimkit.primitives.io.model_sources import check_source, load_source
 
     if json_out is not None:
@@ -396,6 +397,7 @@ def eval_command(
     if source.task == "encoder":
         remedy = "evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
         check_lm_evaluations(eval_config, model, remedy)
+    check_tokenizer_files(folder, "evaluation")
     preflight_eval_data(eval_config)
     loaded, tokenizer, info = load_source(
         model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory, purpose="evaluate"

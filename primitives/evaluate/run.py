@@ -125,8 +125,21 @@ def check_lm_evaluations(config: EvalConfig, model: str, remedy: str, field_pref
     raise SlimkitError(f"{subject} a causal language model, and {model} is an encoder; {remedy.format(field=field)}")
 
 
+def check_tokenizer(config: EvalConfig, tokenizer: Any, what: str = "the model") -> None:
+    """Refuse, before any compute, evaluations without the model's tokenizer (every one reads text or its size)."""
+    wanted = [name for name in ("perplexity", "zeroshot", "glue") if getattr(config, name)] + (
+        ["speed"] if config.speed else []
+    )
+    if wanted and tokenizer is None:
+        raise SlimkitError(
+            f"{what} has no tokenizer, and {', '.join(wanted)} evaluation tokenises text with it: give the model's "
+            "tokenizer (a model folder holds tokenizer.json or tokenizer_config.json)"
+        )
+
+
 def evaluate_model(model, tokenizer, config: EvalConfig, progress: ProgressTasks | None = None) -> Evaluation:
     """Run the configured evaluations of ``model``."""
+    check_tokenizer(config, tokenizer)
     progress = progress or NoProgress()
     result = Evaluation()
     if config.perplexity is not None:

@@ -25,7 +25,14 @@ from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
-from slimkit.primitives.io.folder import ModelFolder, Purpose, check_model_folder, read_json_object
+from slimkit.primitives.io.folder import (
+    TOKENIZER_FILES,
+    ModelFolder,
+    Purpose,
+    check_model_folder,
+    config_error_line,
+    read_json_object,
+)
 from slimkit.primitives.io.paths import as_path
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
@@ -93,9 +100,14 @@ def _first_line(error: BaseException) -> str:
 
 
 def _from_config_file(folder: ModelFolder, build: Any) -> Any:
-    """``build()`` (a transformers config or model from config.json), its errors as one line naming the file."""
+    """``build()`` (a transformers config or model from config.json), its errors as one line naming the file (and,
+    for transformers' config validation, the field)."""
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         return build()
+    except StrictDataclassError as error:
+        raise SlimkitError(config_error_line(folder.config_path, error, unmark_config(folder.config))) from None
     except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError) as error:
         raise SlimkitError(
             f"{folder.config_path}: transformers cannot build a model from it ({_first_line(error)})"
@@ -514,7 +526,7 @@ def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, off
 def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> Any:
     """The folder's tokenizer (None when it has none), loaded before the weights and refused in one line when
     it can produce an id the model's embedding has no row for (:func:`check_token_ids`)."""
-    if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         return None
     # The config is passed so the tokenizer never parses config.json (whose per_layer_config
     # transformers would turn into a heterogeneous config, and whose marked model_type it does not know).
