@@ -100,7 +100,8 @@ def _execute(
         start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
         result = finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
     if out_path is not None:  # published: nothing is left to resume
-        output_safety.remove_checkpoints(out_path)
+        for line in output_safety.remove_checkpoints(out_path):
+            tracker.log(line)
     return result
 
 

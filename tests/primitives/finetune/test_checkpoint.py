@@ -13,16 +13,21 @@ import torch.distributed as dist
 import slimkit.primitives.finetune.checkpoint as checkpoint_module
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.checkpoint import (
+    CHECKPOINT_MARKER,
+    ROOT_MARKER,
     SHARDED_KEY,
     SHARDS_DIR,
     STATE_FILE,
     load_checkpoint,
     load_sharded,
+    remove_checkpoint_root,
     resume_problem,
     save_checkpoint,
     save_sharded_checkpoint,
     shapes_of,
 )
+from tests.contracts.hostile import tree_checksum
+from tests.mounting import bind_mount
 
 FOLDER = Path("ckpt")
 SHAPES = {"a.weight": (4, 3), "b.weight": (2,)}
@@ -113,3 +118,50 @@ def test_a_sharded_checkpoint_is_swapped_in_whole_and_a_failed_write_keeps_the_p
     (folder / SHARDS_DIR / "__0_0.distcp").unlink()  # a shard lost: one line naming the folder to delete
     with pytest.raises(SlimkitError, match=r"^cannot read the recovery checkpoint .*; delete .* over$"):
         load_sharded(folder, shards)
+
+
+def test_a_checkpoint_is_marked_and_only_what_its_marker_lists_is_deleted(tmp_path):
+    folder = tmp_path / "root" / "distill-1"
+    save_checkpoint(folder, {"step": 1, "trained": {"a.weight": torch.ones(2)}})
+    assert sorted(p.name for p in folder.iterdir()) == sorted([CHECKPOINT_MARKER, STATE_FILE])
+    assert (folder.parent / ROOT_MARKER).is_file()  # the folder of checkpoints slimkit created is marked too
+    (folder / "mine.txt").write_text("a user's file put inside")
+    save_checkpoint(folder, {"step": 2, "trained": {"a.weight": torch.ones(2)}})
+    kept = [p for p in folder.parent.iterdir() if ".replaced-" in p.name]  # the previous folder, less its listing
+    assert len(kept) == 1 and sorted(p.name for p in kept[0].iterdir()) == ["mine.txt"]
+    lines = remove_checkpoint_root(folder.parent)
+    assert len(lines) == 1 and "mine.txt (not written by slimkit)" in lines[0]
+    assert (kept[0] / "mine.txt").read_text() == "a user's file put inside" and not folder.exists()
+
+
+def test_a_folder_of_checkpoints_slimkit_did_not_create_is_kept(tmp_path):
+    root = tmp_path / ".out.checkpoints"
+    (root / "thesis").mkdir(parents=True)
+    (root / "thesis" / "chapter1.tex").write_text("years of work")
+    before = tree_checksum(tmp_path)
+    lines = remove_checkpoint_root(root)
+    assert lines == [
+        f"kept {root}: slimkit did not create it (no {ROOT_MARKER}); delete it yourself if it is not needed"
+    ]
+    assert tree_checksum(tmp_path) == before
+
+
+def test_a_marked_folder_of_checkpoints_goes_whole(tmp_path):
+    root = tmp_path / ".out.checkpoints"
+    save_checkpoint(root / "lora-1", {"step": 1, "trained": {"a.weight": torch.ones(2)}})
+    save_checkpoint(root / "distill-2", {"step": 1, "trained": {"a.weight": torch.ones(2)}})
+    assert remove_checkpoint_root(root) == [] and not root.exists()
+
+
+def test_replacing_a_checkpoint_never_deletes_across_a_bind_mount(tmp_path):
+    users = tmp_path / "users"
+    (users / "thesis").mkdir(parents=True)
+    (users / "thesis" / "chapter1.tex").write_text("years of work")
+    folder = tmp_path / "root" / "distill-1"
+    save_checkpoint(folder, {"step": 1, "trained": {"a.weight": torch.ones(2)}})
+    before = tree_checksum(users)
+    with bind_mount(users, folder / "shards"):
+        save_checkpoint(folder, {"step": 2, "trained": {"a.weight": torch.ones(2)}})
+        assert tree_checksum(users) == before
+        assert remove_checkpoint_root(folder.parent)  # the mount point is kept, named in a line
+        assert tree_checksum(users) == before
