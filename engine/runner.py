@@ -19,6 +19,7 @@ import torch
 
 from slimkit.engine import finish, output_safety, preflight
 from slimkit.engine.context import Context
+from slimkit.engine.dense_comparison import dense_content_at_load
 from slimkit.engine.dispatch import run_stages
 from slimkit.engine.error_translation import run_errors
 from slimkit.engine.memory_check import check_memory_plan
@@ -140,6 +141,7 @@ def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptio
                 f"teacher and a top-level reconstruct use {origin['name']}; the target counts this model's "
                 f"{sum(p.numel() for p in model.parameters()):,} parameters"
             )
+        dense_content_at_load(recipe, source, options)  # what the dense comparison must measure
     else:
         source = {"name": "in-memory model", "path": None}
     check_finite_weights(model, f"model {source['name']}")  # before any compute reads a NaN weight

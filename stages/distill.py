@@ -349,6 +349,8 @@ def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None
     finally:
         cache.release()
         release_memory(cuda)
+    if (note := cache.note("distill")) is not None:
+        ctx.notes.append(note)
     teacher: dict[str, Any] = {"teacher": "dense", "top_k": args.top_k, "cached_windows_read": cache.hits}
     teacher.update(windows_computed=cache.misses, teacher_load_seconds=loaded.get("teacher_load_seconds", 0.0))
     ctx.report_stage("distill", {**report, **teacher})

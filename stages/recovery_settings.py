@@ -21,6 +21,7 @@ from torch import nn
 from slimkit.engine.context import Context
 from slimkit.engine.stage_args import StageArgs
 from slimkit.primitives.finetune import LoraConfig
+from slimkit.primitives.finetune.checkpoint import model_content_key
 from slimkit.primitives.finetune.full_recovery import recover_all_weights
 from slimkit.primitives.finetune.process_group import world
 from slimkit.primitives.finetune.recovery import RecoveryConfig, RecoveryResult, TokenObjective
@@ -110,12 +111,23 @@ def recovery_config(args: RecoveryArgs, seed: int) -> RecoveryConfig:
 
 def checkpoint_folder(ctx: Context, label: str, args: RecoveryArgs) -> Path | None:
     """This stage's checkpoint folder under the run's checkpoint root, named by a hash of the recipe (everything
-    before and in the stage decides what is trained), so a changed recipe never resumes another's checkpoint."""
+    before and in the stage decides what is trained) and of the input model's content, so a changed recipe or model
+    never resumes another's checkpoint: training starts over, with a note naming the checkpoint not resumed."""
     if ctx.checkpoints is None:
         return None
     recipe = ctx.recipe.model_dump(mode="json")
-    key = json.dumps({"recipe": recipe, "stage": label, "args": args.model_dump(mode="json")}, sort_keys=True)
-    return ctx.checkpoints / f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    model = model_content_key(ctx.source.get("path"), ctx.model)
+    key = json.dumps(
+        {"recipe": recipe, "stage": label, "args": args.model_dump(mode="json"), "model": model}, sort_keys=True
+    )
+    folder = ctx.checkpoints / f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    others = sorted(p.name for p in ctx.checkpoints.glob(f"{label}-*") if p.is_dir() and p.name != folder.name)
+    if others and not folder.exists():
+        ctx.notes.append(
+            f"{label}: the checkpoint {ctx.checkpoints / others[0]} was written for another recipe or input model "
+            "(its weights' content differs), so it is not resumed; training starts over"
+        )
+    return folder
 
 
 def run_token_budget(

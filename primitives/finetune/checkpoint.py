@@ -15,14 +15,16 @@ Method note: docs/methods/recovery-loop.md.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir, swap_in
@@ -105,6 +107,27 @@ def remove_checkpoint_root(root: Path) -> list[str]:
     marker.unlink()
     root.rmdir()
     return []
+
+
+def tensors_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A hex key of named tensors' content (names, shapes, dtypes and bytes; one tensor on the CPU at a time)."""
+    digest = hashlib.sha256()
+    for name, tensor in tensors:
+        digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\0".encode())
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()[:32]
+
+
+def model_content_key(folder: str | os.PathLike | None, model: nn.Module) -> str:
+    """The content key a checkpoint is written for: the input model folder's
+    (:func:`~slimkit.primitives.evaluate.reference.content_key`: every file's SHA-256, large ones remembered by their
+    stamp), or for a model given in memory its weights' (:func:`tensors_digest`)."""
+    from slimkit.primitives.evaluate.reference import content_key
+
+    if folder is not None:
+        return content_key(folder)
+    return tensors_digest(model.state_dict().items())
 
 
 def random_state() -> dict[str, Any]:
@@ -287,6 +310,7 @@ __all__ = [
     "STATE_FILE",
     "load_checkpoint",
     "load_sharded",
+    "model_content_key",
     "random_state",
     "remove_checkpoint",
     "remove_checkpoint_root",
@@ -295,4 +319,5 @@ __all__ = [
     "save_checkpoint",
     "save_sharded_checkpoint",
     "shapes_of",
+    "tensors_digest",
 ]

@@ -4,6 +4,7 @@ a failed write keeping the previous checkpoint."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,13 @@ from slimkit.primitives.finetune.checkpoint import (
     STATE_FILE,
     load_checkpoint,
     load_sharded,
+    model_content_key,
     remove_checkpoint_root,
     resume_problem,
     save_checkpoint,
     save_sharded_checkpoint,
     shapes_of,
+    tensors_digest,
 )
 from tests.contracts.hostile import tree_checksum
 from tests.mounting import bind_mount
@@ -153,6 +156,11 @@ def test_a_marked_folder_of_checkpoints_goes_whole(tmp_path):
     assert remove_checkpoint_root(root) == [] and not root.exists()
 
 
+def _mounts_under(folder: Path) -> list[str]:
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line.split()[4] for line in lines if line.split()[4].startswith(str(folder))]
+
+
 def test_replacing_a_checkpoint_never_deletes_across_a_bind_mount(tmp_path):
     users = tmp_path / "users"
     (users / "thesis").mkdir(parents=True)
@@ -160,8 +168,36 @@ def test_replacing_a_checkpoint_never_deletes_across_a_bind_mount(tmp_path):
     folder = tmp_path / "root" / "distill-1"
     save_checkpoint(folder, {"step": 1, "trained": {"a.weight": torch.ones(2)}})
     before = tree_checksum(users)
-    with bind_mount(users, folder / "shards"):
-        save_checkpoint(folder, {"step": 2, "trained": {"a.weight": torch.ones(2)}})
-        assert tree_checksum(users) == before
-        assert remove_checkpoint_root(folder.parent)  # the mount point is kept, named in a line
-        assert tree_checksum(users) == before
+    try:
+        with bind_mount(users, folder / "shards"):
+            save_checkpoint(folder, {"step": 2, "trained": {"a.weight": torch.ones(2)}})  # the mount moves aside
+            assert tree_checksum(users) == before
+            (line,) = remove_checkpoint_root(folder.parent)
+            assert "shards (a mount point)" in line and tree_checksum(users) == before
+    finally:  # the mount point moved with the previous checkpoint: unmount it where it is now
+        for target in _mounts_under(tmp_path):
+            subprocess.run(["umount", "-l", target], capture_output=True)
+    assert not _mounts_under(tmp_path)
+
+
+def test_a_checkpoint_is_keyed_by_the_input_models_content(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"w" * (3 << 20))
+    key = model_content_key(folder, torch.nn.Linear(1, 1))
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[3 << 19] = ord("x")  # one byte in the middle
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    assert model_content_key(folder, torch.nn.Linear(1, 1)) != key
+
+
+def test_a_model_in_memory_is_keyed_by_its_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    key = model_content_key(None, model)
+    assert model_content_key(None, model) == key
+    with torch.no_grad():
+        model.weight[1, 2] += 1
+    assert model_content_key(None, model) != key
+    assert tensors_digest([("a", torch.ones(2))]) != tensors_digest([("a", torch.ones(2, dtype=torch.float64))])
+    assert tensors_digest([("a", torch.ones(2))]) != tensors_digest([("b", torch.ones(2))])
