@@ -160,6 +160,7 @@ class DistillArgs(LoraArgs):
         return self.trains()  # the teacher is loaded only to train against
 
     def check_source(self, recipe: Recipe, source: dict[str, Any]) -> None:
+        super().check_source(recipe, source)  # the training data (recovery_settings)
         check_hidden_term(recipe, source, self)
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:

@@ -12,6 +12,7 @@ Method note: docs/methods/moe-experts.md.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -26,6 +27,7 @@ from slimkit.primitives.calibration.routing import ExpertRouting, collect_routin
 from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, forward_activation_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.experts.merge import assign_dropped, merged_weights, set_expert_weights
+from slimkit.primitives.experts.reach import expert_reach
 from slimkit.primitives.experts.routed import ExpertWeights
 from slimkit.primitives.experts.scores import (
     ExpertScorer,
@@ -122,6 +124,48 @@ class ExpertPruneArgs(StageArgs):
                 "give keep, or use allocation: global"
             )
 
+    def reach_check(self, stage: str) -> Callable[[Context], None] | None:
+        """A target solved with whole experts is checked reachable on the shapes, before calibration."""
+        return None if self.budget() != "solve" else (lambda ctx: check_expert_reach(ctx, self, stage))
+
+
+def check_expert_reach(ctx: Context, args: ExpertPruneArgs, name: str) -> None:
+    """Refuse, in one line and before any compute, a strict target whole experts cannot land on within its
+    tolerance, or one that needs more experts than the layers can lose (:func:`expert_reach`)."""
+    blocks = moe_blocks(ctx.model)
+    if not blocks:
+        return
+    target = ctx.recipe.target
+    dense = ctx.params_before[target.part]
+    uniform = args.allocation == "uniform"
+    removable = [b.num_experts - b.top_k for b in blocks]
+    reach = expert_reach(
+        ctx.params_to_remove(), blocks[0].expert_params(), removable, uniform, round(target.tolerance * dense)
+    )
+    where = "from every layer" if uniform else "in all"
+    if reach.too_many:
+        most = (
+            f"the {reach.most} a layer can lose (it keeps"
+            if uniform
+            else f"the {reach.most} the layers can lose (each keeps"
+        )
+        raise SlimkitError(
+            f"{name}: the target needs {reach.count} experts removed {where}, more than {most} its top-k); lower "
+            "target.ratio"
+        )
+    if reach.lands or not target.strict:
+        return
+
+    def ratio(removed: int) -> str:
+        return f"{max(0.0, target.ratio + (removed - reach.wanted) / dense):.2%}"
+
+    raise SlimkitError(
+        f"{name}: whole experts cannot remove {target.ratio:.1%} of {target.of} within target.tolerance "
+        f"{target.tolerance:.1%}: {reach.count} expert(s) {where} remove {ratio(reach.removed)}, the nearest counts "
+        f"{' or '.join(ratio(r) for r in reach.nearest())}; set a target.ratio whole experts reach, widen "
+        "target.tolerance" + (", or use allocation: global (one expert at a time)" if uniform else "")
+    )
+
 
 class ExpertMergeArgs(ExpertPruneArgs):
     scorer: ExpertScorer = "frequency"
@@ -168,6 +212,8 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
     merge = isinstance(args, ExpertMergeArgs)
     name = "merge_experts" if merge else "prune_experts"
     args.check_model(ctx.model)
+    if args.budget() == "solve":
+        check_expert_reach(ctx, args, name)  # before the calibration pass (a later block's stage included)
     start = time.perf_counter()
     batches = ctx.calibration_batches()[: args.batches] if args.batches else ctx.calibration_batches()
     sample = args.tokens if (args.scorer == "naee" or merge) else 0

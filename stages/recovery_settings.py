@@ -26,7 +26,8 @@ from slimkit.primitives.finetune.full_recovery import recover_all_weights
 from slimkit.primitives.finetune.process_group import world
 from slimkit.primitives.finetune.recovery import RecoveryConfig, RecoveryResult, TokenObjective
 from slimkit.primitives.finetune.token_recovery import recover_in_tokens
-from slimkit.primitives.finetune.token_stream import TextSource, folder_files
+from slimkit.primitives.finetune.token_stream import TextSource, check_data_files, check_windows, folder_files
+from slimkit.recipes.schema import Recipe
 
 TOKEN_ONLY = (
     "data_folder",
@@ -85,6 +86,22 @@ class RecoveryArgs(StageArgs):
         if self.data_folder is not None:
             folder_files(self.data_folder)  # a missing or empty folder is refused with the recipe
         return self
+
+    def check_source(self, recipe: Recipe, source: dict[str, Any]) -> None:
+        """Before any compute: every data file reads as its ending says, and the data gives the validation windows
+        and one to train on (tokenised with the source's tokenizer; a model given in memory: the files only)."""
+        super().check_source(recipe, source)
+        if self.tokens is None:
+            return
+        if self.data_folder is not None:
+            check_data_files(self.data_folder)
+        if source.get("path") is not None:
+            from slimkit.primitives.io.load import folder_tokenizer
+
+            tokenizer = folder_tokenizer(source["path"])
+            if tokenizer is not None:
+                data = TextSource(self.dataset, self.data_folder, recipe.seed)
+                check_windows(tokenizer, data, self.seq_len, self.validation_windows)
 
 
 def recovery_config(args: RecoveryArgs, seed: int) -> RecoveryConfig:

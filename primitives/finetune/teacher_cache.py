@@ -2,19 +2,15 @@
 every later run that trains on the same windows from the same teacher (another budget, a resumed run, another
 student).
 
-* :func:`teacher_fingerprint`: the teacher folder's content key (the SHA-256 of every file in it, as the dense
-  comparison's cache keys it: :func:`~slimkit.primitives.evaluate.reference.content_key`).
-* :class:`TopKCache`: ``folder/<fingerprint>/<k>/<sha256 of the windows' ids>.pt`` holding the top-k logits
-  (the teacher's dtype) and their token ids (int32) of one micro-batch; written atomically, checked when read (a
-  damaged entry is computed again, with a note). The teacher itself is loaded only on the first miss
-  (``load_teacher``), so a run whose windows are all cached never loads it.
-* :func:`topk_kl`: KL(teacher || student) over the teacher's top-k tokens: the teacher's top-k logits renormalised at
-  temperature T, the student's full log-softmax at T read at those tokens, times T**2 (the sparse distillation loss
-  of offline-logit pipelines; k = vocabulary size gives the full KL).
+* :func:`teacher_fingerprint`: the teacher folder's content key (as the dense comparison's cache keys it).
+* :class:`TopKCache`: ``folder/<fingerprint>/<k>/<sha256 of the windows' ids>.pt``: one micro-batch's top-k logits
+  and int32 token ids, written atomically, checked when read (a damaged entry is computed again, with a note); the
+  teacher is loaded only on the first miss.
+* :func:`topk_kl`: KL(teacher || student) over the teacher's top-k tokens at temperature T, times T**2 (k =
+  vocabulary size gives the full KL).
 
 Method note: docs/methods/recovery-loop.md.
 """
-
 from __future__ import annotations
 
 import hashlib

@@ -523,6 +523,12 @@ def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, off
     return load_offloaded(cls, directory, config, placement, Path(offload_folder))
 
 
+def folder_tokenizer(directory: str | os.PathLike) -> Any:
+    """The tokenizer of a checked model folder (None when it has none), as :func:`load` gives it, without reading any
+    weight: for checks that tokenise data before compute."""
+    return _load_tokenizer(Path(directory), folder_config(directory))
+
+
 def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> Any:
     """The folder's tokenizer (None when it has none), loaded before the weights and refused in one line when
     it can produce an id the model's embedding has no row for (:func:`check_token_ids`)."""
