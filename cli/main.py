@@ -527,7 +527,8 @@ def main() -> None:
         # Without standalone mode Typer returns the exit code of an interrupted command (130).
         code = app(prog_name="slimkit", standalone_mode=False)
     except SlimkitError as error:
-        print(f"error: {error}", file=sys.stderr)
+        if getattr(error, "shown", True):  # launched processes refusing together: the main one says it
+            print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

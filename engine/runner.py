@@ -23,7 +23,7 @@ from slimkit.engine.dense_comparison import dense_content_at_load
 from slimkit.engine.dispatch import run_stages
 from slimkit.engine.error_translation import run_errors
 from slimkit.engine.memory_check import check_memory_plan
-from slimkit.engine.processes import join_processes
+from slimkit.engine.processes import agree_on_inputs, collective_errors, join_processes
 from slimkit.engine.progress import Timings, Tracker
 from slimkit.engine.report import MACS_SEQ_LEN
 from slimkit.engine.run_result import Result, RunOptions
@@ -59,6 +59,7 @@ def run(
     tracker = tracker or Tracker()
     options = options or RunOptions()
     processes = join_processes()
+    agree_on_inputs(processes, recipe, model)  # launched processes refuse together when their inputs differ
     if not processes.main:  # launched processes beside the main one: compute, never write (see engine/processes.py)
         others = RunOptions(evaluate=False, compare_dense=False)
         checkpoints = output_safety.checkpoint_root(as_path(out, "out")) if out is not None else None
@@ -83,7 +84,8 @@ def _execute(
     ``checkpoints``: where training stages keep checkpoints when there is no ``out_path`` (a non-main process)."""
     placement, memory_plan = _preflight(recipe, model, options)
     timings = Timings()
-    with run_errors(timings):  # an out-of-memory error in a step becomes one line naming it
+    # an out-of-memory error in a step, a failed collective among launched processes: one line naming it
+    with run_errors(timings), collective_errors(join_processes()):
         reset_peak_memory(placement.device)
         with timings.stage("load"):
             ctx = _load(recipe, placement, model, tokenizer, tracker, notes, options)
