@@ -6,8 +6,10 @@ Method note: docs/methods/engine.md.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
+import os
 import re
 import sys
 import types
@@ -519,6 +521,22 @@ def _describe_usage_error(error: Any) -> str:
     return f"{message[:1].lower()}{message[1:]}{command}"
 
 
+OUT_OF_MEMORY = (
+    "slimkit ran out of host memory (the machine's, or the process's limit: ulimit -v); free memory, raise the "
+    "limit or use a smaller model or fewer tokens"
+)
+"""The line printed for a MemoryError no step translated (made before it is needed: printing must not allocate much)."""
+
+
+def _out_of_memory() -> typing.NoReturn:
+    """Print :data:`OUT_OF_MEMORY` and exit 2 at once: exit handlers (torch's among them) would fail again for want of
+    memory and print their own tracebacks. The command's own clean-up already ran as the error left it."""
+    print(f"error: {OUT_OF_MEMORY}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(2)
+
+
 def main() -> None:
     """Entry point: runs the Typer app, turning input and usage errors into one line and exit status 2."""
     exceptions = _click_exceptions()
@@ -533,6 +551,12 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except MemoryError:  # outside the steps that name themselves (a run's load, stages, save, export)
+        _out_of_memory()
+    except OSError as error:  # the kernel refusing memory to a system call (a thread, a mapping)
+        if error.errno != errno.ENOMEM:
+            raise
+        _out_of_memory()
     except no_args_is_help as error:
         # A group called without a command: its help (rich help is already printed by now). Status 2.
         text = error.format_message().strip()

@@ -127,6 +127,11 @@ def export(
         raise write_failure(f"--out {target}", error) from None
     except SafetensorError as error:  # the same, met while safetensors wrote the weights
         raise SlimkitError(f"--out {target}: cannot write the weights ({error}); nothing was replaced") from None
+    except MemoryError:
+        raise SlimkitError(
+            f"--out {target}: the export ran out of host memory (the machine's, or the process's limit: ulimit -v); "
+            "nothing was replaced: free memory or raise the limit"
+        ) from None
     finally:
         lock.release()
 

@@ -11,6 +11,7 @@ student).
 
 Method note: docs/methods/recovery-loop.md.
 """
+
 from __future__ import annotations
 
 import hashlib

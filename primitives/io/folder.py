@@ -154,8 +154,10 @@ def read_json_object(
             raise SlimkitError(
                 f"{path} is {_kind(status.st_mode)}, not a regular file; slimkit reads regular files only"
             )
-        with os.fdopen(handle, "rb", closefd=False) as stream:
-            raw = stream.read(max_bytes + 1)
+        with os.fdopen(handle, "rb", closefd=False) as stream:  # a buffer the file's size, not the limit's
+            raw = stream.read(min(max_bytes, status.st_size) + 1)
+            if len(raw) > status.st_size:  # it grew since it was measured: read on, to the limit
+                raw += stream.read(max_bytes + 1 - len(raw))
     except OSError as error:
         raise SlimkitError(f"cannot read {path}: {error.strerror or error}") from None
     finally:

@@ -378,10 +378,29 @@ def load(
     ``modules`` and ``layer_widths`` are compared with the saved tensor shapes; any disagreement is one
     :class:`SlimkitError` line naming the file and the entry. transformers never runs the folder's code.
     """
+    directory = as_path(directory, "directory")
+    try:
+        return _load(directory, task, device, dtype, max_memory, offload_folder, purpose)
+    except MemoryError:
+        raise SlimkitError(
+            f"{directory}: loading the model ran out of host memory (the machine's, or the process's limit: "
+            "ulimit -v); free memory, raise the limit, or load it offloaded with max_memory"
+        ) from None
+
+
+def _load(
+    directory: Path,
+    task: str | None,
+    device: str,
+    dtype: str,
+    max_memory: str | int | None,
+    offload_folder: str | os.PathLike | None,
+    purpose: Purpose,
+) -> tuple[nn.Module, Any]:
+    """The body of :func:`load`."""
     from slimkit.primitives.device.placement import Placement
 
     placement = Placement.resolve(device, dtype, max_memory)
-    directory = as_path(directory, "directory")
     folder = check_model_folder(directory, task, purpose=purpose)
     task = folder.task
     marked = is_marked(folder.config)

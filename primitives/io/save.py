@@ -27,9 +27,10 @@ from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import acquire_lock
 from slimkit.primitives.files.removal import discard
+from slimkit.primitives.files.writable import check_writable
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.io.finite import non_finite_tensors
-from slimkit.primitives.io.paths import as_path
+from slimkit.primitives.io.paths import as_path, check_path_length
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.projection.manifest import projection_entries
 
@@ -168,13 +169,23 @@ def save(
     """
     target = as_path(directory, "directory")
     check_output_location("slimkit.save", target, (), "slimkit.save")
+    check_path_length("slimkit.save", target)
+    check_writable("slimkit.save", target)
+    if target.exists() and not target.is_dir():
+        raise SlimkitError(f"slimkit.save {target}: exists and is not a folder")
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
     check_finite(model)
     global_widths, per_layer = width_config(model)
     view = ModelView(model)
 
-    held = acquire_lock(target)
+    try:
+        held = acquire_lock(target)
+    except OSError as error:  # a file system that takes no new file there (/proc, /sys), a full disk
+        raise SlimkitError(
+            f"slimkit.save {target}: cannot create the lock file beside it ({error.strerror or error}); save into a "
+            "folder on a writable file system"
+        ) from None
     try:
         _write_folder(model, tokenizer, target, view, global_widths, per_layer, manifest)
     finally:
