@@ -29,7 +29,7 @@ from torch import nn
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir, swap_in
 from slimkit.primitives.files.marker import read_marker, write_marker
-from slimkit.primitives.files.removal import NOT_LISTED, Blocker, discard, remove_owned
+from slimkit.primitives.files.removal import NOT_LISTED, Blocker, discard, remove_owned, survey
 from slimkit.primitives.finetune.process_group import world
 
 STATE_FILE = "state.pt"
@@ -86,22 +86,30 @@ _LEFTOVER = re.compile(r"^\.(.+)\.(?:partial|replaced)-[1-9]\d*-")
 
 
 def remove_checkpoint_root(root: Path) -> list[str]:
-    """Delete a folder of checkpoints slimkit created (it holds :data:`ROOT_MARKER`) with the marked checkpoints in it
-    and what killed writers left beside them; one line per thing kept (the folder when slimkit did not create it,
-    anything in it slimkit did not write)."""
+    """Delete the checkpoints slimkit wrote in ``root`` (marked folders, only what their markers list, and what killed
+    writers left beside them), then ``root`` itself when slimkit created it (it holds :data:`ROOT_MARKER`) and nothing
+    else is left; one line per thing kept (``root`` when slimkit did not create it, anything slimkit did not write)."""
     if not os.path.lexists(root):
         return []
-    marker = root / ROOT_MARKER
-    if root.is_symlink() or not root.is_dir() or marker.is_symlink() or not marker.is_file():
-        return [f"kept {root}: slimkit did not create it (no {ROOT_MARKER}); delete it yourself if it is not needed"]
+    if root.is_symlink() or not root.is_dir():
+        return [f"kept {root}: it is not a folder slimkit made for checkpoints"]
     names = {match[1] if (match := _LEFTOVER.match(entry.name)) else entry.name for entry in root.iterdir()}
     for name in sorted(names - {ROOT_MARKER}):  # what killed writers left beside each checkpoint
         remove_leftovers(root / name, marker=CHECKPOINT_MARKER)
     kept: list[str] = []
     for entry in sorted(root.iterdir()):
-        left = [] if entry.name == ROOT_MARKER else remove_checkpoint(entry)
+        if entry.name == ROOT_MARKER:
+            continue
+        folder = entry.is_dir() and not entry.is_symlink()
+        if folder and (entry / CHECKPOINT_MARKER).is_file():
+            left = remove_checkpoint(entry)
+        else:  # named by the first thing in it slimkit does not delete (a user's file, a mount point)
+            left = (survey(entry, set()) if folder else []) or [Blocker(".", NOT_LISTED)]
         if left:
             kept.append(f"kept {left[0].phrase(entry)}: slimkit did not write it")
+    marker = root / ROOT_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return [f"kept {root}: slimkit did not create it (no {ROOT_MARKER}); delete it yourself if it is not needed"]
     if kept:
         return kept
     marker.unlink()
