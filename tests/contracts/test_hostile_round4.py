@@ -534,3 +534,48 @@ def test_a_memory_error_outside_every_step_is_one_line(folders, tmp_path):
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("error: slimkit ran out of host memory")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- class 4: launched processes given different inputs refuse together (more in tests/engine/test_processes.py) --
+
+
+def _launch_two(tmp: Path, recipe: Path, per_rank: str, port: int) -> subprocess.CompletedProcess:
+    """``torchrun`` two processes of ``slimkit recipe run recipe``; ``per_rank`` (Python) runs first in each, with
+    ``rank`` set, to give it its own arguments or environment."""
+    wrapper = tmp / "launch.py"
+    wrapper.write_text(
+        "import os, sys\nrank = int(os.environ['LOCAL_RANK'])\n"
+        f"args = ['recipe', 'run', {str(recipe)!r}, '--out', {str(tmp / 'out')!r}, '--no-eval', '--no-dense']\n"
+        f"{per_rank}\nsys.argv = ['slimkit', *args]\nfrom slimkit.cli.main import main\nmain()\n"
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "SLIMKIT_CACHE_DIR": str(tmp / "cache")}
+    return subprocess.run([*command, str(wrapper)], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow  # two interpreters under torchrun
+@pytest.mark.parametrize(
+    ("per_rank", "fragment"),
+    [
+        ("args += ['--set', f'target.ratio={0.25 if rank else 0.2}']", "the recipe of rank 1 differs"),
+        ("os.environ['SLIMKIT_DATA_DIR'] = os.environ['DATA_OF_RANK_' + str(rank)]", "the data of rank 1 differs"),
+    ],
+    ids=["widths", "data"],
+)
+def test_processes_given_different_inputs_stop_together(per_rank, fragment, folders, tmp_path, monkeypatch):
+    from slimkit.primitives.datasets.data_paths import data_root
+
+    for rank in (0, 1):  # the shipped corpora, the second copy's c4 one document longer
+        copy = tmp_path / f"data{rank}"
+        (copy / "c4").mkdir(parents=True)
+        text = (data_root() / "c4" / "c4_validation_2k.jsonl").read_text()
+        (copy / "c4" / "c4_validation_2k.jsonl").write_text(text + ('{"text": "one more"}\n' if rank else ""))
+        monkeypatch.setenv(f"DATA_OF_RANK_{rank}", str(copy))
+    recipe = recipe_file(tmp_path, folders["llama"])
+    before = tree_checksum(tmp_path, skip=("cache", "launch.py"))
+    done = _launch_two(tmp_path, recipe, per_rank, 29551 if "ratio" in per_rank else 29552)
+    assert "slimkit/" not in done.stderr, done.stderr[-3000:]  # no traceback through slimkit's code
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and len(lines) == 1 and fragment in lines[0], done.stderr[-3000:]
+    assert "failed (exitcode: 2)" in done.stderr  # each process exited 2, none aborted or hung
+    assert tree_checksum(tmp_path, skip=("cache", "launch.py")) == before
