@@ -112,9 +112,7 @@ def remove_checkpoint_root(root: Path) -> list[str]:
         return [f"kept {root}: slimkit did not create it (no {ROOT_MARKER}); delete it yourself if it is not needed"]
     if kept:
         return kept
-    marker.unlink()
-    root.rmdir()
-    return []
+    return [f"kept {left[0].phrase(root)}" for left in [remove_owned(root, {ROOT_MARKER})] if left]
 
 
 def tensors_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
