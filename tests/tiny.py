@@ -225,6 +225,47 @@ NEW_FAMILIES = {
 """The decoder families beyond Llama's (each ``factory(vocab_size=..., layers=...)``)."""
 
 
+def tiny_olmo3(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> torch.nn.Module:
+    """OLMo 3: OLMo 2's modules with sliding-window layers (window 4, shorter than the test inputs)."""
+    from transformers import Olmo3Config, Olmo3ForCausalLM
+
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "head_dim"}  # derived: 48 / 6 = 8
+    config = Olmo3Config(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        sliding_window=4,
+        layer_types=_gemma_windows(layers),
+        **widths,
+    )
+    return _randomise_norms(Olmo3ForCausalLM(config))
+
+
+def tiny_glm4(
+    vocab_size: int = 300, layers: int = 3, tie: bool = False, partial_rotary_factor: float = 0.5
+) -> torch.nn.Module:
+    """GLM-4 (dense): fused gate_up_proj (seen as its parts), q/k/v biases, four norms a layer, RoPE over half of
+    each head in adjacent pairs."""
+    from transformers import Glm4Config, Glm4ForCausalLM
+
+    from slimkit.primitives.arch.fused import split_fused
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary_factor}
+    config = Glm4Config(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        rope_parameters=rope,
+        attention_bias=True,
+        **_widths(),
+    )
+    return split_fused(_randomise_norms(_randomise_attention_biases(Glm4ForCausalLM(config))))
+
+
+DENSE_2026 = {"olmo3": tiny_olmo3, "glm4": tiny_glm4}
+"""Dense decoder families added as architecture data only (each ``factory(vocab_size=..., layers=...)``)."""
+
+
 def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
     config = OPTConfig(
         vocab_size=vocab_size,
@@ -239,7 +280,7 @@ def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
     return _randomise_norms(OPTForCausalLM(config))
 
 
-DECODERS = {**FAMILIES, **NEW_FAMILIES, "opt": tiny_opt}
+DECODERS = {**FAMILIES, **NEW_FAMILIES, **DENSE_2026, "opt": tiny_opt}
 """Every dense decoder family with its own tiny factory, for the architecture x recipe matrix."""
 
 

@@ -107,6 +107,9 @@ class ArchSpec:
     rotary_fraction_key: str | None = None
     """The config key of the fraction of each q/k head that RoPE rotates (``partial_rotary_factor``: Phi-4-mini
     rotates 3/4), read from ``rope_parameters`` or the config; None: RoPE rotates the whole head."""
+    rope_pairs: Literal["half", "adjacent"] = "half"
+    """Which dimensions of a q/k head RoPE rotates together: ``half`` pairs ``j`` with ``j + d/2`` (``rotate_half``,
+    Llama), ``adjacent`` pairs ``2j`` with ``2j + 1`` (GLM-4's interleaved rotation)."""
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
@@ -295,6 +298,22 @@ _PHI3 = replace(
     head_config_keys=("num_attention_heads", "num_key_value_heads"),
     rotary_fraction_key="partial_rotary_factor",
 )
+# OLMo 3: OLMo 2's modules and norms; sliding-window ``layer_types`` (config constants no width change touches).
+_OLMO3 = replace(_OLMO2, model_type="olmo3")
+# GLM-4 (dense): Llama's attention with q/k/v biases, gate and up fused into ``gate_up_proj`` (gate rows first), four
+# norms a layer (the input norms and a branch post-norm after each block), RoPE over the first half of each head in
+# adjacent pairs.
+_GLM4 = replace(
+    _LLAMA,
+    model_type="glm4",
+    gate="mlp.gate_up_proj.gate_proj",
+    up="mlp.gate_up_proj.up_proj",
+    attn_out_norm="post_self_attn_layernorm",
+    mlp_out_norm="post_mlp_layernorm",
+    fused=(FusedProjection("mlp.gate_up_proj", ("gate_proj", "up_proj"), ("intermediate_size", "intermediate_size")),),
+    rotary_fraction_key="partial_rotary_factor",
+    rope_pairs="adjacent",
+)
 # Decoders whose modules and forward are Llama's (checked against their transformers modeling files): the same spec
 # covers them with no new code.
 SAME_AS_LLAMA = ("helium", "ministral", "seed_oss", "smollm3")
@@ -324,6 +343,8 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "gemma3_text": _GEMMA3,
     "granite": _GRANITE,
     "olmo2": _OLMO2,
+    "olmo3": _OLMO3,
+    "glm4": _GLM4,
     "phi3": _PHI3,
     **{model_type: replace(_LLAMA, model_type=model_type) for model_type in SAME_AS_LLAMA},
     "opt": _OPT,

@@ -35,6 +35,8 @@ HF_MODEL_TYPES = (
     "gemma3_text",
     "granite",
     "olmo2",
+    "olmo3",
+    "glm4",
     "phi3",
     *SAME_AS_LLAMA,
     "mixtral",

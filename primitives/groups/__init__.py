@@ -144,7 +144,9 @@ def _dims_across_heads(heads: int, head_dim: int, dims: torch.Tensor) -> torch.T
 def qk_dim_group(view: ModelView, layer: LayerView) -> Group:
     check_operation(layer.spec, "qk_dim", view.config)
     d = layer.head_dim
-    if layer.rope:  # rotate_half pairs dimension j with j + d/2
+    if layer.rope and layer.spec.rope_pairs == "adjacent":  # interleaved RoPE rotates 2j with 2j + 1
+        dims = torch.arange(d).reshape(d // 2, 2)
+    elif layer.rope:  # rotate_half pairs dimension j with j + d/2
         dims = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1)
     else:
         dims = torch.arange(d)[:, None]

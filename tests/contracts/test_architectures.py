@@ -30,6 +30,7 @@ from slimkit.primitives.surgery import prune_layer, remove_units
 from slimkit.recipes.loading import load_recipe, validate
 from tests.tiny import (
     DECODERS,
+    DENSE_2026,
     NEW_FAMILIES,
     assert_scaled_close,
     bpe_tokenizer,
@@ -39,7 +40,7 @@ from tests.tiny import (
 )
 
 VOCAB = len(byte_tokenizer()) + 1
-NEW = sorted(NEW_FAMILIES)
+NEW = sorted({**NEW_FAMILIES, **DENSE_2026})
 ALL = sorted(DECODERS)
 
 
@@ -58,13 +59,14 @@ def _refused(family: str, operation: str) -> bool:
 # -- (a) views and lossless transforms --------------------------------------------------------------------
 def test_views_see_each_new_family():
     expected_norms = {"gemma": 2, "gemma2": 4, "gemma3_text": 4, "granite": 2, "olmo2": 2, "phi3": 2}
+    expected_norms |= {"olmo3": 2, "glm4": 4}
     for family in NEW:
         model = _model(family)
         layer = ModelView(model).layer(0)
         head_dim = 12 if family == "gemma3_text" else 8
         assert (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.mlp_width) == (6, 2, head_dim, 64)
         assert len(layer.norms) == expected_norms[family], family
-        assert (layer.q_norm is not None) == (family in ("gemma3_text", "olmo2"))
+        assert (layer.q_norm is not None) == (family in ("gemma3_text", "olmo2", "olmo3"))
         assert ModelView(model).spec.model_type == model.config.model_type == family
     olmo2 = ModelView(_model("olmo2")).layer(0)
     assert olmo2.q_norm.weight.shape == (48,)  # the whole q projection: 6 heads x 8
