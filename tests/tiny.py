@@ -444,6 +444,147 @@ def tiny_olmoe(
     return _randomise_norms(_randomise_routers(OlmoeForCausalLM(config)))
 
 
+def _randomise_moe_2026(model: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:
+    # Routers, router biases and choice corrections, expert biases and attention sinks start at zero (or ones):
+    # random values make routing and every sliced vector visible in equality tests.
+    suffixes = (
+        "mlp.gate.weight",
+        "mlp.router.weight",
+        "feed_forward.router.weight",
+        "router.bias",
+        "e_score_correction_bias",
+        "gate_up_proj_bias",
+        "down_proj_bias",
+        "self_attn.sinks",
+    )
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(suffixes):
+                tensor.copy_(torch.randn_like(tensor) * (0.1 if name.endswith("correction_bias") else std))
+    return model
+
+
+def tiny_deepseek_v3(vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False):
+    """DeepSeek-V3 / Kimi K2: multi-head latent attention (query rank 24, key-value rank 16, heads of 8 + 4 rotary
+    dimensions, values of 8), one dense first layer, ``experts`` routed experts in 2 groups (one picked per token)
+    beside a shared expert, sigmoid routing with a correction bias and a scaling factor."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        n_routed_experts=experts,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        num_experts_per_tok=top_k,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return _randomise_norms(_randomise_moe_2026(DeepseekV3ForCausalLM(config)))
+
+
+def tiny_glm4_moe(vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False):
+    """GLM-4.5: per-head q/k norms, RoPE over half of each head, one dense first layer, ``experts`` routed experts
+    in 2 groups beside a shared expert (DeepSeek-V3's router)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        head_dim=8,
+        n_routed_experts=experts,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        num_experts_per_tok=top_k,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.5,
+        use_qk_norm=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_moe_2026(Glm4MoeForCausalLM(config)))
+
+
+def tiny_gpt_oss(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """GPT-OSS: biased attention with a learned sink per query head, sliding (window 4) and full layers alternating,
+    ``experts`` experts with biases and the interleaved, clamped gate/up (limit 1.0, reached by these weights)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=16,
+        head_dim=8,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        sliding_window=4,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        swiglu_limit=1.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    model = GptOssForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                param.normal_(0.0, 0.3)
+    return _randomise_norms(_randomise_attention_biases(_randomise_moe_2026(model)))
+
+
+def tiny_llama4_text(vocab_size: int = 300, layers: int = 4, experts: int = 4, top_k: int = 1, tie: bool = False):
+    """Llama 4 (text): dense and routed layers interleaved (layers 1 and 3 route, with a shared expert), top-1
+    routing scaling each expert's input, no RoPE in every 4th layer, chunked attention (4 tokens), L2 q/k norms."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    config = Llama4TextConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=16,
+        intermediate_size_mlp=48,
+        head_dim=8,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        interleave_moe_layer_step=2,
+        attention_chunk_size=4,
+        floor_scale=4,
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_moe_2026(Llama4ForCausalLM(config)))
+
+
+MOE_2026 = {
+    "deepseek_v3": tiny_deepseek_v3,
+    "glm4_moe": tiny_glm4_moe,
+    "gpt_oss": tiny_gpt_oss,
+    "llama4_text": tiny_llama4_text,
+}
+"""The mixture-of-experts families added since (each ``factory(vocab_size=..., layers=..., experts=..., top_k=...)``);
+not in :data:`MOE_FAMILIES`, whose tests assume every layer routes by a softmax."""
+
+
 MOE_FAMILIES = {
     "mixtral": tiny_mixtral,
     "qwen2_moe": tiny_qwen2_moe,

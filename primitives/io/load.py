@@ -317,6 +317,25 @@ def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> N
         setattr(parent, child, _resized(module, shapes))
 
 
+def materialise_head_params(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> None:
+    """Give each attention's per-head parameters (:attr:`ArchSpec.head_params`) their saved shapes."""
+    view = ModelView(model)
+    if not view.spec.head_params:
+        return
+    names = {id(module): name for name, module in model.named_modules()}
+    for layer in view.layers:
+        for path in view.spec.head_params:
+            owner_path, _, leaf = path.rpartition(".")
+            try:
+                owner = layer.module.get_submodule(owner_path)
+            except AttributeError:  # a removed attention block
+                continue
+            shape = saved.get(f"{names[id(owner)]}.{leaf}")
+            current = getattr(owner, leaf, None)
+            if shape is not None and isinstance(current, torch.Tensor) and tuple(current.shape) != tuple(shape):
+                setattr(owner, leaf, nn.Parameter(torch.empty(shape, dtype=current.dtype)))
+
+
 def _check_widths(folder: ModelFolder, model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
     view = ModelView(model)
     for index, expected in per_layer.items():
@@ -453,6 +472,7 @@ def load(
     except SlimkitError as error:
         raise SlimkitError(f"{folder.path / MANIFEST_NAME}: {error}") from None
     materialise_experts(model, saved)  # per-layer expert counts: router rows and fused expert tensors
+    materialise_head_params(model, saved)  # per-head vectors of an attention (GPT-OSS's sinks)
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
     _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))
