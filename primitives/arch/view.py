@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, cast
-
-from typing import Any
+from typing import Any, Literal, cast
 
 from torch import nn
 
