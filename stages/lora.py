@@ -105,8 +105,9 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
                 lowrank.add(suffix)
             else:
                 dense.setdefault(suffix, []).append(path)
+    experts = view.spec.experts is not None  # a fused expert tensor shares a projection's name (down_proj)
     for suffix, paths in dense.items():
-        names.update(paths if suffix in lowrank else (suffix,))
+        names.update(paths if suffix in lowrank or experts else (suffix,))
     return tuple(sorted(names))
 
 

@@ -94,7 +94,7 @@ class PruneNetArgs(StageArgs):
         return "explicit" if self.ratio is not None else "solve"
 
     def operations(self) -> frozenset[str]:
-        return frozenset({"mlp_channel"})
+        return frozenset({"mlp_channel", "mlp_policy"})
 
     def touches(self) -> frozenset[str]:
         return frozenset({"gate", "up", "down"})

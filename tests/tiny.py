@@ -266,6 +266,48 @@ DENSE_2026 = {"olmo3": tiny_olmo3, "glm4": tiny_glm4}
 """Dense decoder families added as architecture data only (each ``factory(vocab_size=..., layers=...)``)."""
 
 
+def tiny_gemma3_vlm(vocab_size: int = 300, layers: int = 2) -> torch.nn.Module:
+    """Gemma 3 as a vision-language model (``Gemma3ForConditionalGeneration``): the tiny Gemma 3 text model (one
+    sliding, one full layer), a one-layer SigLIP vision tower on 28 x 28 images of 7 x 7 patches and the projector
+    pooling them to 4 image tokens. The last three ids are the image's begin, end and placeholder tokens
+    (:func:`gemma3_vlm_inputs`); the projector's matrix starts at zero and is random here, so the image matters."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    text = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        sliding_window=4,
+        layer_types=_gemma_windows(layers),
+        query_pre_attn_scalar=12,
+        **_widths(head_dim=12),
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=7
+    )
+    config = Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        boi_token_index=vocab_size - 3,
+        eoi_token_index=vocab_size - 2,
+        image_token_index=vocab_size - 1,
+        architectures=["Gemma3ForConditionalGeneration"],
+    )
+    model = _randomise_norms(Gemma3ForConditionalGeneration(config))
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.3)
+    return model
+
+
+def gemma3_vlm_inputs(vocab_size: int, prompt: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
+    """``input_ids`` (begin-of-image, 4 placeholders, end-of-image, then ``prompt``), ``token_type_ids`` (1 on the
+    placeholders) and ``pixel_values`` of one random 28 x 28 image, for :func:`tiny_gemma3_vlm`."""
+    image = vocab_size - 1
+    ids = torch.tensor([[vocab_size - 3, *[image] * 4, vocab_size - 2, *prompt]])
+    pixels = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "token_type_ids": (ids == image).long(), "pixel_values": pixels}
+
+
 def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
     config = OPTConfig(
         vocab_size=vocab_size,
@@ -464,17 +506,20 @@ def _randomise_moe_2026(model: torch.nn.Module, std: float = 0.5) -> torch.nn.Mo
     return model
 
 
-def tiny_deepseek_v3(vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False):
+def tiny_deepseek_v3(
+    vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False, groups: int = 2
+):
     """DeepSeek-V3 / Kimi K2: multi-head latent attention (query rank 24, key-value rank 16, heads of 8 + 4 rotary
-    dimensions, values of 8), one dense first layer, ``experts`` routed experts in 2 groups (one picked per token)
-    beside a shared expert, sigmoid routing with a correction bias and a scaling factor."""
+    dimensions, values of 8), one dense first layer, ``experts`` routed experts in ``groups`` groups (one picked per
+    token; DeepSeek-V3 has 8, Kimi K2 1) beside two shared experts (one MLP of twice the width), sigmoid routing with a correction bias and a
+    scaling factor."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     config = DeepseekV3Config(
         vocab_size=vocab_size,
         num_hidden_layers=layers,
         hidden_size=32,
-        intermediate_size=48,
+        intermediate_size=64,
         moe_intermediate_size=16,
         num_attention_heads=4,
         num_key_value_heads=4,
@@ -484,8 +529,8 @@ def tiny_deepseek_v3(vocab_size: int = 300, layers: int = 3, experts: int = 8, t
         qk_rope_head_dim=4,
         v_head_dim=8,
         n_routed_experts=experts,
-        n_shared_experts=1,
-        n_group=2,
+        n_shared_experts=2,
+        n_group=groups,
         topk_group=1,
         num_experts_per_tok=top_k,
         first_k_dense_replace=1,
@@ -500,20 +545,22 @@ def tiny_deepseek_v3(vocab_size: int = 300, layers: int = 3, experts: int = 8, t
     return _randomise_norms(_randomise_moe_2026(DeepseekV3ForCausalLM(config)))
 
 
-def tiny_glm4_moe(vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False):
+def tiny_glm4_moe(
+    vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False, groups: int = 2
+):
     """GLM-4.5: per-head q/k norms, RoPE over half of each head, one dense first layer, ``experts`` routed experts
-    in 2 groups beside a shared expert (DeepSeek-V3's router)."""
+    in ``groups`` groups (GLM-4.5 has 1) beside two shared experts (DeepSeek-V3's router)."""
     from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
 
     config = Glm4MoeConfig(
         vocab_size=vocab_size,
         num_hidden_layers=layers,
-        intermediate_size=48,
+        intermediate_size=128,
         moe_intermediate_size=16,
         head_dim=8,
         n_routed_experts=experts,
-        n_shared_experts=1,
-        n_group=2,
+        n_shared_experts=2,
+        n_group=groups,
         topk_group=1,
         num_experts_per_tok=top_k,
         first_k_dense_replace=1,
@@ -526,7 +573,7 @@ def tiny_glm4_moe(vocab_size: int = 300, layers: int = 3, experts: int = 8, top_
     return _randomise_norms(_randomise_moe_2026(Glm4MoeForCausalLM(config)))
 
 
-def tiny_gpt_oss(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+def tiny_gpt_oss(vocab_size: int = 300, layers: int = 2, experts: int = 8, top_k: int = 2, tie: bool = False):
     """GPT-OSS: biased attention with a learned sink per query head, sliding (window 4) and full layers alternating,
     ``experts`` experts with biases and the interleaved, clamped gate/up (limit 1.0, reached by these weights)."""
     from transformers import GptOssConfig, GptOssForCausalLM

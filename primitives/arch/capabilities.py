@@ -32,6 +32,7 @@ OPERATIONS: dict[str, str] = {
     "expert_channel": "expert_channel units",
     "q_latent": "q_latent groups",
     "kv_latent": "kv_latent groups",
+    "mlp_policy": "a policy over every layer's MLP",
 }
 """Each operation and how a refusal names it."""
 
@@ -141,6 +142,13 @@ def _latent_heads(spec: ArchSpec, operation: str) -> str | None:
     )
 
 
+def _mixed_mlps(spec: ArchSpec) -> str | None:
+    return (
+        f"its MLP projections are a dense MLP in some layers and a shared expert ({spec.shared_mlp}) beside routed "
+        "experts in others, of different widths, and a policy learner scores one weight shape; prune mlp_channel"
+    )
+
+
 def _no_latent(spec: ArchSpec) -> str | None:
     return "it has no latent attention (MLA)" if spec.latent_attention is None else None
 
@@ -169,6 +177,8 @@ def refusal(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
         reasons = [_latent_heads(spec, operation), _qk_norms(spec, inside_heads=True), _partial_rotary(spec, config)]
     elif operation in ("q_latent", "kv_latent"):
         reasons = [_no_latent(spec)]
+    elif operation == "mlp_policy":
+        reasons = [_routed_experts(spec) if spec.shared_mlp is None else _mixed_mlps(spec)]
     elif operation == "hidden_feature":
         reasons = [_routed_experts(spec), _embed_scale(spec)]
     elif operation in ("hidden_projection", "hidden_masks"):

@@ -1,17 +1,18 @@
 """How a family stores its routed experts, and the one form slimkit's expert primitives compute on.
 
-The *row form*: ``gate_up`` ``(experts, 2 x width, hidden)`` (every gate row, then every up row), ``down``
-``(experts, hidden, width)``, and where the family has them the biases ``gate_up_bias`` ``(experts, 2 x width)`` and
+The *row form* (:class:`RowExperts`): ``gate`` and ``up`` ``(experts, width, hidden)``, ``down`` ``(experts, hidden,
+width)`` and, where the family has them, the biases ``gate_bias`` / ``up_bias`` ``(experts, width)`` and
 ``down_bias`` ``(experts, hidden)``. Families store them as:
 
-* ``rows``: the row form itself (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V3, GLM-4.5 in transformers 5);
+* ``rows``: ``gate_up`` ``(experts, 2 x width, hidden)``, every gate row then every up row, ``down`` ``(experts,
+  hidden, width)`` (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V3, GLM-4.5 in transformers 5);
 * ``columns``: ``gate_up`` ``(experts, hidden, 2 x width)`` (gate columns, then up), ``down`` ``(experts, width,
   hidden)``, applied as ``x @ W`` (Llama 4);
 * ``interleaved_columns``: as ``columns`` with gate and up interleaved, gate at even columns and up at odd ones, and
-  biases (GPT-OSS).
+  biases ``gate_up_proj_bias`` ``(experts, 2 x width)`` interleaved alike (GPT-OSS).
 
-:func:`to_rows` and :func:`from_rows` convert exactly (only transposes and index permutations). Method note:
-docs/methods/moe-experts.md.
+:func:`to_rows` gives views of the stored tensors (no copy: a layer's experts are large); :func:`from_rows` stores
+the row form back (exact: transposes and index permutations only). Method note: docs/methods/moe-experts.md.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ ExpertLayout = Literal["rows", "columns", "interleaved_columns"]
 class RowExperts:
     """One layer's routed experts in the row form."""
 
-    gate_up: torch.Tensor
-    """``(experts, 2 x width, hidden)``: gate rows, then up rows."""
+    gate: torch.Tensor
+    """``(experts, width, hidden)``."""
+    up: torch.Tensor
+    """``(experts, width, hidden)``."""
     down: torch.Tensor
     """``(experts, hidden, width)``."""
-    gate_up_bias: torch.Tensor | None = None
-    """``(experts, 2 x width)``: gate biases, then up biases (GPT-OSS)."""
+    gate_bias: torch.Tensor | None = None
+    """``(experts, width)`` (GPT-OSS)."""
+    up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
     """``(experts, hidden)``."""
 
@@ -45,21 +49,16 @@ class RowExperts:
     def num_experts(self) -> int:
         return int(self.down.shape[0])
 
+    @property
+    def gate_up(self) -> torch.Tensor:
+        """``(experts, 2 x width, hidden)``: gate rows, then up rows (a new tensor)."""
+        return torch.cat([self.gate, self.up], dim=1)
 
-def _odd(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-    index = torch.arange(1, tensor.shape[dim], 2, device=tensor.device)
-    return tensor.index_select(dim, index)
-
-
-def _even(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-    index = torch.arange(0, tensor.shape[dim], 2, device=tensor.device)
-    return tensor.index_select(dim, index)
-
-
-def _interleave(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-    """The inverse of de-interleaving: ``[g0, g1, u0, u1]`` -> ``[g0, u0, g1, u1]`` along ``dim``."""
-    gate, up = tensor.chunk(2, dim=dim)
-    return torch.stack([gate, up], dim=dim + 1).flatten(dim, dim + 1)
+    @property
+    def gate_up_bias(self) -> torch.Tensor | None:
+        if self.gate_bias is None or self.up_bias is None:
+            return None
+        return torch.cat([self.gate_bias, self.up_bias], dim=1)
 
 
 def to_rows(
@@ -69,32 +68,36 @@ def to_rows(
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
 ) -> RowExperts:
-    """The stored tensors of ``layout`` in the row form (views or copies; never changed in place)."""
+    """Views of the stored tensors of ``layout`` in the row form (never changed in place)."""
     if layout == "rows":
-        return RowExperts(gate_up, down, gate_up_bias, down_bias)
+        width = down.shape[-1]
+        gate, up = gate_up[:, :width], gate_up[:, width:]
+        gate_b, up_b = (None, None) if gate_up_bias is None else (gate_up_bias[:, :width], gate_up_bias[:, width:])
+        return RowExperts(gate, up, down, gate_b, up_b, down_bias)
     rows = gate_up.transpose(1, 2)
-    bias = gate_up_bias
     if layout == "interleaved_columns":
-        rows = torch.cat([_even(rows, 1), _odd(rows, 1)], dim=1)
-        bias = None if bias is None else torch.cat([_even(bias, 1), _odd(bias, 1)], dim=1)
-    return RowExperts(rows, down.transpose(1, 2), bias, down_bias)
+        gate, up = rows[:, 0::2], rows[:, 1::2]
+        gate_b, up_b = (None, None) if gate_up_bias is None else (gate_up_bias[:, 0::2], gate_up_bias[:, 1::2])
+    else:
+        width = down.shape[1]
+        gate, up = rows[:, :width], rows[:, width:]
+        gate_b, up_b = (None, None) if gate_up_bias is None else (gate_up_bias[:, :width], gate_up_bias[:, width:])
+    return RowExperts(gate, up, down.transpose(1, 2), gate_b, up_b, down_bias)
 
 
-def from_rows(layout: ExpertLayout, experts: RowExperts) -> RowExperts:
-    """The row form back in ``layout``'s storage (fields hold the stored tensors: ``gate_up`` as the family keeps
-    it), contiguous."""
+def from_rows(layout: ExpertLayout, experts: RowExperts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The row form as ``layout`` stores it: ``(gate_up, down, gate_up_bias)``, contiguous (``down_bias`` needs no
+    conversion)."""
+    bias = experts.gate_up_bias
     if layout == "rows":
-        return experts
-    gate_up, bias = experts.gate_up, experts.gate_up_bias
+        return experts.gate_up.contiguous(), experts.down.contiguous(), bias
     if layout == "interleaved_columns":
-        gate_up = _interleave(gate_up, 1)
-        bias = None if bias is None else _interleave(bias, 1)
-    return RowExperts(
-        gate_up.transpose(1, 2).contiguous(),
-        experts.down.transpose(1, 2).contiguous(),
-        None if bias is None else bias.contiguous(),
-        experts.down_bias,
-    )
+        rows = torch.stack([experts.gate, experts.up], dim=2).flatten(1, 2)  # (E, 2I, H): g0, u0, g1, u1, ...
+        if experts.gate_bias is not None and experts.up_bias is not None:
+            bias = torch.stack([experts.gate_bias, experts.up_bias], dim=2).flatten(1, 2)
+    else:
+        rows = experts.gate_up
+    return rows.transpose(1, 2).contiguous(), experts.down.transpose(1, 2).contiguous(), bias
 
 
 def stored_width(layout: ExpertLayout, down: torch.Tensor) -> int:

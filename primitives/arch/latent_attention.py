@@ -103,6 +103,7 @@ def config_entries(widths: LatentWidths, latent: LatentAttention) -> dict[str, i
     return {
         "num_attention_heads": widths.heads,
         "num_key_value_heads": widths.heads,
+        "head_dim": widths.rope,  # the config's head_dim is the rotary width (what the rotary embedding reads)
         latent.q_rank_key: widths.q_rank,
         latent.kv_rank_key: widths.kv_rank,
     }

@@ -265,12 +265,12 @@ class MoEBlock:
     def set_rows(self, rows: RowExperts) -> None:
         """Store ``rows`` (any expert count and width) as the family keeps its experts, each tensor on the device and
         in the dtype of the one it replaces; the run-time counts follow."""
-        stored = from_rows(self.spec.expert_layout, rows)
+        gate_up, down, gate_up_bias = from_rows(self.spec.expert_layout, rows)
         values = {
-            "gate_up_proj": stored.gate_up,
-            "down_proj": stored.down,
-            "gate_up_proj_bias": stored.gate_up_bias,
-            "down_proj_bias": stored.down_bias,
+            "gate_up_proj": gate_up,
+            "down_proj": down,
+            "gate_up_proj_bias": gate_up_bias,
+            "down_proj_bias": rows.down_bias,
         }
         for name, value in values.items():
             old = getattr(self.experts, name, None)
@@ -385,25 +385,41 @@ def layer_moe_widths(layer: nn.Module, model_type: str) -> dict[str, int] | None
 
 def mixed_layer_widths(layer: nn.Module, index: int, model_type: str, config: Any) -> dict[str, int] | None:
     """The MLP entries of one layer of a family whose layers mix dense and routed MLPs (None for any other family):
-    every layer gives the same keys (the dense width, the expert count and the expert width), its own values for its
-    kind and the config's for the other kind, so layers of one kind pruned alike leave a config transformers
-    builds. A removed MLP gives zero for its kind."""
+    a routed layer's expert count and width, a dense layer's width (zero for a removed MLP block).
+    :func:`fill_mixed_widths` completes every layer with the other kind's entries."""
     spec = MOE_SPECS.get(model_type)
     if spec is None or spec.dense_width_key is None or config is None:
         return None
-    keys = (spec.dense_width_key, spec.count_key, spec.width_key)
-    out = {key: int(getattr(config, key)) for key in keys}
     if spec.routes(config, index):
-        out.update(layer_moe_widths(layer, model_type) or {})
-        return out
-    arch = spec.arch
+        routed = layer_moe_widths(layer, model_type) or {}
+        return {key: routed[key] for key in (spec.width_key, spec.count_key)}  # its width first (the report's)
     try:
-        up = layer.get_submodule(arch.up)
+        up = layer.get_submodule(spec.arch.up)
     except AttributeError:  # the dense MLP block was removed
-        out[spec.dense_width_key] = 0
-        return out
-    out[spec.dense_width_key] = int(up.weight.shape[0]) if hasattr(up, "weight") else int(up.out_features)
-    return out
+        return {spec.dense_width_key: 0}
+    return {spec.dense_width_key: int(up.out_features)}
+
+
+def fill_mixed_widths(widths: list[dict[str, int]], model_type: str, config: Any) -> list[dict[str, int]]:
+    """Every layer's widths with the MLP entries of the kind it is not: those of the first layer of that kind (the
+    config's where there is none), so layers of one kind pruned alike compare equal and leave a config transformers
+    builds (a no-op for other families)."""
+    spec = MOE_SPECS.get(model_type)
+    if spec is None or spec.dense_width_key is None or config is None:
+        return widths
+    kinds = {
+        True: (spec.width_key, spec.count_key),
+        False: (spec.dense_width_key,),
+    }
+    filled = []
+    for index, own in enumerate(widths):
+        entry = dict(own)
+        other = not spec.routes(config, index)
+        source = next((w for i, w in enumerate(widths) if spec.routes(config, i) == other), None)
+        for key in kinds[other]:
+            entry[key] = int(source[key]) if source is not None and key in source else int(getattr(config, key))
+        filled.append(entry)
+    return filled
 
 
 def fused_expert_shapes(model_type: str | None, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -471,6 +487,7 @@ __all__ = [
     "MoEBlock",
     "MoESpec",
     "check_all_sparse",
+    "fill_mixed_widths",
     "fused_expert_shapes",
     "layer_moe_widths",
     "materialise_experts",

@@ -18,7 +18,7 @@ from slimkit.primitives.arch.fused import is_split
 from slimkit.primitives.arch.head_widths import HeadWidthAttention, HeadWidths
 from slimkit.primitives.arch.latent_attention import config_entries, latent_widths, sync_latent_attention
 from slimkit.primitives.arch.layer_config import with_own_values
-from slimkit.primitives.arch.moe import layer_moe_widths, mixed_layer_widths
+from slimkit.primitives.arch.moe import fill_mixed_widths, layer_moe_widths, mixed_layer_widths
 from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 from slimkit.primitives.arch.support import unsupported_message
@@ -245,11 +245,14 @@ class LayerView:
                     "head_dim": self.head_dim,
                 }
             elif self.attention_removed:
-                attention = {"num_attention_heads": 0, "num_key_value_heads": 0}
+                rope = int(getattr(self.config, "head_dim", None) or self.head_dim)  # MLA's config head_dim: rotary
+                attention = {"num_attention_heads": 0, "num_key_value_heads": 0, "head_dim": rope}
+                attention |= {latent.q_rank_key: 0, latent.kv_rank_key: 0}
             else:
                 attention = config_entries(latent_widths(self.attention, latent), latent)
             mlp = mixed if mixed is not None else {self.spec.intermediate_size_key: self.mlp_width}
-            return {**attention, **mlp}
+            first = {k: attention.pop(k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+            return {**first, **mlp, **attention}  # the layer's own MLP width first (the report reads it there)
         moe = layer_moe_widths(self.module, self.spec.model_type)
         return {
             "num_attention_heads": self.num_heads,
@@ -380,7 +383,8 @@ class ModelView:
         raise KeyError(f"{type(module).__name__} is not part of this model")
 
     def layer_widths(self) -> list[dict[str, int]]:
-        return [layer.widths() for layer in self.layers]
+        widths = [layer.widths() for layer in self.layers]
+        return fill_mixed_widths(widths, self.spec.model_type, self.config)  # layers of a mixed MoE family
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

@@ -28,6 +28,7 @@ from slimkit.primitives.io.compat import is_marked, unmark_config
 from slimkit.primitives.io.folder import ModelFolder, Purpose, check_model_folder, read_json_object
 from slimkit.primitives.io.paths import as_path
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
+from slimkit.primitives.io.vision_language import TEXT_PREFIX, language_model, text_names, vision_language_of
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
 from slimkit.primitives.lowrank.module import materialise_lowrank
 from slimkit.primitives.projection.adapters import KIND as BASIS_CHANGE_KIND
@@ -338,9 +339,10 @@ def materialise_head_params(model: nn.Module, saved: dict[str, tuple[int, ...]])
 
 def _check_widths(folder: ModelFolder, model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
     view = ModelView(model)
+    every = view.layer_widths()
     for index, expected in per_layer.items():
         layer = view.layer(int(index))
-        actual = {**layer.widths(), "hidden_size": layer_hidden_size(layer, view.hidden_size)}
+        actual = {**every[int(index)], "hidden_size": layer_hidden_size(layer, view.hidden_size)}
         wrong = [f"{k} {v} (the weights give {actual.get(k)})" for k, v in expected.items() if actual.get(k) != v]
         if wrong:
             raise SlimkitError(
@@ -414,7 +416,7 @@ def load(
         loaded = _as_loaded(folder, skeleton)
         _check_shapes(loaded, skeleton, config_dict, prefix, _SHAPE_HINT)
         _check_all_saved(loaded, skeleton, prefix)
-        _check_layer_widths(folder, split_fused(skeleton), manifest)
+        _check_layer_widths(folder, language_model(split_fused(skeleton)), manifest)
         del skeleton
         tokenizer = _load_tokenizer(directory, config)  # before the weights: its ids are checked against the rows
         if placement.max_memory is not None:
@@ -454,6 +456,18 @@ def load(
     model = _from_config_file(folder, lambda: _instantiate(_model_class(config, task), config, dtype=placement.dtype))
     for key in build:  # the config says what was saved; the modules get the saved widths below
         setattr(model.config, key, config_dict[key])
+    whole = model
+    vision = vision_language_of(config_dict)
+    if vision is not None:  # the widths are the language model's: materialised on it, under its own names
+        model = language_model(whole)
+        folder = replace(
+            folder,
+            shapes=text_names(folder.shapes, vision),
+            files={
+                TEXT_PREFIX + k[len(vision.prefix) :] if k.startswith(vision.prefix) else k: v
+                for k, v in folder.files.items()
+            },
+        )
     split_fused(model)  # a saved folder holds fused projections as their parts
     saved = folder.shapes
     _check_module_entries(folder, model, modules)
@@ -483,6 +497,7 @@ def load(
         _check_widths(folder, model, per_layer)
     _check_layer_widths(folder, model, manifest)
     # Materialised modules are built in float32; the whole model takes the requested dtype at once.
+    model = whole  # a vision-language model: the vision tower and projector as built, the weights below
     model.to(dtype=placement.dtype)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()

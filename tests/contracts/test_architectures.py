@@ -10,6 +10,7 @@ equal logits. The whole matrix is slow; one recipe per architecture is in the fa
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from slimkit.recipes.loading import load_recipe, validate
 from tests.tiny import (
     DECODERS,
     DENSE_2026,
+    MOE_2026,
     NEW_FAMILIES,
     assert_scaled_close,
     bpe_tokenizer,
@@ -42,6 +44,16 @@ from tests.tiny import (
 VOCAB = len(byte_tokenizer()) + 1
 NEW = sorted({**NEW_FAMILIES, **DENSE_2026})
 ALL = sorted(DECODERS)
+MATRIX = {
+    **DECODERS,
+    **MOE_2026,
+    # one router group (Kimi K2's and GLM-4.5's): whole experts then land near the target; group-limited routing is
+    # tested in tests/primitives/experts/test_families_2026.py
+    "deepseek_v3": partial(MOE_2026["deepseek_v3"], groups=1),
+    "glm4_moe": partial(MOE_2026["glm4_moe"], groups=1),
+}
+"""The matrix's rows: every dense decoder and the mixture-of-experts families added as data (their tiny models have
+a dense first or interleaved layer, shared experts, biases, sinks and latent attention where the family has them)."""
 
 
 def _model(family: str, **kwargs):
@@ -191,7 +203,7 @@ def test_granite_refuses_the_projection_its_residual_multiplier_breaks():
 # -- (b) refusals -------------------------------------------------------------------------------------------
 def test_supported_lists_every_decoder_spec():
     moe = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}  # tests/primitives/arch/test_moe.py covers them
-    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | moe
+    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | moe | set(MOE_2026)
     assert SUPPORTED["encoder"] == ("bert",)
     for family in ALL:
         check_supported(_model(family).config, "causal-lm")
@@ -263,7 +275,7 @@ def _tiny_folder(family: str, tmp_path: Path) -> Path:
     tokenizer = bpe_tokenizer()
     torch.manual_seed(0)
     folder = tmp_path / f"tiny-{family}"
-    model = DECODERS[family](vocab_size=len(tokenizer), layers=LAYERS)
+    model = MATRIX[family](vocab_size=len(tokenizer), layers=LAYERS)
     with fused_for_save(model):  # the stock folder a user brings (Phi-3's projections fused)
         model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -271,7 +283,7 @@ def _tiny_folder(family: str, tmp_path: Path) -> Path:
 
 
 def _matrix_params():
-    for family in ALL:
+    for family in sorted(MATRIX):
         for recipe in LLM_RECIPES:
             marks = () if recipe in FAST else (pytest.mark.slow,)
             yield pytest.param(family, recipe, marks=marks, id=f"{family}-{recipe}")
