@@ -511,8 +511,8 @@ def tiny_deepseek_v3(
 ):
     """DeepSeek-V3 / Kimi K2: multi-head latent attention (query rank 24, key-value rank 16, heads of 8 + 4 rotary
     dimensions, values of 8), one dense first layer, ``experts`` routed experts in ``groups`` groups (one picked per
-    token; DeepSeek-V3 has 8, Kimi K2 1) beside two shared experts (one MLP of twice the width), sigmoid routing with a correction bias and a
-    scaling factor."""
+    token; DeepSeek-V3 has 8, Kimi K2 1) beside two shared experts (one MLP of twice the width), sigmoid routing with
+    a correction bias and a scaling factor."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     config = DeepseekV3Config(
