@@ -96,8 +96,11 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
     dense: dict[str, list[str]] = {}
     lowrank: set[str] = set()
     view = ctx.view
+    # A routed-expert family's MLP projections share their names with fused expert tensors, which peft re-targets
+    # as parameters (its transformers-v5 MoE conversion); such a model is adapted in its attention only.
+    skipped = {"gate", "up", "down"} if view.spec.experts is not None else set()
     for layer in view.layers:
-        for role in layer.roles:
+        for role in (r for r in layer.roles if r not in skipped):
             path = view.path_of(layer.linear(role))
             suffix = path.rsplit(".", 1)[-1]
             if isinstance(layer.linear(role), LowRankLinear):
@@ -105,9 +108,8 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
                 lowrank.add(suffix)
             else:
                 dense.setdefault(suffix, []).append(path)
-    experts = view.spec.experts is not None  # a fused expert tensor shares a projection's name (down_proj)
     for suffix, paths in dense.items():
-        names.update(paths if suffix in lowrank or experts else (suffix,))
+        names.update(paths if suffix in lowrank else (suffix,))
     return tuple(sorted(names))
 
 

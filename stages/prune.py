@@ -61,7 +61,7 @@ from slimkit.stages.scoring import (
 )
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 
-GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
+GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature", "q_latent", "kv_latent"]
 
 
 class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):

@@ -226,7 +226,8 @@ NEW_FAMILIES = {
 
 
 def tiny_olmo3(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> torch.nn.Module:
-    """OLMo 3: OLMo 2's modules with sliding-window layers (window 4, shorter than the test inputs)."""
+    """OLMo 3: OLMo 2's modules with sliding-window layers (window 4, shorter than the test inputs), every fourth layer
+    attending to the whole context as in the released models."""
     from transformers import Olmo3Config, Olmo3ForCausalLM
 
     widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "head_dim"}  # derived: 48 / 6 = 8
@@ -235,7 +236,7 @@ def tiny_olmo3(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> tor
         num_hidden_layers=layers,
         tie_word_embeddings=tie,
         sliding_window=4,
-        layer_types=_gemma_windows(layers),
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)],
         **widths,
     )
     return _randomise_norms(Olmo3ForCausalLM(config))
@@ -574,8 +575,9 @@ def tiny_glm4_moe(
 
 
 def tiny_gpt_oss(vocab_size: int = 300, layers: int = 2, experts: int = 8, top_k: int = 2, tie: bool = False):
-    """GPT-OSS: biased attention with a learned sink per query head, sliding (window 4) and full layers alternating,
-    ``experts`` experts with biases and the interleaved, clamped gate/up (limit 1.0, reached by these weights)."""
+    """GPT-OSS: biased attention with a learned sink per query head (8 heads over 2 KV heads), sliding (window 4) and
+    full layers alternating, ``experts`` experts with biases and the interleaved, clamped gate/up (limit 1.0, reached
+    by these weights)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     config = GptOssConfig(
@@ -590,7 +592,7 @@ def tiny_gpt_oss(vocab_size: int = 300, layers: int = 2, experts: int = 8, top_k
         swiglu_limit=1.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=tie,
-        **_MOE_WIDTHS,
+        **{**_MOE_WIDTHS, "num_attention_heads": 8},
     )
     model = GptOssForCausalLM(config)
     with torch.no_grad():

@@ -83,11 +83,8 @@ def merged_weights(
         router_rows = torch.linalg.solve(gram, inputs.T @ targets).T
         singles = [i for i, k in enumerate(plan.kept) if len(plan.clusters[k]) == 1]
         router_rows[singles] = weights.router[[plan.kept[i] for i in singles]].double()
-    vectors = {
-        name: None if value is None else value[plan.kept]
-        for name, value in (("bias", weights.rule.bias), ("correction", weights.rule.correction))
-    }
-    return replace(weights.with_router(router_rows.to(weights.router.dtype), vectors), experts=merged)
+    bias, correction = (None if v is None else v[plan.kept] for v in (weights.rule.bias, weights.rule.correction))
+    return replace(weights.with_router(router_rows.to(weights.router.dtype), bias, correction), experts=merged)
 
 
 def set_expert_weights(block: MoEBlock, weights: ExpertWeights) -> None:

@@ -80,9 +80,11 @@ class ExpertWeights:
         assert self.glu.activation is not None
         return self.glu.activation
 
-    def with_router(self, rows: torch.Tensor, vectors: dict[str, torch.Tensor | None] | None = None) -> ExpertWeights:
-        """A copy with other router rows (and per-expert router vectors: ``bias``, ``correction``)."""
-        return replace(self, rule=replace(self.rule, weight=rows, **(vectors or {})))
+    def with_router(
+        self, rows: torch.Tensor, bias: torch.Tensor | None = None, correction: torch.Tensor | None = None
+    ) -> ExpertWeights:
+        """A copy with other router rows and per-expert router vectors (a logit ``bias``, a choice ``correction``)."""
+        return replace(self, rule=replace(self.rule, weight=rows, bias=bias, correction=correction))
 
     @classmethod
     def of(cls, block: MoEBlock) -> ExpertWeights:

@@ -123,7 +123,35 @@ FAMILIES: dict[str, GgufFamily] = {
 """The families this module writes, by Hugging Face ``model_type``."""
 
 ROPE_THETA: dict[str, Callable[[Any], float]] = {"olmo3": olmo3_rope_theta}
+
+NOT_WRITTEN: dict[str, str] = {
+    "deepseek_v3": "deepseek2 (latent attention with kv_b_proj split into k_b / v_b, grouped sigmoid routing)",
+    "glm4_moe": "glm4moe (grouped sigmoid routing with exp_probs_b, shared experts, leading dense layers)",
+    "gpt_oss": "gpt-oss (attention sinks, expert biases, llama.cpp's fixed SwiGLU limit)",
+    "llama4_text": "llama4 (interleaved dense and MoE layers, no-RoPE layers, chunked attention)",
+}
+"""Families llama.cpp runs whose GGUF layout slimkit does not write yet, and llama.cpp's architecture for each."""
+
+
+def not_written(model_type: str) -> str | None:
+    """One line for a family llama.cpp has an architecture for that slimkit's GGUF writer does not write, or None."""
+    if model_type not in NOT_WRITTEN:
+        return None
+    return (
+        f"GGUF export of {model_type}: llama.cpp runs it as {NOT_WRITTEN[model_type]}, a layout slimkit's GGUF "
+        "writer does not write; export --format hf (stock transformers reads it) or serve it with slimkit.load"
+    )
+
+
 """Where a family's RoPE base is, when not ``rope_parameters["rope_theta"]`` (OLMo 3: per layer kind)."""
 
 
-__all__ = ["FAMILIES", "ROPE_THETA", "GgufFamily", "check_glm4", "check_olmo3"]
+__all__ = [
+    "FAMILIES",
+    "NOT_WRITTEN",
+    "ROPE_THETA",
+    "GgufFamily",
+    "check_glm4",
+    "check_olmo3",
+    "not_written",
+]

@@ -31,7 +31,7 @@ from slimkit.primitives.arch.moe import MOE_SPECS, check_all_sparse, moe_spec
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
-from slimkit.primitives.export.gguf_arch import FAMILIES, ROPE_THETA
+from slimkit.primitives.export.gguf_arch import FAMILIES, ROPE_THETA, not_written
 from slimkit.primitives.export.gguf_vocab import vocabulary
 from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.files.atomic import staging_file
@@ -216,6 +216,8 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
         return model_type
     if model_type in FAMILIES:
         return FAMILIES[model_type].architecture
+    if not_written(model_type) is not None:
+        raise SlimkitError(not_written(model_type) or "")
     if model_type in ("qwen2", "qwen3"):
         if not uniform:
             raise SlimkitError(
@@ -247,8 +249,7 @@ def check_exportable(model: nn.Module) -> list[str]:
         return check_gemma(config, gguf_architecture(model_type, uniform=True))
     if model_type in FAMILIES:
         family = FAMILIES[model_type]
-        biased = [key for key in ("attention_bias", "mlp_bias") if getattr(config, key, False)]
-        unread = [key for key in biased if key not in family.biases]
+        unread = [k for k in ("attention_bias", "mlp_bias") if getattr(config, k, False) and k not in family.biases]
         if unread:
             raise SlimkitError(f"{', '.join(unread)}: llama.cpp's {family.architecture} reads no such biases")
         return family.check(config)

@@ -10,6 +10,7 @@ equal logits. The whole matrix is slow; one recipe per architecture is in the fa
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from pathlib import Path
 
@@ -266,6 +267,17 @@ OUT_OF_REACH = {("opt", "llm-pruner+sp3")}
 centring what writes the stream, embeddings included, so OPT's tied head is untied (a vocabulary x hidden matrix
 added), and the two prunable layers of the tiny model cannot remove 20% of the dense model and that head. The
 refusal is ``prune``'s one line naming what the stages before it added; the row fails if it starts to land."""
+MOE_UNDER_REACH = re.compile(
+    r"the target needs [\d,]+ parameters of .* can remove at most|cannot remove [\d.]+% of "
+    r"|the target needs \d+ channels removed from every expert"
+)
+"""The routed experts hold most of a tiny MoE model's parameters: a recipe whose units are heads, dense and
+shared-expert channels or low-rank projections cannot remove 20% of the model there. It refuses for its budget in one
+line, or (``strict: false``, as the matrix runs) lands under the target with the miss flagged. The same holds for
+channels inside 16-wide experts, which keep multiples of 8."""
+COARSE = {"moe-expert-prune+channels"}
+"""On the tiny MoE models an expert is 16 channels wide and kept widths are multiples of 8 (transformers' grouped
+expert matmul), so the channel stage moves in steps of half the routed experts: it lands within one such step."""
 GRANULARITY = 0.04
 """How far a run may land from its ratio on the tiny models (whole heads and aligned channel counts of 64-wide
 MLPs: llama itself lands up to 0.034 off on some recipes there)."""
@@ -301,10 +313,15 @@ def test_every_recipe_on_every_architecture(family, recipe, tmp_path):
         result = _run(recipe, family, folder)
     except SlimkitError as error:
         message = str(error)
-        assert "\n" not in message and family in message, message
+        assert "\n" not in message, message
+        assert family in message or (family in MOE_2026 and MOE_UNDER_REACH.search(message)), message
         return
     target = result.report.as_json()["target"]
-    if recipe in BLOCK_RECIPES:
+    if family in MOE_2026 and not target["met"] and target["achieved"] < target["ratio"] - GRANULARITY:
+        assert target["achieved"] > 0, target  # under reach (MOE_UNDER_REACH), flagged as missed
+    elif family in MOE_2026 and recipe in COARSE:
+        assert 0 < target["achieved"] and abs(target["achieved"] - target["ratio"]) <= 0.2, target
+    elif recipe in BLOCK_RECIPES:
         assert 0 < target["achieved"] <= target["ratio"] + 0.01, target
     else:
         assert abs(target["achieved"] - target["ratio"]) <= GRANULARITY, target

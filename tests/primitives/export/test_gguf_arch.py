@@ -1,6 +1,7 @@
 """The decoder families added as data, written as llama.cpp's architectures (OLMo 3 as olmo2, GLM-4 as glm4): the
 files' logits equal PyTorch's in llama.cpp (SiLU: no table, a float32 cache), per-layer widths padded exactly, and
-what llama.cpp would compute otherwise refused in one line before anything is written."""
+what llama.cpp would compute otherwise refused in one line before anything is written. The MoE families added since
+export as plain Hugging Face folders; their GGUF layouts are refused in one line."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import pytest
 import torch
 
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.moe import moe_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.llamacpp import gguf_logits
+from slimkit.primitives.experts import keep_experts
 from slimkit.primitives.export import export
 from slimkit.primitives.surgery import prune_layer
-from tests.tiny import bpe_tokenizer, model_output, tiny_glm4, tiny_olmo3
+from tests.tiny import MOE_2026, bpe_tokenizer, model_output, tiny_glm4, tiny_olmo3
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
 
@@ -76,7 +79,8 @@ def test_the_window_and_the_partial_rotation_are_in_the_files(tmp_path, bpe):
 
 
 def test_what_llamacpp_would_compute_otherwise_is_refused(tmp_path, bpe):
-    model = tiny_olmo3(vocab_size=len(bpe), layers=4)  # alternating sliding / full layers
+    model = tiny_olmo3(vocab_size=len(bpe), layers=4)
+    model.config.layer_types = ["sliding_attention", "full_attention"] * 2  # alternating: not llama.cpp's pattern
     with pytest.raises(SlimkitError, match=r"^layer_types: llama.cpp's olmo2 \(which runs OLMo 3\) makes every 4th"):
         export(model, tmp_path / "a.gguf", "gguf", "f32", tokenizer=bpe)
     model = _olmo3(bpe)
@@ -97,3 +101,18 @@ def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, fam
         prune_layer(model, "mlp_channel", layer.index, torch.arange(48))
     result = export(model, tmp_path / "hf", "hf", tokenizer=bpe)
     assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
+
+
+@pytest.mark.parametrize("family", sorted(MOE_2026))
+def test_moe_families_export_as_plain_folders_and_refuse_gguf_in_one_line(tmp_path, bpe, family):
+    """The same experts removed in every routed layer (the same count in every router group): stock transformers
+    reads the folder (logits checked by the export); GGUF names llama.cpp's architecture and refuses in one line."""
+    model = MOE_2026[family](vocab_size=len(bpe), layers=4)
+    for block in moe_blocks(model):
+        size = block.num_experts // block.router_groups
+        keep_experts(block, [e for e in range(block.num_experts) if e % size != size - 1])
+    result = export(model, tmp_path / "hf", "hf", tokenizer=bpe)
+    assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
+    with pytest.raises(SlimkitError, match=rf"^GGUF export of {family}: llama.cpp runs it as ") as refused:
+        export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
+    assert "\n" not in str(refused.value) and not (tmp_path / "m.gguf").exists()
