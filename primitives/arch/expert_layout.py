@@ -1,18 +1,11 @@
 """How a family stores its routed experts, and the one form slimkit's expert primitives compute on.
 
 The *row form* (:class:`RowExperts`): ``gate`` and ``up`` ``(experts, width, hidden)``, ``down`` ``(experts, hidden,
-width)`` and, where the family has them, the biases ``gate_bias`` / ``up_bias`` ``(experts, width)`` and
-``down_bias`` ``(experts, hidden)``. Families store them as:
-
-* ``rows``: ``gate_up`` ``(experts, 2 x width, hidden)``, every gate row then every up row, ``down`` ``(experts,
-  hidden, width)`` (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V3, GLM-4.5 in transformers 5);
-* ``columns``: ``gate_up`` ``(experts, hidden, 2 x width)`` (gate columns, then up), ``down`` ``(experts, width,
-  hidden)``, applied as ``x @ W`` (Llama 4);
-* ``interleaved_columns``: as ``columns`` with gate and up interleaved, gate at even columns and up at odd ones, and
-  biases ``gate_up_proj_bias`` ``(experts, 2 x width)`` interleaved alike (GPT-OSS).
-
-:func:`to_rows` gives views of the stored tensors (no copy: a layer's experts are large); :func:`from_rows` stores
-the row form back (exact: transposes and index permutations only). Method note: docs/methods/moe-experts.md.
+width)`` and the biases where the family has them. Families store ``rows`` (``gate_up`` ``(experts, 2 x width,
+hidden)``, gate rows then up rows: Mixtral, Qwen-MoE, OLMoE, DeepSeek-V3, GLM-4.5), ``columns`` (``(experts, hidden,
+2 x width)`` applied as ``x @ W``: Llama 4) or ``interleaved_columns`` (gate at even columns, up at odd ones, with
+biases: GPT-OSS). :func:`to_rows` gives views (no copy); :func:`from_rows` stores the row form back exactly.
+Method note: docs/methods/moe-experts.md.
 """
 
 from __future__ import annotations

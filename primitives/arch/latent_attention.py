@@ -1,25 +1,10 @@
 """Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2) as architecture data, and its widths read from shapes.
 
 MLA computes queries through a low-rank pair with a norm between, ``q = q_b(norm(q_a x))``, and keys and values from
-one compressed latent: ``kv_a`` writes ``kv_lora_rank`` latent channels (normalised by ``kv_a_layernorm``) and
-``qk_rope_head_dim`` rotary key channels shared by every head; ``kv_b`` expands the latent into each head's
-non-rotary key part (``qk_nope_head_dim``) and value (``v_head_dim``). A query head is ``qk_nope_head_dim +
-qk_rope_head_dim`` rows of ``q_b``.
-
-Its units (built in :mod:`slimkit.primitives.groups.latent`):
-
-* a head: its ``q_b`` rows (both parts), its ``kv_b`` rows (key and value) and its ``o`` columns; the shared rotary
-  key is no head's, so removing heads is exact (a removed head adds what a zero ``o`` column adds: nothing);
-* a query latent channel: a ``q_a`` row, its ``q_a_layernorm`` weight and a ``q_b`` column; a key-value latent
-  channel: a ``kv_a`` row among its first ``kv_lora_rank``, its ``kv_a_layernorm`` weight and a ``kv_b`` column.
-  The pair is low-rank already, so keeping ``r`` latent channels is choosing its rank. The norm between then averages
-  over ``r`` channels instead of ``R``: its weight is multiplied by ``sqrt(R / r)`` when channels are removed
-  (``rescale_norms`` in the group), so removing channels that carry nothing leaves the outputs unchanged (up to the
-  norm's epsilon).
-
-The attention reads ``kv_lora_rank`` from its own attribute when it splits ``kv_a``'s output
-(:func:`sync_latent_attention`); per-layer ranks and head counts are saved in ``per_layer_config``.
-Method note: docs/methods/architectures.md.
+one latent: ``kv_a`` writes ``kv_lora_rank`` latent channels (normalised by ``kv_a_layernorm``) and the rotary key
+channels every head shares; ``kv_b`` expands the latent into each head's non-rotary key and its value. Its units (heads,
+query and key-value latent channels) are built in :mod:`slimkit.primitives.groups.latent`; the attention reads
+``kv_lora_rank`` from its own attribute (:func:`sync_latent_attention`). Method note: docs/methods/architectures.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """How a mixture-of-experts router picks and weighs experts, as pure functions of its tensors, with experts masked out.
 
-Four rules cover the families slimkit supports (:attr:`~slimkit.primitives.arch.moe.MoESpec.router_kind`):
-
-* ``softmax`` (Mixtral, Qwen-MoE, OLMoE): softmax over the logits, the top-k probabilities, renormalised to sum to one
-  where the family does it;
-* ``topk_softmax`` (GPT-OSS): the top-k logits (the router has a bias), then a softmax over those k alone;
-* ``sigmoid_grouped`` (DeepSeek-V3, Kimi K2, GLM-4.5): sigmoid scores; the choice adds a per-expert correction bias,
-  keeps the ``top_groups`` best of ``groups`` equal groups of experts (a group's score: its two best experts) and
-  takes the top-k inside them; the weights are the uncorrected scores of the chosen experts, renormalised where the
-  family does it, times ``routed_scaling_factor``;
-* ``sigmoid_top`` (Llama 4): the top-k logits; each chosen expert reads its input multiplied by the sigmoid of its
-  logit, and its output is added with weight one.
-
-A dropped expert is masked before the choice (its logit or choice score minus infinity), which is exactly what
-removing its router row does; under ``sigmoid_grouped`` only when every group keeps the same number of experts, the
-condition :func:`check_groups` states. Method note: docs/methods/moe-experts.md.
+Four rules (:attr:`~slimkit.primitives.arch.moe.MoESpec.router_kind`): ``softmax`` (Mixtral, Qwen-MoE, OLMoE),
+``topk_softmax`` (GPT-OSS: the top-k logits, then a softmax over them), ``sigmoid_grouped`` (DeepSeek-V3, Kimi K2,
+GLM-4.5: sigmoid scores, a corrected, group-limited choice, scaled weights) and ``sigmoid_top`` (Llama 4: each chosen
+expert reads its input times the sigmoid of its logit). A dropped expert is masked before the choice, which is exactly
+what removing its router row does (under ``sigmoid_grouped`` when every group keeps the same number:
+:func:`check_groups`). Method note: docs/methods/moe-experts.md.
 """
 
 from __future__ import annotations
