@@ -139,3 +139,21 @@ def test_naee_and_merging_keep_every_per_expert_tensor(family):
         assert tensor.shape[0] == keep, name
     assert torch.isfinite(model_output(model, _ids())).all()
     assert ModelView(model).layer(block.index).widths()[block.spec.count_key] == keep
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_macs_count_every_projection_once_and_the_top_k_experts(family):
+    """By hand: every Linear a token passes (attention with MLA's q_a / kv_a, dense MLPs, shared experts, the head,
+    Llama 4's router, an nn.Linear), each other router's rows and the top-k experts of every routed layer, plus the
+    attention products."""
+    from slimkit.primitives.evaluate.counting import count_macs
+
+    model = MOE_2026[family]()
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    routed = sum(
+        (0 if isinstance(b.router, torch.nn.Linear) else b.router.weight.numel())
+        + b.top_k * 3 * model.config.hidden_size * b.width
+        for b in moe_blocks(model)
+    )
+    products = sum(2 * layer.num_heads * layer.head_dim for layer in ModelView(model).layers)
+    assert count_macs(model, seq_len=1) == linears + routed + products
