@@ -78,9 +78,9 @@ def measure(recipe_name: str, folder: Path, samples: int, overrides: list[str]) 
     import torch
 
     import slimkit
-    from slimkit.engine import registry
     from slimkit.engine.memory_check import recipe_memory_plan
     from slimkit.primitives.evaluate.tensor_bytes import LiveTensorBytes
+    from slimkit.recipes import catalogue
     from slimkit.recipes.loading import load_recipe, validate
 
     _recipe, raw = load_recipe(recipe_name, overrides)
@@ -96,7 +96,7 @@ def measure(recipe_name: str, folder: Path, samples: int, overrides: list[str]) 
             planned.update({name: memory for name in memory.stage.removeprefix("sequential[")[:-1].split(",")})
     rows: list[dict[str, Any]] = []
     live = LiveTensorBytes()
-    original = dict(registry.STAGES)
+    original = dict(catalogue.STAGES)
 
     def wrapped(name: str, fn: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -124,14 +124,27 @@ def measure(recipe_name: str, folder: Path, samples: int, overrides: list[str]) 
         return run
 
     try:
-        for name, stage in original.items():
-            registry.STAGES[name] = dataclasses.replace(stage, fn=wrapped(name, stage.fn))
+        for name, definition in original.items():
+            measured = Measured(definition.stage, lambda fn, name=name: wrapped(name, fn))
+            catalogue.STAGES[name] = dataclasses.replace(definition, stage=measured)
         with live:
             slimkit.run(raw, None, model=model, tokenizer=tokenizer, evaluate=False, compare_dense=False)
     finally:
-        registry.STAGES.clear()
-        registry.STAGES.update(original)
+        catalogue.STAGES.clear()
+        catalogue.STAGES.update(original)
     return rows
+
+
+class Measured:
+    """A stage whose work (``run_model``, ``run_layer``) is measured: ``wrap(method)`` gives the measuring call; every
+    other attribute is the stage's own (so it offers the same protocols)."""
+
+    def __init__(self, stage: Any, wrap: Any) -> None:
+        self._stage, self._wrap = stage, wrap
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._stage, name)
+        return self._wrap(value) if name in ("run_model", "run_layer") else value
 
 
 def _main(argv: list[str]) -> None:

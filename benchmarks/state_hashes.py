@@ -1,4 +1,5 @@
-"""Saved state-dict hashes of every bundled causal-LM recipe run on a tiny random Llama: a behaviour fingerprint.
+"""Saved state-dict hashes of every bundled causal-LM recipe run on a tiny random Llama (the mixture-of-experts
+recipes on a tiny Qwen3-MoE): a behaviour fingerprint.
 
     python -m benchmarks.state_hashes [--only wanda-channels,lorap] [--write PATH]
 
@@ -43,10 +44,17 @@ def state_hash(folder: Path) -> str:
 
 def causal_lm_recipes() -> list[str]:
     """The bundled recipes that compress a dense causal LM (GLUE task models, encoders and the mixture-of-experts
-    recipes, which need an MoE model and are checked by tests/contracts/test_matrix.py, left out)."""
+    recipes left out)."""
     from benchmarks.exportable import is_moe_recipe, llm_recipes
 
     return [name for name, why_not in llm_recipes().items() if why_not is None and not is_moe_recipe(name)]
+
+
+def moe_recipes() -> list[str]:
+    """The bundled mixture-of-experts recipes (hashed on the tiny Qwen3-MoE)."""
+    from benchmarks.exportable import is_moe_recipe, llm_recipes
+
+    return [name for name, why_not in llm_recipes().items() if why_not is None and is_moe_recipe(name)]
 
 
 def recipe_hash(name: str, model_dir: Path, work: Path) -> str:
@@ -73,13 +81,14 @@ def recipe_hash(name: str, model_dir: Path, work: Path) -> str:
 
 
 def all_hashes(names: list[str]) -> dict[str, str]:
-    from benchmarks.exportable import tiny_model_dir
+    from benchmarks.exportable import is_moe_recipe, tiny_model_dir
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         model_dir = tiny_model_dir(work / "tiny-llama")
-        return {name: recipe_hash(name, model_dir, work) for name in names}
+        moe_dir = tiny_model_dir(work / "tiny-qwen3-moe", moe=True)
+        return {name: recipe_hash(name, moe_dir if is_moe_recipe(name) else model_dir, work) for name in names}
 
 
 def versions() -> dict[str, str]:
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated recipe names (default: every causal-LM one)")
     parser.add_argument("--write", default=None, help="write the hashes as JSON here")
     options = parser.parse_args(argv)
-    names = options.only.split(",") if options.only else causal_lm_recipes()
+    names = options.only.split(",") if options.only else causal_lm_recipes() + moe_recipes()
     hashes = all_hashes(names)
     text = json.dumps({"versions": versions(), "hashes": hashes}, indent=1, sort_keys=True) + "\n"
     if options.write:

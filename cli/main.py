@@ -187,13 +187,15 @@ def _calibration_text(definition: Any) -> str:
     of those arguments (a choice or a flag) that change it."""
     from pydantic import ValidationError
 
+    from slimkit.recipes.stage_args import ReadsData, offered
+
     try:
         defaults = definition.args()
     except ValidationError:  # required arguments: no defaults to ask about
         return "depends on the arguments"
-    needs = bool(defaults.needs_calibration())
-    if not definition.args.calibration_depends_on:  # declared: the answer is the same for every value
-        return "yes" if needs else "no"
+    needs = offered(defaults, ReadsData).needs_calibration()
+    if not (issubclass(definition.args, ReadsData) and definition.args.calibration_depends_on):
+        return "yes" if needs else "no"  # declared: the answer is the same for every value
     other: list[str] = []
     for name in definition.args.calibration_depends_on:
         annotation = definition.args.model_fields[name].annotation
@@ -207,7 +209,7 @@ def _calibration_text(definition: Any) -> str:
                 changed = definition.args.model_validate({name: value})
             except ValidationError:  # a value the other arguments' defaults rule out
                 continue
-            if bool(changed.needs_calibration()) != needs:
+            if offered(changed, ReadsData).needs_calibration() != needs:
                 other.append(f"{name}: {json.dumps(value).replace(chr(34), '')}")
     answer = f"{'yes' if needs else 'no'} with the default arguments"
     if not other:
@@ -240,18 +242,19 @@ def _reflow(text: str) -> list[str]:
 
 
 def _stage_doc(definition: Any) -> str:
-    """The stage function's docstring after its summary when it says more, else its module's docstring
+    """The stage class's docstring after its summary when it says more, else its module's docstring
     without the paragraphs that start by naming another stage of that module."""
-    own = inspect.getdoc(definition.fn) or ""
+    kind = type(definition.stage)
+    own = inspect.getdoc(kind) or ""
     body = "\n".join(own.splitlines()[1:]).strip()  # the first line is the summary, printed above
     if body:
         return _strip_roles(body)
-    from slimkit.engine.registry import STAGES
+    from slimkit.recipes.catalogue import STAGES
 
-    module = inspect.getmodule(definition.fn)
+    module = inspect.getmodule(kind)
     text = inspect.getdoc(module) or own
     siblings = [
-        d.name for d in STAGES.values() if d.name != definition.name and d.fn.__module__ == definition.fn.__module__
+        d.name for d in STAGES.values() if d.name != definition.name and type(d.stage).__module__ == kind.__module__
     ]
     paragraphs = [
         paragraph
@@ -263,17 +266,22 @@ def _stage_doc(definition: Any) -> str:
 
 @stage_app.command("list")
 def stage_list() -> None:
-    """List the registered stages: name, scope and what each does."""
+    """List the registered stages: name, scope, what each does and where it comes from (slimkit, or an installed
+    package's ``slimkit.stages`` entry point); a plugin that failed to load is listed with why."""
     from rich.table import Table
     from rich.text import Text
 
-    from slimkit.engine.registry import stage_def, stage_names
+    from slimkit.recipes.catalogue import BROKEN, BUILT_IN, stage_def, stage_names
 
-    table = Table("stage", "scope", "summary")
+    table = Table("stage", "scope", "summary", "from")
     for name in stage_names():
         definition = stage_def(name)
-        table.add_row(name, definition.scope, Text(definition.summary))
-    _console().print(table)
+        origin = "slimkit" if definition.origin == BUILT_IN else definition.origin
+        table.add_row(name, definition.scope, Text(definition.summary), Text(origin))
+    console = _console()
+    console.print(table)
+    for broken in BROKEN.values():
+        console.print(Text(f"not loaded: {broken.refusal()}"))
 
 
 @stage_app.command("support")
@@ -291,7 +299,8 @@ def stage_show(name: Annotated[str, typer.Argument(help="A registered stage (see
     from rich.table import Table
     from rich.text import Text
 
-    from slimkit.engine.registry import stage_def, stage_names
+    from slimkit.recipes.catalogue import stage_def, stage_names
+    from slimkit.recipes.stage_args import ReadsData, offered
 
     try:
         definition = stage_def(name)
@@ -301,9 +310,10 @@ def stage_show(name: Annotated[str, typer.Argument(help="A registered stage (see
     console.print(Text(f"{definition.name}: {definition.summary}", style="bold"))
     facts = [
         ("scope", SCOPES.get(definition.scope, definition.scope)),
+        ("from", definition.origin),
         ("calibration data", _calibration_text(definition)),
     ]
-    if definition.args.model_construct().needs_task():  # unvalidated: the answer does not depend on the values
+    if offered(definition.args.model_construct(), ReadsData).needs_task():  # the answer does not depend on values
         facts.append(("task", "needs the recipe's task (a GLUE task model)"))
     if definition.trains:
         facts.append(("dtype", "trains through the model: float32 or bfloat16 weights (float16 is refused)"))

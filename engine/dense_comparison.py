@@ -21,6 +21,7 @@ from slimkit.primitives.device.placement import Placement, dtype_name
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.reference import content_fingerprint, dense_metrics
 from slimkit.primitives.evaluate.run import evaluate_model
+from slimkit.primitives.finetune.glue_task_model import task_head
 from slimkit.primitives.io.model_sources import dense_of, load_source
 
 
@@ -29,13 +30,14 @@ def compare_with_dense(
 ) -> DenseComparison | None:
     """The dense model's perplexity and zero-shot metrics under the recipe's evaluation settings (GLUE and speed
     left out), from the cache or measured now; None (with a note when it could have been asked for) when the run's
-    evaluation has none, the model was given in memory, or it is a GLUE task model (its dense head is untrained)."""
+    evaluation has none, the model was given in memory, or it is a task model (its dense head is untrained)."""
     recipe = ctx.recipe
     settings = recipe.eval.model_copy(update={"glue": None, "speed": False})
     if settings.perplexity is None and (settings.zeroshot is None or not settings.zeroshot.tasks):
         return None
-    if recipe.task is not None or ctx.source["path"] is None:
-        why = "a GLUE task model's dense head is untrained" if recipe.task else "an in-memory model has no source"
+    head = task_head(recipe.task)
+    if head is not None or ctx.source["path"] is None:
+        why = head.no_dense_comparison if head is not None else "an in-memory model has no source"
         ctx.notes.append(f"no dense comparison: {why}")
         return None
     dense = dense_of(ctx.source)

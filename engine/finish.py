@@ -13,9 +13,9 @@ import yaml
 from slimkit.engine import output_safety
 from slimkit.engine.context import Context
 from slimkit.engine.dense_comparison import compare_with_dense
+from slimkit.engine.dispatch import StageRun, StagesOutcome
 from slimkit.engine.error_translation import output_write_errors
 from slimkit.engine.progress import Timings
-from slimkit.engine.registry import stage_def
 from slimkit.engine.report import (
     MACS_SEQ_LEN,
     DenseComparison,
@@ -103,7 +103,7 @@ def check_result(
 def finish(
     ctx: Context,
     start: RunStart,
-    shares: dict[str, float],
+    stages: StagesOutcome,
     save_dtype: torch.dtype | None,
     out_path: Path | None,
     force: bool,
@@ -111,13 +111,13 @@ def finish(
     timings: Timings,
 ) -> Result:
     """Check, save, export, evaluate, report and publish; returns the run's :class:`Result`."""
-    outcome = check_result(ctx, start, shares, save_dtype)
+    outcome = check_result(ctx, start, stages.shares, save_dtype)
     staging = None
     exports: list[dict[str, Any]] = []
     try:
         with output_write_errors(out_path):
             staging = staging_dir(out_path) if out_path is not None else None
-            exports = save_model(ctx, start, staging, timings) if staging is not None else []
+            exports = save_model(ctx, start, stages.runs, staging, timings) if staging is not None else []
             evaluation, dense = Evaluation(), None
             if options.evaluate:
                 evaluation = evaluate_model(ctx.model, ctx.tokenizer, ctx.recipe.eval, ctx.tracker)
@@ -127,12 +127,13 @@ def finish(
                 if options.compare_dense:
                     dense = compare_with_dense(ctx, start.placement, save_dtype or start.placement.dtype, timings)
             written = Written(folder_loaders(staging / "model"), exports) if staging is not None else None
-            report = build_report(ctx, start, outcome, evaluation, save_dtype, timings, dense, written)
+            report = build_report(ctx, start, outcome, stages.runs, evaluation, save_dtype, timings, dense, written)
             if staging is not None and out_path is not None:
                 from slimkit.engine.report_files import write_report
 
-                for name, writer in ctx.artifacts.items():
-                    writer(staging / name)
+                for run in stages.runs:
+                    for name, writer in run.result.artifacts.items():
+                        writer(staging / name)
                 write_report(report, staging)
                 ctx.tracker.reached("replace")
                 for note in output_safety.publish(staging, out_path, force):
@@ -149,7 +150,22 @@ def finish(
     return Result(ctx.model, ctx.tokenizer, report, out_path)
 
 
-def save_model(ctx: Context, start: RunStart, staging: Path, timings: Timings) -> list[dict[str, Any]]:
+def stage_manifest(runs: list[StageRun]) -> dict[str, Any]:
+    """The manifest entries the stages left (each key once per run)."""
+    entries: dict[str, Any] = {}
+    for run in runs:
+        for key, value in run.result.manifest.items():
+            if key in entries:
+                raise SlimkitError(
+                    f"stage '{run.definition.name}' leaves manifest entry '{key}', which another stage left"
+                )
+            entries[key] = value
+    return entries
+
+
+def save_model(
+    ctx: Context, start: RunStart, runs: list[StageRun], staging: Path, timings: Timings
+) -> list[dict[str, Any]]:
     """The model (with its manifest and recipe) into ``staging/model``, then the recipe's exports; returns those."""
     recipe = ctx.recipe
     raw = recipe.source()
@@ -160,7 +176,7 @@ def save_model(ctx: Context, start: RunStart, staging: Path, timings: Timings) -
         "source": ctx.source,
         "calibration": start.calibration,
         "target": recipe.target.model_dump(),
-        **ctx.manifest,
+        **stage_manifest(runs),
     }
     with timings.stage("save"):
         save(ctx.model, ctx.tokenizer, staging / "model", manifest=manifest)
@@ -189,16 +205,17 @@ def run_exports(recipe: Recipe, model: Any, tokenizer: Any, folder: Path, timing
     return results
 
 
-def stage_reports(ctx: Context, calibration: dict[str, Any] | None) -> dict[str, StageReport]:
-    """Each stage's recorded mapping as a typed :class:`StageReport` (``lora#2``: the second lora stage)."""
+def stage_reports(runs: list[StageRun], calibration: dict[str, Any] | None) -> dict[str, StageReport]:
+    """Each stage's result as a typed :class:`StageReport`, by stage name in recipe order (``lora#2``: the second
+    lora stage of the recipe)."""
     tokens = int((calibration or {}).get("tokens") or 0)
-    reports = {}
-    for key, recorded in ctx.stage_report.items():
-        try:
-            trains = stage_def(key.split("#")[0]).trains
-        except KeyError:  # a report under a name that is no stage's
-            trains = False
-        reports[key] = StageReport.from_stage(recorded, trains, tokens)
+    reports: dict[str, StageReport] = {}
+    seen: dict[str, int] = {}
+    for run in runs:
+        name = run.definition.name
+        seen[name] = seen.get(name, 0) + 1
+        key = name if seen[name] == 1 else f"{name}#{seen[name]}"
+        reports[key] = StageReport.from_stage(dict(run.result.details), run.definition.trains, tokens)
     return reports
 
 
@@ -215,6 +232,7 @@ def build_report(
     ctx: Context,
     start: RunStart,
     outcome: TargetOutcome,
+    runs: list[StageRun],
     evaluation: Evaluation,
     save_dtype: torch.dtype | None,
     timings: Timings,
@@ -250,7 +268,7 @@ def build_report(
         evaluation=evaluation.details,
         calibration=start.calibration,
         memory_plan=start.memory_plan.describe() if start.memory_plan is not None else None,
-        stages=stage_reports(ctx, start.calibration),
+        stages=stage_reports(runs, start.calibration),
         layers={"before": start.widths_before, "after": ModelView(ctx.model).layer_widths()},
         notes=ctx.notes,
         versions=versions(),

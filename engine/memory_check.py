@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from slimkit.engine.capabilities import PlansMemory, memory_of
 from slimkit.engine.stage_memory import LAYERWISE_ADVICE, MemoryInputs
 from slimkit.primitives.device.memory_model import (
     MemoryPlan,
@@ -20,6 +21,7 @@ from slimkit.primitives.device.memory_model import (
 )
 from slimkit.primitives.errors import SlimkitError
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec, StageSpec
+from slimkit.recipes.stage_args import ReadsData, offered
 
 
 def stage_memory(
@@ -29,23 +31,25 @@ def stage_memory(
     dtype_bytes: int,
     device: str | None = None,
 ) -> StageMemory:
-    """One top-level stage's peak beside the weights: the stage's own estimate (:meth:`StageArgs.memory`)."""
-    return spec.parsed_args().memory(spec.stage, MemoryInputs(shape, calibration, dtype_bytes, device))
+    """One top-level stage's peak beside the weights: the stage's own estimate (:meth:`PlansMemory.memory`)."""
+    return memory_of(spec.parsed_args(), spec.stage, MemoryInputs(shape, calibration, dtype_bytes, device))
 
 
 def block_memory(
     spec: SequentialSpec, shape: ModelShape, calibration: CalibrationConfig | None, dtype_bytes: int
 ) -> StageMemory:
     """A ``sequential`` block: one layer's inputs/outputs for every sample and one layer's matrices (the largest
-    a stage of the block holds, :meth:`StageArgs.block_matrix_bytes`)."""
+    a stage of the block holds, :meth:`PlansMemory.block_matrix_bytes`)."""
     inputs = MemoryInputs(shape, calibration, dtype_bytes)
     name = f"sequential[{','.join(s.stage for s in spec.sequential)}]"
     memory = StageMemory(name, advice=LAYERWISE_ADVICE)
     memory.parts["layer inputs"] = layer_input_bytes(shape, inputs.samples, inputs.seq_len, dtype_bytes)
-    matrices = max(child.parsed_args().block_matrix_bytes(shape) for child in spec.sequential)
+    matrices = max(offered(child.parsed_args(), PlansMemory).block_matrix_bytes(shape) for child in spec.sequential)
     if matrices:
         memory.parts["matrices"] = matrices
-    held = max(inputs.log_prob_bytes(child.parsed_args().holdout_batches()) for child in spec.sequential)
+    held = max(
+        inputs.log_prob_bytes(offered(child.parsed_args(), ReadsData).holdout_batches()) for child in spec.sequential
+    )
     if held:
         memory.parts["dense log-probs"] = held
     return memory
@@ -53,7 +57,7 @@ def block_memory(
 
 def search_log_prob_bytes(spec: StageSpec, shape: ModelShape, calibration: CalibrationConfig | None) -> int:
     """The float32 dense log-probabilities an allocation search keeps for its held-out batches (0 without one)."""
-    return MemoryInputs(shape, calibration, 0).log_prob_bytes(spec.parsed_args().holdout_batches())
+    return MemoryInputs(shape, calibration, 0).log_prob_bytes(offered(spec.parsed_args(), ReadsData).holdout_batches())
 
 
 def recipe_memory_plan(

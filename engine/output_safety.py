@@ -97,7 +97,7 @@ def signals_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[int] = []
+    received: list[int] = []  # signal numbers
     held = [sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not None]
     previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in held}
     try:
@@ -105,8 +105,8 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for sig in received:
-            signal.raise_signal(sig)
+        for number in received:
+            signal.raise_signal(number)
 
 
 @contextmanager

@@ -11,30 +11,26 @@ from typing import Any
 
 import torch
 
-from slimkit.engine.context import Context
-from slimkit.engine.dispatch import block_children, block_plan
-from slimkit.engine.registry import stage_def
+from slimkit.engine.capabilities import ChecksModel, ChecksReach
+from slimkit.engine.context import Block, Context
+from slimkit.engine.dispatch import block_children, start_item
 from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.device.placement import DTYPES, Placement, resolve_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune.glue_task_model import task_head
 from slimkit.primitives.io.paths import check_path_length
+from slimkit.recipes.catalogue import stage_def
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
+from slimkit.recipes.stage_args import ChangesProjections, ReadsData, offered
 
 
 def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
     """Read the calibration data file now, so a missing one (or an unusable cache folder the datasets library
     writes to) fails before any compute."""
-    from slimkit.primitives.datasets import gluedata, textdata
-    from slimkit.primitives.datasets.data_paths import cache_root
+    from slimkit.primitives.calibration.batches import check_calibration_source
 
-    if calibration is None:
-        return
-    task = gluedata.calibration_task(calibration.dataset)
-    if task is not None:
-        gluedata.read_split(task, "train")
-    else:
-        cache_root()  # usable: checked even when the corpus was read earlier in this process
-        textdata.documents(calibration.dataset)
+    if calibration is not None:
+        check_calibration_source(calibration.dataset)
 
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
@@ -135,18 +131,19 @@ def check_export_model(recipe: Recipe, model: Any) -> None:
     from slimkit.primitives.export import EXPORTABLE_MODEL_TYPES, HF_MODEL_TYPES
 
     model_type = getattr(model.config, "model_type", None)
+    head = task_head(recipe.task)
     for index, item in enumerate(recipe.export):
         allowed = EXPORTABLE_MODEL_TYPES if item.format == "gguf" else HF_MODEL_TYPES
-        if model_type not in allowed or recipe.task is not None:
+        if model_type not in allowed or head is not None:
             raise SlimkitError(
                 f"export.{index}: format {item.format} writes {', '.join(allowed)} language models; "
-                f"this run's model is {'a GLUE task model' if recipe.task else repr(model_type)}"
+                f"this run's model is {head.what if head is not None else repr(model_type)}"
             )
 
 
 def check_stage_models(recipe: Recipe, model: Any) -> None:
-    """Each stage's own refusals that need the loaded model (:meth:`StageArgs.check_model`), and a training stage's
-    windows (its ``seq_len``) within the model's positions, before calibration."""
+    """Each stage's own refusals that need the loaded model (:meth:`ChecksModel.check_model`), and a training
+    stage's windows (its ``seq_len``) within the model's positions, before calibration."""
     from slimkit.primitives.arch.moe import role_refusal
 
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -158,19 +155,20 @@ def check_stage_models(recipe: Recipe, model: Any) -> None:
                 f"{where} ({spec.stage}): args.seq_len {seq_len} is longer than the model's max_position_embeddings "
                 f"({positions}); use at most {positions}"
             )
-        refusal = role_refusal(model, spec.stage, args.touches() | args.makes_lowrank())
+        projections = offered(args, ChangesProjections)
+        refusal = role_refusal(model, spec.stage, projections.touches() | projections.makes_lowrank())
         if refusal is not None:  # a MoE model's projections the stage would change
             raise SlimkitError(refusal)
-        args.check_model(model)
+        offered(args, ChecksModel).check_model(model)
 
 
 def dense_reloaders(recipe: Recipe) -> list[str]:
-    """The top-level stages that reload the dense model during the run (:meth:`StageArgs.reloads_dense`:
+    """The top-level stages that reload the dense model during the run (:meth:`ReadsData.reloads_dense`:
     ``distill`` with steps to train, its teacher; ``reconstruct``, its refit target), as ``stages.N (NAME)``."""
     return [
         f"stages.{index} ({item.stage})"
         for index, item in enumerate(recipe.stages)
-        if not isinstance(item, SequentialSpec) and item.parsed_args().reloads_dense()
+        if not isinstance(item, SequentialSpec) and offered(item.parsed_args(), ReadsData).reloads_dense()
     ]
 
 
@@ -178,14 +176,14 @@ def check_dense_reachable(recipe: Recipe, source: dict[str, Any]) -> None:
     """Refuse, before any compute, a recipe that reloads the dense model when a slimkit output is compressed whose
     dense origin is not on this machine (``source["compressed_from"]``, from
     :func:`~slimkit.primitives.io.model_sources.dense_origin`), then each stage's own checks of the source
-    (:meth:`StageArgs.check_source`: a distillation hidden-state term after a PCA projection). A model given in
+    (:meth:`ChecksModel.check_source`: a distillation hidden-state term after a PCA projection). A model given in
     memory is refused by the stage itself when it reloads."""
     reloaders = dense_reloaders(recipe)
     origin = source.get("compressed_from")
     if reloaders and origin is not None and origin.get("path") is None:
         raise SlimkitError(f"{reloaders[0]}: reloads the dense model, but {origin['missing']}")
     for spec in recipe.flat_stages():
-        spec.parsed_args().check_source(recipe, source)
+        offered(spec.parsed_args(), ChecksModel).check_source(recipe, source)
 
 
 def check_calibration_length(recipe: Recipe, model: Any) -> None:
@@ -202,18 +200,11 @@ def check_calibration_length(recipe: Recipe, model: Any) -> None:
 
 
 def check_eval_model(recipe: Recipe, model: Any) -> None:
-    """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head),
-    and perplexity windows longer than the model's positions."""
-    from slimkit.primitives.arch.support import task_of
-    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_evaluations, check_lm_head
+    """Refuse, before any compression, an evaluation the run's model cannot take
+    (:func:`~slimkit.primitives.evaluate.run.check_eval_model`)."""
+    from slimkit.primitives.evaluate.run import check_eval_model as check_evaluations
 
-    check_eval_length(recipe.eval, model, "eval.perplexity.seq_len")
-    if recipe.task is None and task_of(model.config) != "encoder":
-        check_lm_head(recipe.eval, model, "the recipe's model")
-    if recipe.task is not None or task_of(model.config) != "encoder":
-        return
-    remedy = "set {field}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
-    check_lm_evaluations(recipe.eval, "this run's model", remedy, field_prefix="eval.")
+    check_evaluations(recipe.eval, model, task_head(recipe.task) is not None)
 
 
 def check_offloaded_stages(recipe: Recipe, model: Any) -> None:
@@ -240,14 +231,15 @@ def check_target_reachable(ctx: Context) -> None:
     (global, search) are refused when even every group at its fewest allowed units falls short (where exactly they
     land depends on scores: checked when the block starts, still before any weight changes). Later blocks are
     checked when they start."""
-    children, _propagate = block_children(ctx.recipe.stages[0])
-    checks = [check for spec in children if (check := spec.parsed_args().reach_check(spec.stage)) is not None]
+    first = ctx.recipe.stages[0]
+    checks = [
+        (spec.stage, args) for spec in block_children(first)[0] if isinstance(args := spec.parsed_args(), ChecksReach)
+    ]
     if not checks:
         return
-    ctx.start_block()
-    ctx.block_planned = block_plan(ctx, children)
+    start_item(ctx, 0, first)
     try:
-        for check in checks:
-            check(ctx)
+        for stage, args in checks:
+            args.reach_check(ctx, stage)
     finally:  # the runner starts the block again when it runs
-        ctx.block_start, ctx.block_planned, ctx.block_cache = {}, 0, {}
+        ctx.block = Block()

@@ -52,7 +52,7 @@ def plot_widths(
         axis.bar(layers, [w[key] for w in before], color="#d0d0d0", label="before")
         axis.bar(layers, [w[key] for w in after], color="#3b75af", label="after")
         axis.set_ylabel(key.replace("_", " "), fontsize=8)
-    if has_ranks:
+    if structure is not None and has_ranks:
         axis = axes[-1]
         roles = [r for r in _ROLE_COLOURS if any(r in ranks for ranks in structure.ranks.values())]
         for role in roles:

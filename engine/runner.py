@@ -26,17 +26,18 @@ from slimkit.engine.processes import join_processes
 from slimkit.engine.progress import Timings, Tracker
 from slimkit.engine.report import MACS_SEQ_LEN
 from slimkit.engine.run_result import Result, RunOptions
-from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.calibration import calibration_batches
 from slimkit.primitives.device.memory_model import MemoryPlan
 from slimkit.primitives.device.placement import Placement, dtype_name, reset_peak_memory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import preflight_eval_data
 from slimkit.primitives.files.guard import terminate_as_interrupt
+from slimkit.primitives.finetune.glue_task_model import task_head
 from slimkit.primitives.io.finite import check_finite_weights
 from slimkit.primitives.io.model_sources import dense_origin, load_source
 from slimkit.primitives.io.paths import as_path
-from slimkit.recipes.schema import Recipe, is_glue_dataset
+from slimkit.recipes.schema import Recipe
 
 
 def run(
@@ -96,9 +97,9 @@ def _execute(
         with timings.stage("calibration"):
             calibration = _calibrate(ctx)
         tracker.reached("compute")
-        shares = run_stages(ctx, timings)
+        stages = run_stages(ctx, timings)
         start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
-        result = finish.finish(ctx, start, shares, save_dtype, out_path, force, options, timings)
+        result = finish.finish(ctx, start, stages, save_dtype, out_path, force, options, timings)
     if out_path is not None:  # published: nothing is left to resume
         output_safety.remove_checkpoints(out_path)
     return result
@@ -142,10 +143,9 @@ def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptio
     else:
         source = {"name": "in-memory model", "path": None}
     check_finite_weights(model, f"model {source['name']}")  # before any compute reads a NaN weight
-    if recipe.task is not None:
-        from slimkit.primitives.finetune.glue_task_model import task_model
-
-        model = task_model(model, recipe.task, seed=recipe.seed)
+    head = task_head(recipe.task)
+    if head is not None:
+        model = head.wrap(model, recipe.seed)
     if tokenizer is None:
         raise SlimkitError(f"model source '{source['name']}' has no tokenizer")
     preflight.check_dense_reachable(recipe, source)
@@ -163,7 +163,6 @@ def _calibrate(ctx: Context) -> dict[str, Any] | None:
     config = ctx.recipe.calibration_config()
     if config is None:
         return None
-    examples = config.examples if is_glue_dataset(config.dataset) else None
-    spec = CalibrationSpec(config.dataset, config.samples, config.seq_len, ctx.recipe.seed, examples=examples)
+    spec = config.spec(ctx.recipe.seed)
     ctx.calibration = calibration_batches(ctx.tokenizer, spec)
     return spec.describe()

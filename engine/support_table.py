@@ -14,9 +14,11 @@ import typing
 
 from pydantic import BaseModel
 
-from slimkit.engine.registry import stage_def, stage_names
+from slimkit.engine.capabilities import ChecksModel
 from slimkit.primitives.arch.capabilities import OPERATIONS, conditional, refusal
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
+from slimkit.recipes.catalogue import stage_def, stage_names
+from slimkit.recipes.stage_args import offered
 
 CHOICE_FIELDS = ("groups", "kinds")
 """Argument fields whose values are operations (unit kinds), so the stage's support depends on them."""
@@ -66,7 +68,7 @@ def stage_cell(name: str, spec: ArchSpec, reasons: Reasons) -> str:
         field, values = choices
         refused = [f"{v} {reasons.cite(r)}" for v in values if (r := refusal(spec, v)) is not None]
         return "works" if not refused else f"works; {field} {', '.join(refused)} refused"
-    for operation in sorted(args.operations()):
+    for operation in sorted(offered(args, ChecksModel).operations()):
         reason = refusal(spec, operation)
         if reason is not None:
             return refused_cell(reason, reasons)
@@ -75,7 +77,12 @@ def stage_cell(name: str, spec: ArchSpec, reasons: Reasons) -> str:
 
 def decoder_stages() -> list[str]:
     """The registered stages that act on decoders (the encoder and GLUE stages aside)."""
-    return [n for n in stage_names() if not stage_def(n).args.encoder_only]
+    return [n for n in stage_names() if not encoder_only(stage_def(n).args)]
+
+
+def encoder_only(args: type) -> bool:
+    """Whether a stage with these arguments acts on encoders only (:attr:`ChecksModel.encoder_only`)."""
+    return issubclass(args, ChecksModel) and args.encoder_only
 
 
 def architectures() -> list[str]:

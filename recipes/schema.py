@@ -26,7 +26,7 @@ import copy
 import math
 import os
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -39,15 +39,14 @@ from pydantic import (
     model_validator,
 )
 
-from slimkit.engine.registry import stage_def, stage_names
+from slimkit.primitives.calibration.batches import CalibrationSpec
 from slimkit.primitives.datasets.textdata import CORPORA
 from slimkit.primitives.device.placement import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.errors import SlimkitError, format_validation_error, unknown
 from slimkit.primitives.evaluate.eval_settings import EvalConfig, GlueEval, check_glue_task
 from slimkit.primitives.settings import Strict
-
-if TYPE_CHECKING:  # stage_args imports this module
-    from slimkit.engine.stage_args import StageArgs
+from slimkit.recipes.catalogue import stage_def, stage_names
+from slimkit.recipes.stage_args import ChangesProjections, ChecksRecipe, ReadsData, SharesTarget, StageArgs, offered
 
 TargetOf = Literal["model", "layers", "mlp", "attention"]
 
@@ -94,6 +93,11 @@ class CalibrationConfig(Strict):
         if "examples" in self.model_fields_set and not is_glue_dataset(self.dataset):
             raise ValueError("examples: applies to GLUE calibration datasets only (glue, glue-<task>)")
         return self
+
+    def spec(self, seed: int) -> CalibrationSpec:
+        """The calibration set these settings draw with ``seed`` (``examples`` only for a GLUE dataset)."""
+        examples = self.examples if is_glue_dataset(self.dataset) else None
+        return CalibrationSpec(self.dataset, self.samples, self.seq_len, seed, examples=examples)
 
 
 ALIGN_KINDS: tuple[str, ...] = ("mlp_channel", "attention_head", "kv_group")
@@ -383,7 +387,8 @@ class Recipe(Strict):
                     )
                 seen.setdefault(spec.stage, where)
                 args = spec.parsed_args()
-                mode = args.budget()
+                mode = offered(args, SharesTarget).budget()
+                projections = offered(args, ChangesProjections)
                 if mode in ("solve", "layer") and solver is not None:
                     raise ValueError(
                         f"{where}: stage '{spec.stage}' derives its share from the target, but {solver} before it "
@@ -396,26 +401,26 @@ class Recipe(Strict):
                             "in one block; give one of them an explicit ratio"
                         )
                     block_solver = f"{where} ('{spec.stage}')"
-                clash = sorted(args.touches() & set(lowrank))
+                clash = sorted(projections.touches() & set(lowrank))
                 if clash:
                     raise ValueError(
                         f"{where}: stage '{spec.stage}' needs plain Linear {', '.join(clash)} projections, but "
                         f"{lowrank[clash[0]]} replaced them by low-rank pairs; run it before that stage or leave those "
                         "projections out"
                     )
-                for role in args.makes_lowrank():
+                for role in projections.makes_lowrank():
                     lowrank.setdefault(role, f"{where} ('{spec.stage}')")
-                rewrites = sorted(args.refits() & set(rewritten))
+                rewrites = sorted(projections.refits() & set(rewritten))
                 if rewrites:
                     raise ValueError(
                         f"{where}: stage '{spec.stage}' refits {', '.join(rewrites)} from the dense weights, but "
                         f"{rewritten[rewrites[0]]} already rewrote its kept columns (OBS update); leave "
                         f"{', '.join(rewrites)} out of its roles, or remove units with prune_layer"
                     )
-                for role in args.rewrites_kept():
+                for role in projections.rewrites_kept():
                     rewritten.setdefault(role, f"{where} ('{spec.stage}')")
             solver = solver or block_solver
-        modes = [s.parsed_args().budget() for s in self.flat_stages()]
+        modes = [offered(s.parsed_args(), SharesTarget).budget() for s in self.flat_stages()]
         if self.target.ratio > 0 and all(mode == "none" for mode in modes):
             raise ValueError(
                 f"target.ratio: {self.target.ratio:g} of {self.target.of} is to be removed, but no stage removes "
@@ -425,10 +430,10 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _stage_recipe_checks(self) -> Recipe:
-        """Each stage's own checks against the rest of the recipe (:meth:`StageArgs.check_recipe`: a selection
+        """Each stage's own checks against the rest of the recipe (:meth:`ChecksRecipe.check_recipe`: a selection
         stage's ``round_to`` against ``target.align``, a search's held-out batches against the calibration set)."""
         for where, spec in self.stage_places():
-            spec.parsed_args().check_recipe(self, where)
+            offered(spec.parsed_args(), ChecksRecipe).check_recipe(self, where)
         return self
 
     def stage_places(self) -> list[tuple[str, StageSpec]]:
@@ -444,7 +449,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _task_rules(self) -> Recipe:
         for index, spec in enumerate(self.flat_stages()):
-            if self.task is None and spec.parsed_args().needs_task():
+            if self.task is None and offered(spec.parsed_args(), ReadsData).needs_task():
                 raise ValueError(f"stages.{index}: stage '{spec.stage}' needs the recipe's task (a GLUE task)")
         if self.task is None:
             if self.calibration is not None and self.calibration.dataset == "glue":
@@ -475,7 +480,7 @@ class Recipe(Strict):
         return flat
 
     def needs_calibration(self) -> bool:
-        return any(s.parsed_args().needs_calibration() for s in self.flat_stages())
+        return any(offered(s.parsed_args(), ReadsData).needs_calibration() for s in self.flat_stages())
 
     def calibration_config(self) -> CalibrationConfig | None:
         """Calibration settings when a stage needs them (the defaults if the recipe gives none)."""

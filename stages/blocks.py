@@ -17,9 +17,10 @@ from typing import Any
 from pydantic import Field, model_validator
 from torch import nn
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import LAYERWISE_ADVICE, MemoryInputs
 from slimkit.primitives.arch import BLOCK_KINDS, BlockKind
 from slimkit.primitives.blocks import check_removable, kept_per_kind, present_blocks, search_blocks
@@ -27,9 +28,10 @@ from slimkit.primitives.blocks.search import SearchStep
 from slimkit.primitives.device.memory_model import StageMemory, forward_activation_bytes, layer_input_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.select import eligible_layers
+from slimkit.recipes.stage_args import BudgetMode, ReadsData, SharesTarget, StageArgs
 
 
-class RemoveBlocksArgs(StageArgs):
+class RemoveBlocksArgs(StageArgs, SharesTarget, ReadsData, PlansMemory, ChecksModel):
     kinds: list[BlockKind] = Field(default_factory=lambda: list(BLOCK_KINDS), min_length=1)
     """Which sub-blocks may go, each once: attention (a layer's attention with its norm), mlp (its MLP with its
     norm)."""
@@ -109,12 +111,18 @@ def _step_entry(step: SearchStep) -> dict[str, Any]:
 @register_stage(
     "remove_blocks",
     args=RemoveBlocksArgs,
-    scope="model",
     paper="BlockPruner (Zhong et al. 2024) Algorithm 1: iterative removal of the attention / MLP block whose "
     "removal raises calibration perplexity least; ShortGPT (Men et al. 2024) for whole-block removal",
 )
-def remove_blocks(ctx: Context, args: RemoveBlocksArgs) -> None:
+class RemoveBlocks:
     """Remove whole attention / MLP blocks, one at a time, each the one whose removal raises calibration loss least."""
+
+    def run_model(self, ctx: Context, args: RemoveBlocksArgs) -> StageResult:
+        return StageResult(remove_blocks(ctx, args))
+
+
+def remove_blocks(ctx: Context, args: RemoveBlocksArgs) -> dict[str, Any]:
+    """The search and the removal; returns the report entry."""
     args.check_model(ctx.model)  # a stage called outside the runner is refused before the search too
     layers = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
     batches = ctx.calibration_batches()
@@ -150,19 +158,16 @@ def remove_blocks(ctx: Context, args: RemoveBlocksArgs) -> None:
         )
     if not result.steps:
         ctx.notes.append(f"remove_blocks: no {' or '.join(args.kinds)} block fits in {limit} parameters; none removed")
-    ctx.report_stage(
-        "remove_blocks",
-        {
-            "seconds": round(result.seconds, 2),
-            "loss_tokens": result.tokens,
-            "kinds": list(args.kinds),
-            "layers": [layers[0], layers[-1]],
-            "loss_before": round(result.loss_before, 6),
-            "perplexity_before": round(math.exp(result.loss_before), 4),
-            "removed": [_step_entry(step) for step in result.steps],
-            "removed_params": result.removed_params,
-        },
-    )
+    return {
+        "seconds": round(result.seconds, 2),
+        "loss_tokens": result.tokens,
+        "kinds": list(args.kinds),
+        "layers": [layers[0], layers[-1]],
+        "loss_before": round(result.loss_before, 6),
+        "perplexity_before": round(math.exp(result.loss_before), 4),
+        "removed": [_step_entry(step) for step in result.steps],
+        "removed_params": result.removed_params,
+    }
 
 
-__all__ = ["RemoveBlocksArgs", "remove_blocks"]
+__all__ = ["RemoveBlocks", "RemoveBlocksArgs", "remove_blocks"]

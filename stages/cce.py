@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Iterable
 from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import BudgetMode
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import ACTIVATION_ADVICE, GRADIENT_ADVICE, MemoryInputs, forward_memory
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.device.memory_model import FLOAT32, StageMemory
 from slimkit.primitives.errors import SlimkitError
@@ -32,8 +35,9 @@ from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.evaluate.memory import MB, PeakRSS
 from slimkit.primitives.groups import Group
 from slimkit.primitives.importance.compose import ScoreAccumulator, Smoothed, score_groups, spec_gradients, spec_names
-from slimkit.primitives.importance.lora_proxy import LoraProxyConfig, full_gradients, lora_gradients
-from slimkit.primitives.select.iterative import SCHEDULE_KINDS, plan_schedule, run_schedule
+from slimkit.primitives.importance.lora_proxy import BatchGradients, LoraProxyConfig, full_gradients, lora_gradients
+from slimkit.primitives.select.iterative import plan_schedule, run_schedule
+from slimkit.recipes.stage_args import BudgetMode, ChangesProjections, SharesTarget
 from slimkit.stages.scoring import (
     ScoringArgs,
     gradient_options,
@@ -45,10 +49,11 @@ from slimkit.stages.scoring import (
 )
 
 Kind = Literal["attention_head", "mlp_channel", "hidden_feature"]
-KINDS: tuple[str, ...] = SCHEDULE_KINDS
+KINDS: tuple[Kind, ...] = ("attention_head", "mlp_channel", "hidden_feature")
+"""The kinds CCE eliminates, in the schedule's order (:data:`~slimkit.primitives.select.iterative.SCHEDULE_KINDS`)."""
 
 
-class CceArgs(ScoringArgs):
+class CceArgs(ScoringArgs, SharesTarget, ChangesProjections, PlansMemory, ChecksModel):
     scorer: str | dict = "coupled"
     """Importance scorer: coupled (CCE Eqs. 2-6, 8), magnitude (with aggregation l2: the paper's L2
     baseline), random, taylor, activation, or a composition ({blend: ...}; smoothing is ``platon``)."""
@@ -127,7 +132,7 @@ class CceArgs(ScoringArgs):
     def operations(self) -> frozenset[str]:
         return frozenset(self.kinds)
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return roles_of(self.kinds)
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -159,6 +164,8 @@ def _batches(ctx: Context, args: CceArgs, iteration: int) -> tuple[list[torch.Te
     if iteration == 0 or not args.fresh_samples:
         return ctx.calibration_batches(), ctx.recipe.seed
     config = ctx.recipe.calibration_config()
+    if config is None:  # needs_calibration: the run has calibration settings
+        raise SlimkitError("cce: fresh_samples needs the recipe's calibration settings")
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator))
     ids = calibration_batches(ctx.tokenizer, CalibrationSpec(config.dataset, config.samples, config.seq_len, seed))
     return list(ids.split(config.batch_size)), seed
@@ -181,6 +188,7 @@ def _evaluate(ctx: Context, args: CceArgs, groups: list[Group], batches, seed: i
     losses: list[float] = []
     report: dict = {}
     with PeakRSS() as memory:
+        source: Iterable[BatchGradients]
         if args.gradients == "lora":
             config = LoraProxyConfig(args.lora_rank, args.lora_alpha, args.lora_steps, args.lora_learning_rate, seed)
             source = lora_gradients(ctx.model, batches, weights, config)
@@ -216,11 +224,17 @@ def _widths(ctx: Context) -> dict:
 @register_stage(
     "cce",
     args=CceArgs,
-    scope="model",
     paper="CCE Algorithm 1, Eqs. 2-8 (coupled components, PLATON smoothing Eq. 7)",
 )
-def cce(ctx: Context, args: CceArgs) -> None:
+class Cce:
     """Iteratively score coupled components (heads, MLP kernels, features) and remove the lowest until the target."""
+
+    def run_model(self, ctx: Context, args: CceArgs) -> StageResult:
+        return cce(ctx, args)
+
+
+def cce(ctx: Context, args: CceArgs) -> StageResult:
+    """CCE's iterations on ``ctx.model``; the report entry and the manifest's record of the iterations' seeds."""
     if args.needs_gradients() and ModelView(ctx.model).head is None:
         raise SlimkitError(
             f"cce: scorer {args.scorer} needs a causal LM (the calibration loss); this model has no LM head"
@@ -245,7 +259,6 @@ def cce(ctx: Context, args: CceArgs) -> None:
         "final_fraction": schedule.final,
         "iterations": history,
     }
-    ctx.report_stage("cce", report)
     state: dict = {}
 
     def score(iteration: int, groups: list[Group]) -> list[torch.Tensor]:
@@ -271,4 +284,5 @@ def cce(ctx: Context, args: CceArgs) -> None:
     if peaks:
         report["gradient_peak_mb"] = max(peaks)
         report["gradient_state_mb"] = max(h["gradient_state_mb"] for h in history if "gradient_state_mb" in h)
-    ctx.manifest["cce"] = {"iteration_seeds": [h["seed"] for h in history], "fractions": list(schedule.fractions)}
+    manifest = {"iteration_seeds": [h["seed"] for h in history], "fractions": list(schedule.fractions)}
+    return StageResult(report, manifest={"cce": manifest})

@@ -21,6 +21,7 @@ from torch import nn
 from slimkit.engine.context import Context
 from slimkit.engine.processes import launched_world
 from slimkit.engine.registry import register_stage
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import MemoryInputs
 from slimkit.primitives.arch.view import ModelView
 from slimkit.primitives.datasets.data_paths import cache_root
@@ -41,6 +42,7 @@ from slimkit.primitives.finetune.recovery import DistillationObjective
 from slimkit.primitives.finetune.sharding import shard_frozen
 from slimkit.primitives.finetune.teacher_cache import TopKCache, TopKDistillationObjective, teacher_fingerprint
 from slimkit.recipes.schema import DeviceName, Recipe, SizeText
+from slimkit.recipes.stage_args import ReadsData
 from slimkit.stages.dense_source import dense_of, release_memory, reload_dense
 from slimkit.stages.lora import LoraArgs, lora_config
 from slimkit.stages.recovery_settings import run_token_budget
@@ -54,7 +56,7 @@ LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
 """The adapters' settings (refused with ``adapter: none``, which trains no adapters)."""
 
 
-class DistillArgs(LoraArgs):
+class DistillArgs(LoraArgs, ReadsData):
     temperature: float = Field(1.0, gt=0)
     """Softmax temperature T of both models' logits (> 0, finite); the KL is multiplied by T**2."""
     hidden_weight: float = Field(0.0, ge=0.0)
@@ -270,12 +272,18 @@ def load_teacher(ctx: Context, args: DistillArgs) -> tuple[nn.Module, dict[str, 
 @register_stage(
     "distill",
     args=DistillArgs,
-    scope="model",
     trains=True,
     paper="LoRA recovery by knowledge distillation (Hinton et al. 2015 KL at temperature T) from the dense model",
 )
-def distill(ctx: Context, args: DistillArgs) -> None:
+class Distill:
     """Recover by matching the dense teacher's logits (KL): LoRA adapters merged into the weights, or every weight."""
+
+    def run_model(self, ctx: Context, args: DistillArgs) -> StageResult:
+        return distill(ctx, args)
+
+
+def distill(ctx: Context, args: DistillArgs) -> StageResult:
+    """The distillation on ``ctx.model``: steps 0 (no teacher), the offline top-k teacher, or the teacher alongside."""
     config = lora_config(ctx, args, exclude={"temperature", "hidden_weight", *TEACHER, *TRAINING})
     settings = DistillConfig(temperature=args.temperature, hidden_weight=args.hidden_weight)
     if config.steps == 0:  # nothing to train (a "without recovery" row): the teacher is not loaded
@@ -287,11 +295,9 @@ def distill(ctx: Context, args: DistillArgs) -> None:
             "teacher": args.teacher,
             "teacher_load_seconds": 0.0,
         }
-        ctx.report_stage("distill", {**report, **skipped, "note": "steps 0: no training, teacher not loaded"})
-        return
+        return StageResult({**report, **skipped, "note": "steps 0: no training, teacher not loaded"})
     if args.top_k is not None:
-        distill_offline(ctx, args, config)
-        return
+        return distill_offline(ctx, args, config)
     teacher, info = load_teacher(ctx, args)
     cuda = any(p.device.type == "cuda" for p in teacher.parameters())
     try:
@@ -303,9 +309,10 @@ def distill(ctx: Context, args: DistillArgs) -> None:
                 shard_frozen(teacher, list(ModelView(teacher).layer_list))
             info["teacher_sharded"] = args.shards_teacher()
             lora, units = trained(ctx, args, config)
-            ctx.model, report = run_token_budget(ctx, "distill", args, lora, objective, "distill training", units)
-            ctx.report_stage("distill", {**report, **info})
-            return
+            ctx.model, report, artifacts = run_token_budget(
+                ctx, "distill", args, lora, objective, "distill training", units
+            )
+            return StageResult({**report, **info}, artifacts=artifacts)
         with ctx.tracker.task("distill", config.steps) as advance:
             ctx.model, report = distill_recover(
                 ctx.model, teacher, ctx.tokenizer, config, settings, progress=lambda _step: advance(1)
@@ -313,7 +320,7 @@ def distill(ctx: Context, args: DistillArgs) -> None:
     finally:
         del teacher
         release_memory(cuda)
-    ctx.report_stage("distill", {**report, **info})
+    return StageResult({**report, **info})
 
 
 def trained(ctx: Context, args: DistillArgs, config: LoraConfig) -> tuple[LoraConfig | None, list[nn.Module] | None]:
@@ -324,7 +331,7 @@ def trained(ctx: Context, args: DistillArgs, config: LoraConfig) -> tuple[LoraCo
     return None, list(ctx.view.layer_list) if args.sharding == "fsdp" else None
 
 
-def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None:
+def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> StageResult:
     """The token-budgeted distillation on cached top-k teacher logits; the teacher is loaded on the first window the
     cache does not hold, and freed at the end."""
     path = dense_of(ctx.source).get("path")
@@ -344,11 +351,13 @@ def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> None
     cuda = False
     try:
         lora, units = trained(ctx, args, config)
-        ctx.model, report = run_token_budget(ctx, "distill", args, lora, objective, "distill training", units)
+        ctx.model, report, artifacts = run_token_budget(
+            ctx, "distill", args, lora, objective, "distill training", units
+        )
         cuda = cache.teacher is not None and any(p.device.type == "cuda" for p in cache.teacher.parameters())
     finally:
         cache.release()
         release_memory(cuda)
     teacher: dict[str, Any] = {"teacher": "dense", "top_k": args.top_k, "cached_windows_read": cache.hits}
     teacher.update(windows_computed=cache.misses, teacher_load_seconds=loaded.get("teacher_load_seconds", 0.0))
-    ctx.report_stage("distill", {**report, **teacher})
+    return StageResult({**report, **teacher}, artifacts=artifacts)

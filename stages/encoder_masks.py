@@ -15,18 +15,32 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import MemoryInputs, task_training_memory
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.datasets import gluedata
 from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.encoder import check_encoder_masks, train_encoder_masks
 from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
+from slimkit.recipes.schema import Recipe
+from slimkit.recipes.stage_args import (
+    ALL_ROLES,
+    BudgetMode,
+    ChangesProjections,
+    ChecksRecipe,
+    ReadsData,
+    SharesTarget,
+    StageArgs,
+)
 
 
-class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
+class MaskTrainEncoderArgs(
+    EncoderMaskSettings, StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksRecipe, PlansMemory, ChecksModel
+):
     """The mask settings (:class:`~slimkit.primitives.masks.mask_settings.EncoderMaskSettings`) and the task data."""
 
     encoder_only: ClassVar[bool] = True
@@ -38,13 +52,21 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
     check_examples: int | None = Field(None, ge=0)
     """Dev examples for the masked-vs-fused comparison (None: the whole dev split; 0: none)."""
 
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """Eq. 30 counts the layers' block and residual matrices."""
+        if recipe.target.of != "layers":
+            raise ValueError(
+                f"{where}: mask_train_encoder counts Eq. 30 (block matrices and residual matrices); set "
+                f"target.of: layers (got {recipe.target.of})"
+            )
+
     def needs_task(self) -> bool:
         return True
 
     def budget(self) -> BudgetMode:
         return "solve"
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return ALL_ROLES
 
     calibration_depends_on: ClassVar[tuple[str, ...]] = ("intermediate", "intermediate_basis")
@@ -71,12 +93,18 @@ class MaskTrainEncoderArgs(EncoderMaskSettings, StageArgs):
 @register_stage(
     "mask_train_encoder",
     args=MaskTrainEncoderArgs,
-    scope="model",
     paper="SP3 §3.2 (masks on a post-norm encoder); CoFi (Xia et al. 2022) for the masks-only baseline",
     trains=True,
 )
-def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
+class MaskTrainEncoder:
     """Train SP3's per-norm (or CoFi's shared) hidden, filter, head and layer masks on the GLUE task; fuse."""
+
+    def run_model(self, ctx: Context, args: MaskTrainEncoderArgs) -> StageResult:
+        return mask_train_encoder(ctx, args)
+
+
+def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
     target = ctx.recipe.target
     if target.of != "layers":
         raise SlimkitError(
@@ -84,6 +112,8 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
             f"(got {target.of})"
         )
     task = ctx.recipe.task
+    if task is None:  # needs_task: the recipe's validation asks for one
+        raise SlimkitError("mask_train_encoder: the recipe sets no task; set task to a GLUE task")
     examples = gluedata.read_split(task, "train")
     needed = args.total_steps * args.batch_size
     order: list[int] = []
@@ -111,7 +141,6 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
         )
     report["epochs"] = needed / len(examples)
     report["examples_seen"] = needed
-    ctx.report_stage("mask_train_encoder", report)
     agreement = report["fused"].get("masked_vs_fused", {})
     ctx.notes.append(
         f"mask_train_encoder: {report['steps']} steps in {report['seconds']:.0f} s; Eq. 30 sparsity "
@@ -128,3 +157,4 @@ def mask_train_encoder(ctx: Context, args: MaskTrainEncoderArgs) -> None:
             f"filter in layers {report['fused']['placeholder_filters']} (zero output; "
             f"{report['fused']['placeholder_params']:,} weights)"
         )
+    return StageResult(report)

@@ -23,9 +23,10 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory, PlansRemoval
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import ACTIVATION_ADVICE, MemoryInputs
 from slimkit.primitives.arch.moe import MoEBlock, check_all_sparse, moe_blocks
 from slimkit.primitives.calibration.routing import ExpertRouting, collect_routing
@@ -41,6 +42,7 @@ from slimkit.primitives.experts.channels import (
 from slimkit.primitives.experts.refit import refit_expert_down
 from slimkit.primitives.reconstruct.solve import DEFAULT_OBS_DAMPING
 from slimkit.recipes.schema import SizeText
+from slimkit.recipes.stage_args import BudgetMode, ReadsData, SharesTarget, StageArgs
 
 FLOAT64 = 8
 REFIT_ONLY = ("refit_memory", "damping")
@@ -78,7 +80,7 @@ def refit_passes(layers: list[tuple[int, int]], budget: int) -> list[list[int]]:
     return groups
 
 
-class ExpertChannelArgs(StageArgs):
+class ExpertChannelArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMemory, ChecksModel):
     ratio: float | None = Field(None, gt=0.0, lt=1.0, allow_inf_nan=False)
     """Share of every expert's channels removed (an explicit share); None: solved from the recipe target."""
     shared: bool = False
@@ -163,13 +165,19 @@ def _removed(ctx: Context, args: ExpertChannelArgs, blocks: list[MoEBlock]) -> d
 @register_stage(
     "prune_expert_channels",
     args=ExpertChannelArgs,
-    scope="model",
     paper="Wanda (Sun et al. 2024) channel scores on the tokens routed to each expert; Minitron (NVIDIA "
     "Model-Optimizer) prunes a MoE layer's expert width homogeneously",
 )
-def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> None:
+class PruneExpertChannels:
     """Remove the lowest-scoring intermediate channels of every routed expert (the same count in a layer), and with
     ``refit`` refit each expert's down projection on the channels it keeps."""
+
+    def run_model(self, ctx: Context, args: ExpertChannelArgs) -> StageResult:
+        return prune_expert_channels(ctx, args)
+
+
+def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
     args.check_model(ctx.model)
     start = time.perf_counter()
     batches = ctx.calibration_batches()[: args.batches] if args.batches else ctx.calibration_batches()
@@ -198,8 +206,7 @@ def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> None:
         for index in group:
             if index in by_index:
                 layers[index]["refit"] = _refit_layer(by_index[index], stats[index], kept[index], args, number)
-    ctx.report_stage(
-        "prune_expert_channels",
+    return StageResult(
         {
             "seconds": round(time.perf_counter() - start, 2),
             "calibration_tokens": sum(int(b.numel()) for b in batches),
@@ -208,7 +215,7 @@ def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> None:
             "removed_params": sum(removed[b.index] * channel_params(b) for b in blocks),
             **({"refit_passes": len(passes), "refit_damping": args.damping} if args.refit else {}),
             "layers": [layers[b.index] for b in blocks],
-        },
+        }
     )
 
 

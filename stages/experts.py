@@ -17,9 +17,10 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from torch import nn
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory, PlansRemoval
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import ACTIVATION_ADVICE, MemoryInputs
 from slimkit.primitives.arch.moe import MoEBlock, check_all_sparse, moe_blocks
 from slimkit.primitives.calibration.routing import ExpertRouting, collect_routing
@@ -36,11 +37,12 @@ from slimkit.primitives.experts.scores import (
     router_scores,
 )
 from slimkit.primitives.experts.surgery import keep_experts
+from slimkit.recipes.stage_args import BudgetMode, ReadsData, SharesTarget, StageArgs
 
 ExpertAllocation = Literal["uniform", "global"]
 
 
-class ExpertPruneArgs(StageArgs):
+class ExpertPruneArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMemory, ChecksModel):
     scorer: ExpertScorer = "naee"
     """How a layer's kept experts are chosen: naee (least reconstruction loss of the routed output over candidate
     kept sets), frequency (the experts most tokens pick), weight (the largest mean top-k routing weight)."""
@@ -171,7 +173,7 @@ def _layer_curve(args: ExpertPruneArgs, weights: ExpertWeights, stats: ExpertRou
     return dropped_share_curve(router_scores(stats, args.scorer))
 
 
-def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
+def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> StageResult:
     """The body of ``prune_experts`` and ``merge_experts`` (:class:`ExpertMergeArgs`: merge the dropped experts)."""
     merge = isinstance(args, ExpertMergeArgs)
     name = "merge_experts" if merge else "prune_experts"
@@ -227,8 +229,7 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
             f"{name}: layers keep different expert counts ({counts[0]}-{counts[-1]}); GGUF and plain Hugging Face "
             "exports need the same count in every layer (allocation: uniform)"
         )
-    ctx.report_stage(
-        name,
+    return StageResult(
         {
             "seconds": round(time.perf_counter() - start, 2),
             "calibration_tokens": sum(int(b.numel()) for b in batches),
@@ -238,32 +239,44 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> None:
             "routing_mass_kept": round(mean_mass, 6),
             "removed_params": sum(removals[b.index] * b.expert_params() for b in blocks),
             "layers": layers,
-        },
+        }
     )
 
 
 @register_stage(
     "prune_experts",
     args=ExpertPruneArgs,
-    scope="model",
     paper="NAEE (Lu et al. 2024, 'Not All Experts are Equal', Sec. 3.1): expert pruning by the reconstruction loss "
     "of the layer output over candidate kept sets; router frequency / routing weight baselines",
 )
-def prune_experts(ctx: Context, args: ExpertPruneArgs) -> None:
+class PruneExperts:
     """Remove whole routed experts (router rows and fused expert slices), chosen per layer by the scorer."""
-    run_expert_stage(ctx, args)
+
+    def run_model(self, ctx: Context, args: ExpertPruneArgs) -> StageResult:
+        return prune_experts(ctx, args)
+
+
+def prune_experts(ctx: Context, args: ExpertPruneArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
+    return run_expert_stage(ctx, args)
 
 
 @register_stage(
     "merge_experts",
     args=ExpertMergeArgs,
-    scope="model",
     paper="MC-SMoE (Li et al. 2024): dominant experts by routing frequency, the others merged into them weighted by "
     "frequency; HC-SMoE (Chen et al. 2024): grouping by expert-output similarity",
 )
-def merge_experts(ctx: Context, args: ExpertMergeArgs) -> None:
+class MergeExperts:
     """Keep the dominant experts and merge every other expert into its most similar kept one, refitting the router."""
-    run_expert_stage(ctx, args)
+
+    def run_model(self, ctx: Context, args: ExpertMergeArgs) -> StageResult:
+        return merge_experts(ctx, args)
+
+
+def merge_experts(ctx: Context, args: ExpertMergeArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
+    return run_expert_stage(ctx, args)
 
 
 __all__ = ["ExpertMergeArgs", "ExpertPruneArgs", "merge_experts", "prune_experts"]

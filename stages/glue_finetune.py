@@ -12,17 +12,19 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import MemoryInputs, task_training_memory
 from slimkit.primitives.datasets import gluedata
 from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.finetune.glue_task_model import GlueFinetuneConfig, finetune_glue
+from slimkit.recipes.stage_args import ReadsData, StageArgs
 
 
-class GlueFinetuneArgs(StageArgs):
+class GlueFinetuneArgs(StageArgs, ReadsData, PlansMemory, ChecksModel):
     encoder_only: ClassVar[bool] = True
 
     learning_rate: float = Field(2e-5, gt=0, le=1.0)
@@ -56,9 +58,16 @@ class GlueFinetuneArgs(StageArgs):
         return task_training_memory(stage, inputs, self.batch_size, self.max_length, trains_weights=True)
 
 
-@register_stage("glue_finetune", args=GlueFinetuneArgs, scope="model", trains=True, paper="GLUE task fine-tuning")
-def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> None:
+@register_stage("glue_finetune", args=GlueFinetuneArgs, trains=True, paper="GLUE task fine-tuning")
+class GlueFinetune:
     """Fine-tune every weight on the recipe's GLUE task (AdamW, linear decay) on its train split."""
+
+    def run_model(self, ctx: Context, args: GlueFinetuneArgs) -> StageResult:
+        return glue_finetune(ctx, args)
+
+
+def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> StageResult:
+    """The fine-tuning of ``ctx.model``; returns its report."""
     task = ctx.recipe.task
     if task is None:  # needs_task: the recipe's validation asks for one
         raise SlimkitError("glue_finetune: the recipe sets no task; set task to a GLUE task")
@@ -67,4 +76,4 @@ def glue_finetune(ctx: Context, args: GlueFinetuneArgs) -> None:
     total = config.total_steps(min(config.train_examples or available, available))
     with ctx.tracker.task(f"glue_finetune {config.task}", total) as advance:
         report = finetune_glue(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
-    ctx.report_stage("glue_finetune", report)
+    return StageResult(report)

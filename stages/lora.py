@@ -6,8 +6,10 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import MemoryInputs, training_memory
 from slimkit.primitives.device.memory_model import FLOAT32, StageMemory
 from slimkit.primitives.errors import SlimkitError
@@ -28,7 +30,7 @@ DEFAULT_STEPS = 50
 """Optimizer steps of a run given neither steps nor tokens."""
 
 
-class LoraArgs(RecoveryArgs):
+class LoraArgs(RecoveryArgs, ChecksModel, PlansMemory):
     rank: int = Field(8, ge=1)
     """Rank r of every adapter pair (A: r x in, B: out x r)."""
     alpha: float = Field(16.0, gt=0)
@@ -122,16 +124,16 @@ def lora_config(ctx: Context, args: LoraArgs, exclude: set[str] | None = None) -
     return LoraConfig(**values, seed=ctx.recipe.seed)
 
 
-@register_stage(
-    "lora", args=LoraArgs, scope="model", trains=True, paper="LoRA (Hu et al. 2022) recovery, merged into the weights"
-)
-def lora(ctx: Context, args: LoraArgs) -> None:
+@register_stage("lora", args=LoraArgs, trains=True, paper="LoRA (Hu et al. 2022) recovery, merged into the weights")
+class Lora:
     """Recover with LoRA adapters (peft) trained on a local corpus, then merge them into the weights."""
-    config = lora_config(ctx, args)
-    if args.tokens is not None and config.steps > 0:
-        ctx.model, report = run_token_budget(ctx, "lora", args, config, LanguageModelObjective(), "lora training")
-        ctx.report_stage("lora", report)
-        return
-    with ctx.tracker.task("lora", config.steps) as advance:
-        ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
-    ctx.report_stage("lora", report)
+
+    def run_model(self, ctx: Context, args: LoraArgs) -> StageResult:
+        config = lora_config(ctx, args)
+        if args.tokens is not None and config.steps > 0:
+            objective = LanguageModelObjective()
+            ctx.model, report, artifacts = run_token_budget(ctx, "lora", args, config, objective, "lora training")
+            return StageResult(report, artifacts=artifacts)
+        with ctx.tracker.task("lora", config.steps) as advance:
+            ctx.model, report = lora_recover(ctx.model, ctx.tokenizer, config, progress=lambda _step: advance(1))
+        return StageResult(report)

@@ -12,18 +12,21 @@ Method note: docs/methods/lorap-awsvd.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from pydantic import Field, field_validator, model_validator
+from torch import nn
 
+from slimkit.engine.capabilities import ChecksModel, ChecksReach, PlansMemory, PlansRemoval, ReadsLayerStatistics
 from slimkit.engine.context import Context
 from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.stage import PrePass, StageResult
 from slimkit.primitives.allocate.allocation_settings import GlobalSettings, parse_allocation
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.device.memory_model import FLOAT32, ModelShape
 from slimkit.primitives.errors import SlimkitError, unknown
 from slimkit.primitives.evaluate.counting import param_parts
@@ -34,19 +37,36 @@ from slimkit.primitives.lowrank import (
     max_useful_rank,
     rank_for_budget,
 )
-from slimkit.stages.allocation_results import allocated_ranks
-
-if TYPE_CHECKING:
-    from slimkit.engine.allocation_prepass import PrePass
+from slimkit.primitives.lowrank.rank_budget import ATTENTION_ROLES
+from slimkit.recipes.schema import Recipe
+from slimkit.recipes.stage_args import (
+    BudgetMode,
+    ChangesProjections,
+    ChecksRecipe,
+    ReadsData,
+    SharesTarget,
+    StageArgs,
+)
+from slimkit.stages.allocation_results import RankAllocation
+from slimkit.stages.layer_rule import check_layer_rule, layer_rule_ratio
 
 LOWRANK_ALLOCATIONS = ("lorap", "uniform", "global")
 """How a lowrank stage shares its budget: within each layer (lorap, uniform) or across all of them (global)."""
 
-Role = Literal["q", "k", "v", "o", "gate", "up", "down"]
 
-
-class LowRankArgs(StageArgs):
-    roles: list[Role] = Field(default_factory=lambda: ["q", "k", "v", "o"], min_length=1)
+class LowRankArgs(
+    StageArgs,
+    SharesTarget,
+    PlansRemoval,
+    ChangesProjections,
+    ReadsData,
+    ChecksRecipe,
+    PlansMemory,
+    ReadsLayerStatistics,
+    ChecksModel,
+    ChecksReach,
+):
+    roles: list[LinearRole] = Field(default_factory=lambda: list(ATTENTION_ROLES), min_length=1)
     """Projections replaced by low-rank pairs (q, k, v, o, gate, up, down)."""
     method: Literal["awsvd", "whiten", "svd"] = "awsvd"
     """awsvd: SVD of W diag(||X_j||) (LoRAP Eqs. 5-7, needs calibration); whiten: SVD of W S with S S^T the
@@ -101,24 +121,20 @@ class LowRankArgs(StageArgs):
     def block_matrix_bytes(self, shape: ModelShape) -> int:
         return 3 * shape.hidden * shape.intermediate * FLOAT32  # one SVD in float32
 
-    def allocation_prepass(self, ctx: Context, stage: str) -> PrePass | None:
-        """With ``allocation: global``: every chosen matrix's spectrum on the block's dense pass, then the ranks
-        (:class:`~slimkit.stages.lowrank_prepass.RankSpectra`)."""
-        if self.global_settings() is None:
-            return None
-        from slimkit.stages.lowrank_prepass import RankSpectra
-
-        return RankSpectra(ctx, self)
-
-    def reach_check(self, stage: str) -> Callable[[Context], None] | None:
+    def reach_check(self, ctx: Context, stage: str) -> None:
         """With ``allocation: global``: the share refused on shapes alone when the matrices cannot save it."""
         if self.global_settings() is None:
-            return None
+            return
         from slimkit.stages.lowrank_prepass import check_rank_reachable
 
-        return lambda ctx: check_rank_reachable(ctx, self)
+        check_rank_reachable(ctx, self)
 
-    def layer_grams(self) -> frozenset[str]:
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """Without ``ratio``, LoRAP's layer rule: defined for a target of the model or the layers."""
+        if self.ratio is None:
+            check_layer_rule(recipe, where)
+
+    def layer_grams(self) -> frozenset[LinearRole]:
         return frozenset(self.roles) if self.method == "whiten" else frozenset()
 
     def budget(self) -> BudgetMode:
@@ -127,10 +143,10 @@ class LowRankArgs(StageArgs):
     def plan(self, ctx: Context) -> int:
         return planned_removal(ctx, self)
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return frozenset(self.roles)
 
-    def makes_lowrank(self) -> frozenset[str]:
+    def makes_lowrank(self) -> frozenset[LinearRole]:
         return frozenset(self.roles)
 
     def check_model(self, model: Any) -> None:
@@ -155,14 +171,10 @@ def _uniform_ranks(shapes: dict[str, tuple[int, int]], keep: float, mac_fraction
 
 def lowrank_fraction(ctx: Context, args: LowRankArgs) -> float:
     """The share of the chosen matrices the stage removes: ``ratio``, or LoRAP's layer ratio when the block starts."""
-    if args.ratio is not None:
-        return args.ratio
-    if "lowrank:fraction" not in ctx.block_cache:
-        ctx.block_cache["lowrank:fraction"] = ctx.layer_rule_ratio()
-    return ctx.block_cache["lowrank:fraction"]
+    return args.ratio if args.ratio is not None else layer_rule_ratio(ctx)
 
 
-def layer_shapes(layer: LayerView, roles: list[str]) -> dict[str, tuple[int, int]]:
+def layer_shapes(layer: LayerView, roles: list[LinearRole]) -> dict[str, tuple[int, int]]:
     """``role -> (d_out, d_in)`` of the chosen projections of ``layer``, refusing one that is already low-rank."""
     shapes: dict[str, tuple[int, int]] = {}
     for role in roles:
@@ -173,15 +185,17 @@ def layer_shapes(layer: LayerView, roles: list[str]) -> dict[str, tuple[int, int
     return shapes
 
 
-def _layer_ranks(ctx: Context, layer: LayerView, args: LowRankArgs, fraction: float) -> dict[str, int | None]:
-    """The rank of every chosen projection of ``layer`` (None: the projection stays dense)."""
+def _layer_ranks(
+    layer: LayerView, args: LowRankArgs, fraction: float, allocation: RankAllocation | None = None
+) -> dict[str, int | None]:
+    """The rank of every chosen projection of ``layer`` (None: the projection stays dense); under a global allocation
+    the pre-pass's ``allocation``."""
     if args.global_settings() is not None:
-        found = allocated_ranks(ctx, list(args.roles))
-        if found is None:
+        if allocation is None:
             raise SlimkitError(
                 "lowrank: allocation global is decided in the pre-pass of a layer-wise block; run it through a recipe"
             )
-        return found.ranks[layer.index]
+        return allocation.ranks[layer.index]
     shapes = layer_shapes(layer, list(args.roles))
     if args.allocation == "lorap":
         budget = int((1.0 - fraction) * sum(dense_params(d_in, d_out) for d_out, d_in in shapes.values()))
@@ -203,15 +217,16 @@ def counted(ctx: Context, weight: torch.Tensor, parts: dict | None = None) -> bo
 
 def planned_removal(ctx: Context, args: LowRankArgs) -> int:
     """Parameters of the target's part the stage will remove (ranks depend on shapes only; under a global allocation
-    the wanted share until the block's pre-pass has decided the ranks, then exactly what they save)."""
+    the wanted share, until the block's pre-pass decides the ranks and the plan then becomes what they save)."""
     fraction = lowrank_fraction(ctx, args)
     if args.global_settings() is not None:
-        found = allocated_ranks(ctx, list(args.roles))
-        return found.saved if found is not None else global_wanted(ctx, args, fraction)
+        return global_wanted(ctx, args, fraction)
     parts = param_parts(ctx.model)
     removed = 0
     for layer in ctx.view.layers:
-        for role, rank in _layer_ranks(ctx, layer, args, fraction).items():
+        ranks = _layer_ranks(layer, args, fraction)
+        for role in args.roles:
+            rank = ranks[role]
             weight = layer.linear(role).weight
             if rank is not None and counted(ctx, weight, parts):
                 d_out, d_in = weight.shape
@@ -237,30 +252,56 @@ def global_wanted(ctx: Context, args: LowRankArgs, fraction: float) -> int:
     return int(fraction * total)
 
 
+@dataclass
+class LowRankState:
+    """A ``lowrank`` stage across its block: its share, the pre-pass's ranks (``allocation: global``), and the ranks
+    chosen per layer."""
+
+    ctx: Context
+    args: LowRankArgs
+    fraction: float
+    allocation: RankAllocation | None = None
+    ranks: dict[str, dict[str, int | None]] = field(default_factory=dict)
+
+
 @register_stage(
     "lowrank",
     args=LowRankArgs,
-    scope="layer",
     paper="LoRAP §3.2 (Eqs. 5-7, AWSVD; 1:3 parameter allocation; Appendix C.1 layer ratio)",
 )
-def lowrank(ctx: Context, args: LowRankArgs, layer: LayerView, stats: LayerStats) -> None:
+class LowRank:
     """Replace projections of one layer by (activation-weighted) SVD factor pairs within a budget."""
-    fraction = lowrank_fraction(ctx, args)
-    ranks = _layer_ranks(ctx, layer, args, fraction)
-    view = ctx.view
-    for role, rank in ranks.items():
-        if rank is None:
-            continue
-        linear = layer.linear(role)
-        norms = stats["input_norms"][view.path_of(linear)] if args.method == "awsvd" else None
-        gram = stats["dense_consumers"][role].gram if args.method == "whiten" else None
-        try:
-            layer.set_linear(role, LowRankLinear.from_linear(linear, rank, norms, gram=gram))
-        except ValueError as error:  # a Gram with NaN/inf entries
-            raise whiten_failure(layer, role, error) from None
-    if "lowrank:report" not in ctx.block_cache:  # one report per block
-        entry: dict = {"fraction": fraction, "ranks": {}}
-        if (found := allocated_ranks(ctx, list(args.roles))) is not None:
-            entry["allocation"] = found.report
-        ctx.block_cache["lowrank:report"] = ctx.report_stage("lowrank", entry)
-    ctx.stage_report[ctx.block_cache["lowrank:report"]]["ranks"][str(layer.index)] = ranks
+
+    def start(self, ctx: Context, args: LowRankArgs) -> LowRankState:
+        return LowRankState(ctx, args, lowrank_fraction(ctx, args))
+
+    def allocation_prepass(self, state: LowRankState) -> PrePass | None:
+        """With ``allocation: global``: every chosen matrix's spectrum on the block's dense pass, then the ranks
+        (:class:`~slimkit.stages.lowrank_prepass.RankSpectra`)."""
+        if state.args.global_settings() is None:
+            return None
+        from slimkit.stages.lowrank_prepass import RankSpectra
+
+        return RankSpectra(state)
+
+    def run_layer(self, state: LowRankState, layer: LayerView, stats: LayerStats) -> None:
+        args, view = state.args, state.ctx.view
+        ranks = _layer_ranks(layer, args, state.fraction, state.allocation)
+        for role in args.roles:
+            rank = ranks[role]
+            if rank is None:
+                continue
+            linear = cast(nn.Linear, layer.linear(role))  # plain: layer_shapes refused a low-rank pair
+            norms = stats["input_norms"][view.path_of(linear)] if args.method == "awsvd" else None
+            gram = stats["dense_consumers"][role].gram if args.method == "whiten" else None
+            try:
+                layer.set_linear(role, LowRankLinear.from_linear(linear, rank, norms, gram=gram))
+            except ValueError as error:  # a Gram with NaN/inf entries
+                raise whiten_failure(layer, role, error) from None
+        state.ranks[str(layer.index)] = ranks
+
+    def finish(self, state: LowRankState) -> StageResult:
+        entry: dict[str, Any] = {"fraction": state.fraction, "ranks": state.ranks}
+        if state.allocation is not None:
+            entry["allocation"] = state.allocation.report
+        return StageResult(entry)

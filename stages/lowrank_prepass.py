@@ -6,7 +6,7 @@ layer by :func:`~slimkit.primitives.lowrank.rank_allocation.allocate_ranks`: eac
 under the stage's own method (:func:`~slimkit.primitives.lowrank.svd.singular_energies`: ``W``, ``W D`` with the
 layer's input norms, or ``W S`` with its input Gram), on the dense inputs of the model as it is when the block starts
 (:func:`~slimkit.engine.allocation_prepass.dense_layer_statistics`, one layer alive at a time; ``svd`` needs no
-calibration). The ranks and the parameters they save are stored in the block's cache
+calibration). The ranks and the parameters they save go into the stage's state
 (:class:`~slimkit.stages.allocation_results.RankAllocation`); the block's plan is then exact, so a solving stage
 after it in the same block (``prune_layer`` with its own allocation) lands the rest of the target."""
 
@@ -30,8 +30,8 @@ from slimkit.primitives.lowrank.rank_allocation import (
     most_saved,
     saved_params,
 )
-from slimkit.stages.allocation_results import RankAllocation, rank_allocation_key
-from slimkit.stages.lowrank import LowRankArgs, global_wanted, lowrank_fraction, whiten_failure
+from slimkit.stages.allocation_results import RankAllocation
+from slimkit.stages.lowrank import LowRankArgs, LowRankState, global_wanted, lowrank_fraction, whiten_failure
 
 
 def _energies(ctx: Context, args: LowRankArgs, layer: LayerView, role: LinearRole, stats: LayerStats) -> torch.Tensor:
@@ -87,10 +87,11 @@ class RankSpectra:
     reaches its layer (``svd``: the weights alone), then the ranks that save the stage's share; the block's plan is
     updated to exactly what they save."""
 
-    def __init__(self, ctx: Context, args: LowRankArgs) -> None:
+    def __init__(self, state: LowRankState) -> None:
+        ctx, args = state.ctx, state.args
         settings = args.global_settings()
         assert settings is not None, "RankSpectra needs allocation: global"
-        self.ctx, self.args, self.max_fraction = ctx, args, settings.max_fraction
+        self.state, self.ctx, self.args, self.max_fraction = state, ctx, args, settings.max_fraction
         self.scoring_batches: int | None = None if args.method == "svd" else len(ctx.calibration_batches())
         self.roles = frozenset(args.layer_grams())
         self.last = ctx.view.num_layers - 1
@@ -105,11 +106,10 @@ class RankSpectra:
             self.spectra.append(MatrixSpectrum(d_out, d_in, energies, high, low))
             self.keys.append((layer.index, role))
 
-    def decide(self, ctx: Context) -> None:
+    def decide(self, ctx: Context, pass_seconds: float) -> None:
         began = time.perf_counter()
         args = self.args
-        planned = args.plan(ctx)  # the wanted share, until the ranks are known
-        wanted = global_wanted(ctx, args, lowrank_fraction(ctx, args))
+        wanted = global_wanted(ctx, args, self.state.fraction)  # what the block's plan counted until now
         tolerance = round(ctx.recipe.target.tolerance * ctx.params_before[ctx.recipe.target.part])
         try:
             ranks = allocate_ranks(self.spectra, wanted, tolerance)
@@ -119,7 +119,7 @@ class RankSpectra:
         for (index, role), rank in zip(self.keys, ranks, strict=True):
             by_layer.setdefault(index, {})[role] = rank
         saved = saved_params(self.spectra, ranks)
-        passed = ctx.block_cache.get("allocation:pass_seconds", 0.0)
+        passed = pass_seconds
         report = {
             "method": "global",
             "wanted": wanted,
@@ -128,8 +128,8 @@ class RankSpectra:
             "score_seconds": passed,  # the block's shared dense pass
             "seconds": round(passed + time.perf_counter() - began, 3),
         }
-        ctx.block_cache[rank_allocation_key(list(args.roles))] = RankAllocation(by_layer, saved, report)
-        ctx.block_planned += args.plan(ctx) - planned  # now exactly what the ranks save
+        self.state.allocation = RankAllocation(by_layer, saved, report)
+        ctx.block.planned += saved - wanted  # now exactly what the ranks save
 
 
 __all__ = ["RankSpectra", "check_rank_reachable"]

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import MemoryInputs, training_memory
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
 from slimkit.primitives.device.memory_model import StageMemory, adamw_training_bytes
 from slimkit.primitives.errors import SlimkitError
@@ -28,9 +30,13 @@ from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 from slimkit.primitives.masks.stream import train_stream_masks
 from slimkit.primitives.masks.training import MaskTarget
+from slimkit.recipes.schema import Recipe
+from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, ChangesProjections, ChecksRecipe, SharesTarget, StageArgs
 
 
-class MaskTrainArgs(StreamMaskSettings, StageArgs):
+class MaskTrainArgs(
+    StreamMaskSettings, StageArgs, SharesTarget, ChangesProjections, ChecksRecipe, PlansMemory, ChecksModel
+):
     """The mask settings (:class:`~slimkit.primitives.masks.mask_settings.StreamMaskSettings`) and the training data."""
 
     batch_size: int = Field(4, ge=1)
@@ -42,13 +48,20 @@ class MaskTrainArgs(StreamMaskSettings, StageArgs):
 
     _dataset = field_validator("dataset")(check_corpus)
 
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """The masks' Lagrangian counts the whole model (its expected sparsity is of every parameter)."""
+        if recipe.target.of != "model":
+            raise ValueError(
+                f"{where}: mask_train counts the whole model; set target.of: model (got {recipe.target.of})"
+            )
+
     def budget(self) -> BudgetMode:
         return "solve"
 
     def operations(self) -> frozenset[str]:
         return frozenset({"hidden_masks"})
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return ALL_ROLES
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -64,12 +77,18 @@ class MaskTrainArgs(StreamMaskSettings, StageArgs):
 @register_stage(
     "mask_train",
     args=MaskTrainArgs,
-    scope="model",
     paper="SP3 §3.2, Appendix F (hard-concrete masks, expected-sparsity Lagrangian)",
     trains=True,
 )
-def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
+class MaskTrain:
     """Train SP3's hidden (per layer group) and FFN-filter masks with the weights, then binarise and fuse."""
+
+    def run_model(self, ctx: Context, args: MaskTrainArgs) -> StageResult:
+        return mask_train(ctx, args)
+
+
+def mask_train(ctx: Context, args: MaskTrainArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
     target = ctx.recipe.target
     if target.of != "model":
         raise SlimkitError(f"mask_train counts the whole model: set target.of: model (got {target.of})")
@@ -80,8 +99,8 @@ def mask_train(ctx: Context, args: MaskTrainArgs) -> None:
     with ctx.tracker.task("mask_train", args.total_steps) as advance:
         report = train_stream_masks(ctx.model, batches, args, goal, ctx.recipe.seed, progress=lambda _step: advance(1))
     report["tokens"] = int(ids.numel())
-    ctx.report_stage("mask_train", report)
     ctx.notes.append(
         f"mask_train: {report['steps']} steps in {report['seconds']:.0f} s; "
         f"{report['achieved_sparsity']:.2%} of the dense model's parameters removed"
     )
+    return StageResult(report)

@@ -14,16 +14,20 @@ Method note: docs/methods/reconstruct-obs.md.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
+from slimkit.engine.capabilities import PlansMemory, ReadsLayerStatistics
 from slimkit.engine.context import Context
 from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
+from slimkit.engine.stage import PrePass, StageResult
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.device.memory_model import ModelShape
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, build_groups
@@ -33,16 +37,18 @@ from slimkit.primitives.reconstruct import DEFAULT_OBS_DAMPING, embed_columns, o
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import Fraction, SelectionRules, check_shapes, kept_counts, validate_counts
 from slimkit.primitives.surgery import remove_units
-from slimkit.stages.allocation_results import allocated_fraction, allocation_entry
+from slimkit.recipes.stage_args import ChangesProjections
+from slimkit.stages.allocation_results import LayerAllocation, allocated_fraction
 from slimkit.stages.prune import layer_fraction, planned_layer_removal
 from slimkit.stages.reconstruct import consumer_solve_bytes
 from slimkit.stages.scoring import roles_of
 from slimkit.stages.selection import SelectionArgs
+from slimkit.stages.selection_prepass import UnitScores
 
 ObsKind = Literal["mlp_channel", "attention_head"]
 
 
-class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
+class ObsPruneLayerArgs(SelectionArgs[ObsKind], ChangesProjections, PlansMemory, ReadsLayerStatistics):
     allocates: ClassVar[bool] = True
 
     damping: float = Field(DEFAULT_OBS_DAMPING, gt=0.0, allow_inf_nan=False)
@@ -54,7 +60,8 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
 
     def rules(self) -> SelectionRules:
         """prune_layer's selection rules (uniform, no protected units)."""
-        return SelectionRules("uniform", dict(self.round_to), self.min_keep, 0.0)
+        round_to: dict[str, int] = {kind: multiple for kind, multiple in self.round_to.items()}
+        return SelectionRules("uniform", round_to, self.min_keep, 0.0)
 
     def needs_calibration(self) -> bool:
         return True
@@ -70,13 +77,13 @@ class ObsPruneLayerArgs(SelectionArgs[ObsKind]):
     def plan(self, ctx: Context) -> int:
         return planned_layer_removal(ctx, self)
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return roles_of(self.groups)
 
-    def layer_grams(self) -> frozenset[str]:
+    def layer_grams(self) -> frozenset[LinearRole]:
         return frozenset(OBS_CONSUMERS[kind] for kind in self.groups)
 
-    def rewrites_kept(self) -> frozenset[str]:
+    def rewrites_kept(self) -> frozenset[LinearRole]:
         return frozenset(OBS_CONSUMERS[kind] for kind in self.groups)
 
 
@@ -150,56 +157,83 @@ def _prune_group(
     }
 
 
-def _report(ctx: Context, args: ObsPruneLayerArgs, fraction: Fraction) -> dict:
-    """The block's report entry (one per block, updated layer by layer); with an allocation, ``allocation`` holds
-    the per-layer shares and ``unit_fraction`` the mean fraction of each kind over the layers."""
-    key = f"obs_prune_layer:{'+'.join(args.groups)}:report"
-    if key not in ctx.block_cache:
-        allocation = allocation_entry(ctx, "obs_prune_layer", args)
-        entry = {"unit_fraction": fraction, "groups": list(args.groups), "damping": args.damping, "roles": {}}
-        if allocation:
-            entry = {**entry, "unit_fraction": allocation["mean_unit_fraction"], "allocation": allocation}
-        ctx.block_cache[key] = ctx.report_stage("obs_prune_layer", {**entry, "layers": {}})
-    return ctx.stage_report[ctx.block_cache[key]]
+@dataclass
+class ObsPruneState:
+    """An ``obs_prune_layer`` stage across its block: the pre-pass's allocation, else the uniform fraction solved at
+    the first eligible layer (on the block's shapes), and the report entry filled layer by layer."""
+
+    ctx: Context
+    args: ObsPruneLayerArgs
+    allocation: LayerAllocation | None = None
+    fraction: Fraction | None = None
+    layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per consumer role and layer, what the greedy removed and the output errors."""
+
+    def entry(self) -> dict[str, Any]:
+        """The report entry; with an allocation, ``allocation`` holds the per-layer shares and ``unit_fraction`` the
+        mean fraction of each kind over the layers."""
+        args = self.args
+        entry: dict[str, Any] = {
+            "unit_fraction": self.fraction,
+            "groups": list(args.groups),
+            "damping": args.damping,
+            "roles": {
+                role: {
+                    "layers": len(per_layer),
+                    "mean_error": sum(r["error"] for r in per_layer.values()) / len(per_layer),
+                    "mean_error_unrefit": sum(r["error_unrefit"] for r in per_layer.values()) / len(per_layer),
+                }
+                for role, per_layer in self.layers.items()
+            },
+        }
+        if self.allocation is not None:
+            entry = {**entry, "unit_fraction": self.allocation.report["mean_unit_fraction"]}
+            entry["allocation"] = self.allocation.report
+        return {**entry, "layers": self.layers}
 
 
 @register_stage(
     "obs_prune_layer",
     args=ObsPruneLayerArgs,
-    scope="layer",
     paper="ZipLM (Kurtic et al. 2023) Eqs. 2-3 / SlimGPT (Ling et al. 2024): greedy structured OBS, layer by layer",
 )
-def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer: LayerView, stats: LayerStats) -> None:
+class ObsPruneLayer:
     """Choose and remove one layer's MLP channels / heads by greedy OBS, updating down_proj / o_proj."""
-    if stats.dense_consumers is None:
-        raise SlimkitError("obs_prune_layer needs the layer's calibration statistics (run it inside sequential)")
-    if layer.index not in eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last):
-        return
-    fraction = allocated_fraction(ctx, "obs_prune_layer", args, layer.index)  # the pre-pass's share of this layer
-    if fraction is None:
-        key = f"obs_prune_layer:{'+'.join(args.groups)}"
-        if key not in ctx.block_cache:  # solved once per block, on the shapes the block started with
-            ctx.block_cache[key] = layer_fraction(
-                ctx, args, "obs_prune_layer"
-            )  # prune_layer's budget, with these args' rules
-        fraction = ctx.block_cache[key]
-    # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
-    groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
-    if not groups:
-        return
-    rules = args.rules_for(ctx.recipe.target)
-    check_shapes(groups, rules)
-    counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, rules)
-    validate_counts(groups, counts, fraction, rules)
-    for group in groups:  # every consumer is checked before any weight changes
-        _consumer(layer, group.kind, stats)
-    entry = _report(ctx, args, fraction)
-    for group, kept in zip(groups, counts, strict=True):
-        role = OBS_CONSUMERS[group.kind]
-        entry["layers"].setdefault(role, {})[str(layer.index)] = _prune_group(ctx, layer, group, kept, stats, args)
-    for role, per_layer in entry["layers"].items():
-        entry["roles"][role] = {
-            "layers": len(per_layer),
-            "mean_error": sum(r["error"] for r in per_layer.values()) / len(per_layer),
-            "mean_error_unrefit": sum(r["error_unrefit"] for r in per_layer.values()) / len(per_layer),
-        }
+
+    def start(self, ctx: Context, args: ObsPruneLayerArgs) -> ObsPruneState:
+        return ObsPruneState(ctx, args)
+
+    def allocation_prepass(self, state: ObsPruneState) -> PrePass | None:
+        """With ``allocation: global`` or ``search``: units ranked by their one-shot OBS cost on the block's dense
+        pass, then kept counts per layer."""
+        if state.args.allocation_settings() == "uniform":
+            return None
+        return UnitScores(state.ctx, "obs_prune_layer", state.args, state)
+
+    def run_layer(self, state: ObsPruneState, layer: LayerView, stats: LayerStats) -> None:
+        ctx, args = state.ctx, state.args
+        if stats.dense_consumers is None:
+            raise SlimkitError("obs_prune_layer needs the layer's calibration statistics (run it inside sequential)")
+        if layer.index not in eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last):
+            return
+        fraction = allocated_fraction("obs_prune_layer", args, state.allocation, layer.index)  # the pre-pass's share
+        if fraction is None:
+            if state.fraction is None:  # solved once per block, on the shapes the block started with
+                state.fraction = layer_fraction(ctx, args, "obs_prune_layer")  # prune_layer's budget, these rules
+            fraction = state.fraction
+        # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
+        groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
+        if not groups:
+            return
+        rules = args.rules_for(ctx.recipe.target)
+        check_shapes(groups, rules)
+        counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, rules)
+        validate_counts(groups, counts, fraction, rules)
+        for group in groups:  # every consumer is checked before any weight changes
+            _consumer(layer, group.kind, stats)
+        for group, kept in zip(groups, counts, strict=True):
+            role = OBS_CONSUMERS[group.kind]
+            state.layers.setdefault(role, {})[str(layer.index)] = _prune_group(ctx, layer, group, kept, stats, args)
+
+    def finish(self, state: ObsPruneState) -> StageResult:
+        return StageResult(state.entry())

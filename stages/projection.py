@@ -19,15 +19,27 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import ALL_ROLES, BudgetMode, StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.engine.stage_memory import LAYERWISE_ADVICE, MemoryInputs
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, layer_input_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.primitives.projection.norms import BLOCK_ROWS
+from slimkit.recipes.schema import Recipe
+from slimkit.recipes.stage_args import (
+    ALL_ROLES,
+    BudgetMode,
+    ChangesProjections,
+    ChecksRecipe,
+    ReadsData,
+    SharesTarget,
+    StageArgs,
+)
 
 
 def projection_memory(stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -43,7 +55,7 @@ def projection_memory(stage: str, inputs: MemoryInputs) -> StageMemory:
     return memory
 
 
-class PCAProjectArgs(StageArgs):
+class PCAProjectArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksRecipe, PlansMemory, ChecksModel):
     group_size: int | Literal["all"] = 4
     """Decoder layers sharing one basis (4 = the paper's gs = 8 sub-layer blocks), or ``all``."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
@@ -75,13 +87,22 @@ class PCAProjectArgs(StageArgs):
             raise ValueError("group_size must be >= 1 or 'all'")
         return value
 
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """Without ``ratio`` the hidden widths are solved from a target of the whole model."""
+        if self.ratio is None and recipe.target.of != "model":
+            raise ValueError(
+                f"{where}: pca_project without ratio solves the hidden widths from the whole model's target; set "
+                f"target.of: model (got {recipe.target.of}), or give args.ratio (the fraction of hidden dimensions "
+                "removed)"
+            )
+
     def needs_calibration(self) -> bool:
         return True
 
     def budget(self) -> BudgetMode:
         return "explicit" if self.ratio is not None else "solve"
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return ALL_ROLES
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -104,14 +125,20 @@ def _keep_params(ctx: Context) -> int:
 @register_stage(
     "pca_project",
     args=PCAProjectArgs,
-    scope="model",
     paper="SP3 §3.1, §3.3 (Eqs. 15-18), Appendix F.1 (group PCA, RMSNorm folding)",
     once="a model is projected once; its residual matrices would be projected again",
 )
-def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
+class PcaProject:
     """Reduce the hidden dimension by group PCA: fold norms, keep top-k components per group, fuse."""
+
+    def run_model(self, ctx: Context, args: PCAProjectArgs) -> StageResult:
+        return pca_project(ctx, args)
+
+
+def pca_project(ctx: Context, args: PCAProjectArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
     batches = ctx.calibration_batches()
-    if args.tokens is not None and batches:
+    if args.tokens is not None and batches and ctx.calibration is not None:
         seq_len = batches[0].shape[1]
         samples = max(1, math.ceil(args.tokens / seq_len))
         batches = [b for b in ctx.calibration[:samples].split(batches[0].shape[0])]
@@ -138,15 +165,15 @@ def pca_project(ctx: Context, args: PCAProjectArgs) -> None:
             "basis only when this stage slices); a later stage that slices the stream reaches the head through "
             "group 1's kept coordinates (sp3-llm vs sp3-oneshot, benchmarks/results/2026-11-25-claims-diagnostics.md)"
         )
-    ctx.report_stage("pca_project", report)
     if report["residual_params"]:
         ctx.notes.append(
             f"pca_project: {report['residual_matrices']} residual matrices hold {report['residual_params']:,} "
             f"parameters; without them the model has {report['params_without_residual']:,}"
         )
+    return StageResult(report)
 
 
-class PCAProjectPostArgs(StageArgs):
+class PCAProjectPostArgs(StageArgs, ChangesProjections, ReadsData, PlansMemory, ChecksModel):
     encoder_only: ClassVar[bool] = True
 
     basis: Literal["pca", "identity"] = "pca"
@@ -159,7 +186,7 @@ class PCAProjectPostArgs(StageArgs):
     def needs_calibration(self) -> bool:
         return True
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return ALL_ROLES
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -169,10 +196,9 @@ class PCAProjectPostArgs(StageArgs):
 @register_stage(
     "pca_project_post",
     args=PCAProjectPostArgs,
-    scope="model",
     paper="SP3 §3.1 (post-norm encoders: one basis per hidden LayerNorm)",
 )
-def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
+class PcaProjectPost:
     """Re-represent a post-norm encoder (BERT) in one PCA basis per hidden LayerNorm, at full width (SP3 §3.1).
 
     :func:`slimkit.primitives.projection.project_post_norm` with every component kept (an exact
@@ -180,6 +206,13 @@ def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
     the recipe's (``calibration.dataset: glue``: ``examples`` training examples of the task packed
     into ``samples x seq_len`` token windows; the paper: 512 examples, 4,096 tokens).
     """
+
+    def run_model(self, ctx: Context, args: PCAProjectPostArgs) -> StageResult:
+        return pca_project_post(ctx, args)
+
+
+def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
     from slimkit.primitives.projection.postnorm import project_post_norm
 
     with ctx.tracker.task("pca_project_post", None):
@@ -191,7 +224,6 @@ def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
             max_tokens=args.tokens,
         )
     report.pop("norms", None)
-    ctx.report_stage("pca_project_post", report)
     if report["rank_deficient"]:
         ctx.notes.append(
             f"pca_project_post: {report['tokens']} calibration tokens < hidden size {report['hidden_size']}; "
@@ -201,3 +233,4 @@ def pca_project_post(ctx: Context, args: PCAProjectPostArgs) -> None:
         f"pca_project_post: {report['residual_matrices']} residual matrices hold {report['residual_params']:,} "
         "parameters until the masks shrink them"
     )
+    return StageResult(report)

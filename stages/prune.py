@@ -14,19 +14,22 @@ Method note: docs/methods/selection.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import ClassVar, Literal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
 
+from slimkit.engine.capabilities import PlansMemory, ReadsLayerStatistics, default_memory
 from slimkit.engine.context import Context
 from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage import PrePass, StageResult
 from slimkit.engine.stage_memory import ACTIVATION_ADVICE, GRADIENT_ADVICE, MemoryInputs, forward_memory
 from slimkit.primitives.allocate.allocation_settings import GlobalSettings, SearchSettings
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.device.memory_model import StageMemory, gradient_sum_bytes
 from slimkit.primitives.errors import SlimkitError
@@ -49,7 +52,9 @@ from slimkit.primitives.select.plan import (
     solve_target,
 )
 from slimkit.primitives.surgery import remove_units
-from slimkit.stages.allocation_results import allocated_fraction, allocation_entry
+from slimkit.recipes.stage_args import ChangesProjections
+from slimkit.stages.allocation_results import LayerAllocation, allocated_fraction
+from slimkit.stages.layer_rule import layer_rule_ratio
 from slimkit.stages.scoring import (
     ScoringArgs,
     evaluations,
@@ -60,11 +65,12 @@ from slimkit.stages.scoring import (
     with_scoring,
 )
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
+from slimkit.stages.selection_prepass import UnitScores
 
 GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature", "q_latent", "kv_latent"]
 
 
-class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
+class PruneArgs(SelectionArgs[GroupKind], ScoringArgs, ChangesProjections, PlansMemory):
     selection: Literal["uniform", "global"] = "uniform"
     """uniform: every group loses the same fraction; global: one score threshold per kind across layers."""
     protect_lowest: float = Field(0.0, ge=0.0, lt=1.0)
@@ -78,12 +84,13 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
         return self
 
     def rules(self) -> SelectionRules:
-        return SelectionRules(self.selection, dict(self.round_to), self.min_keep, self.protect_lowest)
+        round_to: dict[str, int] = {kind: multiple for kind, multiple in self.round_to.items()}
+        return SelectionRules(self.selection, round_to, self.min_keep, self.protect_lowest)
 
     def needs_calibration(self) -> bool:
         return bool(self.needs())
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return roles_of(self.groups)
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -110,11 +117,11 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs):
         return with_scoring(memory, scoring_bytes(shape, self.groups), ["activations", "one gradient"])
 
 
-class PruneLayerArgs(PruneArgs):
+class PruneLayerArgs(PruneArgs, ReadsLayerStatistics):
     allocates: ClassVar[bool] = True
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
-        return StageArgs.memory(self, stage, inputs)  # one layer at a time: the default, not prune's whole model
+        return default_memory(self, stage, inputs)  # one layer at a time: the default, not prune's whole model
 
     @model_validator(mode="after")
     def _layer_scope(self) -> PruneLayerArgs:
@@ -150,7 +157,7 @@ class PruneLayerArgs(PruneArgs):
     def plan(self, ctx: Context) -> int:
         return planned_layer_removal(ctx, self)
 
-    def layer_grams(self) -> frozenset[str]:
+    def layer_grams(self) -> frozenset[LinearRole]:
         """Consumer Grams (down for channels, o for heads) for a scorer that reads them (``obs``)."""
         if "dense_consumers" not in self.needs():
             return frozenset()
@@ -158,7 +165,7 @@ class PruneLayerArgs(PruneArgs):
 
 
 def solve_on_target(
-    ctx: Context, name: str, args: PruneArgs, groups: list[Group], scores: list[torch.Tensor]
+    ctx: Context, name: str, args: SelectionArgs[Any], groups: list[Group], scores: list[torch.Tensor]
 ) -> Fraction:
     """The fraction (shared, or per kind where a coarse kind jumps over the target) whose plan removes what is
     left of the target within its tolerance. A strict target no plan of these units can meet is refused in one
@@ -186,7 +193,7 @@ def _added_before(ctx: Context, dense: int) -> str:
     """What the stages before this one added to the target's part (a projection's maps, an untied head), as the
     tail of a refusal; empty when they added nothing."""
     part = ctx.recipe.target.part
-    start = ctx.block_start.get(part, dense)
+    start = ctx.block_params().get(part, dense)
     if start <= dense:
         return ""
     return f"; the stages before it added {start - dense:,} parameters of {part} to the dense model's {dense:,}"
@@ -199,14 +206,14 @@ def fraction_before_scores(ctx: Context, name: str, args: PruneArgs, groups: lis
     if args.ratio is not None:
         return args.ratio
     if args.ratio_rule == "layer":
-        return ctx.layer_rule_ratio()
+        return layer_rule_ratio(ctx)
     if args.rules().mode == "uniform":
         return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
     return None
 
 
 def _score_and_prune(
-    ctx: Context, args: PruneArgs, groups: list[Group], stats: Iterable[dict], fraction: Fraction | None
+    ctx: Context, args: PruneArgs, groups: list[Group], stats: Iterable[Mapping[str, Any]], fraction: Fraction | None
 ) -> Fraction:
     scores = score_groups(args.scorer_spec(), groups, ctx.model, stats, generator=ctx.generator, **args.scorer_args())
     rules = args.rules_for(ctx.recipe.target)
@@ -219,78 +226,78 @@ def _score_and_prune(
     return fraction
 
 
-def _record(ctx: Context, name: str, fraction: Fraction, args: PruneArgs, layers: list[int] | None = None) -> None:
-    """One report per stage and block (``prune``, ``prune#2``, ... when a recipe prunes twice). ``fraction_mode``:
-    ``shared`` (one unit fraction for every kind), ``per_kind`` (``unit_fraction`` by kind: a coarse kind
-    jumped over the target, so it keeps the nearest step and the other kinds land the total) or ``allocated``
-    (each layer its own, decided by the allocation pre-pass: ``allocation`` holds the per-layer shares, and
-    ``unit_fraction`` the mean fraction of each kind over the layers)."""
-    key = f"{name}:{'+'.join(args.groups)}:report"
-    if key in ctx.block_cache:
-        return
-    allocation = allocation_entry(ctx, name, args)
-    entry = {
-        "unit_fraction": allocation["mean_unit_fraction"] if allocation else fraction,
-        "fraction_mode": "allocated" if allocation else "per_kind" if isinstance(fraction, dict) else "shared",
+def fraction_entry(
+    fraction: Fraction | None, args: PruneArgs, allocation: LayerAllocation | None = None
+) -> dict[str, Any]:
+    """A pruning stage's report entry. ``fraction_mode``: ``shared`` (one unit fraction for every kind),
+    ``per_kind`` (``unit_fraction`` by kind: a coarse kind jumped over the target, so it keeps the nearest step and
+    the other kinds land the total) or ``allocated`` (each layer its own, decided by the allocation pre-pass:
+    ``allocation`` holds the per-layer shares, and ``unit_fraction`` the mean fraction of each kind over the
+    layers)."""
+    report = allocation.report if allocation is not None else None
+    entry: dict[str, Any] = {
+        "unit_fraction": report["mean_unit_fraction"] if report else fraction,
+        "fraction_mode": "allocated" if report else "per_kind" if isinstance(fraction, dict) else "shared",
         "groups": list(args.groups),
         "scorer": args.scorer_name(),
     }
-    if layers is not None:
-        entry["layers"] = layers
-    if allocation:
-        entry["allocation"] = allocation
-    ctx.block_cache[key] = ctx.report_stage(name, entry)
+    if report:
+        entry["allocation"] = report
+    return entry
 
 
 @register_stage(
     "prune",
     args=PruneArgs,
-    scope="model",
     paper="LLM-Pruner (Ma et al. 2023) Eqs. 3-5 with scorer taylor; Wanda-style channels; LoRAP Eq. 11",
 )
-def prune(ctx: Context, args: PruneArgs) -> None:
+class Prune:
     """Score coupling groups on the model and remove the least important units to meet the target."""
-    if "dense_consumers" in args.needs():
-        raise SlimkitError(f"prune: scorer {args.scorer_name()} needs per-layer Grams; use prune_layer (in sequential)")
-    view = ctx.view
-    if "hidden_feature" in args.groups and basis_change_params(ctx.model):
-        raise SlimkitError(
-            "prune: groups: hidden_feature cannot prune a model with residual matrices (an earlier pca_project "
-            "with several bases); prune heads or MLP channels, or slice the stream with pca_project's ratio"
-        )
-    layers = eligible_layers(view.num_layers, args.skip_first, args.skip_last)
-    groups: list[Group] = []
-    for kind in args.groups:
-        groups += build_groups(ctx.model, kind, None if kind == "hidden_feature" else layers)
-    fraction = fraction_before_scores(ctx, "prune", args, groups)  # a target out of reach is refused here
-    stats = evaluations(ctx.model, args.scorer_spec(), ctx.calibration_batches(), groups, args)  # one at a time
-    fraction = _score_and_prune(ctx, args, groups, stats, fraction)
-    _record(ctx, "prune", fraction, args, layers)
+
+    def run_model(self, ctx: Context, args: PruneArgs) -> StageResult:
+        if "dense_consumers" in args.needs():
+            raise SlimkitError(
+                f"prune: scorer {args.scorer_name()} needs per-layer Grams; use prune_layer (in sequential)"
+            )
+        view = ctx.view
+        if "hidden_feature" in args.groups and basis_change_params(ctx.model):
+            raise SlimkitError(
+                "prune: groups: hidden_feature cannot prune a model with residual matrices (an earlier pca_project "
+                "with several bases); prune heads or MLP channels, or slice the stream with pca_project's ratio"
+            )
+        layers = eligible_layers(view.num_layers, args.skip_first, args.skip_last)
+        groups: list[Group] = []
+        for kind in args.groups:
+            groups += build_groups(ctx.model, kind, None if kind == "hidden_feature" else layers)
+        fraction = fraction_before_scores(ctx, "prune", args, groups)  # a target out of reach is refused here
+        stats = evaluations(ctx.model, args.scorer_spec(), ctx.calibration_batches(), groups, args)  # one at a time
+        fraction = _score_and_prune(ctx, args, groups, stats, fraction)
+        return StageResult({**fraction_entry(fraction, args), "layers": layers})
 
 
-def _layer_groups(ctx: Context, args: PruneLayerArgs) -> list[Group]:
+def _layer_groups(ctx: Context, args: SelectionArgs[Any]) -> list[Group]:
     eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
     return [g for kind in args.groups for g in build_groups(ctx.model, kind, eligible)]
 
 
-def _removed_at(ctx: Context, args: PruneLayerArgs, groups: list[Group], fraction: Fraction) -> int:
+def _removed_at(ctx: Context, args: SelectionArgs[Any], groups: list[Group], fraction: Fraction) -> int:
     counts = kept_counts(groups, [torch.zeros(g.size) for g in groups], fraction, args.rules_for(ctx.recipe.target))
     return removed_params(ctx.model, groups, counts, ctx.recipe.target.part, param_parts(ctx.model))
 
 
-def layer_fraction(ctx: Context, args: PruneLayerArgs, name: str = "prune_layer") -> Fraction:
+def layer_fraction(ctx: Context, args: SelectionArgs[Any], name: str = "prune_layer") -> Fraction:
     """The unit fraction of every eligible layer: the explicit ratio, LoRAP's layer ratio, or solved so
     the block's removals meet what is left of the target (on the shapes when the block started); ``name``:
     the stage a refusal names."""
     if args.ratio is not None:
         return args.ratio
     if args.ratio_rule == "layer":
-        return ctx.layer_rule_ratio()
+        return layer_rule_ratio(ctx)
     groups = _layer_groups(ctx, args)
     return solve_on_target(ctx, name, args, groups, [torch.zeros(g.size) for g in groups])
 
 
-def planned_layer_removal(ctx: Context, args: PruneLayerArgs) -> int:
+def planned_layer_removal(ctx: Context, args: SelectionArgs[Any]) -> int:
     """Parameters of the target's part prune_layer will remove with an explicit or layer-rule fraction."""
     return _removed_at(ctx, args, _layer_groups(ctx, args), layer_fraction(ctx, args))
 
@@ -307,27 +314,53 @@ def _per_batch_norms(ctx: Context, layer: LayerView, stats: LayerStats) -> list[
     return result
 
 
+@dataclass
+class PruneLayerState:
+    """A ``prune_layer`` stage across its block: the pre-pass's allocation, else the uniform fraction solved at the
+    first eligible layer (on the block's shapes)."""
+
+    ctx: Context
+    args: PruneLayerArgs
+    allocation: LayerAllocation | None = None
+    fraction: Fraction | None = None
+
+
 @register_stage(
     "prune_layer",
     args=PruneLayerArgs,
-    scope="layer",
     paper="LoRAP §3.3 (Eqs. 8-11): activation-scored MLP channels, layer by layer",
 )
-def prune_layer(ctx: Context, args: PruneLayerArgs, layer: LayerView, stats: LayerStats) -> None:
+class PruneLayer:
     """Score and remove units of one layer (inside `sequential`, with that layer's statistics)."""
-    eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
-    if layer.index not in eligible:
-        return
-    # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
-    groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
-    if not groups:
-        return
-    fraction = allocated_fraction(ctx, "prune_layer", args, layer.index)  # the pre-pass's share of this layer
-    if fraction is None:  # uniform: solved once per block, at the first eligible layer (on the block's shapes)
-        key = f"prune_layer:{'+'.join(args.groups)}"
-        if key not in ctx.block_cache:
-            ctx.block_cache[key] = layer_fraction(ctx, args)
-        fraction = ctx.block_cache[key]
-    evaluations_ = _per_batch_norms(ctx, layer, stats) if spec_smooths(args.scorer_spec()) else [stats]
-    _score_and_prune(ctx, args, groups, evaluations_, fraction)
-    _record(ctx, "prune_layer", fraction, args)
+
+    def start(self, ctx: Context, args: PruneLayerArgs) -> PruneLayerState:
+        return PruneLayerState(ctx, args)
+
+    def allocation_prepass(self, state: PruneLayerState) -> PrePass | None:
+        """With ``allocation: global`` or ``search``: the units scored on the block's dense pass, then kept counts
+        per layer (:class:`~slimkit.stages.selection_prepass.UnitScores`)."""
+        if state.args.allocation_settings() == "uniform":
+            return None
+        return UnitScores(state.ctx, "prune_layer", state.args, state)
+
+    def run_layer(self, state: PruneLayerState, layer: LayerView, stats: LayerStats) -> None:
+        ctx, args = state.ctx, state.args
+        eligible = eligible_layers(ctx.view.num_layers, args.skip_first, args.skip_last)
+        if layer.index not in eligible:
+            return
+        # a layer whose sub-block of a kind was removed (remove_blocks) has no group of that kind
+        groups = [g for kind in args.groups for g in build_groups(ctx.model, kind, [layer.index])]
+        if not groups:
+            return
+        fraction = allocated_fraction("prune_layer", args, state.allocation, layer.index)  # the pre-pass's share
+        if fraction is None:  # uniform: solved once per block, at the first eligible layer (on the block's shapes)
+            if state.fraction is None:
+                state.fraction = layer_fraction(ctx, args)
+            fraction = state.fraction
+        evaluations_: list[Mapping[str, Any]] = [stats]
+        if spec_smooths(args.scorer_spec()):
+            evaluations_ = list(_per_batch_norms(ctx, layer, stats))
+        _score_and_prune(ctx, args, groups, evaluations_, fraction)
+
+    def finish(self, state: PruneLayerState) -> StageResult:
+        return StageResult(fraction_entry(state.fraction, state.args, state.allocation))

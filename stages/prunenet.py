@@ -17,10 +17,12 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from slimkit.engine.capabilities import ChecksModel, PlansMemory
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.stage import ArtifactWriter, StageResult
 from slimkit.engine.stage_memory import MemoryInputs
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.device.memory_model import FLOAT32, FLOAT64, StageMemory
 from slimkit.primitives.groups import build_groups
 from slimkit.primitives.policy.prunenet import (
@@ -34,9 +36,10 @@ from slimkit.primitives.policy.prunenet import (
 )
 from slimkit.primitives.select.plan import SelectionRules, solve_fraction
 from slimkit.primitives.surgery import remove_units
+from slimkit.recipes.stage_args import BudgetMode, ChangesProjections, SharesTarget, StageArgs
 
 
-class PruneNetArgs(StageArgs):
+class PruneNetArgs(StageArgs, SharesTarget, ChangesProjections, PlansMemory, ChecksModel):
     selection: Literal["policy", "random", "deterministic"] = "policy"
     """``policy`` samples from the learned distribution; ``random`` / ``deterministic`` (top-k of
     W_imp) are the Tables 16-17 ablations."""
@@ -96,7 +99,7 @@ class PruneNetArgs(StageArgs):
     def operations(self) -> frozenset[str]:
         return frozenset({"mlp_channel", "mlp_policy"})
 
-    def touches(self) -> frozenset[str]:
+    def touches(self) -> frozenset[LinearRole]:
         return frozenset({"gate", "up", "down"})
 
 
@@ -104,7 +107,7 @@ def _channel_ratio(ctx: Context) -> float:
     """The MLP-channel fraction that removes what is left of the recipe target: for ``of: mlp`` that share of
     the MLP (channels carry equal parameters), otherwise solved on exact counts, rounding included."""
     if ctx.recipe.target.of == "mlp":
-        return ctx.params_to_remove() / ctx.block_start["mlp"]
+        return ctx.params_to_remove() / ctx.block_params()["mlp"]
     groups = build_groups(ctx.model, "mlp_channel")
     scores = [torch.zeros(g.size) for g in groups]
     return solve_fraction(ctx.model, groups, scores, SelectionRules(), ctx.recipe.target.part, ctx.params_to_remove())
@@ -113,15 +116,22 @@ def _channel_ratio(ctx: Context) -> float:
 @register_stage(
     "prunenet",
     args=PruneNetArgs,
-    scope="model",
     paper="PruneNet Eqs. 3-7, Algorithm 1 (policy learning with a KS spectral reward)",
 )
-def prunenet(ctx: Context, args: PruneNetArgs) -> None:
+class PruneNet:
     """Learn (or load) a PruneNet policy from the FFN weights and remove MLP channels with it."""
+
+    def run_model(self, ctx: Context, args: PruneNetArgs) -> StageResult:
+        return prunenet(ctx, args)
+
+
+def prunenet(ctx: Context, args: PruneNetArgs) -> StageResult:
+    """The stage's work on ``ctx.model``; returns what it leaves."""
     ratio = args.ratio if args.ratio is not None else _channel_ratio(ctx)
     weights = ffn_weights(ctx.model, args.source)
     ratios = layer_ratios(ratio, len(weights), args.schedule)
     report: dict = {"channel_ratio": ratio, "layer_ratios": ratios, "selection": args.selection}
+    artifacts: dict[str, ArtifactWriter] = {}
     if args.policy is not None:
         policy = load_policy(Path(args.policy))
         report["policy"] = {"loaded_from": args.policy}
@@ -157,7 +167,12 @@ def prunenet(ctx: Context, args: PruneNetArgs) -> None:
             "seconds": training.seconds,
         }
         if args.save_policy:
-            ctx.artifacts["policy"] = lambda folder, trained=policy: save_policy(trained, folder)
+            trained = policy
+
+            def write_policy(folder: Path) -> None:
+                save_policy(trained, folder)
+
+            artifacts["policy"] = write_policy
     policy.to(device=weights[0].device, dtype=torch.float32)  # float32 policy next to the weights it scores
     groups = build_groups(ctx.model, "mlp_channel")
     keeps = [
@@ -166,4 +181,4 @@ def prunenet(ctx: Context, args: PruneNetArgs) -> None:
     ]
     for group, keep in zip(groups, keeps, strict=True):
         remove_units(ctx.model, group, keep)
-    ctx.report_stage("prunenet", report)
+    return StageResult(report, artifacts=artifacts)

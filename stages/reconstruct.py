@@ -18,29 +18,35 @@ Method note: docs/methods/reconstruct-least-squares.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from pydantic import Field
 
+from slimkit.engine.capabilities import PlansMemory, ReadsLayerStatistics
 from slimkit.engine.context import Context
 from slimkit.engine.layer_stats import LayerStats
 from slimkit.engine.registry import register_stage
-from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage import StageResult
 from slimkit.primitives.arch import LayerView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.device.memory_model import FLOAT64, ModelShape
 from slimkit.primitives.device.offload import is_offloaded
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.reconstruct.bias import bias_refusal
-from slimkit.primitives.reconstruct.refit import READS, Consumer, RefitSettings, refit_role
+from slimkit.primitives.reconstruct.refit import READS, RefitSettings, refit_role
+from slimkit.recipes.stage_args import ChangesProjections, ReadsData, StageArgs
 
 
-class ReconstructArgs(RefitSettings, StageArgs):
-    roles: list[Consumer] | None = Field(default=None, min_length=1)
+class ReconstructArgs(RefitSettings, StageArgs, ReadsData, ChangesProjections, PlansMemory, ReadsLayerStatistics):
+    roles: list[LinearRole] | None = Field(default=None, min_length=1)
     """Projections to refit: down (reads the MLP channels) and o (reads the attention heads) after units were
     removed, and any role (q, k, v, o, gate, up, down) that an earlier stage made a low-rank pair (its left factor
     is refitted). Unset: down and o, each in the layers where it lost inputs or is low-rank. Given: the run fails
     when none was refitted in any layer, and the report names the ones that were not."""
 
     @property
-    def consumers(self) -> list[Consumer]:
+    def consumers(self) -> list[LinearRole]:
         """The roles to refit (both when ``roles`` is unset)."""
         return list(self.roles) if self.roles is not None else ["down", "o"]
 
@@ -53,13 +59,13 @@ class ReconstructArgs(RefitSettings, StageArgs):
     def block_matrix_bytes(self, shape: ModelShape) -> int:
         return consumer_solve_bytes(shape)
 
-    def layer_grams(self) -> frozenset[str]:
+    def layer_grams(self) -> frozenset[LinearRole]:
         return frozenset(self.consumers)
 
-    def refits(self) -> frozenset[str]:
+    def refits(self) -> frozenset[LinearRole]:
         return frozenset(self.consumers)
 
-    def dense_targets(self) -> frozenset[str]:
+    def dense_targets(self) -> frozenset[LinearRole]:
         return frozenset(self.consumers) if self.target == "dense" else frozenset()
 
 
@@ -99,44 +105,74 @@ def check_bias(ctx: Context, args: ReconstructArgs, layer: LayerView) -> None:
             )
 
 
-@register_stage(
-    "reconstruct",
-    args=ReconstructArgs,
-    scope="layer",
-    paper="least-squares reconstruction of the kept inputs (as in SlimGPT / ZipLM / FLAP's refits); FLAP's bias "
-    "compensation (bias: mean)",
-    top_level=lambda ctx, args, index: _top_level(ctx, args, index),
-)
-def reconstruct(ctx: Context, args: ReconstructArgs, layer: LayerView, stats: LayerStats) -> None:
-    """Refit down_proj / o_proj from the kept inputs so the layer's output matches the dense layer's."""
-    # One report per block, updated layer by layer (the block cache lives as long as the block).
-    if "reconstruct:report" not in ctx.block_cache:
-        _check_placement(ctx, args, layer, stats)
-        settings = {"bias": args.bias, "target": args.target, "refit": args.refit}
-        ctx.block_cache["reconstruct:report"] = ctx.report_stage(
-            "reconstruct", {"settings": settings, "roles": {}, "layers": {}, "unchanged": {}}
-        )
-    entry = ctx.stage_report[ctx.block_cache["reconstruct:report"]]
-    for role in args.consumers:
-        if role not in layer.roles:  # its sub-block was removed (remove_blocks): nothing reads the removed units
-            entry.setdefault("removed_block", {}).setdefault(role, []).append(layer.index)
-            continue
-        result = refit_role(layer, role, stats.consumer(role), args, ctx.model, ctx.view)
-        if result is not None:
-            entry["layers"].setdefault(role, {})[str(layer.index)] = result
-        else:
-            entry["unchanged"].setdefault(role, []).append(layer.index)
+def new_entry(args: ReconstructArgs, **extra: Any) -> dict[str, Any]:
+    """The report entry a refit fills: the settings, per-role summaries, per-layer results, unchanged layers."""
+    settings = {"bias": args.bias, "target": args.target, "refit": args.refit}
+    return {"settings": settings, **extra, "roles": {}, "layers": {}, "unchanged": {}}
+
+
+def summarise_roles(entry: dict[str, Any]) -> None:
+    """Each refitted role's mean relative output error before and after, over its layers, into ``entry["roles"]``."""
     for role, per_layer in entry["layers"].items():
         entry["roles"][role] = {
             "layers": len(per_layer),
             "mean_error_before": sum(r["error_before"] for r in per_layer.values()) / len(per_layer),
             "mean_error_after": sum(r["error_after"] for r in per_layer.values()) / len(per_layer),
         }
-    if layer.index == len(ctx.view.layers) - 1 and args.roles is not None:
-        check_roles_acted(ctx, args.roles, entry)
 
 
-def check_roles_acted(ctx: Context, roles: list[Consumer], entry: dict) -> None:
+@dataclass
+class ReconstructState:
+    """A ``reconstruct`` stage across its ``sequential`` block: its report entry, filled layer by layer."""
+
+    ctx: Context
+    args: ReconstructArgs
+    entry: dict[str, Any] = field(default_factory=dict)
+
+
+@register_stage(
+    "reconstruct",
+    args=ReconstructArgs,
+    paper="least-squares reconstruction of the kept inputs (as in SlimGPT / ZipLM / FLAP's refits); FLAP's bias "
+    "compensation (bias: mean)",
+)
+class Reconstruct:
+    """Refit down_proj / o_proj from the kept inputs so the layer's output matches the dense layer's."""
+
+    def start(self, ctx: Context, args: ReconstructArgs) -> ReconstructState:
+        return ReconstructState(ctx, args)
+
+    def run_layer(self, state: ReconstructState, layer: LayerView, stats: LayerStats) -> None:
+        ctx, args = state.ctx, state.args
+        if not state.entry:  # before the first refit of the block
+            _check_placement(ctx, args, layer, stats)
+            state.entry = new_entry(args)
+        entry = state.entry
+        for role in args.consumers:
+            if role not in layer.roles:  # its sub-block was removed (remove_blocks): nothing reads the removed units
+                entry.setdefault("removed_block", {}).setdefault(role, []).append(layer.index)
+                continue
+            result = refit_role(layer, role, stats.consumer(role), args, ctx.model, ctx.view)
+            if result is not None:
+                entry["layers"].setdefault(role, {})[str(layer.index)] = result
+            else:
+                entry["unchanged"].setdefault(role, []).append(layer.index)
+        summarise_roles(entry)
+        if layer.index == len(ctx.view.layers) - 1 and args.roles is not None:
+            check_roles_acted(ctx, args.roles, entry)
+
+    def finish(self, state: ReconstructState) -> StageResult:
+        return StageResult(state.entry)
+
+    def run_model(self, ctx: Context, args: ReconstructArgs) -> StageResult:
+        """At the top level of a recipe: each layer refit against the reloaded dense model
+        (:mod:`slimkit.stages.reconstruct_model`)."""
+        from slimkit.stages.reconstruct_model import reconstruct_top_level  # it imports this module
+
+        return reconstruct_top_level(ctx, args, ctx.block.index)
+
+
+def check_roles_acted(ctx: Context, roles: list[LinearRole], entry: dict) -> None:
     """After the last layer: fail when none of the roles asked for was refitted in any layer (the stage before
     produced nothing to refit); flag in the report (``not_refitted`` and a note) the ones that were not, when
     others were (e.g. ``[q, k, v, o, down]`` after LoRAP, whose allocation keeps v and o dense at some ratios)."""
@@ -154,10 +190,3 @@ def check_roles_acted(ctx: Context, roles: list[Consumer], entry: dict) -> None:
         f"reconstruct: {', '.join(missing)} refitted in no layer (no units removed from their inputs and not "
         f"low-rank); refitted: {', '.join(r for r in roles if r in entry['layers'])}"
     )
-
-
-def _top_level(ctx: Context, args: ReconstructArgs, index: int) -> None:
-    """``reconstruct`` at the top level of a recipe (``stages.<index>``): the whole-model form."""
-    from slimkit.stages.reconstruct_model import reconstruct_top_level  # it imports this module
-
-    reconstruct_top_level(ctx, args, index)

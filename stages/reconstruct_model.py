@@ -9,13 +9,16 @@ Method note: docs/methods/reconstruct-least-squares.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from slimkit.engine.context import Context
 from slimkit.engine.layer_stats import LayerStats
-from slimkit.engine.registry import stage_def
+from slimkit.engine.registry import model_form
+from slimkit.engine.stage import StageResult
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.calibration import LayerInputs, capture_layer_inputs, run_layer
 from slimkit.primitives.device.offload import resident
 from slimkit.primitives.errors import SlimkitError
@@ -23,9 +26,10 @@ from slimkit.primitives.lowrank.module import LowRankLinear
 from slimkit.primitives.reconstruct.consumer import DenseConsumer, dense_consumer, paired_pass
 from slimkit.primitives.reconstruct.gram import gram_hooks
 from slimkit.primitives.reconstruct.refit import refit_role
+from slimkit.recipes.catalogue import stage_def
 from slimkit.recipes.schema import SequentialSpec
 from slimkit.stages.dense_source import ReloadedDense, release_memory, reload_dense
-from slimkit.stages.reconstruct import ReconstructArgs, check_bias, check_roles_acted
+from slimkit.stages.reconstruct import ReconstructArgs, check_bias, check_roles_acted, new_entry, summarise_roles
 
 TOP_LEVEL_ROLES = ("down", "o")
 UNITS = {"down": "MLP channels", "o": "attention heads"}
@@ -36,11 +40,11 @@ UNITS = {"down": "MLP channels", "o": "attention heads"}
 class RefitPlan:
     """Which roles of which layers lost inputs (to refit) and which did not (left as they are)."""
 
-    refit: dict[int, list[str]] = field(default_factory=dict)
+    refit: dict[int, list[LinearRole]] = field(default_factory=dict)
     unchanged: dict[str, list[int]] = field(default_factory=dict)
 
 
-def reconstruct_top_level(ctx: Context, args: ReconstructArgs, index: int) -> None:
+def reconstruct_top_level(ctx: Context, args: ReconstructArgs, index: int) -> StageResult:
     """Refit every layer's down_proj / o_proj against the reloaded dense model, layer by layer on the compressed
     model's calibration stream (``reconstruct`` at ``stages.<index>``)."""
     roles = _check_recipe_placement(ctx, args, index)
@@ -56,33 +60,31 @@ def reconstruct_top_level(ctx: Context, args: ReconstructArgs, index: int) -> No
     )
     cuda = any(p.device.type == "cuda" for p in ctx.model.parameters())
     try:
-        _refit_against(ctx, args, roles, dense, f"{index}:reconstruct")
+        return StageResult(_refit_against(ctx, args, roles, dense, f"{index}:reconstruct"))
     finally:
         del dense
         release_memory(cuda)
 
 
-def _refit_against(ctx: Context, args: ReconstructArgs, roles: list[str], dense: ReloadedDense, label: str) -> None:
-    """Plan against the dense model, open the stage's report, run the pass (the dense model's views end here)."""
+def _refit_against(
+    ctx: Context, args: ReconstructArgs, roles: list[LinearRole], dense: ReloadedDense, label: str
+) -> dict[str, Any]:
+    """Plan against the dense model, run the pass (the dense model's views end here); returns the report entry."""
     dense_view = ModelView(dense.model)
     plan = refit_plan(ctx.view, dense_view, roles, args)
-    key = ctx.report_stage(
-        "reconstruct",
-        {
-            "settings": {"bias": args.bias, "target": args.target, "refit": args.refit},
-            "placement": "top level",
-            "dense_model": {"source": dense.source, "load_seconds": dense.load_seconds, "weights": dense.weights},
-            "roles": {},
-            "layers": {},
-            "unchanged": plan.unchanged,
-        },
+    entry = new_entry(
+        args,
+        placement="top level",
+        dense_model={"source": dense.source, "load_seconds": dense.load_seconds, "weights": dense.weights},
     )
-    _refit_layers(ctx, dense_view, args, plan, ctx.stage_report[key], label)
+    entry["unchanged"] = plan.unchanged
+    _refit_layers(ctx, dense_view, args, plan, entry, label)
     if args.roles is not None:  # some roles refitted in no layer (llm-pruner at 10% removes no heads): flagged
-        check_roles_acted(ctx, args.roles, ctx.stage_report[key])
+        check_roles_acted(ctx, args.roles, entry)
+    return entry
 
 
-def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> list[str]:
+def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> list[LinearRole]:
     """The roles to refit, after the refusals that need no model: first in the recipe, right after layer-scope work
     (where reconstruct belongs inside the block), roles the top-level form does not refit."""
     if index == 0:
@@ -97,7 +99,7 @@ def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> 
             f"sequential block at stages.{index - 1}; at the top level it follows a model-scope stage (prune, cce)"
         )
     definition = stage_def(before.stage)
-    if definition.scope == "layer" and definition.top_level is None:
+    if definition.scope == "layer" and model_form(definition) is None:
         raise SlimkitError(
             f"reconstruct runs inside sequential, after the stage that removes units: put stages.{index - 1} "
             f"({before.stage}) and reconstruct in one sequential block; at the top level it follows a model-scope "
@@ -112,7 +114,7 @@ def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> 
     return list(args.consumers)
 
 
-def _check_compressed(ctx: Context, args: ReconstructArgs, roles: list[str]) -> None:
+def _check_compressed(ctx: Context, args: ReconstructArgs, roles: list[LinearRole]) -> None:
     """Refusals on the compressed model, before the dense one is loaded: low-rank pairs, a bias it cannot carry."""
     for layer in ctx.view.layers:
         for role in roles:
@@ -124,7 +126,7 @@ def _check_compressed(ctx: Context, args: ReconstructArgs, roles: list[str]) -> 
     check_bias(ctx, args, ctx.view.layer(0))
 
 
-def refit_plan(view: ModelView, dense: ModelView, roles: list[str], args: ReconstructArgs) -> RefitPlan:
+def refit_plan(view: ModelView, dense: ModelView, roles: list[LinearRole], args: ReconstructArgs) -> RefitPlan:
     """Compare the compressed model with its dense source: the layers each role lost inputs in, and the refusals
     (another layer count, hidden size or head size; a role with nothing removed)."""
     if dense.num_layers != view.num_layers:
@@ -183,16 +185,11 @@ def _refit_layers(
                     _record(entry, role, index, _refit(ctx, layer, role, stats, args))
                 inputs.hidden = run_layer(layer.module, inputs)
             advance(1)
-    for role, per_layer in entry["layers"].items():
-        entry["roles"][role] = {
-            "layers": len(per_layer),
-            "mean_error_before": sum(r["error_before"] for r in per_layer.values()) / len(per_layer),
-            "mean_error_after": sum(r["error_after"] for r in per_layer.values()) / len(per_layer),
-        }
+    summarise_roles(entry)
 
 
 def dense_consumers(
-    layer: LayerView, roles: list[str], inputs: LayerInputs, stream: LayerInputs | None, device
+    layer: LayerView, roles: list[LinearRole], inputs: LayerInputs, stream: LayerInputs | None, device
 ) -> dict[str, DenseConsumer]:
     """Run dense ``layer`` (moved to ``device``) on the compressed stream ``inputs`` with Gram hooks on its ``roles``
     projections: their :class:`DenseConsumer` snapshots. With a dense ``stream`` (``target: dense``) the layer also
@@ -201,7 +198,7 @@ def dense_consumers(
     if not roles and stream is None:
         return {}
     layer.module.to(device)
-    consumers = {role: layer.linear(role) for role in roles}
+    consumers: dict[str, nn.Module] = {role: layer.linear(role) for role in roles}
     paired: dict = {}
     if stream is not None and roles:
         paired, stream.hidden = paired_pass(layer.module, consumers, inputs, stream)
@@ -217,7 +214,7 @@ def dense_consumers(
     }
 
 
-def _refit(ctx: Context, layer: LayerView, role: str, stats: LayerStats, args: ReconstructArgs) -> dict | None:
+def _refit(ctx: Context, layer: LayerView, role: LinearRole, stats: LayerStats, args: ReconstructArgs) -> dict | None:
     """The in-block refit of one role (:func:`~slimkit.primitives.reconstruct.refit.refit_role`) with the stage's
     settings."""
     return refit_role(layer, role, stats.consumer(role), args, ctx.model, ctx.view)

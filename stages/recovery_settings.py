@@ -19,13 +19,14 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from slimkit.engine.context import Context
-from slimkit.engine.stage_args import StageArgs
+from slimkit.engine.stage import ArtifactWriter
 from slimkit.primitives.finetune import LoraConfig
 from slimkit.primitives.finetune.full_recovery import recover_all_weights
 from slimkit.primitives.finetune.process_group import world
 from slimkit.primitives.finetune.recovery import RecoveryConfig, RecoveryResult, TokenObjective
 from slimkit.primitives.finetune.token_recovery import recover_in_tokens
 from slimkit.primitives.finetune.token_stream import TextSource, folder_files
+from slimkit.recipes.stage_args import StageArgs
 
 TOKEN_ONLY = (
     "data_folder",
@@ -126,11 +127,11 @@ def run_token_budget(
     objective: TokenObjective,
     what: str,
     shard_units: list[nn.Module] | None = None,
-) -> tuple[nn.Module, dict[str, Any]]:
+) -> tuple[nn.Module, dict[str, Any], dict[str, ArtifactWriter]]:
     """The stage's token-budgeted recovery on ``ctx.model``: LoRA adapters of ``lora``, or every weight when it is
     None (sharded over the processes with ``shard_units`` as FSDP units when given); progress in tokens, a checkpoint
-    folder under the run's output, a one-line note when it stopped early, and the loss curves' plot for the output
-    folder."""
+    folder under the run's output, a one-line note when it stopped early. Returns the trained model, its report and
+    the loss curves' plot for the output folder (``LABEL-curves``)."""
     config = recovery_config(args, ctx.recipe.seed)
     source = TextSource(args.dataset, args.data_folder, ctx.recipe.seed)
     checkpoint = checkpoint_folder(ctx, label, args)
@@ -161,14 +162,15 @@ def run_token_budget(
         note = f"{label} stopped early: {report['stopped']}; {report['tokens']:,} of {config.tokens:,} tokens trained"
         ctx.notes.append(note)
         ctx.tracker.log(note)
+    artifacts: dict[str, ArtifactWriter] = {}
     if world()[0] == 0 and report["losses"]:
         written = dict(report)
 
         def curves(folder: Path) -> None:
             write_curves(written, folder, label)
 
-        ctx.artifacts[f"{label}-curves"] = curves
-    return model, report
+        artifacts[f"{label}-curves"] = curves
+    return model, report, artifacts
 
 
 def write_curves(report: dict[str, Any], folder: Path, label: str) -> None:

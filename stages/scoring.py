@@ -17,9 +17,9 @@ import torch
 from pydantic import field_validator, model_validator
 from torch import nn
 
-from slimkit.engine.stage_args import ALL_ROLES, StageArgs
 from slimkit.engine.stage_memory import MemoryInputs
 from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.calibration import input_norm_hooks
 from slimkit.primitives.calibration.gradients import accumulate_gradients
 from slimkit.primitives.device.memory_model import FLOAT32, ModelShape, StageMemory, backward_activation_bytes
@@ -36,8 +36,9 @@ from slimkit.primitives.importance import (
     spec_smooths,
 )
 from slimkit.primitives.importance.compose import describe, spec_gradients, spec_kinds
+from slimkit.recipes.stage_args import ALL_ROLES, ReadsData, StageArgs
 
-KIND_ROLES: dict[str, frozenset[str]] = {
+KIND_ROLES: dict[str, frozenset[LinearRole]] = {
     "attention_head": frozenset({"q", "k", "v", "o"}),
     "kv_group": frozenset({"q", "k", "v", "o"}),
     "mlp_channel": frozenset({"gate", "up", "down"}),
@@ -47,9 +48,10 @@ KIND_ROLES: dict[str, frozenset[str]] = {
 }
 
 
-def roles_of(kinds: Sequence[str]) -> frozenset[str]:
+def roles_of(kinds: Sequence[str]) -> frozenset[LinearRole]:
     """Projection roles that removing units of these group kinds slices."""
-    return frozenset().union(*(KIND_ROLES[k] for k in kinds))
+    roles: frozenset[LinearRole] = frozenset()
+    return roles.union(*(KIND_ROLES[k] for k in kinds))
 
 
 def _non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
@@ -64,7 +66,7 @@ def _non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
     return None
 
 
-class ScoringArgs(StageArgs):
+class ScoringArgs(StageArgs, ReadsData):
     scorer: str | dict[str, Any] = "activation"
     """Importance scorer: a registered name (activation, magnitude, taylor, random, coupled), or
     {platon: SPEC, x1, x2} (PLATON-smoothed over calibration batches), or {blend: {NAME: weight, ...}}."""

@@ -6,26 +6,26 @@ recipe's ``target.align``). ``K`` is the stage's unit kinds (the keys ``round_to
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 
-from slimkit.engine.stage_args import BudgetMode, StageArgs
+from slimkit.engine.capabilities import ChecksModel, ChecksReach, PlansRemoval
+from slimkit.engine.context import Context
 from slimkit.primitives.allocate.allocation_settings import Allocation, GlobalSettings, SearchSettings, parse_allocation
 from slimkit.primitives.importance.obs_saliency import OBS_CONSUMERS
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach
-
-if TYPE_CHECKING:
-    from slimkit.engine.allocation_prepass import PrePass
-    from slimkit.engine.context import Context
-    from slimkit.recipes.schema import Recipe, Target
+from slimkit.recipes.schema import Recipe, Target
+from slimkit.recipes.stage_args import BudgetMode, ChecksRecipe, ReadsData, SharesTarget, StageArgs
+from slimkit.stages.layer_rule import check_layer_rule
 
 K = TypeVar("K", bound=str)
 
 
-class SelectionArgs(StageArgs, Generic[K]):
-    groups: list[K] = Field(default_factory=lambda: ["mlp_channel"], min_length=1)
+class SelectionArgs(
+    StageArgs, SharesTarget, PlansRemoval, ReadsData, ChecksRecipe, ChecksModel, ChecksReach, Generic[K]
+):
+    groups: list[K] = Field(default_factory=lambda: default_groups(), min_length=1)
     """Unit kinds to prune, each once: mlp_channel (MLP channels, read by down_proj), attention_head (query heads,
     evenly per KV group; read by o_proj), kv_group (a KV head with its query heads; prune, prune_layer),
     hidden_feature (one residual-stream dimension everywhere; prune only), q_latent / kv_latent (a query or key-value
@@ -50,11 +50,10 @@ class SelectionArgs(StageArgs, Generic[K]):
     by KL divergence to the dense model on held-out calibration batches). Decided before the block runs."""
 
     allocates: ClassVar[bool] = False
+    """Whether the stage takes an allocation other than uniform (a layer-wise stage that solves on the target)."""
 
     def operations(self) -> frozenset[str]:
         return frozenset(self.groups)
-
-    """Whether the stage takes an allocation other than uniform (a layer-wise stage that solves on the target)."""
 
     @field_validator("allocation")
     @classmethod
@@ -108,7 +107,9 @@ class SelectionArgs(StageArgs, Generic[K]):
 
     def check_recipe(self, recipe: Recipe, where: str) -> None:
         """``round_to`` and ``target.align`` agree where both round a kind; a search's held-out batches leave
-        calibration batches to score on."""
+        calibration batches to score on; LoRAP's layer rule counts the whole model."""
+        if self.ratio is None and self.ratio_rule == "layer":
+            check_layer_rule(recipe, where)
         aligned = recipe.target.multiples(list(self.round_to))
         for kind, multiple in self.round_to.items():
             if kind in aligned and aligned[kind] != multiple:
@@ -126,27 +127,19 @@ class SelectionArgs(StageArgs, Generic[K]):
                     "calibration batch(es) to score on; lower it or raise calibration.samples"
                 )
 
-    def allocation_prepass(self, ctx: Context, stage: str) -> PrePass | None:
-        """With ``allocation: global`` or ``search``: the units scored on the block's dense pass, then kept counts
-        per layer (:class:`~slimkit.stages.selection_prepass.UnitScores`)."""
-        if self.allocation_settings() == "uniform":
-            return None
-        from slimkit.stages.selection_prepass import UnitScores
-
-        return UnitScores(ctx, stage, self)
-
-    def reach_check(self, stage: str) -> Callable[[Context], None] | None:
+    def reach_check(self, ctx: Context, stage: str) -> None:
         """A layer-wise stage solving on the target: a uniform share solved on the shapes, or an allocation refused
         when even every group at its fewest allowed units falls short."""
         if not (self.allocates and self.budget() == "solve"):
-            return None
+            return
         if self.allocation_settings() == "uniform":
             from slimkit.stages.prune import layer_fraction
 
-            return lambda ctx: _discard(layer_fraction(ctx, self, stage))
+            layer_fraction(ctx, self, stage)
+            return
         from slimkit.stages.selection_prepass import check_reachable
 
-        return lambda ctx: _discard(check_reachable(ctx, stage, self))
+        check_reachable(ctx, stage, self)
 
     def rules(self) -> SelectionRules:
         """How scores become kept counts (each stage's own rules)."""
@@ -168,8 +161,9 @@ class SelectionArgs(StageArgs, Generic[K]):
         return "explicit" if self.ratio is not None else self.ratio_rule
 
 
-def _discard(_value: object) -> None:
-    """A check's result is not needed, only whether it raised."""
+def default_groups() -> list[Any]:
+    """The unit kinds a selection stage prunes when none are given: MLP channels."""
+    return ["mlp_channel"]
 
 
 def nearest_ratios(target: Target, dense: int, wanted: int, miss: TargetOutOfReach) -> str:

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from slimkit.engine.capabilities import ReadsLayerStatistics
 from slimkit.engine.context import Context
 from slimkit.engine.layer_stats import LayerStats
 from slimkit.primitives.allocate import (
@@ -33,7 +34,8 @@ from slimkit.primitives.importance.compose import score_groups
 from slimkit.primitives.importance.obs_saliency import OBS_CONSUMERS, consumer_inputs
 from slimkit.primitives.select import eligible_layers
 from slimkit.primitives.select.plan import SelectionRules, TargetOutOfReach, check_shapes, keep_indices
-from slimkit.stages.allocation_results import LayerAllocation, allocation_key
+from slimkit.recipes.stage_args import offered
+from slimkit.stages.allocation_results import AllocatedState, LayerAllocation
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 
 
@@ -73,10 +75,11 @@ def check_reachable(
 class UnitScores:
     """The pre-pass of a ``prune_layer`` / ``obs_prune_layer`` stage with a global or searched allocation: its units
     scored once per layer by the stage's own scorer on the shared dense pass, then kept counts per eligible layer and
-    kind landing on what is left of the target (refused before any scoring when no plan can reach it)."""
+    kind landing on what is left of the target (refused before any scoring when no plan can reach it), written into
+    the stage's ``state``."""
 
-    def __init__(self, ctx: Context, stage: str, args: SelectionArgs) -> None:
-        self.stage, self.args = stage, args
+    def __init__(self, ctx: Context, stage: str, args: SelectionArgs, state: AllocatedState) -> None:
+        self.stage, self.args, self.state = stage, args, state
         self.settings = args.allocation_settings()
         self.groups, self.costs, self.rules = _allocatable(ctx, args)
         check_reachable(ctx, stage, args, self.costs)
@@ -92,10 +95,10 @@ class UnitScores:
         self.scoring_batches: int | None = total - holdout
         self.by_error = isinstance(self.settings, GlobalSettings) and self.settings.by == "refit_error"
         consumers = {OBS_CONSUMERS[kind] for kind in args.groups} if self.by_error else set()
-        self.roles = frozenset(args.layer_grams()) | consumers
+        self.roles = frozenset(offered(args, ReadsLayerStatistics).layer_grams()) | consumers
         self.by_layer: dict[int, list[int]] = {}
         for position, group in enumerate(self.groups):
-            self.by_layer.setdefault(group.layer, []).append(position)
+            self.by_layer.setdefault(layer_of(group), []).append(position)
         self.last = max(self.by_layer)
         self.scores: list = [None] * len(self.groups)
         self.errors: list = [None] * len(self.groups)
@@ -115,13 +118,13 @@ class UnitScores:
             if self.by_error:
                 self.errors[i] = _refit_errors(self.groups[i], self.ctx.model, stats, self.scores[i])
 
-    def decide(self, ctx: Context) -> None:
-        ctx.block_cache[allocation_key(self.stage, self.args)] = self._allocation(ctx)
+    def decide(self, ctx: Context, pass_seconds: float) -> None:
+        self.state.allocation = self._allocation(ctx, pass_seconds)
 
-    def _allocation(self, ctx: Context) -> LayerAllocation:
+    def _allocation(self, ctx: Context, passed: float) -> LayerAllocation:
         stage, args, settings = self.stage, self.args, self.settings
         groups, costs, rules, scores = self.groups, self.costs, self.rules, self.scores
-        deciding, passed = time.perf_counter(), ctx.block_cache.get("allocation:pass_seconds", 0.0)
+        deciding = time.perf_counter()
         target = ctx.recipe.target
         wanted, tolerance = check_reachable(ctx, stage, args, costs)  # after the block's earlier stages decided
         dense = ctx.params_before[target.part]
@@ -134,8 +137,10 @@ class UnitScores:
                 report["by"] = "refit_error"
             elif isinstance(settings, GlobalSettings):
                 kept = global_ranking(scores, costs, wanted, tolerance)
-            else:
+            elif isinstance(settings, SearchSettings):
                 kept, report["search"] = _search(ctx, settings, groups, scores, costs, held, rules, wanted, tolerance)
+            else:  # uniform allocations make no pre-pass
+                raise AssertionError(f"{stage}: no allocation to decide")
         except TargetOutOfReach as miss:
             nearest = nearest_ratios(target, dense, wanted, miss)
             raise SlimkitError(
@@ -143,8 +148,8 @@ class UnitScores:
             ) from None
         allocation = LayerAllocation({}, {})
         for group, count in zip(groups, kept, strict=True):
-            allocation.kept.setdefault(group.layer, {})[group.kind] = count
-            allocation.sizes.setdefault(group.layer, {})[group.kind] = group.size
+            allocation.kept.setdefault(layer_of(group), {})[group.kind] = count
+            allocation.sizes.setdefault(layer_of(group), {})[group.kind] = group.size
         removed = total_removed(costs, kept)
         report |= {
             "wanted": wanted,
@@ -163,6 +168,13 @@ class UnitScores:
         }
         allocation.report = report
         return allocation
+
+
+def layer_of(group: Group) -> int:
+    """The layer of a group of a layer-wise stage (every kind it allocates lives in one layer)."""
+    if group.layer is None:
+        raise SlimkitError(f"{group.kind} spans every layer; a layer-wise allocation cannot share it among layers")
+    return group.layer
 
 
 def _refit_errors(group: Group, model: torch.nn.Module, stats: LayerStats, scores: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,21 @@ def check_eval_length(config: EvalConfig, model: Any, setting: str = "--seq-len"
     )
 
 
+def check_eval_model(settings: EvalConfig, model: Any, task_head: bool) -> None:
+    """Refuse perplexity or zero-shot evaluation of an encoder (no language-model head) unless the recipe gives it a
+    task head, and perplexity windows longer than the model's positions (``eval.`` fields named)."""
+    from slimkit.primitives.arch.support import task_of
+
+    check_eval_length(settings, model, "eval.perplexity.seq_len")
+    encoder = task_of(model.config) == "encoder"
+    if not task_head and not encoder:
+        check_lm_head(settings, model, "the recipe's model")
+    if task_head or not encoder:
+        return
+    remedy = "set {field}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
+    check_lm_evaluations(settings, "this run's model", remedy, field_prefix="eval.")
+
+
 def check_lm_head(config: EvalConfig, model: Any, what: str = "the model") -> None:
     """Refuse perplexity and zero-shot evaluation of a model built without a language-model head (a config whose
     ``architectures`` names the bare ``LlamaModel`` class, say): it gives hidden states, not next-token logits."""

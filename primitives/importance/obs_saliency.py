@@ -10,10 +10,11 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group
 
-OBS_CONSUMERS: dict[str, str] = {"mlp_channel": "down", "attention_head": "o"}
+OBS_CONSUMERS: dict[str, LinearRole] = {"mlp_channel": "down", "attention_head": "o"}
 """The role whose input columns a kind's units are (its Gram is the OBS Hessian)."""
 OBS_KINDS: tuple[str, ...] = tuple(OBS_CONSUMERS)
 

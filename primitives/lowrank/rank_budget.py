@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-QK_GROUP = ("q", "k")
-VO_GROUP = ("v", "o")
-ATTENTION_ROLES = (*QK_GROUP, *VO_GROUP)
+from slimkit.primitives.arch.view import LinearRole
+
+QK_GROUP: tuple[LinearRole, ...] = ("q", "k")
+VO_GROUP: tuple[LinearRole, ...] = ("v", "o")
+ATTENTION_ROLES: tuple[LinearRole, ...] = (*QK_GROUP, *VO_GROUP)
 
 
 def _positive_int(name: str, value: int) -> int:

@@ -318,7 +318,7 @@ def train_encoder_masks(
     progress: Callable[[int], None] | None = None,
     check_batches: Sequence[Batch] | None = None,
     tolerance: float = 0.005,
-    calibration: Sequence[Batch] | None = None,
+    calibration: Sequence[Batch | torch.Tensor] | None = None,
 ) -> dict:
     """Train, binarise and fuse SP3's (or CoFi's) masks on a GLUE task model in place; returns a report.
 

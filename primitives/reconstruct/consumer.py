@@ -4,6 +4,7 @@ and the paired pass that accumulates the cross term of the dense and the compres
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ class DenseConsumer:
 
 
 def paired_pass(
-    layer_module: torch.nn.Module, consumers: dict[str, torch.nn.Module], inputs: LayerInputs, dense: LayerInputs
+    layer_module: torch.nn.Module, consumers: Mapping[str, torch.nn.Module], inputs: LayerInputs, dense: LayerInputs
 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
     """Run the (still dense) layer on both streams batch by batch: per role ``(Σ x_d x_cᵀ, Σ x_d)``, and the dense
     stream's outputs (its next inputs)."""

@@ -5,7 +5,7 @@ Method note: docs/methods/reconstruct-least-squares.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -146,7 +146,7 @@ def with_bias_column(gram: torch.Tensor, input_sum: torch.Tensor, tokens: int) -
 
 
 @contextmanager
-def gram_hooks(modules: dict[str, nn.Module], max_tokens: int | None = None) -> Iterator[dict[str, GramStatistics]]:
+def gram_hooks(modules: Mapping[str, nn.Module], max_tokens: int | None = None) -> Iterator[dict[str, GramStatistics]]:
     """Attach a :class:`GramStatistics` to the first positional input of each module while the block runs.
 
     The width is taken from ``in_features`` when the module has it, else from the first input seen."""

@@ -16,6 +16,7 @@ import torch
 from pydantic import field_validator, model_validator
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import LowRankLinear
 from slimkit.primitives.reconstruct.bias import consumer_bias
@@ -26,7 +27,6 @@ from slimkit.primitives.reconstruct.least_squares import AffineRefit, refit_affi
 from slimkit.primitives.reconstruct.lowrank_refit import refit_left
 from slimkit.primitives.settings import Strict
 
-Consumer = Literal["q", "k", "v", "o", "gate", "up", "down"]
 MIN_DAMPING = 1e-12
 
 
@@ -88,7 +88,7 @@ def matched_columns(dense: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor |
 
 def refit_role(
     layer: LayerView,
-    role: Consumer,
+    role: LinearRole,
     snapshot: DenseConsumer,
     args: RefitSettings,
     model: torch.nn.Module | None = None,
@@ -239,7 +239,6 @@ def affine_error(snapshot: DenseConsumer, approx: torch.Tensor, shift: torch.Ten
 __all__ = [
     "MIN_DAMPING",
     "READS",
-    "Consumer",
     "RefitSettings",
     "affine_error",
     "matched_columns",

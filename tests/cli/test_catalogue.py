@@ -11,8 +11,8 @@ import pytest
 from pydantic import Field, ValidationError
 
 from slimkit.cli.main import _default_text, _reflow, _type_name
-from slimkit.engine.registry import stage_def, stage_names
 from slimkit.primitives.settings import Strict
+from slimkit.recipes.catalogue import stage_def, stage_names
 
 STAGES = stage_names()
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from slimkit.engine.registry import stage_def
 from slimkit.engine.support_table import (
     Reasons,
     architectures,
@@ -19,6 +18,7 @@ from slimkit.engine.support_table import (
 from slimkit.primitives.arch.capabilities import refusal
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
+from slimkit.recipes.catalogue import stage_def
 from tests.cli.test_catalogue import slimkit
 from tests.tiny import tiny_gemma3_text, tiny_llama, tiny_olmo2
 

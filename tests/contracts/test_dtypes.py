@@ -24,7 +24,6 @@ import torch
 from safetensors import safe_open
 
 import slimkit
-from slimkit.engine.registry import stage_names
 from slimkit.primitives.device.moves import input_device, math_dtype, to_input_device, upcast
 from slimkit.primitives.finetune.loop import FloatMaster
 from slimkit.primitives.groups import build_groups
@@ -32,6 +31,7 @@ from slimkit.primitives.projection.hidden import ProjectionSettings, project_hid
 from slimkit.primitives.projection.norms import fold_rms_norms, layernorm_to_rmsnorm
 from slimkit.primitives.projection.postnorm import project_post_norm
 from slimkit.primitives.surgery import remove_units
+from slimkit.recipes.catalogue import stage_names
 from tests.tiny import (
     assert_scaled_close,
     byte_tokenizer,

@@ -371,7 +371,8 @@ def test_unsupported_architectures_fail_with_one_line():
     class Fake(torch.nn.Module):
         config = GPT2Config()
 
-    with pytest.raises(SlimkitError, match=r"^model_type 'gpt2' is not supported; supported: bert, gemma, "):
+    refused = r"^model_type 'gpt2' is not supported; supported: bert, deepseek_v3, gemma, "
+    with pytest.raises(SlimkitError, match=refused):
         ModelView(Fake())
 
 

@@ -3,8 +3,12 @@
 * Primitives are the bottom layer: no module under ``primitives/`` imports ``slimkit.recipes``, ``slimkit.cli``
   or ``benchmarks`` (the layers built on top of them), whether by absolute or relative import.
 * The engine asks stages only through their interface: no module of ``engine/`` or ``recipes/`` imports a stage
-  module (``slimkit.stages.*``); the one exception is the registry's loader, which imports the ``slimkit.stages``
+  module (``slimkit.stages.*``); the one exception is the catalogue's loader, which imports the ``slimkit.stages``
   package so that its modules register themselves. No engine module compares a value with a registered stage's name.
+* One direction between the engine and the recipes: the engine runs recipes (it imports ``slimkit.recipes``), and no
+  module of ``recipes/`` imports ``slimkit.engine``, not even for type checking.
+* A stage's state is its own: no module imports another stage's state type (the type its ``start`` returns), except
+  the stage's own companion modules (``stages/lowrank_prepass.py`` for ``stages/lowrank.py``).
 * Nothing below the API (``primitives/``, ``engine/``, ``stages/``, ``recipes/``) imports the top-level ``slimkit``
   module (the public API built on them), the command line or the benchmarks.
 * Private names stay in their module: no module of slimkit or benchmarks imports a ``_name`` from another module
@@ -136,8 +140,8 @@ def test_no_module_imports_a_private_name_from_another_module():
 
 BELOW_THE_API = ("primitives", "engine", "stages", "recipes")
 STAGES_PACKAGE = "slimkit.stages"
-REGISTRY_LOADER = Import("engine/registry.py", 0, STAGES_PACKAGE, ())
-"""The one import of the stages by the engine: the registry's loader imports the package (its modules register
+REGISTRY_LOADER = Import("recipes/catalogue.py", 0, STAGES_PACKAGE, ())
+"""The one import of the stages below them: the catalogue's loader imports the package (its modules register
 their stages); compared without its line."""
 
 
@@ -200,7 +204,7 @@ def stage_name_comparisons(files: list[Path], names: set[str], root: Path = ROOT
 
 
 def registered_stage_names() -> set[str]:
-    from slimkit.engine.registry import stage_names
+    from slimkit.recipes.catalogue import stage_names
 
     return set(stage_names())
 
@@ -217,8 +221,9 @@ def test_the_scans_find_stage_imports_api_imports_and_name_comparisons(tmp_path)
         "    if spec.stage == 'prune' or name in ('lora', 'other'):\n"
         "        return 'prune'\n"
     )
-    (tmp_path / "engine" / "registry.py").write_text("import slimkit.stages\n")
-    files = [module, tmp_path / "engine" / "registry.py"]
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "catalogue.py").write_text("import slimkit.stages\n")
+    files = [module, tmp_path / "recipes" / "catalogue.py"]
     assert [str(found) for found in stage_module_imports(files, tmp_path)] == [
         "engine/module.py:3: from slimkit.stages.prune import PruneArgs",
         "engine/module.py:4: from slimkit.stages import lowrank",
@@ -235,8 +240,91 @@ def test_the_engine_and_the_recipes_import_no_stage_module():
     assert len(files) > 15, "the scan found too few engine modules to mean anything"
     violations = stage_module_imports(files)
     assert not violations, "the engine imports stage modules:\n" + "\n".join(map(str, violations))
-    loader = [i for i in imports(ROOT / "engine" / "registry.py") if i.module == STAGES_PACKAGE]
-    assert len(loader) == 1, "the registry's loader is the one import of the stages package"
+    loader = [i for i in imports(ROOT / "recipes" / "catalogue.py") if i.module == STAGES_PACKAGE]
+    assert len(loader) == 1, "the catalogue's loader is the one import of the stages package"
+
+
+def engine_imports(files: list[Path], root: Path = ROOT) -> list[Import]:
+    """Imports of ``slimkit.engine`` or a module in it (``from slimkit import engine`` included)."""
+    found = []
+    for path in files:
+        for each in imports(path, root):
+            if each.module == "slimkit.engine" or each.module.startswith("slimkit.engine."):
+                found.append(each)
+            elif each.module == "slimkit" and "engine" in each.names:
+                found.append(each)
+    return found
+
+
+def test_the_scan_finds_a_recipes_module_importing_the_engine(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    module = tmp_path / "recipes" / "module.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from slimkit.engine.context import Context\n"
+        "from slimkit import engine\n"
+        "from slimkit.primitives import settings\n"
+    )
+    assert sorted(str(found) for found in engine_imports([module], tmp_path)) == [
+        "recipes/module.py:3: from slimkit.engine.context import Context",
+        "recipes/module.py:4: from slimkit import engine",
+    ]
+
+
+def test_the_recipes_import_nothing_from_the_engine():
+    files = source_files("recipes")
+    assert len(files) >= 5, "the scan found too few recipes modules to mean anything"
+    violations = engine_imports(files)
+    assert not violations, "recipes modules import the engine (it imports them):\n" + "\n".join(map(str, violations))
+
+
+def state_types() -> dict[str, str]:
+    """Each registered layer stage's state type name -> the module defining the stage (``slimkit.stages.lowrank``)."""
+    import typing
+
+    from slimkit.recipes.catalogue import STAGES, stage_names
+
+    stage_names()
+    found = {}
+    for definition in STAGES.values():
+        start = getattr(type(definition.stage), "start", None)
+        if start is not None:
+            state = typing.get_type_hints(start)["return"]
+            found[state.__name__] = type(definition.stage).__module__
+    return found
+
+
+def foreign_state_imports(files: list[Path], states: dict[str, str], root: Path = ROOT) -> list[str]:
+    """``FILE:LINE: NAME`` for each import of a stage's state type by a module that is not the stage's own (or a
+    companion module whose name starts with the stage module's)."""
+    found = []
+    for path in files:
+        importer = module_name(path, root)
+        for each in imports(path, root):
+            for name in each.names:
+                owner = states.get(name)
+                if owner is not None and not importer.startswith(owner):
+                    found.append(f"{each.file}:{each.line}: {name}")
+    return found
+
+
+def test_the_state_scan_finds_an_import_of_another_stages_state(tmp_path):
+    (tmp_path / "stages").mkdir()
+    module = tmp_path / "stages" / "other.py"
+    module.write_text("from slimkit.stages.lowrank import LowRankState\n")
+    companion = tmp_path / "stages" / "lowrank_prepass.py"
+    companion.write_text("from slimkit.stages.lowrank import LowRankState\n")
+    states = {"LowRankState": "slimkit.stages.lowrank"}
+    assert foreign_state_imports([module, companion], states, tmp_path) == ["stages/other.py:1: LowRankState"]
+
+
+def test_no_stage_reads_another_stages_state():
+    states = state_types()
+    assert {"LowRankState", "PruneLayerState", "ReconstructState"} <= set(states)
+    files = source_files("stages", "engine", "recipes", "primitives")
+    violations = foreign_state_imports(files, states)
+    assert not violations, "modules import another stage's state:\n" + "\n".join(violations)
 
 
 def test_nothing_below_the_api_imports_the_api_the_cli_or_the_benchmarks():

@@ -21,8 +21,8 @@ import torch
 import slimkit
 from benchmarks.exportable import LAYERS, MOE_STAGES, is_moe_recipe, llm_recipes, shrink, tiny_model_dir
 from slimkit.engine.memory_check import recipe_memory_plan
-from slimkit.engine.registry import stage_names
 from slimkit.engine.report import RunReport
+from slimkit.recipes.catalogue import stage_names
 from slimkit.recipes.loading import bundled_recipes, load_recipe, validate
 from slimkit.recipes.schema import SequentialSpec
 from tests.tiny import (

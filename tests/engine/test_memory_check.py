@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import slimkit
 from slimkit.engine.memory_check import recipe_memory_plan
-from slimkit.engine.registry import STAGES
 from slimkit.primitives.device.memory_model import GIB, MemoryPlan, ModelShape, StageMemory, weights_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.tensor_bytes import LiveTensorBytes
+from slimkit.recipes.catalogue import STAGES
 from slimkit.recipes.schema import Recipe
 from tests.tiny import tiny_llama
 
@@ -116,7 +114,8 @@ def test_out_of_memory_mid_stage_is_one_line_and_nothing_is_written(
     def boom(*_args, **_kwargs):
         raise error
 
-    monkeypatch.setitem(STAGES, stage, dataclasses.replace(STAGES[stage], fn=boom))
+    work = "run_layer" if STAGES[stage].scope == "layer" else "run_model"
+    monkeypatch.setattr(STAGES[stage].stage, work, boom)
     out = tmp_path / "out"
     with pytest.raises(SlimkitError) as raised:
         slimkit.run(_recipe(str(tiny_llama_dir), stages), out=out)

@@ -15,6 +15,7 @@ from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.lowrank import layer_ratio
 from slimkit.recipes.schema import Target
+from slimkit.stages.layer_rule import layer_rule_ratio
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import tiny_llama
 
@@ -112,7 +113,7 @@ def test_context_budget_counts_what_earlier_stages_did(tokenizer, tiny_llama_dir
     ctx.start_block()
     assert ctx.budget_left() == dense["total"] - round(0.8 * dense["total"])
     # On the dense model the rule is LoRAP's Appendix C.1 formula.
-    assert ctx.layer_rule_ratio() == pytest.approx(layer_ratio(dense["total"], 0.2, layers, per_layer))
+    assert layer_rule_ratio(ctx) == pytest.approx(layer_ratio(dense["total"], 0.2, layers, per_layer))
     slimkit.primitives.surgery.prune_layer(model, "mlp_channel", 0, torch.arange(32))  # an earlier stage
     ctx.start_block(planned=100)
     removed = dense["total"] - params_by_part(model)["total"]

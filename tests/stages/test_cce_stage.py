@@ -19,3 +19,10 @@ def test_the_head_scoring_replaces_the_activations_in_the_plan_where_it_is_large
     parts = CceArgs().memory("cce", MemoryInputs(shape, large, 4)).parts
     assert "activations" in parts and "activations or head scoring" not in parts
     assert "activations" in CceArgs(kinds=["mlp_channel"]).memory("cce", MemoryInputs(shape, tiny, 4)).parts
+
+
+def test_the_stage_eliminates_the_kinds_in_the_schedules_order():
+    from slimkit.primitives.select.iterative import SCHEDULE_KINDS
+    from slimkit.stages.cce import KINDS
+
+    assert KINDS == SCHEDULE_KINDS

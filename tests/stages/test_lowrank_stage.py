@@ -200,8 +200,8 @@ def test_the_rank_and_channel_allocations_share_one_dense_pass(tokenizer, monkey
 
 
 def test_roles_the_architecture_lacks_are_refused_after_loading():
-    from slimkit.engine.registry import stage_def
     from slimkit.primitives.errors import SlimkitError as Refusal
+    from slimkit.recipes.catalogue import stage_def
     from tests.tiny import tiny_opt
 
     args = stage_def("lowrank").args.model_validate({"roles": ["gate", "up", "down"], "allocation": "uniform"})

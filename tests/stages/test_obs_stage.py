@@ -17,9 +17,17 @@ from slimkit.primitives.importance import score_group
 from slimkit.primitives.reconstruct import gram_hooks, inverse_hessian, obs_prune, refit_least_squares
 from slimkit.primitives.reconstruct.consumer import DenseConsumer
 from slimkit.recipes.loading import load_recipe, validate
-from slimkit.stages.obs_prune import ObsPruneLayerArgs, obs_prune_layer
+from slimkit.stages.obs_prune import ObsPruneLayer, ObsPruneLayerArgs
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import model_output, tiny_llama
+
+
+def obs_prune_layer(ctx: Context, args: ObsPruneLayerArgs, layer, stats: LayerStats) -> dict:
+    """The stage on one layer, outside a recipe; its report entry."""
+    stage = ObsPruneLayer()
+    state = stage.start(ctx, args)
+    stage.run_layer(state, layer, stats)
+    return dict(stage.finish(state).details)
 
 
 def _context(model: torch.nn.Module, tokenizer) -> Context:
@@ -57,8 +65,7 @@ def test_a_duplicated_channel_is_removed_first_and_the_output_is_unchanged(token
     stats = _stats(model, 0, ["down"])
     ctx = _context(model, tokenizer)
     args = ObsPruneLayerArgs(groups=["mlp_channel"], ratio=1 / 64, damping=1e-9)
-    obs_prune_layer(ctx, args, ctx.view.layer(0), stats)
-    result = ctx.stage_report["obs_prune_layer"]["layers"]["down"]["0"]
+    result = obs_prune_layer(ctx, args, ctx.view.layer(0), stats)["layers"]["down"]["0"]
     assert result["kept"] == 63 and result["removed"] in ([3], [5])
     assert result["error"] < 1e-9 < 1e-2 < result["error_unrefit"]  # without the update the output changes
     assert ctx.view.layer(0).linear("down").weight.shape == (48, 63)
@@ -86,8 +93,8 @@ def test_gqa_heads_lose_evenly_per_kv_group_and_the_update_is_the_damped_least_s
     stats = _stats(model, 1, ["o"])
     dense_q = ModelView(model).layer(1).linear("q").weight.detach().clone()
     ctx = _context(model, tokenizer)
-    obs_prune_layer(ctx, ObsPruneLayerArgs(groups=["attention_head"], ratio=1 / 3), ctx.view.layer(1), stats)
-    result = ctx.stage_report["obs_prune_layer"]["layers"]["o"]["1"]
+    entry = obs_prune_layer(ctx, ObsPruneLayerArgs(groups=["attention_head"], ratio=1 / 3), ctx.view.layer(1), stats)
+    result = entry["layers"]["o"]["1"]
     removed = sorted(result["removed"])
     assert len(removed) == 2 and removed[0] < 3 <= removed[1]  # one query head from each KV group
     kept_heads = [h for h in range(6) if h not in removed]

@@ -12,7 +12,7 @@ from slimkit.engine.context import Context
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.stages import prune as prune_module
-from slimkit.stages.prune import PruneArgs, prune
+from slimkit.stages.prune import Prune, PruneArgs
 from tests.recipes.test_recipes import tiny_recipe
 from tests.tiny import tiny_llama
 
@@ -32,8 +32,7 @@ def _context(ratio: float) -> Context:
 
 def test_heads_keep_the_step_below_and_channels_land_the_target():
     ctx = _context(0.10)
-    prune(ctx, PruneArgs(groups=["attention_head", "mlp_channel"], scorer="magnitude"))
-    report = ctx.stage_report["prune"]
+    report = Prune().run_model(ctx, PruneArgs(groups=["attention_head", "mlp_channel"], scorer="magnitude")).details
     assert report["fraction_mode"] == "per_kind"
     assert set(report["unit_fraction"]) == {"attention_head", "mlp_channel"}
     achieved = 1 - params_by_part(ctx.model)["total"] / ctx.params_before["total"]
@@ -43,9 +42,9 @@ def test_heads_keep_the_step_below_and_channels_land_the_target():
 
 def test_a_shared_fraction_that_lands_is_reported_as_shared():
     ctx = _context(0.20)
-    prune(ctx, PruneArgs(groups=["attention_head", "mlp_channel"], scorer="magnitude"))
-    assert ctx.stage_report["prune"]["fraction_mode"] == "shared"
-    assert isinstance(ctx.stage_report["prune"]["unit_fraction"], float)
+    report = Prune().run_model(ctx, PruneArgs(groups=["attention_head", "mlp_channel"], scorer="magnitude")).details
+    assert report["fraction_mode"] == "shared"
+    assert isinstance(report["unit_fraction"], float)
 
 
 def test_a_target_the_units_cannot_meet_is_refused_in_one_line_before_scoring(monkeypatch):
@@ -56,7 +55,7 @@ def test_a_target_the_units_cannot_meet_is_refused_in_one_line_before_scoring(mo
     monkeypatch.setattr(prune_module, "score_groups", no_scoring)
     ctx = _context(0.10)
     with pytest.raises(SlimkitError) as refused:
-        prune(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
+        Prune().run_model(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith("prune: groups attention_head (skip_first 0, skip_last 0) cannot remove 10.0% of model")
@@ -68,8 +67,8 @@ def test_a_target_the_units_cannot_meet_is_refused_in_one_line_before_scoring(mo
 def test_a_non_strict_target_keeps_the_nearest_shared_plan():
     ctx = _context(0.10)
     ctx.recipe.target.strict = False
-    prune(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
-    assert ctx.stage_report["prune"]["fraction_mode"] == "shared"
+    report = Prune().run_model(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude")).details
+    assert report["fraction_mode"] == "shared"
     assert not ctx.recipe.target.met(1 - params_by_part(ctx.model)["total"] / ctx.params_before["total"])
 
 
@@ -82,7 +81,7 @@ def test_a_refusal_names_what_the_stages_before_added():
     assert untie_head(ctx.model)
     ctx.start_block()
     with pytest.raises(SlimkitError) as refused:
-        prune(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
+        Prune().run_model(ctx, PruneArgs(groups=["attention_head"], scorer="magnitude"))
     message = str(refused.value)
     assert "\n" not in message and message.startswith("prune: the target needs 44,808 parameters of total removed")
     assert message.endswith("; the stages before it added 14,400 parameters of total to the dense model's 60,816")

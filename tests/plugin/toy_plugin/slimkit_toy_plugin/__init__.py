@@ -1,0 +1,1 @@
+"""A test plugin for slimkit: its stages register when their entry points are loaded."""
