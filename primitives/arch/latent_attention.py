@@ -74,15 +74,6 @@ def latent_widths(attention: nn.Module, latent: LatentAttention) -> LatentWidths
     )
 
 
-def check_query_latent(attention: nn.Module, latent: LatentAttention, model_type: str) -> None:
-    """One line for an MLA attention without a query latent (``q_lora_rank`` null: one plain ``q_proj``)."""
-    if not hasattr(attention, latent.q_b) or getattr(attention, latent.q_b) is None:
-        raise ValueError(
-            f"{model_type}: an attention without a query latent ({latent.q_rank_key} null, DeepSeek-V2-Lite) is not "
-            "supported; allowed: a q_a_proj / q_b_proj pair"
-        )
-
-
 def config_entries(widths: LatentWidths, latent: LatentAttention) -> dict[str, int]:
     """The config entries of one layer's attention (what ``per_layer_config`` records)."""
     return {
@@ -111,7 +102,6 @@ def sync_latent_attention(attention: nn.Module, latent: LatentAttention) -> None
 __all__ = [
     "LatentAttention",
     "LatentWidths",
-    "check_query_latent",
     "config_entries",
     "latent_widths",
     "sync_latent_attention",

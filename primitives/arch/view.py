@@ -312,6 +312,12 @@ class ModelView:
         self.model = model
         self.spec = ARCH_SPECS[model_type]
         self.config = model.config
+        latent = self.spec.latent_attention
+        if latent is not None and getattr(self.config, latent.q_rank_key, 0) is None:
+            raise SlimkitError(
+                f"{model_type}: an attention without a query latent ({latent.q_rank_key} null, one plain q_proj: "
+                "DeepSeek-V2-Lite's layout) is not supported; allowed: a q_a_proj / q_b_proj pair"
+            )
         if self.spec.fused and not is_split(model):
             fused = ", ".join(f.path for f in self.spec.fused)
             raise SlimkitError(
