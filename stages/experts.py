@@ -76,8 +76,9 @@ class ExpertPruneArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMem
         """Experts ``block`` loses by ``keep`` or ``ratio`` (None: solved from the target)."""
         if self.keep is not None:
             return block.num_experts - self.keep
-        if self.ratio is not None:
-            return round(self.ratio * block.num_experts)
+        if self.ratio is not None:  # a group-limited router loses the same number from every group
+            groups = block.router_groups
+            return round(self.ratio * block.num_experts / groups) * groups
         return None
 
     def plan(self, ctx: Context) -> int:
@@ -119,6 +120,12 @@ class ExpertPruneArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMem
                         f"prune_experts: keep {self.keep} is outside layer {block.index}'s {block.top_k}-"
                         f"{block.num_experts} (at least the router's top-k, at most the experts it has)"
                     )
+        grouped = [b.index for b in blocks if b.router_groups > 1]
+        if grouped and self.allocation == "global" and self.budget() == "solve":
+            raise SlimkitError(
+                f"prune_experts: allocation global removes experts one at a time, and layer {grouped[0]}'s router "
+                "picks among groups of experts (n_group) that must keep equal counts; use allocation: uniform"
+            )
         if self.allocation == "uniform" and len({b.num_experts for b in blocks}) > 1 and self.budget() == "solve":
             raise SlimkitError(
                 "prune_experts: allocation uniform needs the same expert count in every layer to solve the target; "
@@ -187,7 +194,8 @@ def _removals(
     wanted = ctx.params_to_remove()
     most = {b.index: b.num_experts - b.top_k for b in blocks}
     if args.allocation == "uniform":
-        per_layer = round(wanted / (cost * len(blocks)))
+        groups = blocks[0].router_groups  # a group-limited router loses the same number from every group
+        per_layer = round(wanted / (cost * len(blocks) * groups)) * groups
         if per_layer > min(most.values()):
             raise SlimkitError(
                 f"prune_experts: the target needs {per_layer} experts removed from every layer, more than the "
@@ -244,7 +252,7 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> StageResult:
                 kept = found.kept
                 entry.update(loss=round(found.loss, 6), candidates=found.candidates, exhaustive=found.exhaustive)
             else:
-                kept = keep_top(router_scores(layer_stats, args.scorer), keep)
+                kept = keep_top(router_scores(layer_stats, args.scorer), keep, block.router_groups)
             if isinstance(args, ExpertMergeArgs) and keep < block.num_experts:
                 x = inputs(block)
                 plan = assign_dropped(weights, kept, x)

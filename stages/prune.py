@@ -67,7 +67,7 @@ from slimkit.stages.scoring import (
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 from slimkit.stages.selection_prepass import UnitScores
 
-GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
+GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature", "q_latent", "kv_latent"]
 
 
 class PruneArgs(SelectionArgs[GroupKind], ScoringArgs, ChangesProjections, PlansMemory):

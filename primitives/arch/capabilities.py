@@ -30,6 +30,9 @@ OPERATIONS: dict[str, str] = {
     "blocks": "whole-block removal",
     "expert": "expert units",
     "expert_channel": "expert_channel units",
+    "q_latent": "q_latent groups",
+    "kv_latent": "kv_latent groups",
+    "mlp_policy": "a policy over every layer's MLP",
 }
 """Each operation and how a refusal names it."""
 
@@ -124,6 +127,32 @@ def _routed_experts(spec: ArchSpec) -> str | None:
     )
 
 
+def _latent_heads(spec: ArchSpec, operation: str) -> str | None:
+    """Why MLA refuses a head-internal or KV-group operation."""
+    if spec.latent_attention is None:
+        return None
+    if operation == "kv_group":
+        return (
+            "its latent attention expands one key and value per head from the latent (no KV groups); prune "
+            "attention_head"
+        )
+    return (
+        "its latent attention's head widths (qk_nope_head_dim, qk_rope_head_dim, v_head_dim) are one config value for "
+        "every layer; prune attention_head, q_latent or kv_latent"
+    )
+
+
+def _mixed_mlps(spec: ArchSpec) -> str | None:
+    return (
+        f"its MLP projections are a dense MLP in some layers and a shared expert ({spec.shared_mlp}) beside routed "
+        "experts in others, of different widths, and a policy learner scores one weight shape; prune mlp_channel"
+    )
+
+
+def _no_latent(spec: ArchSpec) -> str | None:
+    return "it has no latent attention (MLA)" if spec.latent_attention is None else None
+
+
 def _dense_mlp(spec: ArchSpec) -> str | None:
     return "it has no routed experts (its MLP is dense)" if spec.experts is None else None
 
@@ -140,10 +169,16 @@ def refusal(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
     if operation not in OPERATIONS:
         raise ValueError(f"unknown operation '{operation}'; allowed: {', '.join(OPERATIONS)}")
     reasons: list[str | None]
-    if operation in ("attention_head", "kv_group"):
+    if operation == "attention_head":
         reasons = [_qk_norms(spec, inside_heads=False)]
+    elif operation == "kv_group":
+        reasons = [_latent_heads(spec, operation), _qk_norms(spec, inside_heads=False)]
     elif operation == "qk_dim":
-        reasons = [_qk_norms(spec, inside_heads=True), _partial_rotary(spec, config)]
+        reasons = [_latent_heads(spec, operation), _qk_norms(spec, inside_heads=True), _partial_rotary(spec, config)]
+    elif operation in ("q_latent", "kv_latent"):
+        reasons = [_no_latent(spec)]
+    elif operation == "mlp_policy":
+        reasons = [_routed_experts(spec) if spec.shared_mlp is None else _mixed_mlps(spec)]
     elif operation == "hidden_feature":
         reasons = [_routed_experts(spec), _embed_scale(spec)]
     elif operation in ("hidden_projection", "hidden_masks"):
@@ -155,14 +190,14 @@ def refusal(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
             _offset_norms(spec),
             _branch_scale(spec),
         ]
-    elif operation == "mlp_channel":
-        reasons = [_routed_experts(spec)]
+    elif operation == "mlp_channel":  # a routed layer's shared expert (and a dense layer) has MLP channels
+        reasons = [_routed_experts(spec) if spec.shared_mlp is None else None]
     elif operation in ("expert", "expert_channel"):
         reasons = [_dense_mlp(spec)]
     elif operation == "blocks":
         reasons = [removable_blocks(spec)]
     else:  # vo_dim: the V/O widths pass no norm
-        reasons = []
+        reasons = [_latent_heads(spec, operation)]
     return next((reason for reason in reasons if reason is not None), None)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from slimkit.primitives.arch.latent_attention import LatentAttention
+
 NormKind = Literal["rmsnorm", "layernorm"]
 MLPKind = Literal["gated", "plain"]
 
@@ -36,7 +38,8 @@ class ArchSpec:
     head: str | None
     q: str
     k: str
-    v: str
+    v: str | None
+    """The value projection; None where keys and values come from one matrix (MLA's ``kv_b_proj``, named by ``k``)."""
     o: str
     attention: str
     up: str
@@ -107,9 +110,28 @@ class ArchSpec:
     rotary_fraction_key: str | None = None
     """The config key of the fraction of each q/k head that RoPE rotates (``partial_rotary_factor``: Phi-4-mini
     rotates 3/4), read from ``rope_parameters`` or the config; None: RoPE rotates the whole head."""
+    rope_pairs: Literal["half", "adjacent"] = "half"
+    """Which dimensions of a q/k head RoPE rotates together: ``half`` pairs ``j`` with ``j + d/2`` (``rotate_half``,
+    Llama), ``adjacent`` pairs ``2j`` with ``2j + 1`` (GLM-4's interleaved rotation)."""
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
+    shared_mlp: str | None = None
+    """In a layer with routed experts, the dense MLP every token also uses (DeepSeek-V3's ``mlp.shared_experts``),
+    relative to the layer: there the gate/up/down roles name its projections (``mlp.shared_experts.up_proj``), so
+    MLP channel units, low-rank and refit stages reach it. None: a routed layer has no MLP projections."""
+    extra_linears: tuple[str, ...] = ()
+    """Projections of a layer beyond the q/k/v/o/gate/up/down roles (MLA's ``q_a_proj``, ``kv_a_proj_with_mqa``),
+    relative to the layer: their inputs are measured with the roles' (activation scores read them)."""
+    head_params: tuple[str, ...] = ()
+    """Parameters of the attention with one entry per query head, sliced with the heads (GPT-OSS's attention
+    sinks ``self_attn.sinks``), relative to the layer."""
+    latent_attention: LatentAttention | None = None
+    """Multi-head latent attention (:mod:`slimkit.primitives.arch.latent_attention`); then ``q`` is ``q_b_proj``,
+    ``k`` the ``kv_b_proj`` that gives keys and values, ``v`` None."""
+    mlp_returns_tuple: bool = False
+    """The routed MLP block returns ``(output, router scores)`` (GPT-OSS, Llama 4), which a parameter-free stand-in
+    for a removed block does not reproduce: whole-block removal is refused."""
 
     @property
     def mlp_kind(self) -> MLPKind:
@@ -295,6 +317,78 @@ _PHI3 = replace(
     head_config_keys=("num_attention_heads", "num_key_value_heads"),
     rotary_fraction_key="partial_rotary_factor",
 )
+# OLMo 3: OLMo 2's modules and norms; sliding-window ``layer_types`` (config constants no width change touches).
+_OLMO3 = replace(_OLMO2, model_type="olmo3")
+# GLM-4 (dense): Llama's attention with q/k/v biases, gate and up fused into ``gate_up_proj`` (gate rows first), four
+# norms a layer (the input norms and a branch post-norm after each block), RoPE over the first half of each head in
+# adjacent pairs.
+_GLM4 = replace(
+    _LLAMA,
+    model_type="glm4",
+    gate="mlp.gate_up_proj.gate_proj",
+    up="mlp.gate_up_proj.up_proj",
+    attn_out_norm="post_self_attn_layernorm",
+    mlp_out_norm="post_mlp_layernorm",
+    fused=(FusedProjection("mlp.gate_up_proj", ("gate_proj", "up_proj"), ("intermediate_size", "intermediate_size")),),
+    rotary_fraction_key="partial_rotary_factor",
+    rope_pairs="adjacent",
+)
+# Mixture-of-experts decoders released since (what is known of their routers lives in primitives/arch/moe.py).
+# DeepSeek-V3 / Kimi K2: multi-head latent attention, dense first layers, routed experts beside shared experts.
+_DEEPSEEK_V3 = replace(
+    _LLAMA,
+    model_type="deepseek_v3",
+    q="self_attn.q_b_proj",
+    k="self_attn.kv_b_proj",
+    v=None,
+    head_dim_attr="qk_head_dim",
+    experts="mlp.experts",
+    shared_mlp="mlp.shared_experts",
+    intermediate_size_key="moe_intermediate_size",
+    extra_linears=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"),
+    latent_attention=LatentAttention(),
+)
+# GLM-4.5: Llama's attention with optional per-head q/k norms and RoPE over part of each head (rotate_half), DeepSeek's
+# router, shared experts and dense first layers.
+_GLM4_MOE = replace(
+    _LLAMA,
+    model_type="glm4_moe",
+    experts="mlp.experts",
+    shared_mlp="mlp.shared_experts",
+    intermediate_size_key="moe_intermediate_size",
+    q_norm="self_attn.q_norm",
+    k_norm="self_attn.k_norm",
+    rotary_fraction_key="partial_rotary_factor",
+)
+# GPT-OSS: Llama's attention with biases and one learned sink logit per query head; every layer routes; sliding and
+# full layers alternate (config layer_types, kept as they are).
+_GPT_OSS = replace(
+    _LLAMA,
+    model_type="gpt_oss",
+    experts="mlp.experts",
+    head_params=("self_attn.sinks",),
+    mlp_returns_tuple=True,
+)
+# Llama 4 (text): the MLP module is ``feed_forward``, dense in some layers and routed (with a shared expert) in the
+# others (config moe_layers); RoPE in adjacent pairs, none in every fourth layer (no_rope_layers); a weightless L2
+# norm per q/k head in the RoPE layers.
+_LLAMA4 = replace(
+    _LLAMA,
+    model_type="llama4_text",
+    layers="model.layers",  # Llama4ForCausalLM's base_model_prefix names no attribute: paths from the model itself
+    embed="model.embed_tokens",
+    final_norm="model.norm",
+    gate="feed_forward.gate_proj",
+    up="feed_forward.up_proj",
+    down="feed_forward.down_proj",
+    mlp="feed_forward",
+    experts="feed_forward.experts",
+    shared_mlp="feed_forward.shared_expert",
+    q_norm="self_attn.qk_norm",
+    k_norm="self_attn.qk_norm",
+    rope_pairs="adjacent",
+    mlp_returns_tuple=True,
+)
 # Decoders whose modules and forward are Llama's (checked against their transformers modeling files): the same spec
 # covers them with no new code.
 SAME_AS_LLAMA = ("helium", "ministral", "seed_oss", "smollm3")
@@ -311,6 +405,11 @@ def removable_blocks(spec: ArchSpec) -> str | None:
     # still adds nothing (the norm goes with the block).
     if spec.mlp is None:
         return f"{spec.model_type} layers hold their MLP projections directly (no MLP module to stand in for)"
+    if spec.mlp_returns_tuple:
+        return (
+            f"{spec.model_type}'s routed MLP returns its router scores beside its output, which a stand-in for a "
+            "removed block does not give"
+        )
     return None
 
 
@@ -324,6 +423,8 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "gemma3_text": _GEMMA3,
     "granite": _GRANITE,
     "olmo2": _OLMO2,
+    "olmo3": _OLMO3,
+    "glm4": _GLM4,
     "phi3": _PHI3,
     **{model_type: replace(_LLAMA, model_type=model_type) for model_type in SAME_AS_LLAMA},
     "opt": _OPT,
@@ -332,4 +433,8 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "qwen2_moe": _QWEN2_MOE,
     "qwen3_moe": _QWEN3_MOE,
     "olmoe": _OLMOE,
+    "deepseek_v3": _DEEPSEEK_V3,
+    "glm4_moe": _GLM4_MOE,
+    "gpt_oss": _GPT_OSS,
+    "llama4_text": _LLAMA4,
 }

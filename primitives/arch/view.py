@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from torch import nn
 
 from slimkit.primitives.arch.fused import is_split
 from slimkit.primitives.arch.head_widths import HeadWidthAttention, HeadWidths
+from slimkit.primitives.arch.latent_attention import config_entries, latent_widths, sync_latent_attention
 from slimkit.primitives.arch.layer_config import with_own_values
-from slimkit.primitives.arch.moe import layer_moe_widths
+from slimkit.primitives.arch.moe import fill_mixed_widths, layer_moe_widths, mixed_layer_widths
 from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
 from slimkit.primitives.arch.support import unsupported_message
@@ -60,31 +61,62 @@ class NormView:
 class LayerView:
     """One decoder/encoder layer: its attention, MLP and norms, with widths read from shapes."""
 
-    def __init__(self, index: int, module: nn.Module, spec: ArchSpec) -> None:
+    def __init__(self, index: int, module: nn.Module, spec: ArchSpec, config: Any = None) -> None:
         self.index = index
         self.module = module
         self.spec = spec
+        self.config = config
 
     # -- modules -------------------------------------------------------------------------------
+    @property
+    def routed(self) -> bool:
+        """Whether this layer's MLP is routed experts (a MoE family's layer that routes and was not removed)."""
+        if self.spec.experts is None:
+            return False
+        try:
+            self.module.get_submodule(self.spec.experts)
+        except AttributeError:
+            return False
+        return True
+
     def linear(self, role: LinearRole) -> nn.Module:
         path = getattr(self.spec, role)
         if path is None:
             raise KeyError(f"{self.spec.model_type} layers have no '{role}' projection")
-        return _get(self.module, path)
+        return _get(self.module, self.linear_path(role))
 
     def set_linear(self, role: LinearRole, module: nn.Module) -> None:
-        self.module.set_submodule(getattr(self.spec, role), module)
+        self.module.set_submodule(self.linear_path(role), module)
 
     def linear_path(self, role: LinearRole) -> str:
-        return getattr(self.spec, role)
+        path = getattr(self.spec, role)
+        if self.spec.shared_mlp is not None and role in BLOCK_ROLES["mlp"] and self.routed:
+            return f"{self.spec.shared_mlp}.{path.rpartition('.')[2]}"  # the shared expert's projection
+        return path
 
     @property
     def roles(self) -> tuple[LinearRole, ...]:
         """The projections the layer has (those of a removed sub-block are gone)."""
         gone = {role for kind in self.removed_blocks for role in BLOCK_ROLES[kind]}
-        if self.spec.experts is not None:  # a MoE MLP: fused expert tensors, no projection modules
-            gone |= set(BLOCK_ROLES["mlp"])
+        if self.spec.experts is not None and (self.spec.shared_mlp is None or not self.routed) and not self._dense():
+            gone |= set(BLOCK_ROLES["mlp"])  # a MoE MLP: fused expert tensors, no projection modules
         return tuple(r for r in LINEAR_ROLES if getattr(self.spec, r) is not None and r not in gone)
+
+    def _dense(self) -> bool:
+        """A MoE family's layer built with a dense MLP (DeepSeek-V3's first layers), still present."""
+        if self.spec.experts is None or self.routed or self.mlp_removed:
+            return False
+        try:
+            self.module.get_submodule(self.spec.up)
+        except AttributeError:
+            return False
+        return True
+
+    def extra_linears(self) -> list[nn.Module]:
+        """The layer's projections beyond its roles (:attr:`ArchSpec.extra_linears`), where present."""
+        if self.attention_removed:
+            return []
+        return [_get(self.module, path) for path in self.spec.extra_linears]
 
     # -- removed sub-blocks (primitives/arch/removed.py) --------------------------------------
     @property
@@ -128,13 +160,22 @@ class LayerView:
 
     @property
     def q_norm(self) -> nn.Module | None:
-        """The per-head query norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed)."""
-        return None if self.spec.q_norm is None or self.attention_removed else _get(self.module, self.spec.q_norm)
+        """The per-head query norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed,
+        and in a layer built without one: GLM-4.5's optional norms, Llama 4's layers without RoPE)."""
+        return self._optional(self.spec.q_norm)
 
     @property
     def k_norm(self) -> nn.Module | None:
-        """The per-head key norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed)."""
-        return None if self.spec.k_norm is None or self.attention_removed else _get(self.module, self.spec.k_norm)
+        """The per-head key norm over ``head_dim`` (Qwen3), or None (as :attr:`q_norm`)."""
+        return self._optional(self.spec.k_norm)
+
+    def _optional(self, path: str | None) -> nn.Module | None:
+        if path is None or self.attention_removed:
+            return None
+        try:
+            return _get(self.module, path)
+        except AttributeError:
+            return None
 
     @property
     def mlp_kind(self) -> str:
@@ -148,6 +189,8 @@ class LayerView:
     # -- widths --------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
+        if self.attention_removed:  # the stand-in keeps the head width the layer had
+            return int(self.attention.head_dim)
         return int(getattr(self.attention, self.spec.head_dim_attr))
 
     @property
@@ -168,6 +211,8 @@ class LayerView:
     def num_kv_heads(self) -> int:
         if self.attention_removed:
             return 0
+        if self.spec.latent_attention is not None:  # MLA expands the latent into a key and value per head
+            return self.num_heads
         widths = self.head_widths
         return widths.num_heads if widths is not None else out_features(self.linear("k")) // self.head_dim
 
@@ -176,15 +221,38 @@ class LayerView:
         """MLP channels (0 when the MLP block was removed; one routed expert's width in a MoE layer)."""
         if self.mlp_removed:
             return 0
-        if self.spec.experts is not None:
-            return int(_get(self.module, self.spec.experts).down_proj.shape[-1])
+        if self.routed:
+            return layer_moe_widths(self.module, self.spec.model_type)[self._moe_width_key()]  # type: ignore[index]
         return out_features(self.linear("up"))
+
+    def _moe_width_key(self) -> str:
+        from slimkit.primitives.arch.moe import MOE_SPECS
+
+        return MOE_SPECS[self.spec.model_type].width_key
 
     @property
     def rope(self) -> bool:
         return self.spec.rope
 
     def widths(self) -> dict[str, int]:
+        latent = self.spec.latent_attention
+        mixed = mixed_layer_widths(self.module, self.index, self.spec.model_type, self.config)
+        if latent is not None or mixed is not None:
+            if latent is None:
+                attention = {
+                    "num_attention_heads": self.num_heads,
+                    "num_key_value_heads": self.num_kv_heads,
+                    "head_dim": self.head_dim,
+                }
+            elif self.attention_removed:
+                rope = int(getattr(self.config, "head_dim", None) or self.head_dim)  # MLA's config head_dim: rotary
+                attention = {"num_attention_heads": 0, "num_key_value_heads": 0, "head_dim": rope}
+                attention |= {latent.q_rank_key: 0, latent.kv_rank_key: 0}
+            else:
+                attention = config_entries(latent_widths(self.attention, latent), latent)
+            mlp = mixed if mixed is not None else {self.spec.intermediate_size_key: self.mlp_width}
+            first = {k: attention.pop(k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+            return {**first, **mlp, **attention}  # the layer's own MLP width first (the report reads it there)
         moe = layer_moe_widths(self.module, self.spec.model_type)
         return {
             "num_attention_heads": self.num_heads,
@@ -201,6 +269,9 @@ class LayerView:
             return
         if isinstance(self.attention, HeadWidthAttention):
             self.attention.check()
+            return
+        if self.spec.latent_attention is not None:
+            sync_latent_attention(self.attention, self.spec.latent_attention)
             return
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if kv == 0 or h % kv:
@@ -241,6 +312,12 @@ class ModelView:
         self.model = model
         self.spec = ARCH_SPECS[model_type]
         self.config = model.config
+        latent = self.spec.latent_attention
+        if latent is not None and getattr(self.config, latent.q_rank_key, 0) is None:
+            raise SlimkitError(
+                f"{model_type}: an attention without a query latent ({latent.q_rank_key} null, one plain q_proj: "
+                "DeepSeek-V2-Lite's layout) is not supported; allowed: a q_a_proj / q_b_proj pair"
+            )
         if self.spec.fused and not is_split(model):
             fused = ", ".join(f.path for f in self.spec.fused)
             raise SlimkitError(
@@ -258,10 +335,10 @@ class ModelView:
 
     @property
     def layers(self) -> list[LayerView]:
-        return [LayerView(i, m, self.spec) for i, m in enumerate(self.layer_list)]
+        return [LayerView(i, m, self.spec, self.config) for i, m in enumerate(self.layer_list)]
 
     def layer(self, index: int) -> LayerView:
-        return LayerView(index, self.layer_list[index], self.spec)
+        return LayerView(index, self.layer_list[index], self.spec, self.config)
 
     @property
     def num_layers(self) -> int:
@@ -299,8 +376,10 @@ class ModelView:
     def linears(self, layers: Iterable[LayerView] | None = None) -> dict[str, nn.Module]:
         """The projections of ``layers`` (default: every layer) by their paths in the model (one walk)."""
         paths = {id(module): name for name, module in self.model.named_modules()}
-        chosen = self.layers if layers is None else layers
-        return {paths[id(layer.linear(role))]: layer.linear(role) for layer in chosen for role in layer.roles}
+        chosen = self.layers if layers is None else list(layers)
+        found = {paths[id(layer.linear(role))]: layer.linear(role) for layer in chosen for role in layer.roles}
+        found |= {paths[id(module)]: module for layer in chosen for module in layer.extra_linears()}
+        return found
 
     def path_of(self, module: nn.Module) -> str:
         """The module's path inside the model (``model.get_submodule(path) is module``)."""
@@ -310,7 +389,8 @@ class ModelView:
         raise KeyError(f"{type(module).__name__} is not part of this model")
 
     def layer_widths(self) -> list[dict[str, int]]:
-        return [layer.widths() for layer in self.layers]
+        widths = [layer.widths() for layer in self.layers]
+        return fill_mixed_widths(widths, self.spec.model_type, self.config)  # layers of a mixed MoE family
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

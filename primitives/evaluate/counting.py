@@ -74,8 +74,7 @@ def count_macs(model: nn.Module, seq_len: int = 128) -> int:
     per_token = 0
     attention = 0
     for layer in view.layers:
-        for role in layer.roles:
-            linear = layer.linear(role)
+        for linear in [*(layer.linear(role) for role in layer.roles), *layer.extra_linears()]:
             per_token += sum(p.numel() for name, p in linear.named_parameters() if name.endswith("weight"))
         attention += 2 * layer.num_heads * layer.head_dim * seq_len
     if view.head is not None:
@@ -96,7 +95,7 @@ def _routed_weights_per_token(model: nn.Module) -> int:
     for block in moe_blocks(model):
         hidden = int(block.router.weight.shape[1])
         total += block.router.weight.numel() + block.top_k * 3 * hidden * block.width
-        if block.shared_expert is not None:
+        if block.shared_expert is not None and block.spec.arch.shared_mlp is None:  # else counted as the MLP roles
             total += sum(p.numel() for p in block.shared_expert.parameters())
             gate = block.spec.shared_expert_gate
             if gate is not None:

@@ -31,6 +31,7 @@ from slimkit.primitives.arch.moe import MOE_SPECS, check_all_sparse, moe_spec
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
+from slimkit.primitives.export.gguf_arch import FAMILIES, ROPE_THETA, not_written
 from slimkit.primitives.export.gguf_vocab import vocabulary
 from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.files.atomic import staging_file
@@ -63,6 +64,7 @@ EXPORTABLE_MODEL_TYPES = (
     "qwen2_moe",
     "qwen3_moe",
     "olmoe",
+    *FAMILIES,
 )
 
 
@@ -120,6 +122,7 @@ _PHI3_LAYER_TENSORS = {
 }
 """Phi-3's names: q/k/v fused (``attn_qkv``), gate and up fused (``ffn_up``, gate first)."""
 _LAYER_MAPS = {
+    **{family.architecture: family.layer_tensors for family in FAMILIES.values()},
     "gemma2": _GEMMA3_LAYER_TENSORS,
     "gemma3": _GEMMA3_LAYER_TENSORS,
     "olmo2": _OLMO2_LAYER_TENSORS,
@@ -128,7 +131,13 @@ _LAYER_MAPS = {
 GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 """llama.cpp's Gemma architectures: norms written as ``1 + w`` (Hugging Face scales by ``1 + w``, llama.cpp by
 ``w``)."""
-PADDED_ARCHITECTURES = (*GEMMA_ARCHITECTURES, "granite", "olmo2", "phi3")
+PADDED_ARCHITECTURES = (
+    *GEMMA_ARCHITECTURES,
+    "granite",
+    "olmo2",
+    "phi3",
+    *(family.architecture for family in FAMILIES.values() if family.padded),
+)
 """llama.cpp architectures whose tensors are all built from one head count and feed-forward length: per-layer
 widths are padded to one (:mod:`slimkit.primitives.export.padding`), removed blocks refused."""
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6}
@@ -205,6 +214,10 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
         return model_type
     if model_type in ("granite", "olmo2", "phi3"):
         return model_type
+    if model_type in FAMILIES:
+        return FAMILIES[model_type].architecture
+    if not_written(model_type) is not None:
+        raise SlimkitError(not_written(model_type) or "")
     if model_type in ("qwen2", "qwen3"):
         if not uniform:
             raise SlimkitError(
@@ -234,6 +247,12 @@ def check_exportable(model: nn.Module) -> list[str]:
     gguf_architecture(model_type, uniform=True)
     if model_type in ("gemma", "gemma2", "gemma3_text"):
         return check_gemma(config, gguf_architecture(model_type, uniform=True))
+    if model_type in FAMILIES:
+        family = FAMILIES[model_type]
+        unread = [k for k in ("attention_bias", "mlp_bias") if getattr(config, k, False) and k not in family.biases]
+        if unread:
+            raise SlimkitError(f"{', '.join(unread)}: llama.cpp's {family.architecture} reads no such biases")
+        return family.check(config)
     warnings = []
     window = getattr(config, "sliding_window", None)
     use_window = getattr(config, "use_sliding_window", True)
@@ -362,6 +381,8 @@ def _rope_scaling(config: Any) -> dict[str, Any]:
 
 
 def _rope_theta(config: Any) -> float:
+    if config.model_type in ROPE_THETA:
+        return ROPE_THETA[config.model_type](config)
     return float(_rope_scaling(config).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
@@ -418,10 +439,13 @@ def unfuse_phi3(dense: DenseModel) -> None:
                     dense.tensors[f"model.layers.{index}.{part}.weight"] = piece
 
 
-def fuse_phi3(dense: DenseModel) -> None:
-    """The inverse of :func:`unfuse_phi3`: Llama's names stacked back into ``qkv_proj`` and ``gate_up_proj``."""
+def fuse_phi3(dense: DenseModel, only: tuple[str, ...] = tuple(_PHI3_FUSED)) -> None:
+    """The inverse of :func:`unfuse_phi3`: Llama's names stacked back into ``qkv_proj`` and ``gate_up_proj`` (``only``
+    those named: GLM-4 fuses gate and up alone)."""
     for index in range(len(dense.layer_widths)):
         for fused, parts in _PHI3_FUSED.items():
+            if fused not in only:
+                continue
             names = [f"model.layers.{index}.{part}.weight" for part in parts]
             if all(name in dense.tensors for name in names):
                 dense.tensors[f"model.layers.{index}.{fused}.weight"] = torch.cat([dense.tensors.pop(n) for n in names])
@@ -539,6 +563,8 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_rope_freq_base(_rope_theta(config))
     if architecture == "phi3":  # llama.cpp's phi3 reads the key (0: no window)
         writer.add_sliding_window(int(getattr(config, "sliding_window", None) or 0))
+    if config.model_type in FAMILIES:
+        FAMILIES[config.model_type].metadata(writer, config)
     scaling = _rope_scaling(config)
     if scaling.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -702,8 +728,10 @@ def write_gguf(
         if dense.tied:
             dense.tensors["lm_head.weight"] = dense.tensors["model.embed_tokens.weight"]
             dense.tied = False
+    fused_mlp = model.config.model_type in FAMILIES and FAMILIES[model.config.model_type].fused_mlp
     if architecture == "phi3":
         heads = check_phi3_heads(dense)  # the query heads must span the hidden size
+    if architecture == "phi3" or fused_mlp:
         unfuse_phi3(dense)  # Llama's names, which the padding reads
     if architecture in PADDED_ARCHITECTURES:
         note = pad_to_uniform(dense, heads)  # llama.cpp builds every layer's tensors from one width
@@ -711,6 +739,9 @@ def write_gguf(
             warnings.append(note)
     if architecture == "phi3":
         fuse_phi3(dense)
+    elif fused_mlp:
+        fuse_phi3(dense, only=("mlp.gate_up_proj",))
+    if architecture == "phi3":
         if heads is not None and heads[0] > kept_heads:
             warnings.append(
                 f"query heads padded back to {heads[0]} (hidden size / head_dim), which llama.cpp's phi3 graph needs: "

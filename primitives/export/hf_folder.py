@@ -35,12 +35,18 @@ HF_MODEL_TYPES = (
     "gemma3_text",
     "granite",
     "olmo2",
+    "olmo3",
+    "glm4",
     "phi3",
     *SAME_AS_LLAMA,
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
     "olmoe",
+    "deepseek_v3",
+    "glm4_moe",
+    "gpt_oss",
+    "llama4_text",
 )
 """Model types ``--format hf`` writes (MoE ones in the hub's per-expert layout, as transformers saves them)."""
 EXPORT_MARKER = ".slimkit-export.json"
@@ -173,6 +179,13 @@ def write_hf(
         raise SlimkitError(
             f"the dense weights do not fit a plain {type(model).__name__}: missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(extra)[:3]}"
+        )
+    built = {name: tuple(t.shape) for name, t in plain.state_dict().items()}
+    unfit = [n for n, t in dense.tensors.items() if n in built and built[n] != tuple(t.shape)]
+    if unfit:  # a width the config has no key for (a shared expert pruned apart from the routed ones)
+        raise SlimkitError(
+            f"{unfit[0]} has shape {list(dense.tensors[unfit[0]].shape)}, but the {type(model).__name__} its config "
+            f"builds holds {list(built[unfit[0]])}: no Hugging Face config key gives that width; use slimkit.load"
         )
     plain.load_state_dict({k: v.detach().to("cpu") for k, v in dense.tensors.items()}, strict=False, assign=True)
     if dense.tied:

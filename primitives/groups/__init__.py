@@ -19,7 +19,16 @@ from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
 
-GROUP_KINDS = ("mlp_channel", "attention_head", "kv_group", "qk_dim", "vo_dim", "hidden_feature")
+GROUP_KINDS = (
+    "mlp_channel",
+    "attention_head",
+    "kv_group",
+    "qk_dim",
+    "vo_dim",
+    "hidden_feature",
+    "q_latent",
+    "kv_latent",
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,12 +111,25 @@ def _linear_members(path: str, module: nn.Module, dim: int, indices: torch.Tenso
     return members
 
 
+blocks = _blocks
+linear_members = _linear_members
+
+
+def _head_param_members(view: ModelView, layer: LayerView, units: torch.Tensor) -> list[Member]:
+    """Parameters with one entry per query head (GPT-OSS's sinks), ``units`` ``[units, heads per unit]``."""
+    base = view.path_of(layer.module)
+    return [
+        Member(f"{base}.{path.rpartition('.')[0]}", path.rpartition(".")[2], 0, units)
+        for path in layer.spec.head_params
+    ]
+
+
 def _layer_path(view: ModelView, layer: LayerView, role: LinearRole) -> str:
     return f"{view.path_of(layer.module)}.{layer.linear_path(role)}"
 
 
 def mlp_channel_group(view: ModelView, layer: LayerView) -> Group:
-    units = _blocks(layer.mlp_width, 1)
+    units = _blocks(int(layer.linear("up").out_features), 1)  # a routed layer's shared expert has its own width
     members: list[Member] = []
     for role in layer.mlp_input_roles:
         members += _linear_members(_layer_path(view, layer, role), layer.linear(role), 0, units)
@@ -116,11 +138,16 @@ def mlp_channel_group(view: ModelView, layer: LayerView) -> Group:
 
 
 def attention_head_group(view: ModelView, layer: LayerView) -> Group:
+    if view.spec.latent_attention is not None:
+        from slimkit.primitives.groups.latent import latent_head_group  # it builds on this module
+
+        return latent_head_group(view, layer)
     if layer.num_kv_heads == layer.num_heads:  # no GQA: a head owns its key and value too
         return Group("attention_head", layer.index, kv_group_group(view, layer).members, {"kv_groups": 1})
     units = _blocks(layer.num_heads, layer.head_dim)
     members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, units)
     members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, units)
+    members += _head_param_members(view, layer, _blocks(layer.num_heads, 1))
     return Group("attention_head", layer.index, tuple(members), {"kv_groups": layer.num_kv_heads})
 
 
@@ -132,6 +159,7 @@ def kv_group_group(view: ModelView, layer: LayerView) -> Group:
     members += _linear_members(_layer_path(view, layer, "k"), layer.linear("k"), 0, kv_units)
     members += _linear_members(_layer_path(view, layer, "v"), layer.linear("v"), 0, kv_units)
     members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, q_units)
+    members += _head_param_members(view, layer, _blocks(kv, per_group))
     return Group("kv_group", layer.index, tuple(members))
 
 
@@ -144,7 +172,9 @@ def _dims_across_heads(heads: int, head_dim: int, dims: torch.Tensor) -> torch.T
 def qk_dim_group(view: ModelView, layer: LayerView) -> Group:
     check_operation(layer.spec, "qk_dim", view.config)
     d = layer.head_dim
-    if layer.rope:  # rotate_half pairs dimension j with j + d/2
+    if layer.rope and layer.spec.rope_pairs == "adjacent":  # interleaved RoPE rotates 2j with 2j + 1
+        dims = torch.arange(d).reshape(d // 2, 2)
+    elif layer.rope:  # rotate_half pairs dimension j with j + d/2
         dims = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1)
     else:
         dims = torch.arange(d)[:, None]
@@ -191,12 +221,26 @@ def hidden_feature_group(view: ModelView) -> Group:
     return Group("hidden_feature", None, tuple(members))
 
 
+def _q_latent(view: ModelView, layer: LayerView) -> Group:
+    from slimkit.primitives.groups.latent import q_latent_group
+
+    return q_latent_group(view, layer)
+
+
+def _kv_latent(view: ModelView, layer: LayerView) -> Group:
+    from slimkit.primitives.groups.latent import kv_latent_group
+
+    return kv_latent_group(view, layer)
+
+
 _LAYER_BUILDERS = {
     "mlp_channel": mlp_channel_group,
     "attention_head": attention_head_group,
     "kv_group": kv_group_group,
     "qk_dim": qk_dim_group,
     "vo_dim": vo_dim_group,
+    "q_latent": _q_latent,
+    "kv_latent": _kv_latent,
 }
 
 
@@ -206,6 +250,8 @@ GROUP_BLOCK = {
     "kv_group": "attention",
     "qk_dim": "attention",
     "vo_dim": "attention",
+    "q_latent": "attention",
+    "kv_latent": "attention",
 }
 """The sub-block each layer group kind lives in: a layer whose block was removed has no groups of that kind."""
 
@@ -240,4 +286,15 @@ def layer_group(model: nn.Module, kind: str, layer: int) -> Group:
     return groups[0]
 
 
-__all__ = ["GROUP_BLOCK", "GROUP_KINDS", "Group", "Member", "build_groups", "layer_group"]
+__all__ = [
+    "GROUP_BLOCK",
+    "GROUP_KINDS",
+    "Group",
+    "Member",
+    "blocks",
+    "build_groups",
+    "hidden_feature_group",
+    "layer_group",
+    "linear_members",
+    "mlp_channel_group",
+]

@@ -285,6 +285,12 @@ def layer_attention(
     key = (layer, feature_scope)
     if key not in cache:
         view = ModelView(model).layer(layer)
+        if view.spec.latent_attention is not None:
+            raise SlimkitError(
+                f"the coupled (CCE) head score is not supported for {view.spec.model_type}: it reads each head's q, k, "
+                "v and o, and latent attention has no per-head key or value projection (kv_b_proj expands a shared "
+                "latent); score attention_head with another scorer"
+            )
         gradients = stats["gradients"]
         w = {role: _weight(view, role) for role in ("q", "k", "v", "o")}
         g = {role: _grad(gradients, weight) for role, weight in w.items()}

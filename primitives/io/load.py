@@ -35,6 +35,7 @@ from slimkit.primitives.io.folder import (
 )
 from slimkit.primitives.io.paths import as_path
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
+from slimkit.primitives.io.vision_language import TEXT_PREFIX, language_model, text_names, vision_language_of
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
 from slimkit.primitives.lowrank.module import materialise_lowrank
 from slimkit.primitives.projection.adapters import KIND as BASIS_CHANGE_KIND
@@ -329,11 +330,31 @@ def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> N
         setattr(parent, child, _resized(module, shapes))
 
 
+def materialise_head_params(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> None:
+    """Give each attention's per-head parameters (:attr:`ArchSpec.head_params`) their saved shapes."""
+    view = ModelView(model)
+    if not view.spec.head_params:
+        return
+    names = {id(module): name for name, module in model.named_modules()}
+    for layer in view.layers:
+        for path in view.spec.head_params:
+            owner_path, _, leaf = path.rpartition(".")
+            try:
+                owner = layer.module.get_submodule(owner_path)
+            except AttributeError:  # a removed attention block
+                continue
+            shape = saved.get(f"{names[id(owner)]}.{leaf}")
+            current = getattr(owner, leaf, None)
+            if shape is not None and isinstance(current, torch.Tensor) and tuple(current.shape) != tuple(shape):
+                setattr(owner, leaf, nn.Parameter(torch.empty(shape, dtype=current.dtype)))
+
+
 def _check_widths(folder: ModelFolder, model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
     view = ModelView(model)
+    every = view.layer_widths()
     for index, expected in per_layer.items():
         layer = view.layer(int(index))
-        actual = {**layer.widths(), "hidden_size": layer_hidden_size(layer, view.hidden_size)}
+        actual = {**every[int(index)], "hidden_size": layer_hidden_size(layer, view.hidden_size)}
         wrong = [f"{k} {v} (the weights give {actual.get(k)})" for k, v in expected.items() if actual.get(k) != v]
         if wrong:
             raise SlimkitError(
@@ -426,7 +447,7 @@ def _load(
         loaded = _as_loaded(folder, skeleton)
         _check_shapes(loaded, skeleton, config_dict, prefix, _SHAPE_HINT)
         _check_all_saved(loaded, skeleton, prefix)
-        _check_layer_widths(folder, split_fused(skeleton), manifest)
+        _check_layer_widths(folder, language_model(split_fused(skeleton)), manifest)
         del skeleton
         tokenizer = _load_tokenizer(directory, config)  # before the weights: its ids are checked against the rows
         if placement.max_memory is not None:
@@ -466,6 +487,18 @@ def _load(
     model = _from_config_file(folder, lambda: _instantiate(_model_class(config, task), config, dtype=placement.dtype))
     for key in build:  # the config says what was saved; the modules get the saved widths below
         setattr(model.config, key, config_dict[key])
+    whole = model
+    vision = vision_language_of(config_dict)
+    if vision is not None:  # the widths are the language model's: materialised on it, under its own names
+        model = language_model(whole)
+        folder = replace(
+            folder,
+            shapes=text_names(folder.shapes, vision),
+            files={
+                TEXT_PREFIX + k[len(vision.prefix) :] if k.startswith(vision.prefix) else k: v
+                for k, v in folder.files.items()
+            },
+        )
     split_fused(model)  # a saved folder holds fused projections as their parts
     saved = folder.shapes
     _check_module_entries(folder, model, modules)
@@ -484,6 +517,7 @@ def _load(
     except SlimkitError as error:
         raise SlimkitError(f"{folder.path / MANIFEST_NAME}: {error}") from None
     materialise_experts(model, saved)  # per-layer expert counts: router rows and fused expert tensors
+    materialise_head_params(model, saved)  # per-head vectors of an attention (GPT-OSS's sinks)
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
     _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))
@@ -494,6 +528,7 @@ def _load(
         _check_widths(folder, model, per_layer)
     _check_layer_widths(folder, model, manifest)
     # Materialised modules are built in float32; the whole model takes the requested dtype at once.
+    model = whole  # a vision-language model: the vision tower and projector as built, the weights below
     model.to(dtype=placement.dtype)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()

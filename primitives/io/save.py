@@ -31,6 +31,7 @@ from slimkit.primitives.files.writable import check_writable
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.io.finite import non_finite_tensors
 from slimkit.primitives.io.paths import as_path, check_path_length
+from slimkit.primitives.io.vision_language import attached
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.projection.manifest import projection_entries
 
@@ -62,6 +63,8 @@ def layer_hidden_size(layer: LayerView, stream: int) -> int:
     stream (q, or up once its attention block was removed); ``stream`` (the residual stream's width) for a layer
     whose attention and MLP blocks were both removed (it passes the stream on unchanged)."""
     for role in ("q", "up"):
+        if role == "q" and layer.spec.latent_attention is not None and not layer.attention_removed:
+            return int(layer.extra_linears()[0].in_features)  # MLA's q reads the latent; q_a reads the stream
         if role in layer.roles:
             return int(layer.linear(role).in_features)
     return stream
@@ -221,19 +224,22 @@ def _write_folder(
             **(manifest or {}),
         }
         reasons = structure_reasons(per_layer, record.get("modules"))
+        whole = attached(model)  # a vision-language model's language model: the whole model is written
+        if whole is not None:
+            record["vision_language_model"] = type(whole).__name__
         # A plain folder holds fused projections as the stock model does; a slimkit-only one holds their parts.
         with nullcontext() if reasons else fused_for_save(model):
-            model.save_pretrained(
+            (whole or model).save_pretrained(
                 tmp,
                 safe_serialization=True,
                 max_shard_size="1GB" if offloaded else "5GB",
-                save_original_format=moe_spec(model) is None,
+                save_original_format=moe_spec(model) is None and whole is None,
             )
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"
         config = unmark_config(json.loads(config_path.read_text()))
-        config.update(global_widths)
+        (config["text_config"] if whole is not None else config).update(global_widths)
         if per_layer is not None:
             config["per_layer_config"] = per_layer
         if reasons:

@@ -14,7 +14,7 @@ from slimkit.primitives.groups import Group, Member
 from slimkit.primitives.io.save import config_accepts
 from slimkit.primitives.lowrank.module import member_target
 
-REMOVABLE_KINDS = ("mlp_channel", "attention_head", "kv_group", "hidden_feature")
+REMOVABLE_KINDS = ("mlp_channel", "attention_head", "kv_group", "hidden_feature", "q_latent", "kv_latent")
 
 
 class SurgeryError(SlimkitError, ValueError):
@@ -137,6 +137,8 @@ def _check_heads(group: Group, view: ModelView, new_shapes: dict[int, tuple[int,
     for layer in layers:
         if layer.spec.q is None or layer.spec.k is None or layer.attention_removed or layer.head_widths is not None:
             continue  # per-head widths are checked by their module (HeadWidthAttention.check)
+        if layer.spec.latent_attention is not None:
+            continue  # latent attention's head groups hold whole heads of q_b, kv_b and o (groups/latent.py)
         d = layer.head_dim
         q, k = _planned_rows(layer, "q", new_shapes), _planned_rows(layer, "k", new_shapes)
         if d <= 0 or q % d or k % d or k == 0 or (q // d) % (k // d):
@@ -144,6 +146,19 @@ def _check_heads(group: Group, view: ModelView, new_shapes: dict[int, tuple[int,
                 f"layer {layer.index} {group.kind}: the keep set would leave q with {q} and k with {k} output rows, "
                 f"which are not whole heads of {d} with an integer number of query heads per KV head"
             )
+
+
+def _rescale_norms(model: nn.Module, group: Group, kept: int) -> None:
+    """Multiply the weight of each RMSNorm the group's units pass through (``group.extra["rescale_norms"]``, module
+    paths) by ``sqrt(units / kept)``: the norm then divides by the root of the kept channels' sum of squares over the
+    *original* count, so channels that were zero leave its output unchanged (MLA's latent norms)."""
+    paths = group.extra.get("rescale_norms", ())
+    if not paths:
+        return
+    factor = (group.size / kept) ** 0.5
+    with torch.no_grad():
+        for path in paths:
+            model.get_submodule(path).weight.mul_(factor)
 
 
 def remove_units(model: nn.Module, group: Group, keep: torch.Tensor | list[int]) -> None:
@@ -188,6 +203,7 @@ def remove_units(model: nn.Module, group: Group, keep: torch.Tensor | list[int])
         touched[id(module)] = module
     for module in touched.values():
         _sync_module_attributes(module)
+    _rescale_norms(model, group, kept_units.numel())
     if tied:
         view.head.weight = view.embed_tokens.weight
         _sync_module_attributes(view.head)

@@ -275,6 +275,9 @@ BAD_ARGUMENTS = [
     ("moe_scale", ["--quick", "--dtype", "auto"], "argument --dtype: give float32, bfloat16 or float16"),
     ("moe_scale", ["--quick", "--out", "{tmp}/taken/q"], "--out {tmp}/taken/q.json: {tmp}/taken is not a folder"),
     pytest.param("moe_scale", ["--device", "cuda"], "CUDA is not available", marks=CUDA),
+    # moe_plans
+    ("moe_plans", ["--models", "qwen3"], "argument --models: invalid choice: 'qwen3'"),
+    ("moe_plans", ["--out", "{tmp}/taken"], "--out {tmp}/taken is a file, not a folder"),
     # glue_grid (its files and folders are above)
     ("glue_grid", ["--jobs", "0"], "argument --jobs: must be at least 1, got 0"),
     ("glue_grid", ["--deadline-s", "0"], "argument --deadline-s: must be > 0, got '0'"),

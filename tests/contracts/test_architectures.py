@@ -10,6 +10,8 @@ equal logits. The whole matrix is slow; one recipe per architecture is in the fa
 
 from __future__ import annotations
 
+import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,8 @@ from slimkit.primitives.surgery import prune_layer, remove_units
 from slimkit.recipes.loading import load_recipe, validate
 from tests.tiny import (
     DECODERS,
+    DENSE_2026,
+    MOE_2026,
     NEW_FAMILIES,
     assert_scaled_close,
     bpe_tokenizer,
@@ -39,8 +43,18 @@ from tests.tiny import (
 )
 
 VOCAB = len(byte_tokenizer()) + 1
-NEW = sorted(NEW_FAMILIES)
+NEW = sorted({**NEW_FAMILIES, **DENSE_2026})
 ALL = sorted(DECODERS)
+MATRIX = {
+    **DECODERS,
+    **MOE_2026,
+    # one router group (Kimi K2's and GLM-4.5's): whole experts then land near the target; group-limited routing is
+    # tested in tests/primitives/experts/test_families_2026.py
+    "deepseek_v3": partial(MOE_2026["deepseek_v3"], groups=1),
+    "glm4_moe": partial(MOE_2026["glm4_moe"], groups=1),
+}
+"""The matrix's rows: every dense decoder and the mixture-of-experts families added as data (their tiny models have
+a dense first or interleaved layer, shared experts, biases, sinks and latent attention where the family has them)."""
 
 
 def _model(family: str, **kwargs):
@@ -58,13 +72,14 @@ def _refused(family: str, operation: str) -> bool:
 # -- (a) views and lossless transforms --------------------------------------------------------------------
 def test_views_see_each_new_family():
     expected_norms = {"gemma": 2, "gemma2": 4, "gemma3_text": 4, "granite": 2, "olmo2": 2, "phi3": 2}
+    expected_norms |= {"olmo3": 2, "glm4": 4}
     for family in NEW:
         model = _model(family)
         layer = ModelView(model).layer(0)
         head_dim = 12 if family == "gemma3_text" else 8
         assert (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.mlp_width) == (6, 2, head_dim, 64)
         assert len(layer.norms) == expected_norms[family], family
-        assert (layer.q_norm is not None) == (family in ("gemma3_text", "olmo2"))
+        assert (layer.q_norm is not None) == (family in ("gemma3_text", "olmo2", "olmo3"))
         assert ModelView(model).spec.model_type == model.config.model_type == family
     olmo2 = ModelView(_model("olmo2")).layer(0)
     assert olmo2.q_norm.weight.shape == (48,)  # the whole q projection: 6 heads x 8
@@ -189,7 +204,7 @@ def test_granite_refuses_the_projection_its_residual_multiplier_breaks():
 # -- (b) refusals -------------------------------------------------------------------------------------------
 def test_supported_lists_every_decoder_spec():
     moe = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}  # tests/primitives/arch/test_moe.py covers them
-    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | moe
+    assert set(SUPPORTED["causal-lm"]) == set(ALL) | set(SAME_AS_LLAMA) | moe | set(MOE_2026)
     assert SUPPORTED["encoder"] == ("bert",)
     for family in ALL:
         check_supported(_model(family).config, "causal-lm")
@@ -252,6 +267,17 @@ OUT_OF_REACH = {("opt", "llm-pruner+sp3")}
 centring what writes the stream, embeddings included, so OPT's tied head is untied (a vocabulary x hidden matrix
 added), and the two prunable layers of the tiny model cannot remove 20% of the dense model and that head. The
 refusal is ``prune``'s one line naming what the stages before it added; the row fails if it starts to land."""
+MOE_UNDER_REACH = re.compile(
+    r"the target needs [\d,]+ parameters of .* can remove at most|cannot remove [\d.]+% of "
+    r"|the target needs \d+ channels removed from every expert"
+)
+"""The routed experts hold most of a tiny MoE model's parameters: a recipe whose units are heads, dense and
+shared-expert channels or low-rank projections cannot remove 20% of the model there. It refuses for its budget in one
+line, or (``strict: false``, as the matrix runs) lands under the target with the miss flagged. The same holds for
+channels inside 16-wide experts, which keep multiples of 8."""
+COARSE = {"moe-expert-prune+channels"}
+"""On the tiny MoE models an expert is 16 channels wide and kept widths are multiples of 8 (transformers' grouped
+expert matmul), so the channel stage moves in steps of half the routed experts: it lands within one such step."""
 GRANULARITY = 0.04
 """How far a run may land from its ratio on the tiny models (whole heads and aligned channel counts of 64-wide
 MLPs: llama itself lands up to 0.034 off on some recipes there)."""
@@ -261,7 +287,7 @@ def _tiny_folder(family: str, tmp_path: Path) -> Path:
     tokenizer = bpe_tokenizer()
     torch.manual_seed(0)
     folder = tmp_path / f"tiny-{family}"
-    model = DECODERS[family](vocab_size=len(tokenizer), layers=LAYERS)
+    model = MATRIX[family](vocab_size=len(tokenizer), layers=LAYERS)
     with fused_for_save(model):  # the stock folder a user brings (Phi-3's projections fused)
         model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -269,7 +295,7 @@ def _tiny_folder(family: str, tmp_path: Path) -> Path:
 
 
 def _matrix_params():
-    for family in ALL:
+    for family in sorted(MATRIX):
         for recipe in LLM_RECIPES:
             marks = () if recipe in FAST else (pytest.mark.slow,)
             yield pytest.param(family, recipe, marks=marks, id=f"{family}-{recipe}")
@@ -287,10 +313,15 @@ def test_every_recipe_on_every_architecture(family, recipe, tmp_path):
         result = _run(recipe, family, folder)
     except SlimkitError as error:
         message = str(error)
-        assert "\n" not in message and family in message, message
+        assert "\n" not in message, message
+        assert family in message or (family in MOE_2026 and MOE_UNDER_REACH.search(message)), message
         return
     target = result.report.as_json()["target"]
-    if recipe in BLOCK_RECIPES:
+    if family in MOE_2026 and not target["met"] and target["achieved"] < target["ratio"] - GRANULARITY:
+        assert target["achieved"] > 0, target  # under reach (MOE_UNDER_REACH), flagged as missed
+    elif family in MOE_2026 and recipe in COARSE:
+        assert 0 < target["achieved"] and abs(target["achieved"] - target["ratio"]) <= 0.2, target
+    elif recipe in BLOCK_RECIPES:
         assert 0 < target["achieved"] <= target["ratio"] + 0.01, target
     else:
         assert abs(target["achieved"] - target["ratio"]) <= GRANULARITY, target
