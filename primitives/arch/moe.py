@@ -52,8 +52,6 @@ class MoESpec:
     """The shared expert every token uses (Qwen2-MoE), relative to the layer; None when there is none."""
     shared_expert_gate: str | None = None
     """Its sigmoid gate ``Linear(hidden, 1)``, relative to the layer."""
-    gguf_arch: str | None = None
-    """llama.cpp's architecture name for a GGUF of this family; None when slimkit writes none."""
     hub_moe: str = "mlp"
     """The MoE MLP's name in the hub's checkpoint layout (Mixtral: ``block_sparse_moe``)."""
     hub_expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
@@ -111,7 +109,6 @@ MOE_SPECS: dict[str, MoESpec] = {
         count_key="num_local_experts",
         width_key="intermediate_size",
         norm_topk_key=None,
-        gguf_arch="llama",  # llama.cpp runs Mixtral as llama with experts
         hub_moe="block_sparse_moe",
         hub_expert=("w1", "w3", "w2"),
         **_COMMON,
@@ -122,13 +119,10 @@ MOE_SPECS: dict[str, MoESpec] = {
         width_key="moe_intermediate_size",
         shared_expert="mlp.shared_expert",
         shared_expert_gate="mlp.shared_expert_gate",
-        gguf_arch="qwen2moe",
         **_COMMON,
     ),
-    "qwen3_moe": MoESpec(
-        "qwen3_moe", count_key="num_local_experts", width_key="moe_intermediate_size", gguf_arch="qwen3moe", **_COMMON
-    ),
-    "olmoe": MoESpec("olmoe", count_key="num_experts", width_key="intermediate_size", gguf_arch="olmoe", **_COMMON),
+    "qwen3_moe": MoESpec("qwen3_moe", count_key="num_local_experts", width_key="moe_intermediate_size", **_COMMON),
+    "olmoe": MoESpec("olmoe", count_key="num_experts", width_key="intermediate_size", **_COMMON),
     **{  # sigmoid scores, group-limited choice, shared experts, dense first layers
         model_type: MoESpec(
             model_type,

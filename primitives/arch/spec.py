@@ -116,6 +116,12 @@ class ArchSpec:
     encoder: bool = False
     """An encoder (bidirectional attention, no KV cache): its heads may keep their own q/k and v/o widths
     (:mod:`slimkit.primitives.arch.head_widths`)."""
+    gguf: str | None = None
+    """llama.cpp's architecture slimkit writes a GGUF of this family as (``general.architecture``); None: no GGUF
+    export (:mod:`slimkit.primitives.export.gguf_file`)."""
+    hf_export: bool = True
+    """Whether a compressed model of this family exports to a plain Hugging Face folder that stock
+    ``from_pretrained`` reads (:mod:`slimkit.primitives.export.hf_folder`)."""
     shared_mlp: str | None = None
     """In a layer with routed experts, the dense MLP every token also uses (DeepSeek-V3's ``mlp.shared_experts``),
     relative to the layer: there the gate/up/down roles name its projections (``mlp.shared_experts.up_proj``), so
@@ -165,6 +171,7 @@ class ArchSpec:
 
 _LLAMA = ArchSpec(
     model_type="llama",
+    gguf="llama",
     layers="layers",
     embed="embed_tokens",
     final_norm="norm",
@@ -190,6 +197,7 @@ _LLAMA = ArchSpec(
 
 _OPT = ArchSpec(
     model_type="opt",
+    hf_export=False,
     layers="decoder.layers",
     embed="decoder.embed_tokens",
     final_norm="decoder.final_layer_norm",
@@ -216,6 +224,7 @@ _OPT = ArchSpec(
 
 _BERT = ArchSpec(
     model_type="bert",
+    hf_export=False,
     layers="encoder.layer",
     embed="embeddings.word_embeddings",
     final_norm=None,
@@ -247,37 +256,45 @@ _BERT = ArchSpec(
 # them). Mistral's sliding window and Qwen2's per-layer ``layer_types`` are config fields that no
 # width change touches. Qwen3 adds per-head q/k RMSNorms (over head_dim) after the projections.
 _MISTRAL = replace(_LLAMA, model_type="mistral")
-_QWEN2 = replace(_LLAMA, model_type="qwen2")
-_QWEN3 = replace(_LLAMA, model_type="qwen3", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+_QWEN2 = replace(_LLAMA, model_type="qwen2", gguf="qwen2")
+_QWEN3 = replace(_LLAMA, model_type="qwen3", gguf="qwen3", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
 
 # Mixture-of-experts decoders: attention and norms as their dense relatives, the MLP a router and fused experts
 # (what is known of the router, the experts and the config keys lives in primitives/arch/moe.py). OLMoE's q/k norms
 # act on the whole projection, not per head.
 _MIXTRAL = replace(_MISTRAL, model_type="mixtral", experts="mlp.experts")
 _MOE_WIDTH = "moe_intermediate_size"
-_QWEN2_MOE = replace(_QWEN2, model_type="qwen2_moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH)
-_QWEN3_MOE = replace(_QWEN3, model_type="qwen3_moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH)
-_OLMOE = replace(_QWEN3, model_type="olmoe", experts="mlp.experts", qk_norm_scope="projection")
+_QWEN2_MOE = replace(
+    _QWEN2, model_type="qwen2_moe", gguf="qwen2moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH
+)
+_QWEN3_MOE = replace(
+    _QWEN3, model_type="qwen3_moe", gguf="qwen3moe", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH
+)
+_OLMOE = replace(_QWEN3, model_type="olmoe", gguf="olmoe", experts="mlp.experts", qk_norm_scope="projection")
 
 # Gemma: Llama's names, RMSNorms scaled by (1 + w), embeddings multiplied by sqrt(hidden_size). Gemma 2 and 3 add
 # branch post-norms (``post_attention_layernorm`` normalises the attention output, so the MLP's input norm is
 # ``pre_feedforward_layernorm``), soft-capping (Gemma 2) and sliding-window ``layer_types``; Gemma 3 adds per-head
 # q/k norms. Soft-capping, sliding windows and query_pre_attn_scalar are config constants no width change touches.
-_GEMMA = replace(_LLAMA, model_type="gemma", norm_offset=1.0, embed_scale_key="hidden_size")
+_GEMMA = replace(_LLAMA, model_type="gemma", gguf="gemma", norm_offset=1.0, embed_scale_key="hidden_size")
 _GEMMA2 = replace(
     _GEMMA,
     model_type="gemma2",
+    gguf="gemma2",
     mlp_norm="pre_feedforward_layernorm",
     attn_out_norm="post_attention_layernorm",
     mlp_out_norm="post_feedforward_layernorm",
     activation_attr="hidden_activation",
     scalar_keys=("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"),
 )
-_GEMMA3 = replace(_GEMMA2, model_type="gemma3_text", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+_GEMMA3 = replace(
+    _GEMMA2, model_type="gemma3_text", gguf="gemma3", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm"
+)
 # Granite: Llama's modules; the embedding, attention and residual multipliers and the logits scaling are scalars.
 _GRANITE = replace(
     _LLAMA,
     model_type="granite",
+    gguf="granite",
     branch_scale_key="residual_multiplier",
     scalar_keys=("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"),
 )
@@ -286,6 +303,7 @@ _GRANITE = replace(
 _OLMO2 = replace(
     _LLAMA,
     model_type="olmo2",
+    gguf="olmo2",
     attn_norm=None,
     mlp_norm=None,
     attn_out_norm="post_attention_layernorm",
@@ -300,6 +318,7 @@ _OLMO2 = replace(
 _PHI3 = replace(
     _LLAMA,
     model_type="phi3",
+    gguf="phi3",
     q="self_attn.qkv_proj.q_proj",
     k="self_attn.qkv_proj.k_proj",
     v="self_attn.qkv_proj.v_proj",
@@ -325,6 +344,7 @@ _OLMO3 = replace(_OLMO2, model_type="olmo3")
 _GLM4 = replace(
     _LLAMA,
     model_type="glm4",
+    gguf="glm4",
     gate="mlp.gate_up_proj.gate_proj",
     up="mlp.gate_up_proj.up_proj",
     attn_out_norm="post_self_attn_layernorm",
@@ -338,6 +358,7 @@ _GLM4 = replace(
 _DEEPSEEK_V3 = replace(
     _LLAMA,
     model_type="deepseek_v3",
+    gguf=None,  # llama.cpp has it; slimkit does not write its layout (primitives/export/gguf_arch.py)
     q="self_attn.q_b_proj",
     k="self_attn.kv_b_proj",
     v=None,
@@ -353,6 +374,7 @@ _DEEPSEEK_V3 = replace(
 _GLM4_MOE = replace(
     _LLAMA,
     model_type="glm4_moe",
+    gguf=None,  # llama.cpp has it; slimkit does not write its layout (primitives/export/gguf_arch.py)
     experts="mlp.experts",
     shared_mlp="mlp.shared_experts",
     intermediate_size_key="moe_intermediate_size",
@@ -365,6 +387,7 @@ _GLM4_MOE = replace(
 _GPT_OSS = replace(
     _LLAMA,
     model_type="gpt_oss",
+    gguf=None,  # llama.cpp has it; slimkit does not write its layout (primitives/export/gguf_arch.py)
     experts="mlp.experts",
     head_params=("self_attn.sinks",),
     mlp_returns_tuple=True,
@@ -375,6 +398,7 @@ _GPT_OSS = replace(
 _LLAMA4 = replace(
     _LLAMA,
     model_type="llama4_text",
+    gguf=None,  # llama.cpp has it; slimkit does not write its layout (primitives/export/gguf_arch.py)
     layers="model.layers",  # Llama4ForCausalLM's base_model_prefix names no attribute: paths from the model itself
     embed="model.embed_tokens",
     final_norm="model.norm",
@@ -392,6 +416,16 @@ _LLAMA4 = replace(
 # Decoders whose modules and forward are Llama's (checked against their transformers modeling files): the same spec
 # covers them with no new code.
 SAME_AS_LLAMA = ("helium", "ministral", "seed_oss", "smollm3")
+
+
+def gguf_model_types() -> tuple[str, ...]:
+    """The model types slimkit writes GGUF files of (their ``gguf`` architecture set)."""
+    return tuple(model_type for model_type, spec in ARCH_SPECS.items() if spec.gguf is not None)
+
+
+def hf_model_types() -> tuple[str, ...]:
+    """The model types a compressed model exports to a plain Hugging Face folder of."""
+    return tuple(model_type for model_type, spec in ARCH_SPECS.items() if spec.hf_export)
 
 
 def removable_blocks(spec: ArchSpec) -> str | None:
@@ -426,7 +460,7 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "olmo3": _OLMO3,
     "glm4": _GLM4,
     "phi3": _PHI3,
-    **{model_type: replace(_LLAMA, model_type=model_type) for model_type in SAME_AS_LLAMA},
+    **{model_type: replace(_LLAMA, model_type=model_type, gguf=None) for model_type in SAME_AS_LLAMA},
     "opt": _OPT,
     "bert": _BERT,
     "mixtral": _MIXTRAL,

@@ -18,10 +18,9 @@ from slimkit.primitives.errors import SlimkitError
 
 @dataclass(frozen=True)
 class GgufFamily:
-    """How one Hugging Face ``model_type`` is written for one llama.cpp architecture."""
+    """How one Hugging Face ``model_type`` is written for its llama.cpp architecture
+    (:attr:`~slimkit.primitives.arch.spec.ArchSpec.gguf`)."""
 
-    architecture: str
-    """llama.cpp's name (``general.architecture``)."""
     layer_tensors: dict[str, str]
     """Hugging Face names inside a layer (``self_attn.q_proj.weight``) to llama.cpp's (``attn_q.weight``)."""
     check: Callable[[Any], list[str]]
@@ -117,8 +116,8 @@ def check_glm4(config: Any) -> list[str]:
 
 
 FAMILIES: dict[str, GgufFamily] = {
-    "olmo3": GgufFamily("olmo2", OLMO2_LAYER_TENSORS, check_olmo3, olmo3_metadata),
-    "glm4": GgufFamily("glm4", GLM4_LAYER_TENSORS, check_glm4, fused_mlp=True, biases=("attention_bias",)),
+    "olmo3": GgufFamily(OLMO2_LAYER_TENSORS, check_olmo3, olmo3_metadata),
+    "glm4": GgufFamily(GLM4_LAYER_TENSORS, check_glm4, fused_mlp=True, biases=("attention_bias",)),
 }
 """The families this module writes, by Hugging Face ``model_type``."""
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from slimkit.primitives.arch.capabilities import rotary_fraction
 from slimkit.primitives.arch.moe import MOE_SPECS, check_all_sparse, moe_spec
-from slimkit.primitives.arch.spec import ARCH_SPECS
+from slimkit.primitives.arch.spec import ARCH_SPECS, gguf_model_types
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
 from slimkit.primitives.export.gguf_arch import FAMILIES, ROPE_THETA, not_written
@@ -49,23 +49,8 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "granite",
-    "olmo2",
-    "phi3",
-    "mixtral",
-    "qwen2_moe",
-    "qwen3_moe",
-    "olmoe",
-    *FAMILIES,
-)
+EXPORTABLE_MODEL_TYPES = gguf_model_types()
+"""Model types slimkit writes GGUF files of (:attr:`~slimkit.primitives.arch.spec.ArchSpec.gguf`)."""
 
 
 _LAYER_TENSORS = {
@@ -122,7 +107,7 @@ _PHI3_LAYER_TENSORS = {
 }
 """Phi-3's names: q/k/v fused (``attn_qkv``), gate and up fused (``ffn_up``, gate first)."""
 _LAYER_MAPS = {
-    **{family.architecture: family.layer_tensors for family in FAMILIES.values()},
+    **{ARCH_SPECS[model_type].gguf: family.layer_tensors for model_type, family in FAMILIES.items()},
     "gemma2": _GEMMA3_LAYER_TENSORS,
     "gemma3": _GEMMA3_LAYER_TENSORS,
     "olmo2": _OLMO2_LAYER_TENSORS,
@@ -136,7 +121,7 @@ PADDED_ARCHITECTURES = (
     "granite",
     "olmo2",
     "phi3",
-    *(family.architecture for family in FAMILIES.values() if family.padded),
+    *(ARCH_SPECS[model_type].gguf for model_type, family in FAMILIES.items() if family.padded),
 )
 """llama.cpp architectures whose tensors are all built from one head count and feed-forward length: per-layer
 widths are padded to one (:mod:`slimkit.primitives.export.padding`), removed blocks refused."""
@@ -205,38 +190,33 @@ def rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def gguf_architecture(model_type: str, uniform: bool) -> str:
-    """llama.cpp's architecture for a model type and width pattern (one line when there is none)."""
-    if model_type in ("llama", "mistral"):
-        return "llama" if uniform else "deci"
-    if model_type == "gemma3_text":
-        return "gemma3"  # per-layer widths are padded to one (primitives/export/padding.py)
-    if model_type in ("gemma", "gemma2"):
-        return model_type
-    if model_type in ("granite", "olmo2", "phi3"):
-        return model_type
-    if model_type in FAMILIES:
-        return FAMILIES[model_type].architecture
-    if not_written(model_type) is not None:
-        raise SlimkitError(not_written(model_type) or "")
-    if model_type in ("qwen2", "qwen3"):
-        if not uniform:
-            raise SlimkitError(
-                f"per-layer widths of a {model_type} model: llama.cpp's deci architecture (the one with per-layer "
-                f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
-            )
-        return model_type
-    moe = MOE_SPECS.get(model_type)
-    if moe is not None and moe.gguf_arch is not None:
-        if not uniform:
-            raise SlimkitError(
-                f"per-layer expert counts or widths of a {model_type} model: llama.cpp reads one expert count and one "
-                "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
-            )
-        return moe.gguf_arch
-    raise SlimkitError(
-        f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
-        + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
-    )
+    """llama.cpp's architecture for a model type and width pattern (one line when there is none): the family's own
+    (:attr:`~slimkit.primitives.arch.spec.ArchSpec.gguf`) at uniform widths; with per-layer widths llama's ``deci``,
+    or the family's own when slimkit pads them to one width (:mod:`slimkit.primitives.export.padding`); refused for
+    per-layer widths llama.cpp cannot read (Qwen2/3's, experts')."""
+    spec = ARCH_SPECS.get(model_type)
+    architecture = spec.gguf if spec is not None else None
+    if spec is None or architecture is None:
+        raise SlimkitError(
+            not_written(model_type)
+            or f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
+            + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
+        )
+    if uniform:
+        return architecture
+    if spec.experts is not None:
+        raise SlimkitError(
+            f"per-layer expert counts or widths of a {model_type} model: llama.cpp reads one expert count and one "
+            "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
+        )
+    if architecture == "llama":
+        return "deci"
+    if architecture in ("qwen2", "qwen3"):
+        raise SlimkitError(
+            f"per-layer widths of a {model_type} model: llama.cpp's deci architecture (the one with per-layer "
+            f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
+        )
+    return architecture  # per-layer widths padded to one (primitives/export/padding.py)
 
 
 def check_exportable(model: nn.Module) -> list[str]:
@@ -251,7 +231,7 @@ def check_exportable(model: nn.Module) -> list[str]:
         family = FAMILIES[model_type]
         unread = [k for k in ("attention_bias", "mlp_bias") if getattr(config, k, False) and k not in family.biases]
         if unread:
-            raise SlimkitError(f"{', '.join(unread)}: llama.cpp's {family.architecture} reads no such biases")
+            raise SlimkitError(f"{', '.join(unread)}: llama.cpp's {ARCH_SPECS[model_type].gguf} reads no such biases")
         return family.check(config)
     warnings = []
     window = getattr(config, "sliding_window", None)
@@ -281,19 +261,21 @@ QUERY_SPANS_HIDDEN = ("qwen2moe", "olmoe")
 def check_moe(config: Any) -> None:
     """One line where llama.cpp's MoE graph would route otherwise than the Hugging Face model: the top-k weights
     renormalised or not, dense MLP layers among the MoE ones, OLMoE's clipped q/k/v."""
-    moe = MOE_SPECS.get(getattr(config, "model_type", None) or "")
-    if moe is None or moe.gguf_arch is None:
+    model_type = getattr(config, "model_type", None) or ""
+    moe, spec = MOE_SPECS.get(model_type), ARCH_SPECS.get(model_type)
+    if moe is None or spec is None or spec.gguf is None:
         return
+    architecture = spec.gguf
     check_all_sparse(config)
-    renormalises = LLAMACPP_RENORMALISES[moe.gguf_arch]
+    renormalises = LLAMACPP_RENORMALISES[architecture]
     if moe.renormalises(config) != renormalises:
         raise SlimkitError(
-            f"norm_topk_prob {str(not renormalises).lower()}: llama.cpp's {moe.gguf_arch} "
+            f"norm_topk_prob {str(not renormalises).lower()}: llama.cpp's {architecture} "
             f"{'always' if renormalises else 'never'} renormalises the top-k routing weights, so its outputs would "
             "differ; serve it with slimkit.load or transformers"
         )
     if getattr(config, "clip_qkv", None) is not None:
-        raise SlimkitError(f"clip_qkv {config.clip_qkv}: llama.cpp's {moe.gguf_arch} does not clip q/k/v")
+        raise SlimkitError(f"clip_qkv {config.clip_qkv}: llama.cpp's {architecture} does not clip q/k/v")
 
 
 def query_width_refusal(widths: list[dict[str, int]], hidden_size: int, architecture: str) -> str | None:

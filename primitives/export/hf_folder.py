@@ -15,7 +15,7 @@ import transformers
 from torch import nn
 
 from slimkit.primitives.arch.moe import moe_spec
-from slimkit.primitives.arch.spec import SAME_AS_LLAMA
+from slimkit.primitives.arch.spec import hf_model_types
 from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
@@ -25,30 +25,9 @@ from slimkit.primitives.files.atomic import staging_dir, swap_in
 from slimkit.primitives.files.removal import discard, remove_owned
 from slimkit.primitives.io.compat import removed_blocks_phrase
 
-HF_MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "granite",
-    "olmo2",
-    "olmo3",
-    "glm4",
-    "phi3",
-    *SAME_AS_LLAMA,
-    "mixtral",
-    "qwen2_moe",
-    "qwen3_moe",
-    "olmoe",
-    "deepseek_v3",
-    "glm4_moe",
-    "gpt_oss",
-    "llama4_text",
-)
-"""Model types ``--format hf`` writes (MoE ones in the hub's per-expert layout, as transformers saves them)."""
+HF_MODEL_TYPES = hf_model_types()
+"""Model types ``--format hf`` writes (:attr:`~slimkit.primitives.arch.spec.ArchSpec.hf_export`; MoE ones in the hub's
+per-expert layout, as transformers saves them)."""
 EXPORT_MARKER = ".slimkit-export.json"
 """The file an hf export writes last into its folder: which files it wrote (``files``)."""
 
