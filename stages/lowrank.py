@@ -166,6 +166,8 @@ def layer_shapes(layer: LayerView, roles: list[str]) -> dict[str, tuple[int, int
     """``role -> (d_out, d_in)`` of the chosen projections of ``layer``, refusing one that is already low-rank."""
     shapes: dict[str, tuple[int, int]] = {}
     for role in roles:
+        if role not in layer.roles:  # a hybrid's layer without this block (or a removed block)
+            continue
         module = layer.linear(role)
         if isinstance(module, LowRankLinear):
             raise SlimkitError(f"layer {layer.index}: {role} is already low-rank")
@@ -181,8 +183,10 @@ def _layer_ranks(ctx: Context, layer: LayerView, args: LowRankArgs, fraction: fl
             raise SlimkitError(
                 "lowrank: allocation global is decided in the pre-pass of a layer-wise block; run it through a recipe"
             )
-        return found.ranks[layer.index]
+        return found.ranks.get(layer.index, {})  # a hybrid's layer holding none of the roles has no ranks
     shapes = layer_shapes(layer, list(args.roles))
+    if not shapes:  # a hybrid's layer holding none of the roles (LoRAP's attention in a DeltaNet or Mamba layer)
+        return {}
     if args.allocation == "lorap":
         budget = int((1.0 - fraction) * sum(dense_params(d_in, d_out) for d_out, d_in in shapes.values()))
         return allocate_attention(shapes, budget, args.qk_share, args.mac_fraction)
@@ -226,7 +230,7 @@ def global_wanted(ctx: Context, args: LowRankArgs, fraction: float) -> int:
     total = 0
     for layer in ctx.view.layers:
         layer_shapes(layer, list(args.roles))  # refuses a projection that is already low-rank
-        for role in args.roles:
+        for role in (r for r in args.roles if r in layer.roles):
             weight = layer.linear(role).weight
             if not counted(ctx, weight, parts):
                 raise SlimkitError(

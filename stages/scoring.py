@@ -42,6 +42,10 @@ KIND_ROLES: dict[str, frozenset[str]] = {
     "kv_group": frozenset({"q", "k", "v", "o"}),
     "mlp_channel": frozenset({"gate", "up", "down"}),
     "hidden_feature": ALL_ROLES,
+    "linear_head": frozenset(),  # a hybrid's mixer projections, which no role names
+    "linear_kv_group": frozenset(),
+    "mamba_head": frozenset(),
+    "mamba_channel": frozenset(),
 }
 
 

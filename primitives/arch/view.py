@@ -17,6 +17,8 @@ from torch import nn
 from slimkit.primitives.arch.fused import is_split
 from slimkit.primitives.arch.head_widths import HeadWidthAttention, HeadWidths
 from slimkit.primitives.arch.layer_config import with_own_values
+from slimkit.primitives.arch.layer_kinds import ATTENTION_AND_MLP, LayerKind
+from slimkit.primitives.arch.mixers import DeltaNetView, Mamba2View, MixerView
 from slimkit.primitives.arch.moe import layer_moe_widths
 from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
@@ -58,12 +60,16 @@ class NormView:
 
 
 class LayerView:
-    """One decoder/encoder layer: its attention, MLP and norms, with widths read from shapes."""
+    """One decoder/encoder layer: its attention, MLP and norms, with widths read from shapes.
 
-    def __init__(self, index: int, module: nn.Module, spec: ArchSpec) -> None:
+    ``kind``: what the layer holds (a hybrid's layers differ: :mod:`slimkit.primitives.arch.layer_kinds`); a layer
+    without softmax attention has no q/k/v/o roles and no heads, one without the feed-forward block no MLP roles."""
+
+    def __init__(self, index: int, module: nn.Module, spec: ArchSpec, kind: LayerKind = ATTENTION_AND_MLP) -> None:
         self.index = index
         self.module = module
         self.spec = spec
+        self.kind = kind
 
     # -- modules -------------------------------------------------------------------------------
     def linear(self, role: LinearRole) -> nn.Module:
@@ -82,6 +88,10 @@ class LayerView:
     def roles(self) -> tuple[LinearRole, ...]:
         """The projections the layer has (those of a removed sub-block are gone)."""
         gone = {role for kind in self.removed_blocks for role in BLOCK_ROLES[kind]}
+        if self.kind.mixer != "attention":
+            gone |= set(BLOCK_ROLES["attention"])
+        if not self.kind.ffn:
+            gone |= set(BLOCK_ROLES["mlp"])
         if self.spec.experts is not None:  # a MoE MLP: fused expert tensors, no projection modules
             gone |= set(BLOCK_ROLES["mlp"])
         return tuple(r for r in LINEAR_ROLES if getattr(self.spec, r) is not None and r not in gone)
@@ -89,11 +99,39 @@ class LayerView:
     # -- removed sub-blocks (primitives/arch/removed.py) --------------------------------------
     @property
     def attention_removed(self) -> bool:
-        return isinstance(self.attention, RemovedAttention)
+        return self.kind.mixer == "attention" and isinstance(self.attention, RemovedAttention)
 
     @property
     def mlp_removed(self) -> bool:
-        return self.spec.mlp is not None and isinstance(_get(self.module, self.spec.mlp), RemovedMLP)
+        return self.kind.ffn and self.spec.mlp is not None and isinstance(_get(self.module, self.spec.mlp), RemovedMLP)
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the layer holds softmax attention now (its kind has it and the block was not removed)."""
+        return self.kind.mixer == "attention" and not self.attention_removed
+
+    @property
+    def has_mlp(self) -> bool:
+        """Whether the layer holds the feed-forward block now."""
+        return self.kind.ffn and not self.mlp_removed
+
+    @property
+    def mixer(self) -> MixerView | None:
+        """The layer's token mixer other than softmax attention (gated DeltaNet, Mamba-2), or None."""
+        kinds = self.spec.layer_kinds
+        if kinds is None or self.kind.mixer in (None, "attention"):
+            return None
+        if self.kind.mixer == "gated_deltanet" and kinds.deltanet is not None:
+            return DeltaNetView(_get(self.module, kinds.deltanet.path), kinds.deltanet)
+        if self.kind.mixer == "mamba2" and kinds.mamba is not None:
+            return Mamba2View(_get(self.module, kinds.mamba.path), kinds.mamba)
+        raise SlimkitError(f"{self.spec.model_type} names no module layout for its {self.kind.mixer} layers")
+
+    def mixer_path(self) -> str | None:
+        """The mixer's path relative to the layer (None without one)."""
+        kinds = self.spec.layer_kinds
+        layout = None if kinds is None else kinds.deltanet if self.kind.mixer == "gated_deltanet" else kinds.mamba
+        return None if layout is None or self.mixer is None else layout.path
 
     @property
     def removed_blocks(self) -> tuple[BlockKind, ...]:
@@ -124,17 +162,17 @@ class LayerView:
     def norms(self) -> list[nn.Module]:
         """Every norm of the layer on the residual stream's width (input norms and branch post-norms; a removed
         block's norms are ``nn.Identity`` stand-ins without parameters)."""
-        return [_get(self.module, path) for path in self.spec.layer_norms]
+        return [_get(self.module, path) for path in dict.fromkeys(self.spec.layer_norms)]
 
     @property
     def q_norm(self) -> nn.Module | None:
         """The per-head query norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed)."""
-        return None if self.spec.q_norm is None or self.attention_removed else _get(self.module, self.spec.q_norm)
+        return None if self.spec.q_norm is None or not self.has_attention else _get(self.module, self.spec.q_norm)
 
     @property
     def k_norm(self) -> nn.Module | None:
         """The per-head key norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed)."""
-        return None if self.spec.k_norm is None or self.attention_removed else _get(self.module, self.spec.k_norm)
+        return None if self.spec.k_norm is None or not self.has_attention else _get(self.module, self.spec.k_norm)
 
     @property
     def mlp_kind(self) -> str:
@@ -148,33 +186,39 @@ class LayerView:
     # -- widths --------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
+        """The attention's head width (0 in a layer whose kind holds no softmax attention)."""
+        if self.kind.mixer != "attention":
+            return 0
         return int(getattr(self.attention, self.spec.head_dim_attr))
 
     @property
     def head_widths(self) -> HeadWidths | None:
         """Each head's kept q/k and v/o widths when the heads differ (SP3's MHA-intermediate masks), else None."""
-        attn = None if self.attention_removed else self.attention
+        attn = self.attention if self.has_attention else None
         return attn.widths if isinstance(attn, HeadWidthAttention) else None
 
     @property
     def num_heads(self) -> int:
-        """Query heads (0 when the attention block was removed)."""
-        if self.attention_removed:
+        """Query heads (0 when the attention block was removed or the layer holds none)."""
+        if not self.has_attention:
             return 0
         widths = self.head_widths
-        return widths.num_heads if widths is not None else out_features(self.linear("q")) // self.head_dim
+        if widths is not None:
+            return widths.num_heads
+        return out_features(self.linear("q")) // (self.head_dim * self.spec.q_rows_per_head)
 
     @property
     def num_kv_heads(self) -> int:
-        if self.attention_removed:
+        if not self.has_attention:
             return 0
         widths = self.head_widths
         return widths.num_heads if widths is not None else out_features(self.linear("k")) // self.head_dim
 
     @property
     def mlp_width(self) -> int:
-        """MLP channels (0 when the MLP block was removed; one routed expert's width in a MoE layer)."""
-        if self.mlp_removed:
+        """MLP channels (0 when the MLP block was removed or the layer holds none; one routed expert's width in a MoE
+        layer)."""
+        if not self.has_mlp:
             return 0
         if self.spec.experts is not None:
             return int(_get(self.module, self.spec.experts).down_proj.shape[-1])
@@ -185,6 +229,10 @@ class LayerView:
         return self.spec.rope
 
     def widths(self) -> dict[str, int]:
+        """The config entries of this layer's widths. A hybrid's layer gives those of the kinds it holds (its
+        attention's heads or its mixer's, its MLP width where it has the feed-forward block)."""
+        if self.spec.layer_kinds is not None:
+            return self._kind_widths()
         moe = layer_moe_widths(self.module, self.spec.model_type)
         return {
             "num_attention_heads": self.num_heads,
@@ -194,10 +242,27 @@ class LayerView:
             **(moe or {}),
         }
 
+    def _kind_widths(self) -> dict[str, int]:
+        widths: dict[str, int] = {}
+        if self.kind.mixer == "attention":
+            widths |= {"num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads}
+            widths["head_dim"] = self.head_dim
+        mixer = self.mixer
+        if mixer is not None:
+            widths |= mixer.widths()
+        if self.kind.ffn:
+            widths |= layer_moe_widths(self.module, self.spec.model_type) or {}
+            widths[self.spec.intermediate_size_key] = self.mlp_width
+        return widths
+
     def sync_head_counts(self) -> None:
         """Update the attention module's run-time head attributes from its projection shapes (a
-        :class:`HeadWidthAttention` keeps its own widths: they are checked against the shapes instead)."""
-        if self.attention_removed:
+        :class:`HeadWidthAttention` keeps its own widths: they are checked against the shapes instead), and a
+        hybrid layer's mixer's (:meth:`MixerView.sync`)."""
+        mixer = self.mixer
+        if mixer is not None:
+            mixer.sync()
+        if not self.has_attention:
             return
         if isinstance(self.attention, HeadWidthAttention):
             self.attention.check()
@@ -220,7 +285,7 @@ class LayerView:
         A removed attention or a :class:`HeadWidthAttention` (it keeps its own widths) is left as it is."""
         if not self.spec.head_dim_from_hidden:
             raise SlimkitError(f"{self.spec.model_type} attentions take their head width from the config, not here")
-        if self.attention_removed or isinstance(self.attention, HeadWidthAttention):
+        if not self.has_attention or isinstance(self.attention, HeadWidthAttention):
             return
         attn = self.attention
         setattr(attn, self.spec.head_dim_attr, head_dim)
@@ -247,6 +312,9 @@ class ModelView:
                 f"this {model_type} model holds fused projections ({fused}) as single matrices; slimkit sees them "
                 "as their parts: load it with slimkit.load, or call slimkit.primitives.arch.fused.split_fused(model)"
             )
+        if self.spec.layer_kinds is not None:
+            for index in range(self.num_layers):  # every layer of a kind slimkit knows, refused in one line
+                self.layer_kind(index)
 
     @property
     def base(self) -> nn.Module:
@@ -258,10 +326,15 @@ class ModelView:
 
     @property
     def layers(self) -> list[LayerView]:
-        return [LayerView(i, m, self.spec) for i, m in enumerate(self.layer_list)]
+        return [LayerView(i, m, self.spec, self.layer_kind(i)) for i, m in enumerate(self.layer_list)]
 
     def layer(self, index: int) -> LayerView:
-        return LayerView(index, self.layer_list[index], self.spec)
+        return LayerView(index, self.layer_list[index], self.spec, self.layer_kind(index))
+
+    def layer_kind(self, index: int) -> LayerKind:
+        """What layer ``index`` holds (every layer the same outside hybrids)."""
+        kinds = self.spec.layer_kinds
+        return ATTENTION_AND_MLP if kinds is None else kinds.kind_of(self.config, index)
 
     @property
     def num_layers(self) -> int:
@@ -300,7 +373,11 @@ class ModelView:
         """The projections of ``layers`` (default: every layer) by their paths in the model (one walk)."""
         paths = {id(module): name for name, module in self.model.named_modules()}
         chosen = self.layers if layers is None else layers
-        return {paths[id(layer.linear(role))]: layer.linear(role) for layer in chosen for role in layer.roles}
+        found = {paths[id(layer.linear(role))]: layer.linear(role) for layer in chosen for role in layer.roles}
+        for layer in chosen:  # a hybrid layer's mixer projections (gated DeltaNet, Mamba-2)
+            mixer = layer.mixer
+            found |= {paths[id(module)]: module for module in (mixer.linears().values() if mixer else ())}
+        return found
 
     def path_of(self, module: nn.Module) -> str:
         """The module's path inside the model (``model.get_submodule(path) is module``)."""

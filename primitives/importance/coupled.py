@@ -285,6 +285,11 @@ def layer_attention(
     key = (layer, feature_scope)
     if key not in cache:
         view = ModelView(model).layer(layer)
+        if view.spec.q_gate:
+            raise SlimkitError(
+                f"coupled scorer: {view.spec.model_type}'s gated attention (an output gate beside each head's query) "
+                "is not one of CCE's QK/VO products; score attention heads with activation, magnitude or taylor"
+            )
         gradients = stats["gradients"]
         w = {role: _weight(view, role) for role in ("q", "k", "v", "o")}
         g = {role: _grad(gradients, weight) for role, weight in w.items()}
