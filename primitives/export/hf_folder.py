@@ -15,7 +15,7 @@ import transformers
 from torch import nn
 
 from slimkit.primitives.arch.moe import moe_spec
-from slimkit.primitives.arch.spec import SAME_AS_LLAMA
+from slimkit.primitives.arch.spec import HYBRIDS, SAME_AS_LLAMA
 from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
@@ -41,6 +41,7 @@ HF_MODEL_TYPES = (
     "qwen2_moe",
     "qwen3_moe",
     "olmoe",
+    *HYBRIDS,
 )
 """Model types ``--format hf`` writes (MoE ones in the hub's per-expert layout, as transformers saves them)."""
 EXPORT_MARKER = ".slimkit-export.json"
@@ -110,7 +111,7 @@ class HfResult:
 
 def plain_config(model: nn.Module, dense: Any) -> transformers.PretrainedConfig:
     """The model's config with the dense result's uniform widths, hidden size and tie."""
-    widths = dense.layer_widths[0]
+    widths = dense.uniform_widths or dense.layer_widths[0]
     values = model.config.to_dict()
     for key in ("per_layer_config", "transformers_version", "_name_or_path"):
         values.pop(key, None)
@@ -153,7 +154,9 @@ def write_hf(
         raise SlimkitError(removed_blocks_refusal(removed))
     dense = dense_tensors(model)
     if not dense.uniform:
-        varying = sorted({k for w in dense.layer_widths for k in w if w[k] != dense.layer_widths[0][k]})
+        varying = sorted(
+            {k for w in dense.layer_widths for k in w if any(o.get(k, w[k]) != w[k] for o in dense.layer_widths)}
+        )
         if moe_spec(model) is not None:
             raise SlimkitError(
                 f"per-layer widths ({', '.join(varying)} vary across layers): neither a Hugging Face config nor "
