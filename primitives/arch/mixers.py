@@ -10,6 +10,8 @@ units these views support are built in :mod:`slimkit.primitives.groups.linear_at
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -202,10 +204,35 @@ def materialise_mixers(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> N
         materialise_mixer(view.module, path, saved)
 
 
+def hybrid_part_params(config: Any) -> tuple[int, int, int] | None:
+    """A hybrid's parameters of token mixing (attention, gated DeltaNet and Mamba-2 mixers), of the feed-forward
+    blocks and of the norms inside its layers, counted on the model its config builds on the meta device (no memory,
+    exact whatever the layer pattern); None for a model whose layers are all alike (or a config not a hybrid's)."""
+    from slimkit.primitives.arch.spec import ARCH_SPECS
+
+    spec = ARCH_SPECS.get(getattr(config, "model_type", None) or "")
+    if spec is None or spec.layer_kinds is None or not hasattr(config, "to_dict"):
+        return None
+    import transformers
+
+    from slimkit.primitives.evaluate.counting import params_by_part  # counting views the model through arch
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    if spec.fused:
+        from slimkit.primitives.arch.fused import split_fused
+
+        split_fused(model)
+    parts = params_by_part(model)
+    norms = parts["layers"] - parts["attention"] - parts["mlp"]  # the layers' norms (q/k norms too)
+    return parts["attention"], parts["mlp"], norms
+
+
 __all__ = [
     "DeltaNetView",
     "Mamba2View",
     "MixerView",
+    "hybrid_part_params",
     "materialise_mixer",
     "materialise_mixers",
     "mixer_views",

@@ -19,6 +19,7 @@ from slimkit.primitives.arch.mixers import DeltaNetView, Mamba2View
 from slimkit.primitives.arch.moe import moe_blocks, moe_spec
 from slimkit.primitives.arch.spec import ARCH_SPECS, HYBRIDS
 from slimkit.primitives.arch.support import SUPPORTED
+from slimkit.primitives.device.memory_model import ModelShape
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.experts.surgery import keep_experts
@@ -256,3 +257,25 @@ def test_a_layer_kind_the_data_does_not_know_is_refused_in_one_line():
     model.config.layers_block_type = ["linear_attention", "moe", "full_attention", "mlp"]
     with pytest.raises(SlimkitError, match=r"^nemotron_h layer 1 is of kind 'moe' \(layer_types\), which slimkit"):
         ModelView(model)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_memory_shape_counts_what_the_hybrid_holds(family):
+    model = _model(family)
+    shape = ModelShape.from_config(model.config)
+    assert shape.layer_totals is not None
+    assert shape.total_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_memory_plan_at_the_real_qwen3_5_moe_shape():
+    """Qwen3.5-35B-A3B (transformers' default Qwen3_5MoeTextConfig): the plan's weights are what the config builds
+    (counted on the meta device, no memory), about 35B parameters of which about 3.5B are active per token."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig()
+    with torch.device("meta"):
+        total = sum(p.numel() for p in Qwen3_5MoeForCausalLM(config).parameters())
+    shape = ModelShape.from_config(config)
+    assert shape.total_params() == total
+    idle = shape.layers * (shape.experts - config.num_experts_per_tok) * 3 * shape.intermediate * shape.hidden
+    assert 34e9 < total < 35e9 and 3e9 < total - idle < 4e9
