@@ -63,6 +63,8 @@ EXPORTABLE_MODEL_TYPES = (
     "qwen2_moe",
     "qwen3_moe",
     "olmoe",
+    "nemotron_h",
+    "granitemoehybrid",
 )
 
 
@@ -212,6 +214,13 @@ def gguf_architecture(model_type: str, uniform: bool) -> str:
                 f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
             )
         return model_type
+    from slimkit.primitives.export.gguf_hybrid import MAMBA_HYBRIDS, hybrid_refusal  # it imports this module
+
+    if model_type in MAMBA_HYBRIDS:  # per-layer arrays: llama.cpp's hybrids read them
+        return gguf.MODEL_ARCH_NAMES[MAMBA_HYBRIDS[model_type]]
+    hybrid = hybrid_refusal(model_type)
+    if hybrid is not None:
+        raise SlimkitError(hybrid)
     moe = MOE_SPECS.get(model_type)
     if moe is not None and moe.gguf_arch is not None:
         if not uniform:
@@ -681,6 +690,13 @@ def write_gguf(
     """
     if type not in GGUF_TYPES:
         raise SlimkitError(f"GGUF type '{type}' is not one of {', '.join(GGUF_TYPES)}")
+    from slimkit.primitives.export.gguf_hybrid import MAMBA_HYBRIDS, hybrid_refusal, write_hybrid_gguf
+
+    hybrid = hybrid_refusal(model.config.model_type)  # hybrids: their own writer, or one line
+    if hybrid is not None:
+        raise SlimkitError(hybrid)
+    if model.config.model_type in MAMBA_HYBRIDS:
+        return write_hybrid_gguf(model, tokenizer, path, type, name, replace)
     warnings = check_exportable(model)
     dense = dense_tensors(model)
     widths = dense.layer_widths
@@ -782,14 +798,22 @@ def write_gguf(
     )
 
 
+FILE_TYPES = _FILE_TYPES
+"""GGUF's file type of each ``--type`` (for the writers beside this one)."""
+encode_tensor = _encode
+"""A tensor in the file's type (for the writers beside this one: :mod:`.gguf_hybrid`)."""
+
+
 __all__ = [
     "EXPORTABLE_MODEL_TYPES",
+    "FILE_TYPES",
     "GGUF_TYPES",
     "GgufResult",
     "check_exportable",
     "check_moe",
     "check_phi3_heads",
     "check_shared_experts",
+    "encode_tensor",
     "fuse_phi3",
     "gguf_architecture",
     "llama3_rope_factors",

@@ -20,6 +20,7 @@ from benchmarks.exportable import LAYERS, llm_recipes, shrink
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.capabilities import OPERATIONS, refusal, refusal_message
 from slimkit.primitives.arch.fused import fused_for_save
+from slimkit.primitives.arch.layer_kinds import merged_widths
 from slimkit.primitives.arch.moe import moe_blocks
 from slimkit.primitives.arch.spec import ARCH_SPECS, HYBRIDS, SAME_AS_LLAMA
 from slimkit.primitives.arch.support import SUPPORTED, check_supported
@@ -27,6 +28,7 @@ from slimkit.primitives.blocks import Block, remove_block
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import params_by_part
 from slimkit.primitives.export import export
+from slimkit.primitives.export.gguf_hybrid import MAMBA_HYBRIDS
 from slimkit.primitives.groups import build_groups, layer_group
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.primitives.surgery import prune_layer, remove_units
@@ -402,3 +404,39 @@ def test_width_recipes_on_the_moe_hybrids_prune_heads_and_refuse_channels(family
     ids = torch.randint(3, 200, (2, 11), generator=torch.Generator().manual_seed(0))
     loaded, _ = slimkit.load(tmp_path / "heads" / "model")
     torch.testing.assert_close(model_output(loaded, ids), model_output(result.model, ids), rtol=0, atol=1e-5)
+
+
+# -- the dense hybrids: width recipes land, reload and export ---------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["wanda-channels", "deploy"])
+@pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
+def test_width_recipes_on_the_hybrids_reload_and_export(family, recipe, tmp_path):
+    """The result reloads with equal logits; a plain folder when its widths are uniform (stock transformers' logits
+    checked by the export), one line naming the per-layer widths otherwise; a GGUF of the Mamba-2 hybrids whose
+    llama.cpp logits match, one line for the gated DeltaNet ones."""
+    folder = _tiny_folder(family, tmp_path)
+    result = _run(recipe, family, folder)
+    target = result.report.as_json()["target"]
+    assert abs(target["achieved"] - target["ratio"]) <= GRANULARITY, target
+    saved = tmp_path / f"run-{recipe}" / "model"
+    ids = torch.randint(3, 200, (2, 11), generator=torch.Generator().manual_seed(0))
+    loaded, _ = slimkit.load(saved)
+    torch.testing.assert_close(model_output(loaded, ids), model_output(result.model, ids), rtol=0, atol=1e-5)
+    if merged_widths(ModelView(loaded).layer_widths()) is not None:
+        exported = export(saved, tmp_path / "hf", format="hf")
+        assert exported.max_abs_logit_diff is not None
+    else:
+        with pytest.raises(SlimkitError, match=r"^per-layer widths \(.* vary across layers\) cannot be expressed"):
+            export(saved, tmp_path / "hf", format="hf")
+    if family not in MAMBA_HYBRIDS:
+        with pytest.raises(SlimkitError, match=rf"^GGUF export of {family} is not written by slimkit"):
+            export(saved, tmp_path / "m.gguf", format="gguf", type="f32")
+        return
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
+    from slimkit.primitives.evaluate.llamacpp import gguf_logits
+
+    export(saved, tmp_path / "m.gguf", format="gguf", type="f32")
+    tokens = ids[0].tolist()
+    expected = model_output(loaded, torch.tensor([tokens]))[0]
+    actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", tokens, threads=1))
+    assert float((actual - expected).abs().max()) <= 1e-3 * max(float(expected.abs().max()), 1.0)
