@@ -80,9 +80,6 @@ class Mamba2Layout:
     heads_key: str
     groups_key: str
     head_dim_key: str
-    expand_key: str | None = None
-    """Granite 4.0-H builds the mixer width as ``int(mamba_expand * hidden_size)``, not heads x head_dim: the
-    config key of that factor (None: the width is ``heads x head_dim``)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +92,19 @@ class LayerKinds:
     """Each value of the list and the layer it builds."""
     deltanet: DeltaNetLayout | None = None
     mamba: Mamba2Layout | None = None
+    uncovered_experts: str | None = None
+    """The config key of routed experts this family's spec does not cover (Granite 4.0-H's MoE variants hold them
+    beside the shared MLP): a config with any is refused in one line."""
+
+    def check_config(self, config: Any) -> None:
+        """One line for a config of this family that the data does not describe (routed experts it does not cover)."""
+        key = self.uncovered_experts
+        count = getattr(config, key, None) if key is not None else None
+        if count:
+            raise SlimkitError(
+                f"{getattr(config, 'model_type', 'this')} with routed experts ({key} {count}) is not compressed by "
+                "slimkit yet: its spec covers the dense variant (0 experts)"
+            )
 
     def values(self) -> dict[str, LayerKind]:
         return dict(self.kinds)

@@ -391,7 +391,8 @@ _GRANITE_HYBRID = replace(
     layer_kinds=LayerKinds(
         "layer_types",
         (("full_attention", LayerKind("attention")), ("linear_attention", LayerKind("mamba2"))),
-        mamba=Mamba2Layout("mamba", "mamba_n_heads", "mamba_n_groups", "mamba_d_head", expand_key="mamba_expand"),
+        mamba=Mamba2Layout("mamba", "mamba_n_heads", "mamba_n_groups", "mamba_d_head"),
+        uncovered_experts="num_local_experts",
     ),
 )
 HYBRIDS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "granitemoehybrid")

@@ -127,12 +127,6 @@ class LayerView:
             return Mamba2View(_get(self.module, kinds.mamba.path), kinds.mamba)
         raise SlimkitError(f"{self.spec.model_type} names no module layout for its {self.kind.mixer} layers")
 
-    def mixer_path(self) -> str | None:
-        """The mixer's path relative to the layer (None without one)."""
-        kinds = self.spec.layer_kinds
-        layout = None if kinds is None else kinds.deltanet if self.kind.mixer == "gated_deltanet" else kinds.mamba
-        return None if layout is None or self.mixer is None else layout.path
-
     @property
     def removed_blocks(self) -> tuple[BlockKind, ...]:
         """The sub-blocks of this layer that were removed (``attention``, ``mlp``)."""
@@ -313,6 +307,7 @@ class ModelView:
                 "as their parts: load it with slimkit.load, or call slimkit.primitives.arch.fused.split_fused(model)"
             )
         if self.spec.layer_kinds is not None:
+            self.spec.layer_kinds.check_config(self.config)
             for index in range(self.num_layers):  # every layer of a kind slimkit knows, refused in one line
                 self.layer_kind(index)
 

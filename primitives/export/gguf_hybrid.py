@@ -62,14 +62,11 @@ def _check_config(model: nn.Module, architecture: str) -> None:
     config = model.config
     if architecture == "nemotron_h" and getattr(config, "mlp_hidden_act", "relu2") != "relu2":
         raise SlimkitError(f"mlp_hidden_act {config.mlp_hidden_act}: llama.cpp's nemotron_h computes relu^2")
-    if architecture == "granitehybrid":
-        if getattr(config, "num_local_experts", 0):
-            raise SlimkitError("granitemoehybrid with routed experts: slimkit compresses the dense variant only")
-        if getattr(config, "position_embedding_type", None) not in (None, "nope"):
-            raise SlimkitError(
-                f"position_embedding_type {config.position_embedding_type}: llama.cpp's granitehybrid applies no "
-                "RoPE to a hybrid's attention"
-            )
+    if architecture == "granitehybrid" and getattr(config, "position_embedding_type", None) not in (None, "nope"):
+        raise SlimkitError(
+            f"position_embedding_type {config.position_embedding_type}: llama.cpp's granitehybrid applies no RoPE to "
+            "a hybrid's attention"
+        )
 
 
 def _metadata(writer: gguf.GGUFWriter, model: nn.Module, view: ModelView, dense: DenseModel, arch: str) -> None:

@@ -440,3 +440,37 @@ def test_width_recipes_on_the_hybrids_reload_and_export(family, recipe, tmp_path
     expected = model_output(loaded, torch.tensor([tokens]))[0]
     actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", tokens, threads=1))
     assert float((actual - expected).abs().max()) <= 1e-3 * max(float(expected.abs().max()), 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "groups", "mode"),
+    [
+        ("qwen3_5_text", ["mlp_channel", "attention_head", "linear_head"], "prune"),
+        ("nemotron_h", ["mlp_channel", "attention_head", "mamba_head"], "prune_layer"),
+        ("granitemoehybrid", ["mlp_channel", "kv_group", "mamba_channel"], "prune"),
+    ],
+)
+def test_a_hybrid_takes_one_global_budget_across_its_layer_kinds(family, groups, mode, tmp_path):
+    """One target shared by units of every layer kind: ``prune`` with one threshold per kind across layers, or
+    ``prune_layer`` with FLAP's global allocation; every kind gives units somewhere, the target lands, it reloads."""
+    folder = _tiny_folder(family, tmp_path)
+    _, raw = load_recipe("wanda-channels")
+    raw, _ = shrink(raw, folder)
+    if mode == "prune":
+        raw["stages"] = [{"stage": "prune", "args": {"groups": groups, "scorer": "activation", "selection": "global"}}]
+    else:
+        raw["stages"][0]["sequential"][0]["args"].update(groups=groups, allocation={"global": {}})
+    result = slimkit.run(validate(raw, "global"), tmp_path / "run", force=True, evaluate=False)
+    target = result.report.as_json()["target"]
+    assert abs(target["achieved"] - target["ratio"]) <= GRANULARITY, target
+    dense = ModelView(MATRIX[family](vocab_size=len(bpe_tokenizer()), layers=LAYERS)).layer_widths()
+    after = ModelView(result.model).layer_widths()
+    changed = {key for before, now in zip(dense, after, strict=True) for key in before if before[key] != now[key]}
+    unit_keys = {"mlp_channel": "intermediate", "attention_head": "num_attention_heads", "kv_group": "num_key_value"}
+    unit_keys |= {"linear_head": "linear_num_value_heads", "mamba_head": "num_heads", "mamba_channel": "d_head"}
+    for group in groups:  # each kind lost units in some layer (intermediate_size, shared_intermediate_size, ...)
+        assert any(unit_keys[group] in key for key in changed), (group, changed)
+    ids = torch.randint(3, 200, (2, 11), generator=torch.Generator().manual_seed(0))
+    loaded, _ = slimkit.load(tmp_path / "run" / "model")
+    torch.testing.assert_close(model_output(loaded, ids), model_output(result.model, ids), rtol=0, atol=1e-5)

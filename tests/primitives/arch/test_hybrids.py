@@ -279,3 +279,10 @@ def test_memory_plan_at_the_real_qwen3_5_moe_shape():
     assert shape.total_params() == total
     idle = shape.layers * (shape.experts - config.num_experts_per_tok) * 3 * shape.intermediate * shape.hidden
     assert 34e9 < total < 35e9 and 3e9 < total - idle < 4e9
+
+
+def test_granite_with_routed_experts_is_refused_in_one_line():
+    model = _model("granitemoehybrid")
+    model.config.num_local_experts = 4
+    with pytest.raises(SlimkitError, match=r"^granitemoehybrid with routed experts \(num_local_experts 4\) is not"):
+        ModelView(model)
