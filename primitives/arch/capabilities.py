@@ -159,7 +159,7 @@ def _mixers_on_stream(spec: ArchSpec) -> str | None:
         return None
     return (
         f"its {' and '.join(MIXER_LABELS[m] for m in others)} layers read and write the residual stream through "
-        "projections the hidden-dimension changes do not cover"
+        "projections the PCA rotation and the stream masks do not cover (hidden_feature groups do)"
     )
 
 
@@ -185,7 +185,7 @@ def refusal(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
             _partial_rotary(spec, config),
         ]
     elif operation == "hidden_feature":
-        reasons = [_routed_experts(spec), _embed_scale(spec), _mixers_on_stream(spec)]
+        reasons = [_routed_experts(spec), _embed_scale(spec)]
     elif operation in ("linear_head", "linear_kv_group"):
         reasons = [_no_mixer(spec, "gated_deltanet")]
     elif operation in ("mamba_head", "mamba_channel"):

@@ -198,6 +198,10 @@ def hidden_feature_group(view: ModelView) -> Group:
             members += _linear_members(
                 _layer_path(view, layer, role), layer.linear(role), 1 if reads_stream else 0, units
             )
+        mixer = layer.mixer  # a hybrid's gated DeltaNet / Mamba-2 mixer: in_proj* read the stream, out_proj writes it
+        if mixer is not None:
+            for name, linear in mixer.linears().items():
+                members += _linear_members(view.path_of(linear), linear, 0 if name == mixer.writer else 1, units)
         norms += layer.norms
     if view.final_norm is not None:
         norms.append(view.final_norm.module)

@@ -8,6 +8,8 @@ with equal logits; every operation a family cannot take refused in one line nami
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -163,7 +165,8 @@ def test_removing_nothing_changes_nothing(family):
     model = _model(family)
     ids = _ids()
     before = model_output(model, ids)
-    for kind in ("mlp_channel", "attention_head", "linear_head", "linear_kv_group", "mamba_head", "mamba_channel"):
+    kinds = ("mlp_channel", "attention_head", "linear_head", "linear_kv_group", "mamba_head", "mamba_channel")
+    for kind in (*kinds, "hidden_feature"):
         if refusal(ARCH_SPECS[family], kind) is None:
             for group in build_groups(model, kind):
                 remove_units(model, group, torch.arange(group.size))
@@ -238,7 +241,7 @@ def test_pruned_widths_save_and_reload_with_equal_logits(family, uniform, tmp_pa
         ("qwen3_5_text", "qk_dim", "output gate beside its query"),
         ("qwen3_5_text", "vo_dim", "output gate beside its query"),
         ("qwen3_5_text", "hidden_projection", "gated DeltaNet (linear attention) layers read and write"),
-        ("nemotron_h", "hidden_feature", "Mamba-2 layers read and write"),
+        ("nemotron_h", "hidden_masks", "Mamba-2 layers read and write"),
         ("granitemoehybrid", "blocks", "its layers are of several kinds"),
         ("nemotron_h", "expert", "no routed experts"),
     ],
@@ -247,7 +250,7 @@ def test_refusals_name_the_operation_and_the_architecture(family, operation, phr
     message = refusal_message(ARCH_SPECS[family], operation)
     assert message is not None and message.startswith(f"{OPERATIONS[operation]} ")
     assert f"not supported for {family}: " in message and phrase in message and "\n" not in message
-    if operation.endswith(("_head", "_dim", "_feature")):
+    if operation.endswith(("_head", "_dim")):
         with pytest.raises(SlimkitError, match=rf"^{operation} groups are not supported for {family}: "):
             build_groups(_model(family), operation)
 
@@ -286,3 +289,38 @@ def test_granite_with_routed_experts_is_refused_in_one_line():
     model.config.num_local_experts = 4
     with pytest.raises(SlimkitError, match=r"^granitemoehybrid with routed experts \(num_local_experts 4\) is not"):
         ModelView(model)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "granitemoehybrid"])
+def test_hidden_feature_removal_equals_zeroing_up_to_the_rms_scale(family):
+    """The residual stream's features reach the mixers' projections too: removing features equals zeroing them
+    everywhere once each RMSNorm's weight absorbs the mean over fewer features (eps 0 makes that scale exact)."""
+    model = _model(family)
+    for module in model.modules():
+        for attribute in ("variance_epsilon", "eps"):
+            if isinstance(getattr(module, attribute, None), float):
+                setattr(module, attribute, 0.0)
+    pruned = copy.deepcopy(model)
+    dropped, width = torch.tensor([3, 17, 30]), model.config.hidden_size
+    group = build_groups(model, "hidden_feature")[0]
+    assert any(member.module.endswith(("in_proj", "out_proj")) for member in group.members)
+    with torch.no_grad():
+        for member in group.members:
+            tensor = member.tensor(model)
+            if "norm" in member.module:
+                tensor.mul_(((width - len(dropped)) / width) ** 0.5)
+            tensor.index_fill_(member.dim, member.indices[dropped].reshape(-1), 0.0)
+    kept = torch.tensor(sorted(set(range(width)) - set(dropped.tolist())))
+    remove_units(pruned, build_groups(pruned, "hidden_feature")[0], kept)
+    torch.testing.assert_close(model_output(pruned, _ids()), model_output(model, _ids()), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
+def test_a_narrower_stream_saves_and_reloads_with_equal_logits(family, tmp_path):
+    model = _model(family)
+    remove_units(model, build_groups(model, "hidden_feature")[0], torch.arange(2, 46))
+    ids = _ids()
+    before = model_output(model, ids)
+    loaded, _ = slimkit.load(slimkit.save(model, byte_tokenizer(), tmp_path / "m"))
+    assert ModelView(loaded).hidden_size == 44
+    torch.testing.assert_close(model_output(loaded, ids), before, rtol=0, atol=0)
