@@ -45,6 +45,10 @@ KIND_ROLES: dict[str, frozenset[LinearRole]] = {
     "hidden_feature": ALL_ROLES,
     "q_latent": frozenset({"q"}),  # MLA: q_b's columns (and q_a's rows, not a role)
     "kv_latent": frozenset({"k"}),  # MLA: kv_b's columns (and kv_a's rows)
+    "linear_head": frozenset(),  # a hybrid's mixer projections, which no role names
+    "linear_kv_group": frozenset(),
+    "mamba_head": frozenset(),
+    "mamba_channel": frozenset(),
 }
 
 

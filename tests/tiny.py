@@ -674,3 +674,143 @@ def shrink_encoder_recipe(raw: dict, model_dir) -> dict:
                 check_examples=16,
             )
     return raw
+
+
+# -- hybrids: decoder layers of several kinds (gated DeltaNet or Mamba-2 beside attention) --------------------------
+def _alternating(layers: int, pattern: tuple[str, ...]) -> list[str]:
+    return [pattern[i % len(pattern)] for i in range(layers)]
+
+
+def _randomise_mixers(model: torch.nn.Module) -> torch.nn.Module:
+    # Mamba-2's D starts at 1 and dt_bias at 1; random values make the per-head bookkeeping visible.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith((".D", ".dt_bias")):
+                param.copy_(torch.rand_like(param) + 0.5)
+            elif name.endswith("conv1d.bias"):
+                param.copy_(torch.randn_like(param) * 0.2)
+    return model
+
+
+def tiny_qwen3_5_text(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Qwen 3.5 (text): gated DeltaNet layers (2 key heads, 6 value heads of 8) alternating with gated attention
+    (6/2 heads of 8, query and output gate per head, RoPE over a quarter of each head), (1 + w) RMSNorms."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        layer_types=_alternating(layers, ("linear_attention", "full_attention")),
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        **_FAMILY_WIDTHS,
+    )
+    return _randomise_norms(Qwen3_5ForCausalLM(config))
+
+
+def tiny_nemotron_h(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> torch.nn.Module:
+    """Nemotron-H: one block per layer, Mamba-2 (8 heads of 6 in 2 SSM groups, state 8), attention (6/2 heads of 8)
+    or a plain relu^2 MLP, each under one RMSNorm; chunks of 4 tokens so the scan crosses chunks."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "max_position_embeddings"}
+    config = NemotronHConfig(
+        vocab_size=vocab_size,
+        layers_block_type=_alternating(layers, ("linear_attention", "mlp", "full_attention", "mlp")),
+        tie_word_embeddings=tie,
+        mamba_num_heads=8,
+        mamba_head_dim=6,
+        n_groups=2,
+        ssm_state_size=8,
+        conv_kernel=4,
+        chunk_size=4,
+        layer_norm_epsilon=1e-6,
+        **widths,
+    )
+    return _randomise_mixers(_randomise_norms(NemotronHForCausalLM(config)))
+
+
+def tiny_granitemoehybrid(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Granite 4.0-H (dense, as H-Micro): Mamba-2 (8 heads of 12 = 2 x hidden, 2 SSM groups) alternating with
+    attention (no position embeddings), each followed by a fused gated shared MLP; Granite's multipliers (none 1)."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "head_dim"}  # intermediate_size: the experts' (none)
+    config = GraniteMoeHybridConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        layer_types=_alternating(layers, ("linear_attention", "full_attention")),
+        num_local_experts=0,
+        shared_intermediate_size=64,
+        mamba_n_heads=8,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        mamba_expand=2,
+        mamba_chunk_size=4,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.2,
+        residual_multiplier=0.5,
+        logits_scaling=2.0,
+        **widths,
+    )
+    from slimkit.primitives.arch.fused import split_fused
+
+    return split_fused(_randomise_mixers(_randomise_norms(GraniteMoeHybridForCausalLM(config))))
+
+
+HYBRID_FAMILIES = {
+    "qwen3_5_text": tiny_qwen3_5_text,
+    "nemotron_h": tiny_nemotron_h,
+    "granitemoehybrid": tiny_granitemoehybrid,
+}
+"""Dense hybrids by model_type (each ``factory(vocab_size=..., layers=...)``)."""
+
+
+def _hybrid_moe_widths(layers: int, experts: int, top_k: int) -> dict:
+    return dict(
+        num_hidden_layers=layers,
+        layer_types=_alternating(layers, ("linear_attention", "full_attention")),
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        head_dim=8,
+        **_MOE_WIDTHS,
+    )
+
+
+def tiny_qwen3_5_moe_text(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """Qwen 3.5 MoE (text): Qwen 3.5's layers (gated DeltaNet of 2 key / 4 value heads, gated attention 4/2 heads)
+    with routed experts of ``moe_intermediate_size`` (top-k always renormalised) beside a gated shared expert."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=vocab_size, tie_word_embeddings=tie, **_hybrid_moe_widths(layers, experts, top_k)
+    )
+    return _randomise_norms(_randomise_routers(Qwen3_5MoeForCausalLM(config)))
+
+
+def tiny_qwen3_next(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """Qwen3-Next: Qwen 3.5 MoE's layout with q/k/v/z and b/a fused per key head, top-k renormalised."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        vocab_size=vocab_size,
+        tie_word_embeddings=tie,
+        norm_topk_prob=True,
+        intermediate_size=40,
+        **_hybrid_moe_widths(layers, experts, top_k),
+    )
+    return _randomise_norms(_randomise_routers(Qwen3NextForCausalLM(config)))
+
+
+HYBRID_MOE_FAMILIES = {"qwen3_5_moe_text": tiny_qwen3_5_moe_text, "qwen3_next": tiny_qwen3_next}
+"""Hybrids whose MLP is routed experts (each ``factory(vocab_size=..., layers=..., experts=..., top_k=...)``)."""

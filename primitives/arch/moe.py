@@ -169,6 +169,25 @@ MOE_SPECS: dict[str, MoESpec] = {
         dense_width_key="intermediate_size_mlp",
         moe_layers_key="moe_layers",
     ),
+    # Hybrids (primitives/arch/layer_kinds.py) whose MLP is routed experts beside a sigmoid-gated shared expert, as
+    # Qwen2-MoE's: Qwen 3.5's MoE variant always renormalises its top-k weights, Qwen3-Next as its config says.
+    "qwen3_5_moe_text": MoESpec(
+        "qwen3_5_moe_text",
+        count_key="num_experts",
+        width_key="moe_intermediate_size",
+        norm_topk_key=None,
+        shared_expert="mlp.shared_expert",
+        shared_expert_gate="mlp.shared_expert_gate",
+        **_COMMON,
+    ),
+    "qwen3_next": MoESpec(
+        "qwen3_next",
+        count_key="num_experts",
+        width_key="moe_intermediate_size",
+        shared_expert="mlp.shared_expert",
+        shared_expert_gate="mlp.shared_expert_gate",
+        **_COMMON,
+    ),
 }
 """MoE families by ``model_type``."""
 

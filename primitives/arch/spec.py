@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from slimkit.primitives.arch.latent_attention import LatentAttention
+from slimkit.primitives.arch.layer_kinds import DeltaNetLayout, LayerKind, LayerKinds, Mamba2Layout
 
 NormKind = Literal["rmsnorm", "layernorm"]
 MLPKind = Literal["gated", "plain"]
@@ -138,6 +139,19 @@ class ArchSpec:
     mlp_returns_tuple: bool = False
     """The routed MLP block returns ``(output, router scores)`` (GPT-OSS, Llama 4), which a parameter-free stand-in
     for a removed block does not reproduce: whole-block removal is refused."""
+    layer_kinds: LayerKinds | None = None
+    """A hybrid's per-layer kinds (:mod:`slimkit.primitives.arch.layer_kinds`): which layers hold softmax attention
+    (at the paths above), a gated DeltaNet or a Mamba-2 mixer, and the feed-forward block; None: every layer holds
+    attention and the feed-forward block."""
+    q_gate: bool = False
+    """Gated attention (Qwen 3.5, Qwen3-Next): the query projection holds each head's query and its output gate side
+    by side (``2 x head_dim`` rows per head, query first); ``sigmoid(gate)`` multiplies the head's output before
+    ``o``, element by element."""
+
+    @property
+    def q_rows_per_head(self) -> int:
+        """Rows of the query projection per query head (``2 x head_dim`` with an output gate)."""
+        return 2 if self.q_gate else 1
 
     @property
     def mlp_kind(self) -> MLPKind:
@@ -418,6 +432,93 @@ _LLAMA4 = replace(
 SAME_AS_LLAMA = ("helium", "ministral", "seed_oss", "smollm3")
 
 
+# Hybrids: decoder layers of several kinds (primitives/arch/layer_kinds.py). Qwen 3.5 (text): Qwen3's layout with
+# (1 + w) RMSNorms, gated attention (query and output gate per head in q_proj), RoPE over a quarter of each head,
+# and gated DeltaNet layers (``linear_attn``) where ``layer_types`` says ``linear_attention``; the MoE variant and
+# Qwen3-Next route their MLP to experts beside a gated shared expert (primitives/arch/moe.py), Qwen3-Next with q/k/v/z
+# and b/a fused per key head. Nemotron-H: one block per layer (Mamba-2, attention or MLP, each under one ``norm``).
+# Granite 4.0-H: Granite's scalars, Mamba-2 or attention then a fused gated ``shared_mlp`` in every layer.
+_QWEN_HYBRID_KINDS = LayerKinds(
+    "layer_types",
+    (("full_attention", LayerKind("attention")), ("linear_attention", LayerKind("gated_deltanet"))),
+    deltanet=DeltaNetLayout(),
+)
+_QWEN3_5 = replace(
+    _QWEN3,
+    model_type="qwen3_5_text",
+    gguf=None,  # llama.cpp has qwen35; slimkit does not write its layout (primitives/export/gguf_hybrid.py)
+    norm_offset=1.0,
+    q_gate=True,
+    rotary_fraction_key="partial_rotary_factor",
+    layer_kinds=_QWEN_HYBRID_KINDS,
+)
+_QWEN3_5_MOE = replace(_QWEN3_5, model_type="qwen3_5_moe_text", experts="mlp.experts", intermediate_size_key=_MOE_WIDTH)
+_QWEN3_NEXT = replace(
+    _QWEN3_5_MOE,
+    model_type="qwen3_next",
+    layer_kinds=replace(_QWEN_HYBRID_KINDS, deltanet=DeltaNetLayout(fused_qkvz=True)),
+)
+_NEMOTRON_H = ArchSpec(
+    model_type="nemotron_h",
+    gguf="nemotron_h",
+    layers="layers",
+    embed="embeddings",
+    final_norm="norm_f",
+    head="lm_head",
+    attention="mixer",
+    q="mixer.q_proj",
+    k="mixer.k_proj",
+    v="mixer.v_proj",
+    o="mixer.o_proj",
+    up="mixer.up_proj",
+    gate=None,
+    down="mixer.down_proj",
+    mlp="mixer",
+    attn_norm="norm",
+    mlp_norm="norm",
+    norm_kind="rmsnorm",
+    norm_placement="pre",
+    rope=False,
+    activation_attr="mlp_hidden_act",
+    head_dim_attr="head_dim",
+    intermediate_size_key="intermediate_size",
+    layer_kinds=LayerKinds(
+        "layer_types",
+        (
+            ("linear_attention", LayerKind("mamba2", ffn=False)),
+            ("full_attention", LayerKind("attention", ffn=False)),
+            ("mlp", LayerKind(None)),
+        ),
+        mamba=Mamba2Layout("mixer", "mamba_num_heads", "n_groups", "mamba_head_dim"),
+    ),
+)
+_GRANITE_HYBRID = replace(
+    _GRANITE,
+    model_type="granitemoehybrid",
+    gguf="granitehybrid",
+    mlp="shared_mlp",
+    gate="shared_mlp.input_linear.gate_proj",
+    up="shared_mlp.input_linear.up_proj",
+    down="shared_mlp.output_linear",
+    intermediate_size_key="shared_intermediate_size",
+    fused=(
+        FusedProjection(
+            "shared_mlp.input_linear",
+            ("gate_proj", "up_proj"),
+            ("shared_intermediate_size", "shared_intermediate_size"),
+        ),
+    ),
+    layer_kinds=LayerKinds(
+        "layer_types",
+        (("full_attention", LayerKind("attention")), ("linear_attention", LayerKind("mamba2"))),
+        mamba=Mamba2Layout("mamba", "mamba_n_heads", "mamba_n_groups", "mamba_d_head"),
+        uncovered_experts="num_local_experts",
+    ),
+)
+HYBRIDS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "granitemoehybrid")
+"""The decoders whose layers are of several kinds."""
+
+
 def gguf_model_types() -> tuple[str, ...]:
     """The model types slimkit writes GGUF files of (their ``gguf`` architecture set)."""
     return tuple(model_type for model_type, spec in ARCH_SPECS.items() if spec.gguf is not None)
@@ -443,6 +544,11 @@ def removable_blocks(spec: ArchSpec) -> str | None:
         return (
             f"{spec.model_type}'s routed MLP returns its router scores beside its output, which a stand-in for a "
             "removed block does not give"
+        )
+    if spec.layer_kinds is not None:
+        return (
+            f"its layers are of several kinds ({spec.layer_kinds.config_key}), and whole-block removal knows only "
+            "decoders whose layers all hold attention and an MLP"
         )
     return None
 
@@ -472,3 +578,12 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "gpt_oss": _GPT_OSS,
     "llama4_text": _LLAMA4,
 }
+ARCH_SPECS.update(
+    {
+        "qwen3_5_text": _QWEN3_5,
+        "qwen3_5_moe_text": _QWEN3_5_MOE,
+        "qwen3_next": _QWEN3_NEXT,
+        "nemotron_h": _NEMOTRON_H,
+        "granitemoehybrid": _GRANITE_HYBRID,
+    }
+)

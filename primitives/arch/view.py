@@ -18,6 +18,8 @@ from slimkit.primitives.arch.fused import is_split
 from slimkit.primitives.arch.head_widths import HeadWidthAttention, HeadWidths
 from slimkit.primitives.arch.latent_attention import config_entries, latent_widths, sync_latent_attention
 from slimkit.primitives.arch.layer_config import with_own_values
+from slimkit.primitives.arch.layer_kinds import ATTENTION_AND_MLP, LayerKind
+from slimkit.primitives.arch.mixers import DeltaNetView, Mamba2View, MixerView
 from slimkit.primitives.arch.moe import fill_mixed_widths, layer_moe_widths, mixed_layer_widths
 from slimkit.primitives.arch.removed import BLOCK_KINDS, BlockKind, RemovedAttention, RemovedMLP
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec
@@ -59,13 +61,20 @@ class NormView:
 
 
 class LayerView:
-    """One decoder/encoder layer: its attention, MLP and norms, with widths read from shapes."""
+    """One decoder/encoder layer: its attention, MLP and norms, with widths read from shapes.
 
-    def __init__(self, index: int, module: nn.Module, spec: ArchSpec, config: Any = None) -> None:
+    ``kind``: what the layer holds (a hybrid's layers differ: :mod:`slimkit.primitives.arch.layer_kinds`); a layer
+    without softmax attention has no q/k/v/o roles and no heads, one without the feed-forward block no MLP roles.
+    ``config``: the model's config (MoE families with dense layers among routed ones, latent attention)."""
+
+    def __init__(
+        self, index: int, module: nn.Module, spec: ArchSpec, config: Any = None, kind: LayerKind = ATTENTION_AND_MLP
+    ) -> None:
         self.index = index
         self.module = module
         self.spec = spec
         self.config = config
+        self.kind = kind
 
     # -- modules -------------------------------------------------------------------------------
     @property
@@ -98,6 +107,10 @@ class LayerView:
     def roles(self) -> tuple[LinearRole, ...]:
         """The projections the layer has (those of a removed sub-block are gone)."""
         gone = {role for kind in self.removed_blocks for role in BLOCK_ROLES[kind]}
+        if self.kind.mixer != "attention":
+            gone |= set(BLOCK_ROLES["attention"])
+        if not self.kind.ffn:
+            gone |= set(BLOCK_ROLES["mlp"])
         if self.spec.experts is not None and (self.spec.shared_mlp is None or not self.routed) and not self._dense():
             gone |= set(BLOCK_ROLES["mlp"])  # a MoE MLP: fused expert tensors, no projection modules
         return tuple(r for r in LINEAR_ROLES if getattr(self.spec, r) is not None and r not in gone)
@@ -121,11 +134,33 @@ class LayerView:
     # -- removed sub-blocks (primitives/arch/removed.py) --------------------------------------
     @property
     def attention_removed(self) -> bool:
-        return isinstance(self.attention, RemovedAttention)
+        return self.kind.mixer == "attention" and isinstance(self.attention, RemovedAttention)
 
     @property
     def mlp_removed(self) -> bool:
-        return self.spec.mlp is not None and isinstance(_get(self.module, self.spec.mlp), RemovedMLP)
+        return self.kind.ffn and self.spec.mlp is not None and isinstance(_get(self.module, self.spec.mlp), RemovedMLP)
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the layer holds softmax attention now (its kind has it and the block was not removed)."""
+        return self.kind.mixer == "attention" and not self.attention_removed
+
+    @property
+    def has_mlp(self) -> bool:
+        """Whether the layer holds the feed-forward block now."""
+        return self.kind.ffn and not self.mlp_removed
+
+    @property
+    def mixer(self) -> MixerView | None:
+        """The layer's token mixer other than softmax attention (gated DeltaNet, Mamba-2), or None."""
+        kinds = self.spec.layer_kinds
+        if kinds is None or self.kind.mixer in (None, "attention"):
+            return None
+        if self.kind.mixer == "gated_deltanet" and kinds.deltanet is not None:
+            return DeltaNetView(_get(self.module, kinds.deltanet.path), kinds.deltanet)
+        if self.kind.mixer == "mamba2" and kinds.mamba is not None:
+            return Mamba2View(_get(self.module, kinds.mamba.path), kinds.mamba)
+        raise SlimkitError(f"{self.spec.model_type} names no module layout for its {self.kind.mixer} layers")
 
     @property
     def removed_blocks(self) -> tuple[BlockKind, ...]:
@@ -156,12 +191,13 @@ class LayerView:
     def norms(self) -> list[nn.Module]:
         """Every norm of the layer on the residual stream's width (input norms and branch post-norms; a removed
         block's norms are ``nn.Identity`` stand-ins without parameters)."""
-        return [_get(self.module, path) for path in self.spec.layer_norms]
+        return [_get(self.module, path) for path in dict.fromkeys(self.spec.layer_norms)]
 
     @property
     def q_norm(self) -> nn.Module | None:
         """The per-head query norm over ``head_dim`` (Qwen3), or None (also once the attention block was removed,
-        and in a layer built without one: GLM-4.5's optional norms, Llama 4's layers without RoPE)."""
+        in a layer without softmax attention, and in a layer built without one: GLM-4.5's optional norms, Llama 4's
+        layers without RoPE)."""
         return self._optional(self.spec.q_norm)
 
     @property
@@ -170,7 +206,7 @@ class LayerView:
         return self._optional(self.spec.k_norm)
 
     def _optional(self, path: str | None) -> nn.Module | None:
-        if path is None or self.attention_removed:
+        if path is None or not self.has_attention:
             return None
         try:
             return _get(self.module, path)
@@ -189,6 +225,9 @@ class LayerView:
     # -- widths --------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
+        """The attention's head width (0 in a layer whose kind holds no softmax attention)."""
+        if self.kind.mixer != "attention":
+            return 0
         if self.attention_removed:  # the stand-in keeps the head width the layer had
             return int(self.attention.head_dim)
         return int(getattr(self.attention, self.spec.head_dim_attr))
@@ -196,20 +235,22 @@ class LayerView:
     @property
     def head_widths(self) -> HeadWidths | None:
         """Each head's kept q/k and v/o widths when the heads differ (SP3's MHA-intermediate masks), else None."""
-        attn = None if self.attention_removed else self.attention
+        attn = self.attention if self.has_attention else None
         return attn.widths if isinstance(attn, HeadWidthAttention) else None
 
     @property
     def num_heads(self) -> int:
-        """Query heads (0 when the attention block was removed)."""
-        if self.attention_removed:
+        """Query heads (0 when the attention block was removed or the layer holds none)."""
+        if not self.has_attention:
             return 0
         widths = self.head_widths
-        return widths.num_heads if widths is not None else out_features(self.linear("q")) // self.head_dim
+        if widths is not None:
+            return widths.num_heads
+        return out_features(self.linear("q")) // (self.head_dim * self.spec.q_rows_per_head)
 
     @property
     def num_kv_heads(self) -> int:
-        if self.attention_removed:
+        if not self.has_attention:
             return 0
         if self.spec.latent_attention is not None:  # MLA expands the latent into a key and value per head
             return self.num_heads
@@ -218,8 +259,9 @@ class LayerView:
 
     @property
     def mlp_width(self) -> int:
-        """MLP channels (0 when the MLP block was removed; one routed expert's width in a MoE layer)."""
-        if self.mlp_removed:
+        """MLP channels (0 when the MLP block was removed or the layer holds none; one routed expert's width in a MoE
+        layer)."""
+        if not self.has_mlp:
             return 0
         if self.routed:
             return layer_moe_widths(self.module, self.spec.model_type)[self._moe_width_key()]  # type: ignore[index]
@@ -235,6 +277,11 @@ class LayerView:
         return self.spec.rope
 
     def widths(self) -> dict[str, int]:
+        """The config entries of this layer's widths. A hybrid's layer gives those of the kinds it holds (its
+        attention's heads or its mixer's, its MLP width where it has the feed-forward block); a MoE family with
+        dense layers among routed ones, or latent attention, its layer's own entries."""
+        if self.spec.layer_kinds is not None:
+            return self._kind_widths()
         latent = self.spec.latent_attention
         mixed = mixed_layer_widths(self.module, self.index, self.spec.model_type, self.config)
         if latent is not None or mixed is not None:
@@ -262,10 +309,27 @@ class LayerView:
             **(moe or {}),
         }
 
+    def _kind_widths(self) -> dict[str, int]:
+        widths: dict[str, int] = {}
+        if self.kind.mixer == "attention":
+            widths |= {"num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads}
+            widths["head_dim"] = self.head_dim
+        mixer = self.mixer
+        if mixer is not None:
+            widths |= mixer.widths()
+        if self.kind.ffn:
+            widths |= layer_moe_widths(self.module, self.spec.model_type) or {}
+            widths[self.spec.intermediate_size_key] = self.mlp_width
+        return widths
+
     def sync_head_counts(self) -> None:
         """Update the attention module's run-time head attributes from its projection shapes (a
-        :class:`HeadWidthAttention` keeps its own widths: they are checked against the shapes instead)."""
-        if self.attention_removed:
+        :class:`HeadWidthAttention` keeps its own widths: they are checked against the shapes instead), and a
+        hybrid layer's mixer's (:meth:`MixerView.sync`)."""
+        mixer = self.mixer
+        if mixer is not None:
+            mixer.sync()
+        if not self.has_attention:
             return
         if isinstance(self.attention, HeadWidthAttention):
             self.attention.check()
@@ -291,7 +355,7 @@ class LayerView:
         A removed attention or a :class:`HeadWidthAttention` (it keeps its own widths) is left as it is."""
         if not self.spec.head_dim_from_hidden:
             raise SlimkitError(f"{self.spec.model_type} attentions take their head width from the config, not here")
-        if self.attention_removed or isinstance(self.attention, HeadWidthAttention):
+        if not self.has_attention or isinstance(self.attention, HeadWidthAttention):
             return
         attn = self.attention
         setattr(attn, self.spec.head_dim_attr, head_dim)
@@ -324,6 +388,10 @@ class ModelView:
                 f"this {model_type} model holds fused projections ({fused}) as single matrices; slimkit sees them "
                 "as their parts: load it with slimkit.load, or call slimkit.primitives.arch.fused.split_fused(model)"
             )
+        if self.spec.layer_kinds is not None:
+            self.spec.layer_kinds.check_config(self.config)
+            for index in range(self.num_layers):  # every layer of a kind slimkit knows, refused in one line
+                self.layer_kind(index)
 
     @property
     def base(self) -> nn.Module:
@@ -335,10 +403,15 @@ class ModelView:
 
     @property
     def layers(self) -> list[LayerView]:
-        return [LayerView(i, m, self.spec, self.config) for i, m in enumerate(self.layer_list)]
+        return [LayerView(i, m, self.spec, self.config, self.layer_kind(i)) for i, m in enumerate(self.layer_list)]
 
     def layer(self, index: int) -> LayerView:
-        return LayerView(index, self.layer_list[index], self.spec, self.config)
+        return LayerView(index, self.layer_list[index], self.spec, self.config, self.layer_kind(index))
+
+    def layer_kind(self, index: int) -> LayerKind:
+        """What layer ``index`` holds (every layer the same outside hybrids)."""
+        kinds = self.spec.layer_kinds
+        return ATTENTION_AND_MLP if kinds is None else kinds.kind_of(self.config, index)
 
     @property
     def num_layers(self) -> int:
@@ -379,6 +452,9 @@ class ModelView:
         chosen = self.layers if layers is None else list(layers)
         found = {paths[id(layer.linear(role))]: layer.linear(role) for layer in chosen for role in layer.roles}
         found |= {paths[id(module)]: module for layer in chosen for module in layer.extra_linears()}
+        for layer in chosen:  # a hybrid layer's mixer projections (gated DeltaNet, Mamba-2)
+            mixer = layer.mixer
+            found |= {paths[id(module)]: module for module in (mixer.linears().values() if mixer else ())}
         return found
 
     def path_of(self, module: nn.Module) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimkit.primitives.arch.mixers import hybrid_part_params
+
 GIB = 2**30
 FLOAT32 = 4
 FLOAT64 = 8
@@ -39,6 +41,10 @@ class ModelShape:
     0: q, k, v and o of ``heads`` and ``kv_heads``."""
     expert_biases: bool = False
     """Each expert has gate/up and down biases and the router a bias (GPT-OSS)."""
+    layer_totals: tuple[int, int, int] | None = None
+    """A hybrid's parameters of token mixing (attention and its gated DeltaNet / Mamba-2 mixers), of the feed-forward
+    blocks and of the norms, summed over its layers and counted exactly (its layers differ:
+    :func:`~slimkit.primitives.arch.mixers.hybrid_part_params`); None: every layer holds q/k/v/o and the MLP above."""
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
@@ -61,6 +67,7 @@ class ModelShape:
             head_dim=int(head_dim),
             vocab=int(config.vocab_size),
             tied=bool(getattr(config, "tie_word_embeddings", True)),
+            layer_totals=hybrid_part_params(config),
         )
 
     @property
@@ -72,14 +79,19 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     def attention_params(self) -> int:
-        """q, k, v, o weights of one layer (a latent attention's weights where the model has one)."""
+        """q, k, v, o weights of one layer (a latent attention's weights where the model has one; a hybrid's mean
+        token-mixing parameters per layer)."""
+        if self.layer_totals is not None:
+            return self.layer_totals[0] // self.layers
         if self.latent_attention:
             return self.latent_attention
         return self.hidden * (2 * self.q_width + 2 * self.kv_width)
 
     def mlp_params(self) -> int:
         """gate, up, down weights of one layer (of every expert, with the router and a shared expert and its gate,
-        in a MoE layer)."""
+        in a MoE layer; a hybrid's mean per layer)."""
+        if self.layer_totals is not None:
+            return self.layer_totals[1] // self.layers
         if self.experts:
             shared = (3 * self.shared_expert + 1) * self.hidden if self.shared_expert else 0
             biases = self.experts * (2 * self.intermediate + self.hidden + 1) if self.expert_biases else 0
@@ -87,6 +99,8 @@ class ModelShape:
         return 3 * self.hidden * self.intermediate
 
     def layer_params(self) -> int:
+        if self.layer_totals is not None:
+            return sum(self.layer_totals) // self.layers
         return self.attention_params() + self.mlp_params() + 2 * self.hidden
 
     def embedding_params(self) -> int:
@@ -94,6 +108,8 @@ class ModelShape:
 
     def total_params(self) -> int:
         head = 0 if self.tied else self.embedding_params()
+        if self.layer_totals is not None:
+            return self.embedding_params() + head + sum(self.layer_totals) + self.hidden
         dense = self.dense_layers * (self.mlp_params() - 3 * self.hidden * self.dense_intermediate)
         return self.embedding_params() + head + self.layers * self.layer_params() - dense + self.hidden
 

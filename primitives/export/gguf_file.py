@@ -192,17 +192,20 @@ def rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
 def gguf_architecture(model_type: str, uniform: bool) -> str:
     """llama.cpp's architecture for a model type and width pattern (one line when there is none): the family's own
     (:attr:`~slimkit.primitives.arch.spec.ArchSpec.gguf`) at uniform widths; with per-layer widths llama's ``deci``,
-    or the family's own when slimkit pads them to one width (:mod:`slimkit.primitives.export.padding`); refused for
-    per-layer widths llama.cpp cannot read (Qwen2/3's, experts')."""
+    the family's own when slimkit pads them to one width (:mod:`slimkit.primitives.export.padding`) or llama.cpp reads
+    them per layer (the Mamba hybrids); refused for per-layer widths llama.cpp cannot read (Qwen2/3's, experts')."""
+    from slimkit.primitives.export.gguf_hybrid import MAMBA_HYBRIDS, hybrid_refusal  # it imports this module
+
     spec = ARCH_SPECS.get(model_type)
     architecture = spec.gguf if spec is not None else None
     if spec is None or architecture is None:
         raise SlimkitError(
             not_written(model_type)
+            or hybrid_refusal(model_type)
             or f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
             + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
         )
-    if uniform:
+    if uniform or model_type in MAMBA_HYBRIDS:  # llama.cpp's hybrids read per-layer arrays
         return architecture
     if spec.experts is not None:
         raise SlimkitError(
@@ -689,6 +692,13 @@ def write_gguf(
     """
     if type not in GGUF_TYPES:
         raise SlimkitError(f"GGUF type '{type}' is not one of {', '.join(GGUF_TYPES)}")
+    from slimkit.primitives.export.gguf_hybrid import MAMBA_HYBRIDS, hybrid_refusal, write_hybrid_gguf
+
+    hybrid = hybrid_refusal(model.config.model_type)  # hybrids: their own writer, or one line
+    if hybrid is not None:
+        raise SlimkitError(hybrid)
+    if model.config.model_type in MAMBA_HYBRIDS:
+        return write_hybrid_gguf(model, tokenizer, path, type, name, replace)
     warnings = check_exportable(model)
     dense = dense_tensors(model)
     widths = dense.layer_widths
@@ -795,14 +805,22 @@ def write_gguf(
     )
 
 
+FILE_TYPES = _FILE_TYPES
+"""GGUF's file type of each ``--type`` (for the writers beside this one)."""
+encode_tensor = _encode
+"""A tensor in the file's type (for the writers beside this one: :mod:`.gguf_hybrid`)."""
+
+
 __all__ = [
     "EXPORTABLE_MODEL_TYPES",
+    "FILE_TYPES",
     "GGUF_TYPES",
     "GgufResult",
     "check_exportable",
     "check_moe",
     "check_phi3_heads",
     "check_shared_experts",
+    "encode_tensor",
     "fuse_phi3",
     "gguf_architecture",
     "llama3_rope_factors",

@@ -95,7 +95,7 @@ class HfResult:
 
 def plain_config(model: nn.Module, dense: Any) -> transformers.PretrainedConfig:
     """The model's config with the dense result's uniform widths, hidden size and tie."""
-    widths = dense.layer_widths[0]
+    widths = dense.uniform_widths or dense.layer_widths[0]
     values = model.config.to_dict()
     for key in ("per_layer_config", "transformers_version", "_name_or_path"):
         values.pop(key, None)
@@ -138,7 +138,9 @@ def write_hf(
         raise SlimkitError(removed_blocks_refusal(removed))
     dense = dense_tensors(model)
     if not dense.uniform:
-        varying = sorted({k for w in dense.layer_widths for k in w if w[k] != dense.layer_widths[0][k]})
+        varying = sorted(
+            {k for w in dense.layer_widths for k in w if any(o.get(k, w[k]) != w[k] for o in dense.layer_widths)}
+        )
         if moe_spec(model) is not None:
             raise SlimkitError(
                 f"per-layer widths ({', '.join(varying)} vary across layers): neither a Hugging Face config nor "

@@ -8,6 +8,7 @@ Method note: docs/methods/groups.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.arch.capabilities import check_operation
+from slimkit.primitives.arch.layer_kinds import ATTENTION_AND_MLP, MIXER_LABELS
 from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
@@ -28,6 +30,10 @@ GROUP_KINDS = (
     "hidden_feature",
     "q_latent",
     "kv_latent",
+    "linear_head",
+    "linear_kv_group",
+    "mamba_head",
+    "mamba_channel",
 )
 
 
@@ -57,6 +63,11 @@ class Group:
     members: tuple[Member, ...]
     extra: dict = field(default_factory=dict)
     """Kind-specific facts selection needs (e.g. ``kv_groups`` for attention heads)."""
+    renormalise: tuple[str, ...] = ()
+    """Norms (module paths) whose statistic averages over the units' channels in groups the removal shrinks evenly
+    (Mamba-2's gated RMSNorm, MLA's latent norms): removal multiplies each one's weight by ``sqrt(width before /
+    width after)``, so the kept channels see the statistic they had with the removed ones zero
+    (:mod:`slimkit.primitives.groups.mamba`, :mod:`slimkit.primitives.groups.latent`)."""
 
     @property
     def size(self) -> int:
@@ -145,7 +156,8 @@ def attention_head_group(view: ModelView, layer: LayerView) -> Group:
     if layer.num_kv_heads == layer.num_heads:  # no GQA: a head owns its key and value too
         return Group("attention_head", layer.index, kv_group_group(view, layer).members, {"kv_groups": 1})
     units = _blocks(layer.num_heads, layer.head_dim)
-    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, units)
+    q_units = _blocks(layer.num_heads, layer.head_dim * layer.spec.q_rows_per_head)  # a gated query: query and gate
+    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, q_units)
     members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, units)
     members += _head_param_members(view, layer, _blocks(layer.num_heads, 1))
     return Group("attention_head", layer.index, tuple(members), {"kv_groups": layer.num_kv_heads})
@@ -155,7 +167,8 @@ def kv_group_group(view: ModelView, layer: LayerView) -> Group:
     d, kv = layer.head_dim, layer.num_kv_heads
     per_group = layer.num_heads // kv
     q_units, kv_units = _blocks(kv, per_group * d), _blocks(kv, d)
-    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, q_units)
+    gated_q = _blocks(kv, per_group * d * layer.spec.q_rows_per_head)  # a gated query: query and gate per head
+    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, gated_q)
     members += _linear_members(_layer_path(view, layer, "k"), layer.linear("k"), 0, kv_units)
     members += _linear_members(_layer_path(view, layer, "v"), layer.linear("v"), 0, kv_units)
     members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, q_units)
@@ -209,6 +222,10 @@ def hidden_feature_group(view: ModelView) -> Group:
             members += _linear_members(
                 _layer_path(view, layer, role), layer.linear(role), 1 if reads_stream else 0, units
             )
+        mixer = layer.mixer  # a hybrid's gated DeltaNet / Mamba-2 mixer: in_proj* read the stream, out_proj writes it
+        if mixer is not None:
+            for name, linear in mixer.linears().items():
+                members += _linear_members(view.path_of(linear), linear, 0 if name == mixer.writer else 1, units)
         norms += layer.norms
     if view.final_norm is not None:
         norms.append(view.final_norm.module)
@@ -233,15 +250,23 @@ def _kv_latent(view: ModelView, layer: LayerView) -> Group:
     return kv_latent_group(view, layer)
 
 
-_LAYER_BUILDERS = {
-    "mlp_channel": mlp_channel_group,
-    "attention_head": attention_head_group,
-    "kv_group": kv_group_group,
-    "qk_dim": qk_dim_group,
-    "vo_dim": vo_dim_group,
-    "q_latent": _q_latent,
-    "kv_latent": _kv_latent,
-}
+def _layer_builders() -> dict[str, Callable[[ModelView, LayerView], Group]]:
+    from slimkit.primitives.groups.linear_attention import linear_head_group, linear_kv_group_group
+    from slimkit.primitives.groups.mamba import mamba_channel_group, mamba_head_group
+
+    return {
+        "mlp_channel": mlp_channel_group,
+        "attention_head": attention_head_group,
+        "kv_group": kv_group_group,
+        "qk_dim": qk_dim_group,
+        "vo_dim": vo_dim_group,
+        "q_latent": _q_latent,
+        "kv_latent": _kv_latent,
+        "linear_head": linear_head_group,
+        "linear_kv_group": linear_kv_group_group,
+        "mamba_head": mamba_head_group,
+        "mamba_channel": mamba_channel_group,
+    }
 
 
 GROUP_BLOCK = {
@@ -252,8 +277,22 @@ GROUP_BLOCK = {
     "vo_dim": "attention",
     "q_latent": "attention",
     "kv_latent": "attention",
+    "linear_head": "gated_deltanet",
+    "linear_kv_group": "gated_deltanet",
+    "mamba_head": "mamba2",
+    "mamba_channel": "mamba2",
 }
-"""The sub-block each layer group kind lives in: a layer whose block was removed has no groups of that kind."""
+"""The sub-block (or token mixer) each layer group kind lives in: a layer without it (a removed block, a hybrid's layer
+of another kind) has no groups of that kind."""
+
+
+def holds(layer: LayerView, block: str) -> bool:
+    """Whether ``layer`` holds ``block`` now (``attention``, ``mlp`` or a mixer kind of :data:`GROUP_BLOCK`)."""
+    if block == "attention":
+        return layer.has_attention
+    if block == "mlp":
+        return layer.has_mlp
+    return layer.kind.mixer == block
 
 
 def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -> list[Group]:
@@ -276,13 +315,18 @@ def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -
                 f"{kind} groups need heads of one width; layer(s) {', '.join(map(str, uneven))} keep per-head widths "
                 "(SP3's MHA-intermediate masks), so their attention units cannot be pruned further"
             )
-    return [_LAYER_BUILDERS[kind](view, layer) for layer in chosen if GROUP_BLOCK[kind] not in layer.removed_blocks]
+    builder = _layer_builders()[kind]
+    return [builder(view, layer) for layer in chosen if holds(layer, GROUP_BLOCK[kind])]
 
 
 def layer_group(model: nn.Module, kind: str, layer: int) -> Group:
     groups = build_groups(model, kind, [layer])
     if not groups:
-        raise SlimkitError(f"layer {layer} has no {kind} units: its {GROUP_BLOCK[kind]} block was removed")
+        view = ModelView(model)
+        block = GROUP_BLOCK[kind]
+        if block in ("attention", "mlp") and view.layer(layer).kind == ATTENTION_AND_MLP:
+            raise SlimkitError(f"layer {layer} has no {kind} units: its {block} block was removed")
+        raise SlimkitError(f"layer {layer} has no {kind} units: it holds no {MIXER_LABELS.get(block, block)}")
     return groups[0]
 
 
@@ -294,6 +338,7 @@ __all__ = [
     "blocks",
     "build_groups",
     "hidden_feature_group",
+    "holds",
     "layer_group",
     "linear_members",
     "mlp_channel_group",

@@ -60,7 +60,7 @@ def q_latent_group(view: ModelView, layer: LayerView) -> Group:
     members = linear_members(_path(view, layer, latent.q_a), attention.get_submodule(latent.q_a), 0, units)
     members.append(_norm_member(view, layer, latent.q_a_norm, units))
     members += linear_members(_path(view, layer, latent.q_b), attention.get_submodule(latent.q_b), 1, units)
-    return Group("q_latent", layer.index, tuple(members), {"rescale_norms": (_path(view, layer, latent.q_a_norm),)})
+    return Group("q_latent", layer.index, tuple(members), renormalise=(_path(view, layer, latent.q_a_norm),))
 
 
 def kv_latent_group(view: ModelView, layer: LayerView) -> Group:
@@ -72,7 +72,7 @@ def kv_latent_group(view: ModelView, layer: LayerView) -> Group:
     members = linear_members(_path(view, layer, latent.kv_a), attention.get_submodule(latent.kv_a), 0, units)
     members.append(_norm_member(view, layer, latent.kv_a_norm, units))
     members += linear_members(_path(view, layer, latent.kv_b), attention.get_submodule(latent.kv_b), 1, units)
-    return Group("kv_latent", layer.index, tuple(members), {"rescale_norms": (_path(view, layer, latent.kv_a_norm),)})
+    return Group("kv_latent", layer.index, tuple(members), renormalise=(_path(view, layer, latent.kv_a_norm),))
 
 
 __all__ = ["LATENT_KINDS", "kv_latent_group", "latent_head_group", "q_latent_group"]

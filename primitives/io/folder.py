@@ -53,6 +53,8 @@ _NULLABLE = ("num_key_value_heads", "head_dim")
 REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 """Fields every architecture slimkit compresses reads its widths from: without one transformers would build its
 default width, not the saved one."""
+FIELD_GIVEN_BY = {"num_hidden_layers": ("layers_block_type", "hybrid_override_pattern")}
+"""Other keys a config gives a required field by (Nemotron-H's depth is the length of its layer list)."""
 POSITIVE_SCALARS = (
     "logits_scaling",
     "final_logit_softcapping",
@@ -327,7 +329,11 @@ def _check_config_fields(config: dict[str, Any], path: Path) -> None:
         if type(value) is not int or value < 1:
             raise SlimkitError(f"{path}: {name} must be a positive integer, got {json.dumps(value)}")
     if model_type in ARCH_SPECS:
-        missing = [name for name in REQUIRED_FIELDS if name not in config]
+        missing = [
+            name
+            for name in REQUIRED_FIELDS
+            if name not in config and not any(key in config for key in FIELD_GIVEN_BY.get(name, ()))
+        ]
         if missing:
             raise SlimkitError(
                 f"{path}: no {missing[0]}; transformers would build the model with its default {missing[0]}, not "
@@ -343,10 +349,11 @@ def _check_config_fields(config: dict[str, Any], path: Path) -> None:
 
 
 def _check_routing(config: dict[str, Any], path: Path) -> None:
-    """A mixture-of-experts config routes each token to at most the experts it has."""
+    """A mixture-of-experts config routes each token to at most the experts it has (a count of 0: no routed experts,
+    as in Granite 4.0-H's dense variant, whose config keeps a default top-k)."""
     top_k = config.get("num_experts_per_tok")
     count_key = next((key for key in EXPERT_COUNT_KEYS if isinstance(config.get(key), int)), None)
-    if top_k is None or count_key is None:
+    if top_k is None or count_key is None or config[count_key] == 0:
         return
     count = config[count_key]
     if type(top_k) is not int or top_k < 1:

@@ -20,6 +20,7 @@ from slimkit.primitives.arch.derived_head_dim import build_values, saved_head_di
 from slimkit.primitives.arch.fused import split_fused
 from slimkit.primitives.arch.head_widths import KIND as HEAD_WIDTHS_KIND
 from slimkit.primitives.arch.head_widths import materialise_head_widths
+from slimkit.primitives.arch.mixers import materialise_mixers
 from slimkit.primitives.arch.moe import materialise_experts
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.blocks.remove import restore_removed_blocks
@@ -66,11 +67,26 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     return manifest
 
 
+_SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def json_floats(value: Any) -> Any:
+    """``value`` with the floats JSON cannot hold decoded as transformers writes them in config.json
+    (``{"__float__": "Infinity"}``: Mamba-2's ``time_step_limit``), for a config built from the parsed file."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"} and value["__float__"] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[value["__float__"]]
+        return {key: json_floats(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [json_floats(inner) for inner in value]
+    return value
+
+
 def folder_config(directory: str | os.PathLike) -> transformers.PretrainedConfig:
     """The checked folder's config as transformers builds it, for a slimkit output too (its mark removed, its
     global widths: the widest layer's, an upper bound for plans); no weights are read."""
     folder = check_model_folder(directory)
-    config_dict = unmark_config(folder.config)
+    config_dict = json_floats(unmark_config(folder.config))
     config_dict.pop("per_layer_config", None)
     model_type = config_dict.pop("model_type")
     config_dict.pop("transformers_version", None)
@@ -425,7 +441,7 @@ def _load(
     folder = check_model_folder(directory, task, purpose=purpose)
     task = folder.task
     marked = is_marked(folder.config)
-    config_dict = unmark_config(folder.config)
+    config_dict = json_floats(unmark_config(folder.config))
     per_layer = config_dict.pop("per_layer_config", None)
     manifest = read_manifest(directory) or {}
     modules = manifest.get("modules") or []
@@ -518,6 +534,7 @@ def _load(
         raise SlimkitError(f"{folder.path / MANIFEST_NAME}: {error}") from None
     materialise_experts(model, saved)  # per-layer expert counts: router rows and fused expert tensors
     materialise_head_params(model, saved)  # per-head vectors of an attention (GPT-OSS's sinks)
+    materialise_mixers(model, saved)  # a hybrid's per-layer mixer widths: gated DeltaNet and Mamba-2 heads
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
     _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))

@@ -21,6 +21,7 @@ from torch import nn
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.arch.fused import fused_for_save, split_fused
 from slimkit.primitives.arch.head_widths import head_width_entries
+from slimkit.primitives.arch.layer_kinds import merged_widths
 from slimkit.primitives.arch.moe import moe_spec
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
@@ -102,12 +103,13 @@ def width_config(model: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, 
     hidden_sizes = [layer_hidden_size(layer, view.hidden_size) for layer in view.layers]
     config_dict = model.config.to_dict()
     hidden = {"hidden_size": view.hidden_size}
-    if all(w == widths[0] for w in widths) and all(h == view.hidden_size for h in hidden_sizes):
-        candidate = {**config_dict, **widths[0], **hidden}
+    uniform = merged_widths(widths)  # a hybrid's layers give the widths of the kinds they hold
+    if uniform is not None and all(h == view.hidden_size for h in hidden_sizes):
+        candidate = {**config_dict, **uniform, **hidden}
         candidate.pop("model_type", None)
         candidate.pop("transformers_version", None)
         if config_accepts(type(model.config), candidate) and _rebuilds(model, candidate):
-            return {**widths[0], **hidden}, None
+            return {**uniform, **hidden}, None
     per_layer = {str(i): dict(w) for i, w in enumerate(widths)}
     if any(h != view.hidden_size for h in hidden_sizes) or view.hidden_size != model.config.hidden_size:
         for index, size in enumerate(hidden_sizes):
@@ -233,7 +235,9 @@ def _write_folder(
                 tmp,
                 safe_serialization=True,
                 max_shard_size="1GB" if offloaded else "5GB",
-                save_original_format=moe_spec(model) is None and whole is None,
+                # a slimkit-only folder is read by slimkit's loader, under the names the model holds (Nemotron-H's
+                # original format renames model.* to backbone.*); a vision-language model is written as it is
+                save_original_format=moe_spec(model) is None and whole is None and not reasons,
             )
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
