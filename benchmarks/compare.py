@@ -3,126 +3,142 @@
     python -m benchmarks.compare --ratio 0.2 --name pruning-core \\
         --recipes magnitude random wanda-channels llm-pruner llm-pruner:steps=0
 
-Runs the dense evaluation and then every recipe as its own ``slimkit recipe run`` process (so each
-row's peak memory is its own), all with the same target ratio and the same perplexity settings,
-one after the other on the same machine. ``NAME:key=value,...`` passes ``--set`` overrides to one
-recipe (``steps=0`` is shorthand for turning the LoRA stage off). Writes
-``benchmarks/results/<date>-<name>.json`` and ``.md``.
+Runs the dense evaluation and then every recipe as its own ``slimkit recipe run`` process (so each row's peak memory
+is its own), all with the same target ratio and the same perplexity settings, one after the other on the same
+machine. ``NAME:key=value,...`` passes ``--set`` overrides to one recipe (``steps=0`` is shorthand for turning the
+LoRA stage off). Writes ``OUT/<date>-<name>.json`` and ``.md`` (``OUT``: benchmarks/results).
+
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.errors import BenchError
+from benchmarks.core.inputs import read_json_file
+from benchmarks.core.outputs import RESULTS, dated_base, json_text, write_text
+from benchmarks.core.processes import last_line, log, recipe_run, run_logged
+from slimkit.primitives.errors import SlimkitError
 
 
-def _slimkit(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "slimkit.cli.main", *args], check=True, stdout=subprocess.DEVNULL)
-
-
-def _recipe_overrides(spec: str) -> tuple[str, str, list[str]]:
+def recipe_spec(spec: str, common: list[str]) -> tuple[str, list[str]]:
+    """``NAME:key=value,...`` -> ``(NAME, its --set overrides)``, checked by loading the recipe with ``common`` and
+    them (``steps=N``: the steps of the recipe's ``lora`` stage)."""
     from slimkit.recipes.loading import load_recipe
 
     name, _, extra = spec.partition(":")
     overrides = []
-    for item in filter(None, extra.split(",")):
-        key, _, value = item.partition("=")
-        if key == "steps":  # LoRA steps of the recipe's lora stage
-            recipe, _raw = load_recipe(name)
-            index = next(i for i, s in enumerate(recipe.stages) if getattr(s, "stage", None) == "lora")
-            overrides.append(f"stages.{index}.args.steps={value}")
-        else:
-            overrides.append(f"{key}={value}")
-    return spec, name, overrides
+    try:
+        for item in filter(None, extra.split(",")):
+            key, _, value = item.partition("=")
+            if key == "steps":  # LoRA steps of the recipe's lora stage
+                recipe, _raw = load_recipe(name)
+                lora = [i for i, s in enumerate(recipe.stages) if getattr(s, "stage", None) == "lora"]
+                if not lora:
+                    raise BenchError(f"--recipes {spec}: steps= sets the lora stage's steps; {name} has none")
+                overrides.append(f"stages.{lora[0]}.args.steps={value}")
+            else:
+                overrides.append(f"{key}={value}")
+        load_recipe(name, [*common, *overrides])
+    except BenchError:
+        raise
+    except SlimkitError as error:
+        raise BenchError(f"--recipes {spec}: {error}") from None
+    return name, overrides
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", required=True)
-    parser.add_argument("--ratio", type=float, default=0.2)
-    parser.add_argument("--of", default="model")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--ppl", default="wikitext2,ptb")
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--max-tokens", type=int, default=16384)
-    parser.add_argument("--name", default="compare")
-    parser.add_argument("--keep", type=Path, default=None, help="keep each run's output folder under this folder")
-    args = parser.parse_args()
+def run_slimkit(command: list[str], log_path: Path, what: str) -> None:
+    code, _wall = run_logged(command, log_path)
+    if code != 0:
+        raise BenchError(f"{what} exited with {code}: {last_line(log_path)} (log: {log_path})")
 
-    datasets = args.ppl.split(",")
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.compare", __doc__)
+    parser.add_argument("--recipes", nargs="+", required=True, help="NAME or NAME:key=value,... (steps=N: LoRA steps)")
+    parser.add_argument("--ratio", type=arg.fraction, default=0.2)
+    parser.add_argument("--of", default="model", help="what the ratio is of: model, layers, mlp, attention")
+    parser.add_argument("--model", type=arg.model_source, default="smollm2-135m")
+    parser.add_argument("--ppl", type=arg.names, default=["wikitext2", "ptb"], help="comma-separated datasets")
+    parser.add_argument("--seq-len", type=arg.integer(2), default=512)
+    parser.add_argument("--max-tokens", type=arg.integer(2), default=16384)
+    parser.add_argument("--name", type=arg.file_name, default="compare", help="results are OUT/<date>-<name>.*")
+    parser.add_output_folder(
+        "--out", "the results", default=RESULTS, help="results folder (default benchmarks/results)"
+    )
+    parser.add_output_folder("--keep", "the runs", help="keep each run's output folder under this folder")
+    return parser
+
+
+def markdown(settings: dict[str, Any], rows: list[dict[str, Any]], dense_params: str) -> str:
+    datasets = settings["ppl"].split(",")
+    header = "| recipe | params after | achieved | " + " | ".join(f"{d} ppl" for d in datasets)
+    lines = [header + " | compress s | peak MB |", "| --- " * (5 + len(datasets)) + "|"]
+    for row in rows:
+        ppl = " | ".join(f"{row['metrics'][f'{d}_ppl']:.4g}" for d in datasets)
+        if row["params"] is None:
+            lines.append(f"| dense | {dense_params} | 0 | {ppl} | - | - |")
+            continue
+        compress = sum(v for k, v in row["timings_s"]["stages"].items() if k[0].isdigit())
+        lines.append(
+            f"| {row['recipe']} | {row['params']['after']:,} | {row['achieved']:.2%} | {ppl} | "
+            f"{compress:.0f} | {row['peak_rss_mb']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main_body(argv: list[str]) -> None:
+    args = build_parser().parse(argv)
+    ppl = ",".join(args.ppl)
     common = [
         f"target.ratio={args.ratio}",
         f"target.of={args.of}",
-        f"eval.perplexity.datasets=[{args.ppl}]",
+        f"eval.perplexity.datasets=[{ppl}]",
         f"eval.perplexity.seq_len={args.seq_len}",
         f"eval.perplexity.max_tokens={args.max_tokens}",
     ]
-    rows = []
+    specs = [(spec, *recipe_spec(spec, [f"model={args.model}", *common])) for spec in args.recipes]
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="slimkit-bench-") as scratch:
         tmp = args.keep or Path(scratch)
         tmp.mkdir(parents=True, exist_ok=True)
-        dense_json = Path(tmp) / "dense.json"
-        _slimkit(
-            "eval",
-            args.model,
-            "--ppl",
-            args.ppl,
+        dense_json = tmp / "dense.json"
+        eval_command = [sys.executable, "-m", "slimkit.cli.main", "eval", args.model, "--ppl", ppl]
+        eval_command += [
             "--seq-len",
             str(args.seq_len),
             "--max-tokens",
             str(args.max_tokens),
             "--json",
             str(dense_json),
-        )
-        dense = json.loads(dense_json.read_text())
+        ]
+        run_slimkit(eval_command, tmp / "dense.log", "slimkit eval")
+        dense = read_json_file(dense_json, "the dense evaluation")
         rows.append({"recipe": "dense", "params": None, "metrics": dense["metrics"]})
-        for spec in args.recipes:
-            label, name, overrides = _recipe_overrides(spec)
-            out = Path(tmp) / label.replace(":", "_").replace("=", "-").replace(",", "_")
-            sets = [x for o in [*common, *overrides] for x in ("--set", o)]
-            print(f"running {label} ...", file=sys.stderr, flush=True)
-            _slimkit("recipe", "run", name, "--out", str(out), "--model", args.model, *sets)
-            report = json.loads((out / "report.json").read_text())
-            rows.append(
-                {
-                    "recipe": label,
-                    "params": report["params"],
-                    "achieved": report["target"]["achieved"],
-                    "macs": report["macs"],
-                    "metrics": report["metrics"],
-                    "timings_s": report["timings_s"],
-                    "peak_rss_mb": report["peak_rss_mb"],
-                    "stages": report["stages"],
-                    "versions": report["versions"],
-                }
+        for label, name, overrides in specs:
+            out = tmp / label.replace(":", "_").replace("=", "-").replace(",", "_")
+            log(f"running {label} ...")
+            run_slimkit(
+                recipe_run(name, out, ["--model", args.model], [*common, *overrides]), Path(f"{out}.log"), label
             )
-    settings = {k: getattr(args, k) for k in ("model", "ratio", "of", "ppl", "seq_len", "max_tokens")}
-    stamp = dt.date.today().isoformat()
-    RESULTS.mkdir(exist_ok=True)
-    base = RESULTS / f"{stamp}-{args.name}"
-    base.with_suffix(".json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
-    header = "| recipe | params after | achieved | " + " | ".join(f"{d} ppl" for d in datasets)
-    lines = [header + " | compress s | peak MB |", "| --- " * (5 + len(datasets)) + "|"]
-    for row in rows:
-        ppl = " | ".join(f"{row['metrics'][f'{d}_ppl']:.4g}" for d in datasets)
-        if row["params"] is None:
-            lines.append(f"| dense | {dense_params(args.model)} | 0 | {ppl} | - | - |")
-            continue
-        stages = row["timings_s"]["stages"]
-        compress = sum(v for k, v in stages.items() if k[0].isdigit())
-        lines.append(
-            f"| {row['recipe']} | {row['params']['after']:,} | {row['achieved']:.2%} | {ppl} | "
-            f"{compress:.0f} | {row['peak_rss_mb']:.0f} |"
-        )
-    text = "\n".join(lines) + "\n"
-    base.with_suffix(".md").write_text(f"Settings: {json.dumps(settings)}\n\n{text}")
+            report = read_json_file(out / "report.json", f"{label}'s report")
+            row = {"recipe": label, "params": report["params"], "achieved": report["target"]["achieved"]}
+            keys = ("macs", "metrics", "timings_s", "peak_rss_mb", "stages", "versions")
+            rows.append(row | {k: report[k] for k in keys})
+    settings = {"model": args.model, "ratio": args.ratio, "of": args.of, "ppl": ppl}
+    settings |= {"seq_len": args.seq_len, "max_tokens": args.max_tokens}
+    text = markdown(settings, rows, dense_params(args.model))
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = dated_base(args.out, args.name)
+    write_text(base.with_suffix(".json"), json_text({"settings": settings, "rows": rows}), "--out")
+    write_text(base.with_suffix(".md"), f"Settings: {json.dumps(settings)}\n\n{text}", "--out")
     print(text)
 
 
@@ -133,5 +149,9 @@ def dense_params(model: str) -> str:
     return f"{count_params(slimkit.load_source(model)[0]):,}"
 
 
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,20 +10,24 @@ use, in the user's cache first). Method note: docs/methods/benchmark-harness.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
 from slimkit.primitives.evaluate.reference import content_fingerprint
 from slimkit.primitives.io.model_sources import resolve_source
 
 
 def measure(folder: Path, repeats: int) -> dict[str, object]:
     """Cold and warm :func:`content_fingerprint` seconds of ``folder``, ``repeats`` times each."""
-    cold, warm = [], []
+    cold: list[float] = []
+    warm: list[float] = []
+    fingerprint: list[list[Any]] = []
     previous = os.environ.get("SLIMKIT_CACHE_DIR")
     try:
         for _ in range(repeats):
@@ -44,14 +48,18 @@ def measure(folder: Path, repeats: int) -> dict[str, object]:
     return {"source": str(folder), "bytes": size, "cold_s": cold, "warm_s": warm}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", default="smollm2-135m", help="a named model source or a model folder")
-    parser.add_argument("--repeats", type=int, default=3, help="cold and warm measurements each")
-    args = parser.parse_args(argv)
+def main_body(argv: list[str]) -> None:
+    parser = OneLineParser("benchmarks.dense_cache_cost", __doc__)
+    parser.add_argument("--source", type=arg.model_source, default="smollm2-135m", help="a named source or a folder")
+    parser.add_argument("--repeats", type=arg.integer(1), default=3, help="cold and warm measurements each")
+    args = parser.parse(argv)
     folder, _info = resolve_source(args.source)
-    print(json.dumps(measure(folder, max(1, args.repeats))))
+    print(json.dumps(measure(folder, args.repeats)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -7,11 +7,8 @@ Method note: docs/methods/benchmark-harness.md.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,9 +18,14 @@ from typing import Any
 import torch
 
 import slimkit
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.outputs import json_text, write_text
+from benchmarks.core.recipes import MOE_STAGES as MOE_STAGES  # the MoE recipes' stages (tests/contracts read them)
+from benchmarks.core.recipes import is_moe_recipe, llm_recipes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export import export
-from slimkit.recipes.loading import bundled_recipes, load_recipe, validate
+from slimkit.recipes.loading import load_recipe, validate
 
 LAYERS = 4
 """Decoder layers of the tiny model (two SP3 groups of 2 after :data:`LAYER_SCALED`)."""
@@ -48,22 +50,6 @@ EXPORTABLE = (
     "hf + gguf qwen3moe",
     "no",
 )
-
-
-def llm_recipes() -> dict[str, str | None]:
-    """Every bundled recipe name -> None for an LLM recipe, or why it is not one (BERT / GLUE)."""
-    names = {}
-    for name in sorted(bundled_recipes()):
-        _, raw = load_recipe(name)
-        model = raw.get("model")
-        source = model.get("source") if isinstance(model, dict) else model
-        if raw.get("task") is not None:
-            names[name] = f"a GLUE task model (task: {raw['task']})"
-        elif source == "minilm-l6":
-            names[name] = "an encoder (minilm-l6)"
-        else:
-            names[name] = None
-    return names
 
 
 def _shrink_stage(stage: dict[str, Any], changes: list[str]) -> None:
@@ -126,16 +112,6 @@ def tiny_model_dir(folder: Path, moe: bool = False) -> Path:
     return folder
 
 
-MOE_STAGES = frozenset({"prune_experts", "merge_experts", "prune_expert_channels"})
-"""Stages of mixture-of-experts recipes: those run on the tiny Qwen3-MoE instead of the tiny Llama."""
-
-
-def is_moe_recipe(name: str) -> bool:
-    _, raw = load_recipe(name)
-    stages = [c for s in raw.get("stages", []) for c in (s.get("sequential") or [s])]
-    return any(stage.get("stage") in MOE_STAGES for stage in stages)
-
-
 @dataclass
 class Row:
     recipe: str
@@ -171,7 +147,7 @@ class Row:
         if self.run_error is not None or self.gguf_crash:
             return False
         if self.gguf is None:
-            return bool(self.gguf_error) and "\n" not in self.gguf_error
+            return self.gguf_error is not None and self.gguf_error != "" and "\n" not in self.gguf_error
         return self.rel_diff is not None and self.rel_diff <= TOLERANCE
 
     @property
@@ -179,7 +155,7 @@ class Row:
         """The HF export was written (verified by the exporter) or refused with a one-line :class:`SlimkitError`."""
         if self.run_error is not None or self.hf_crash:
             return False
-        return self.hf is not None or (bool(self.hf_error) and "\n" not in self.hf_error)
+        return self.hf is not None or (self.hf_error is not None and self.hf_error != "" and "\n" not in self.hf_error)
 
     @property
     def ok(self) -> bool:
@@ -214,7 +190,9 @@ def _llamacpp_diff(folder: Path, gguf_path: Path) -> tuple[float, float]:
     return diff, diff / max(1.0, float(expected.abs().max()))
 
 
-def _export(folder: Path, target: Path, format: str, gguf_type: str | None) -> tuple[dict | None, str | None, bool]:
+def _export(
+    folder: Path, target: Path, format: str, gguf_type: str | None
+) -> tuple[dict[str, Any] | None, str | None, bool]:
     """``(result, error, crashed)``: a refusal is a :class:`SlimkitError`; anything else is a crash (a bug)."""
     try:
         return export(folder, target, format, gguf_type, force=True).as_dict(), None, False
@@ -319,8 +297,9 @@ def run(names: list[str] | None = None, work: str | os.PathLike | None = None) -
         moe_dir: Path | None = None
         rows = []
         for name in chosen:
-            if recipes[name] is not None:
-                skipped[name] = recipes[name]
+            why_not = recipes[name]
+            if why_not is not None:
+                skipped[name] = why_not
                 continue
             if is_moe_recipe(name):
                 moe_dir = moe_dir or tiny_model_dir(Path(tmp) / "tiny-qwen3-moe", moe=True)
@@ -330,25 +309,23 @@ def run(names: list[str] | None = None, work: str | os.PathLike | None = None) -
     return rows, skipped
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.exportable", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, help="write every row (export results, refusals) to this file")
-    parser.add_argument("--only", help="comma-separated recipe names (default: every LLM recipe)")
-    args = parser.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+def main_body(argv: list[str]) -> int:
+    parser = OneLineParser("benchmarks.exportable", __doc__)
+    parser.add_output_file("--json", help="write every row (export results, refusals) to this file")
+    parser.add_argument("--only", type=arg.recipes, help="comma-separated recipe names (default: every LLM recipe)")
+    args = parser.parse(argv)
     start = time.perf_counter()
-    try:
-        rows, skipped = run(names)
-    except SlimkitError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    rows, skipped = run(args.only)
     print(table(rows, skipped))
     print(f"\n{len(rows)} recipes in {time.perf_counter() - start:.0f} s on a tiny random Llama ({LAYERS} layers)")
     if args.json:
         dumped = [{**asdict(row), "gguf_ok": row.gguf_ok, "hf_ok": row.hf_ok} for row in rows]
-        payload = {"tolerance": TOLERANCE, "rows": dumped, "not_checked": skipped}
-        args.json.write_text(json.dumps(payload, indent=2, default=str))
+        write_text(args.json, json_text({"tolerance": TOLERANCE, "rows": dumped, "not_checked": skipped}), "--json")
     return 0 if all(row.ok for row in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

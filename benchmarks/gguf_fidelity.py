@@ -13,17 +13,20 @@ takes about two minutes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.errors import BenchError
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.evaluate.llamacpp import gguf_logits
-from slimkit.primitives.export import export
+from slimkit.primitives.export import GgufResult, export
 from slimkit.primitives.surgery import prune_layer
 
 TEXT = (
@@ -51,13 +54,14 @@ def _perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     return float((-log_probs.gather(1, targets).mean()).exp())
 
 
-def measure(model: torch.nn.Module, tokenizer, text: str, folder: Path) -> dict:
+def measure(model: torch.nn.Module, tokenizer: Any, text: str, folder: Path) -> dict[str, Any]:
     ids = tokenizer(text).input_ids
     with torch.no_grad():
         expected = model(torch.tensor([ids])).logits[0].float()
     path = folder / "model-f32.gguf"
     result = export(model, path, "gguf", "f32", tokenizer=tokenizer, force=True)
-    row = {"architecture": result.architecture, "warnings": result.warnings, "tokens": len(ids)}
+    assert isinstance(result, GgufResult)
+    row: dict[str, Any] = {"architecture": result.architecture, "warnings": result.warnings, "tokens": len(ids)}
     row["torch_perplexity"] = _perplexity(expected, ids)
     for cache in ("f16", "f32"):
         actual = torch.tensor(gguf_logits(path, ids, threads=2, f32_cache=cache == "f32"))
@@ -68,24 +72,22 @@ def measure(model: torch.nn.Module, tokenizer, text: str, folder: Path) -> dict:
     return row
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from benchmarks.inputs import OneLineParser
-
-    parser = OneLineParser(prog="python -m benchmarks.gguf_fidelity", description=__doc__.splitlines()[0])
-    parser.add_argument("folder")
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.gguf_fidelity", __doc__)
+    parser.add_argument("folder", type=arg.input_folder)
     parser.add_argument("--gguf-file", default=None, help="a GGUF file in FOLDER for transformers to dequantise")
     parser.add_argument("--text", default=TEXT)
     parser.add_argument("--per-layer", action="store_true", help="give the model per-layer widths first")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the GGUF file (default: a temporary one)")
+    parser.add_output_folder("--out", "GGUF files", help="folder for the GGUF file (default: a temporary one)")
     return parser
 
 
-def _main(argv: list[str]) -> None:
-    from benchmarks.inputs import check_folder_option
-
-    args = build_parser().parse_args(argv)
-    if args.out is not None:
-        check_folder_option("--out", args.out, "GGUF files")
+def main_body(argv: list[str]) -> None:
+    args = build_parser().parse(argv)
+    if args.gguf_file is not None and not (args.folder / args.gguf_file).is_file():
+        raise BenchError(f"--gguf-file {args.gguf_file}: no such file in {args.folder}")
+    if args.gguf_file is None and not (args.folder / "config.json").is_file():
+        raise BenchError(f"{args.folder} has no config.json; give a model folder (or a GGUF file in it, --gguf-file)")
     extra = {"gguf_file": args.gguf_file} if args.gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(args.folder, **extra)
     model = AutoModelForCausalLM.from_pretrained(args.folder, dtype=torch.float32, **extra).eval()
@@ -98,9 +100,7 @@ def _main(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.run import bench_main
-
-    return bench_main(argv, _main)
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

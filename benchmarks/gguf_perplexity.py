@@ -15,20 +15,23 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import slimkit
-from benchmarks.inputs import OneLineParser, check_file_option, check_folder_option, emit_json
-from benchmarks.run import bench_main
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.errors import BenchError
+from benchmarks.core.outputs import emit_json
 from slimkit.primitives.datasets import textdata
 from slimkit.primitives.evaluate.eval_settings import PERPLEXITY_MAX_TOKENS, PERPLEXITY_SEQ_LEN
 from slimkit.primitives.evaluate.llamacpp import gguf_perplexity_of_windows
 from slimkit.primitives.evaluate.perplexity import bos_prefix, corpus_ids, perplexity_of_windows, windows_of
-from slimkit.primitives.export import export
+from slimkit.primitives.export import GgufResult, export
 
 
-def measure(model: torch.nn.Module, tokenizer, args: argparse.Namespace, folder: Path) -> dict:
+def measure(model: torch.nn.Module, tokenizer: Any, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     ids = corpus_ids(tokenizer, textdata.text(args.dataset), args.max_tokens)
     windows = windows_of(ids, args.seq_len, args.max_tokens, bos_prefix(tokenizer))
     start = time.perf_counter()
@@ -36,6 +39,7 @@ def measure(model: torch.nn.Module, tokenizer, args: argparse.Namespace, folder:
     torch_s = time.perf_counter() - start
     path = folder / f"model-{args.type}.gguf"
     result = export(model, path, "gguf", args.type, tokenizer=tokenizer, force=True)
+    assert isinstance(result, GgufResult)
     start = time.perf_counter()
     llamacpp_ppl = gguf_perplexity_of_windows(path, windows, threads=args.threads, f32_cache=args.f32_cache)
     return {
@@ -54,25 +58,23 @@ def measure(model: torch.nn.Module, tokenizer, args: argparse.Namespace, folder:
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m benchmarks.gguf_perplexity", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("source")
-    parser.add_argument("--dataset", default="wikitext2")
-    parser.add_argument("--max-tokens", type=int, default=PERPLEXITY_MAX_TOKENS)
-    parser.add_argument("--seq-len", type=int, default=PERPLEXITY_SEQ_LEN)
-    parser.add_argument("--type", default="f32", help="GGUF type (f32, f16, bf16, q8_0)")
+    parser = OneLineParser("benchmarks.gguf_perplexity", __doc__)
+    parser.add_argument("source", type=arg.model_source)
+    parser.add_argument("--dataset", type=arg.corpus, default="wikitext2")
+    parser.add_argument("--max-tokens", type=arg.integer(2), default=PERPLEXITY_MAX_TOKENS)
+    parser.add_argument("--seq-len", type=arg.integer(2), default=PERPLEXITY_SEQ_LEN)
+    parser.add_argument("--type", type=arg.gguf_type, default="f32", help="GGUF type (f32, f16, bf16, q8_0)")
     parser.add_argument("--f32-cache", action="store_true", help="llama.cpp keeps keys and values in float32")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--out", type=Path, default=None, help="folder for the GGUF file (default: a temporary one)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the row here")
+    parser.add_argument("--threads", type=arg.integer(1), default=torch.get_num_threads())
+    parser.add_output_folder("--out", "GGUF files", help="folder for the GGUF file (default: a temporary one)")
+    parser.add_output_file("--json", help="also write the row here")
     return parser
 
 
-def _main(argv: list[str]) -> None:
-    args = build_parser().parse_args(argv)
-    if args.out is not None:
-        check_folder_option("--out", args.out, "GGUF files")
-    if args.json is not None:
-        check_file_option("--json", args.json)
+def main_body(argv: list[str]) -> None:
+    args = build_parser().parse(argv)
+    if args.max_tokens < args.seq_len:
+        raise BenchError(f"--max-tokens {args.max_tokens} is below one window of --seq-len {args.seq_len}")
     model, tokenizer, _info = slimkit.load_source(args.source, device="cpu", dtype="float32")
     with tempfile.TemporaryDirectory(prefix="slimkit-gguf-ppl-") as tmp:
         folder = args.out if args.out is not None else Path(tmp)
@@ -82,7 +84,7 @@ def _main(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return bench_main(argv, _main)
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

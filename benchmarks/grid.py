@@ -11,6 +11,9 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from benchmarks.claims import parse_check
+from benchmarks.core.errors import BenchError
+from benchmarks.core.inputs import read_yaml_file
 from slimkit.primitives.errors import format_validation_error
 from slimkit.primitives.evaluate.eval_settings import check_zeroshot_task
 from slimkit.primitives.settings import Strict
@@ -19,10 +22,6 @@ from slimkit.recipes.schema import DeviceName, DtypeName
 GRID_FILE = Path(__file__).resolve().parent / "grid.yaml"
 DENSE = "dense"
 DEFAULT_CLAIM_METRICS = ("wikitext2_ppl", "ptb_ppl")
-
-
-class BenchError(Exception):
-    """A bad option, grid file or recipe name: reported as one ``error: ...`` line, exit status 2."""
 
 
 def _check_ratio(value: float) -> float:
@@ -130,8 +129,6 @@ class Claim(Strict):
     @field_validator("checks", "also")
     @classmethod
     def _checks(cls, checks: list[str]) -> list[str]:
-        from benchmarks.claims import parse_check
-
         for check in checks:
             parse_check(check)
         return checks
@@ -189,10 +186,8 @@ def seed_suffix(seed: int) -> str:
 
 
 def read_grid_yaml(path: Path) -> Any:
-    """The parsed YAML of a grid file, read with the recipes' bounds (:func:`benchmarks.inputs.read_yaml_file`);
+    """The parsed YAML of a grid file, read with the recipes' bounds (:func:`benchmarks.core.inputs.read_yaml_file`);
     :class:`BenchError` (one line, with the line and column) when unreadable."""
-    from benchmarks.inputs import read_yaml_file
-
     return read_yaml_file(Path(path), "grid file")
 
 

@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.errors import BenchError
+from benchmarks.core.outputs import RESULTS, write_results
+from benchmarks.core.processes import log
+from benchmarks.core.random_models import random_model
+
 STATEMENT = "Random weights: cost (time, memory) only; the quality of expert pruning is not measured here."
 
 
@@ -100,23 +104,7 @@ def _sync(device: Any) -> None:
 
 def build_layer(shape: MoEShape, device: str, dtype: str) -> Any:
     """A one-layer model of ``shape`` with random weights, made on the meta device and materialised on ``device``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(shape.config(1), dtype=getattr(torch, dtype))
-    model.to_empty(device=device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=generator)
-    # Rotary inverse frequencies are buffers the meta device left empty: a fresh module computes them (head_dim / 2
-    # numbers).
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config).to(device)
-    return model.eval()
+    return random_model(shape.config(1), dtype, device).eval()
 
 
 def measure(shape: MoEShape, args: argparse.Namespace) -> dict[str, Any]:
@@ -151,7 +139,9 @@ def measure(shape: MoEShape, args: argparse.Namespace) -> dict[str, Any]:
         _sync(device)
         timings["routing_pass_s"] = time.perf_counter() - start
         block = moe_blocks(base)[0]
-        x = stats[0].inputs.to(device, block.router.weight.dtype)
+        sampled = stats[0].inputs
+        assert sampled is not None  # kept: keep_inputs above
+        x = sampled.to(device, block.router.weight.dtype)
         start = time.perf_counter()
         found = naee_search(ExpertWeights.of(block), x, keep, max_candidates=args.max_candidates)
         _sync(device)
@@ -224,31 +214,43 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.moe_scale", description=__doc__.split("\n")[0])
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.moe_scale", __doc__)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--quick", action="store_true", help="a tiny shape on the CPU only (the smoke test)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
-    parser.add_argument("--samples", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=1024, help="router inputs per layer for the NAEE search")
-    parser.add_argument("--ratio", type=float, default=0.25, help="share of each layer's experts removed")
-    parser.add_argument("--max-candidates", type=int, default=5000)
-    parser.add_argument("--out", type=Path, default=None, help="results base path (default benchmarks/results/)")
+    parser.add_argument("--device", type=arg.device, default="cpu")
+    parser.add_argument("--dtype", type=arg.dtype, default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--samples", type=arg.integer(1), default=32)
+    parser.add_argument("--seq-len", type=arg.integer(1), default=512)
+    parser.add_argument("--batch-size", type=arg.integer(1), default=4)
+    parser.add_argument("--tokens", type=arg.integer(1), default=1024, help="router inputs per layer for NAEE's search")
+    parser.add_argument("--ratio", type=arg.fraction, default=0.25, help="share of each layer's experts removed")
+    parser.add_argument("--max-candidates", type=arg.integer(1), default=5000)
+    parser.add_output_base("--out", help="results base path (default benchmarks/results/DATE-moe-scale)")
     return parser
 
 
-def run(argv: list[str]) -> dict[str, Any]:
-    args = build_parser().parse_args(argv)
+def settings_of(argv: list[str]) -> tuple[argparse.Namespace, list[MoEShape]]:
+    """The parsed arguments (``--quick``'s budgets applied) and the shapes, every one checked before any work."""
+    args = build_parser().parse(argv)
     if args.quick:
         args.samples, args.seq_len, args.batch_size, args.tokens = 4, 32, 2, 64
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     shapes = [QUICK] if args.quick else [SHAPES[name] for name in args.shapes]
+    for shape in shapes:
+        keep = shape.experts - round(args.ratio * shape.experts)
+        if keep < shape.top_k:
+            raise BenchError(
+                f"--ratio {args.ratio:g} leaves {keep} of {shape.name}'s {shape.experts} experts, fewer than the "
+                f"{shape.top_k} its router picks per token; give at most {1 - shape.top_k / shape.experts:g}"
+            )
+    return args, shapes
+
+
+def run(args: argparse.Namespace, shapes: list[MoEShape], argv: list[str]) -> dict[str, Any]:
     rows = []
     for shape in shapes:
-        print(f"moe_scale: {shape.name} on {args.device} ...", file=sys.stderr, flush=True)
+        log(f"moe_scale: {shape.name} on {args.device} ...")
         rows.append(measure(shape, args))
     settings = {k: getattr(args, k) for k in ("device", "dtype", "samples", "seq_len", "tokens", "ratio")}
     return {
@@ -260,16 +262,17 @@ def run(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    result = run(argv)
+def main_body(argv: list[str]) -> None:
+    args, shapes = settings_of(argv)
+    result = run(args, shapes, argv)
     base = args.out or RESULTS / f"{result['date']}-moe-scale{'-quick' if args.quick else ''}"
     base.parent.mkdir(parents=True, exist_ok=True)
-    base.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    base.with_suffix(".md").write_text(markdown(result))
+    write_results(base, result, markdown(result))
     print(markdown(result))
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.grid import BenchError, Job, Settings
-from benchmarks.inputs import read_json_file
+from benchmarks.core.errors import BenchError
+from benchmarks.core.inputs import read_json_file
+from benchmarks.core.outputs import RESULTS
+from benchmarks.grid import Job, Settings
+from benchmarks.grid_rows import ROW_FILE, row_slug
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_COMPRESS_S = 300.0
 """A row with no compression time on record (a new recipe)."""
 
@@ -58,8 +60,8 @@ def history(results: Path = RESULTS) -> dict[tuple[str, float, bool], list[float
         except BenchError:
             continue
         for row in rows if isinstance(rows, list) else []:
-            cost = row.get("cost") if isinstance(row, dict) else None
-            wall = (cost or {}).get("process_wall_s")
+            cost = (row.get("cost") if isinstance(row, dict) else None) or {}
+            wall = cost.get("process_wall_s")
             if isinstance(wall, int | float) and not cost.get("reused") and row.get("ratio") is not None:
                 key = (str(row.get("recipe")), round(float(row["ratio"]), 6), bool(row.get("recovery")))
                 found.setdefault(key, []).append(float(wall))
@@ -96,8 +98,6 @@ def speed_estimate(settings: Settings) -> float:
 
 def _done(folder: Path, settings: Settings) -> str | None:
     """``"measured"``, ``"compressed"`` or None for a kept run folder."""
-    from benchmarks.run import ROW_FILE
-
     row_file = folder / ROW_FILE
     if os.path.lexists(row_file):
         stored = read_json_file(row_file, "a kept row").get("settings")
@@ -110,20 +110,24 @@ def plan_rows(
     settings: Settings, jobs: list[Job], runs: Path | None = None, results: Path = RESULTS
 ) -> list[dict[str, Any]]:
     """One estimate per row, dense first: ``id, compress_s, eval_s, speed_s, total_s, source``."""
-    from benchmarks.run import row_slug
-
     known = history(results)
     speed = speed_estimate(settings)
     dense_done = runs is not None and _done(runs / "dense", settings) == "measured"
     dense_eval = 0.0 if dense_done else eval_estimate(settings)
-    rows = [{"id": "dense", "compress_s": 0.0, "eval_s": dense_eval, "speed_s": 0.0}]
+    rows: list[dict[str, Any]] = [{"id": "dense", "compress_s": 0.0, "eval_s": dense_eval, "speed_s": 0.0}]
     rows[0]["source"] = "measured in --keep" if dense_done else "-"
     for job in jobs:
         compress, source = compress_estimate(job, known)
         job_settings = settings.for_job(job)
         done = _done(runs / row_slug(job.id), job_settings) if runs is not None else None
         evaluate = eval_estimate(job_settings)
-        row = {"id": job.id, "compress_s": compress, "eval_s": evaluate, "speed_s": speed, "source": source}
+        row: dict[str, Any] = {
+            "id": job.id,
+            "compress_s": compress,
+            "eval_s": evaluate,
+            "speed_s": speed,
+            "source": source,
+        }
         row["zeroshot"] = job_settings.zeroshot_on
         if done == "measured":
             row.update(compress_s=0.0, eval_s=0.0, speed_s=0.0, source="measured in --keep")

@@ -8,18 +8,22 @@ Method note: docs/methods/prunenet-policy.md.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
-from pathlib import Path
+from typing import Any, cast
 
 import torch
 
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.outputs import json_text, write_text
 from slimkit.primitives.policy.prunenet import (
     RETURNS,
     UPDATES,
     PruneNetPolicy,
+    Returns,
+    Update,
     ffn_weights,
     layer_penalties,
     train_policy,
@@ -61,12 +65,20 @@ def logit_stats(policy: PruneNetPolicy, weights: list[torch.Tensor], seed: int) 
     return {"logit_std": _mean(stds), "noise_std": _mean(noise), "corr_logit_norm": _mean(corrs)}
 
 
+def variant(text: str) -> str:
+    """``RETURNS:UPDATE`` (e.g. ``future:episode``): a policy-gradient variant of :func:`train_policy`."""
+    returns, _, update = text.partition(":")
+    if returns not in RETURNS or update not in UPDATES:
+        raise argparse.ArgumentTypeError(f"'{text}': use RETURNS:UPDATE with RETURNS in {RETURNS}, UPDATE in {UPDATES}")
+    return text
+
+
 def diagnose(
     weights: list[torch.Tensor], ratio: float, seeds: list[int], variants: list[str], episodes: int, draws: int = 20
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One row per selection rule (see the module docstring)."""
     n, d = weights[0].shape
-    rows = []
+    rows: list[dict[str, Any]] = []
     random_means = []
     g = torch.Generator().manual_seed(seeds[0])
     for _ in range(draws):
@@ -75,10 +87,8 @@ def diagnose(
     print(f"random: {rows[-1]}", flush=True)
     for largest, name in ((True, "norm-top"), (False, "norm-bottom")):
         rows.append({"rule": name, "ks_mean": norm_penalty(weights, ratio, largest), "ks_std": 0.0, "n": 1})
-    for variant in variants:
-        returns, _, update = variant.partition(":")
-        if returns not in RETURNS or update not in UPDATES:
-            raise SystemExit(f"variant '{variant}': use RETURNS:UPDATE with {RETURNS} and {UPDATES}")
+    for name in variants:
+        returns, _, update = cast(tuple[Returns, str, Update], name.partition(":"))
         sampled, top, stats, curves, secs = [], [], [], [], []
         for seed in seeds:
             start = time.perf_counter()
@@ -89,9 +99,14 @@ def diagnose(
             top.append(_mean(layer_penalties(policy, weights, ratio, "deterministic")))
             stats.append(logit_stats(policy, weights, seed))
             curves.append([report.episode_penalty[0], report.episode_penalty[-1]])
-            print(f"{variant} seed {seed}: policy {sampled[-1]:.4f}, top-k {top[-1]:.4f}, {stats[-1]}", flush=True)
+            print(f"{name} seed {seed}: policy {sampled[-1]:.4f}, top-k {top[-1]:.4f}, {stats[-1]}", flush=True)
         for rule, values in (("policy", sampled), ("deterministic", top)):
-            row = {"rule": f"{variant} {rule}", "ks_mean": _mean(values), "ks_std": _std(values), "n": len(seeds)}
+            row: dict[str, Any] = {
+                "rule": f"{name} {rule}",
+                "ks_mean": _mean(values),
+                "ks_std": _std(values),
+                "n": len(seeds),
+            }
             row.update({key: _mean([s[key] for s in stats]) for key in stats[0]})
             row["episode_penalty_first_last"] = [_mean([c[0] for c in curves]), _mean([c[1] for c in curves])]
             row["train_seconds"] = _mean(secs)
@@ -99,7 +114,7 @@ def diagnose(
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| rule | mean KS | std | draws/seeds | logit std | noise std | corr(logit, norm) | train KS first->last |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -114,18 +129,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.prunenet_diagnose", __doc__)
+    parser.add_argument("--model", type=arg.model_source, default="smollm2-135m")
     parser.add_argument("--source", default="up", choices=["up", "gate", "down"])
-    parser.add_argument("--ratio", type=float, default=0.2)
-    parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--variants", nargs="*", default=["future:episode", "own:episode", "own:layer"])
-    parser.add_argument("--random-draws", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--ratio", type=arg.fraction, default=0.2)
+    parser.add_argument("--episodes", type=arg.integer(1), default=20)
+    parser.add_argument("--seeds", type=arg.integer(0), nargs="+", default=[0, 1, 2])
+    parser.add_argument("--variants", type=variant, nargs="*", default=["future:episode", "own:episode", "own:layer"])
+    parser.add_argument("--random-draws", type=arg.integer(1), default=20)
+    parser.add_argument("--threads", type=arg.integer(1), default=1)
+    parser.add_output_file("--json")
+    return parser
+
+
+def main_body(argv: list[str]) -> None:
+    args = build_parser().parse(argv)
     torch.set_num_threads(args.threads)
     from slimkit.primitives.io.model_sources import load_source
 
@@ -140,8 +159,12 @@ def main(argv: list[str] | None = None) -> None:
     print(settings)
     print(markdown(rows))
     if args.json is not None:
-        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+        write_text(args.json, json_text({"settings": settings, "rows": rows}), "--json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,12 +16,18 @@ Random weights: cost only. Method notes: docs/methods/prunenet-policy.md, docs/m
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.errors import BenchError
+from benchmarks.core.outputs import emit_json
+from benchmarks.core.processes import load_average
 
 
 def _timed(run: Callable[[], Any], device: str) -> tuple[float, Any]:
@@ -42,7 +48,7 @@ def prunenet_layer(args: argparse.Namespace) -> dict[str, Any]:
 
     from slimkit.primitives.policy.prunenet import PruneNetPolicy
     from slimkit.primitives.select import keep_count
-    from slimkit.primitives.spectrum import ks_distance, singular_values
+    from slimkit.primitives.spectrum import SpectrumMethod, ks_distance, singular_values
 
     dtype = getattr(torch, args.dtype)
     generator = torch.Generator().manual_seed(0)
@@ -51,14 +57,15 @@ def prunenet_layer(args: argparse.Namespace) -> dict[str, Any]:
     rows = weight[kept.sort().values.to(args.device)]
     out: dict[str, Any] = {"kept_rows": rows.shape[0]}
     spectra = {}
-    for name, method, precision in (
+    variants: tuple[tuple[str, SpectrumMethod, torch.dtype], ...] = (
         ("gram_float32", "gram", torch.float32),
         ("gram_float64", "gram", torch.float64),
         ("svd_float32", "svd", torch.float32),
-    ):
+    )
+    for name, method, precision in variants:
         if method == "svd" and args.skip_svd:
             continue
-        seconds, values = _timed(lambda m=method, p=precision: singular_values(rows, p, m), args.device)
+        seconds, values = _timed(functools.partial(singular_values, rows, precision, method), args.device)
         out[f"kept_{name}_s"] = seconds
         spectra[name] = values
         print(f"prunenet: kept-row spectrum ({name}): {seconds:.2f} s", flush=True)
@@ -97,14 +104,13 @@ def sp3_layer(args: argparse.Namespace) -> dict[str, Any]:
     """One decoder layer's forward + backward at the training batch with the weights trainable or frozen, the head's,
     and one AdamW step with float32 masters over the layer's weights."""
     import torch
-    from transformers import AutoConfig
+    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     from slimkit.primitives.finetune.loop import FloatMaster, master_step
 
     dtype = getattr(torch, args.dtype)
-    config = AutoConfig.for_model(
-        "llama",
+    config = LlamaConfig(
         hidden_size=args.hidden,
         intermediate_size=args.intermediate,
         num_attention_heads=args.heads,
@@ -169,60 +175,52 @@ def sp3_layer(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from benchmarks.inputs import OneLineParser
-
-    parser = OneLineParser(prog="python -m benchmarks.prunenet_sp3_cost", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", help="the weights' dtype (float32 on a CPU, bfloat16 on a GPU)")
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--intermediate", type=int, default=14336)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--layers", type=int, default=32, help="decoder layers of the projected run")
-    parser.add_argument("--ratio", type=float, default=0.2, help="prunenet's removed fraction of MLP channels")
-    parser.add_argument("--episodes", type=int, default=20, help="prunenet's episodes (the recipe's 20)")
-    parser.add_argument("--mask-steps", type=int, default=600, help="sp3-llm's mask steps (the recipe's 600)")
-    parser.add_argument("--batch-size", type=int, default=4, help="sp3-llm's training windows per step")
-    parser.add_argument("--seq-len", type=int, default=128, help="sp3-llm's tokens per window")
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.prunenet_sp3_cost", __doc__)
+    parser.add_argument("--device", type=arg.device, default="cpu")
+    parser.add_argument("--dtype", type=arg.dtype, default="float32", help="the weights' dtype (bfloat16 on a GPU)")
+    for option, default in (("--hidden", 4096), ("--intermediate", 14336), ("--heads", 32), ("--kv-heads", 8)):
+        parser.add_argument(option, type=arg.integer(1), default=default)
+    parser.add_argument("--head-dim", type=arg.integer(1), default=128)
+    parser.add_argument("--vocab", type=arg.integer(1), default=128256)
+    parser.add_argument("--layers", type=arg.integer(1), default=32, help="decoder layers of the projected run")
+    parser.add_argument("--ratio", type=arg.fraction, default=0.2, help="prunenet's removed fraction of MLP channels")
+    parser.add_argument("--episodes", type=arg.integer(1), default=20, help="prunenet's episodes (the recipe's 20)")
+    parser.add_argument("--mask-steps", type=arg.integer(1), default=600, help="sp3-llm's mask steps (the recipe's)")
+    parser.add_argument("--batch-size", type=arg.integer(1), default=4, help="sp3-llm's training windows per step")
+    parser.add_argument("--seq-len", type=arg.integer(1), default=128, help="sp3-llm's tokens per window")
     parser.add_argument("--skip-svd", action="store_true", help="do not time svdvals (minutes at 8B on a CPU)")
     parser.add_argument("--only", choices=("prunenet", "sp3"), default=None)
     parser.add_argument("--quick", action="store_true", help="tiny widths (hidden 64, MLP 176, vocab 512)")
-    parser.add_argument("--json", type=Path, default=None, help="write the measurements here")
+    parser.add_output_file("--json", help="write the measurements here")
     return parser
 
 
-def _main(argv: list[str]) -> None:
+def main_body(argv: list[str]) -> None:
     import torch
 
-    from benchmarks.inputs import check_file_option, emit_json
-
-    args = build_parser().parse_args(argv)
-    if args.json is not None:
-        check_file_option("--json", args.json)
+    args = build_parser().parse(argv)
     if args.quick:
         args.hidden, args.intermediate, args.heads, args.kv_heads, args.head_dim, args.vocab = 64, 176, 4, 2, 16, 512
+    if args.heads % args.kv_heads:
+        raise BenchError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
     result: dict[str, Any] = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "load_average_start": list(os.getloadavg()),
+        "load_average_start": load_average(),
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
     }
     if args.only in (None, "prunenet"):
         result["prunenet"] = prunenet_layer(args)
     if args.only in (None, "sp3"):
         result["sp3"] = sp3_layer(args)
-    result["load_average_end"] = list(os.getloadavg())
+    result["load_average_end"] = load_average()
     emit_json(result, args.json, "--json")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.run import bench_main
-
-    return bench_main(argv, _main)
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

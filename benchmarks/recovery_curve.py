@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,32 +16,41 @@ from typing import Any
 
 import yaml
 
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.errors import BenchError
+from benchmarks.core.inputs import read_json_file, read_yaml_file
+from benchmarks.core.outputs import json_text, write_text
+from benchmarks.core.processes import OFFLINE_ENV, recipe_run
+
 REPO = Path(__file__).resolve().parent.parent
 GOAL = 1.3
 """The issue's goal: at most this WikiText-2 perplexity ratio to dense after recovery."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="model source (a bundled name or a local folder)")
-    parser.add_argument("--ratio", type=float, default=0.2, help="quality's target ratio of the model")
-    parser.add_argument("--tokens", default="100000,500000,2000000", help="comma-separated distillation budgets")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="model dtype (default: the recipe's; bfloat16 on a GPU)")
-    parser.add_argument("--dataset", default="c4", help="distillation text: a shipped corpus (not wikitext2)")
-    parser.add_argument("--data-folder", default=None, help="a local text/jsonl/parquet folder instead of --dataset")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--micro-batch-size", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.recovery_curve", __doc__)
+    parser.add_argument("--model", type=arg.model_source, default="smollm2-135m", help="a bundled name or a folder")
+    parser.add_argument("--ratio", type=arg.fraction, default=0.2, help="quality's target ratio of the model")
+    parser.add_argument(
+        "--tokens", type=arg.integers(1), default=[100000, 500000, 2000000], help="comma-separated distillation budgets"
+    )
+    parser.add_argument("--device", type=arg.device, default="cpu")
+    parser.add_argument("--dtype", type=arg.dtype, default=None, help="model dtype (default: the recipe's)")
+    parser.add_argument("--dataset", type=arg.corpus, default="c4", help="distillation text: a shipped corpus")
+    parser.add_argument("--data-folder", type=arg.input_folder, default=None, help="a local text folder instead")
+    parser.add_argument("--batch-size", type=arg.integer(1), default=8)
+    parser.add_argument("--micro-batch-size", type=arg.integer(1), default=None)
+    parser.add_argument("--seq-len", type=arg.integer(2), default=256)
+    parser.add_argument("--learning-rate", type=arg.positive, default=1e-4)
     parser.add_argument("--schedule", default="cosine", choices=["constant", "cosine"])
-    parser.add_argument("--warmup-steps", type=int, default=10)
-    parser.add_argument("--rank", type=int, default=8, help="LoRA rank of the distillation adapters")
-    parser.add_argument("--validation-windows", type=int, default=16)
-    parser.add_argument("--calibration-samples", type=int, default=None, help="quality's (default: the recipe's)")
-    parser.add_argument("--eval-tokens", type=int, default=None, help="perplexity tokens (default: the recipe's)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True, help="folder of the runs and the results")
+    parser.add_argument("--warmup-steps", type=arg.integer(0), default=10)
+    parser.add_argument("--rank", type=arg.integer(1), default=8, help="LoRA rank of the distillation adapters")
+    parser.add_argument("--validation-windows", type=arg.integer(0), default=16)
+    parser.add_argument("--calibration-samples", type=arg.integer(1), default=None, help="quality's (default: its own)")
+    parser.add_argument("--eval-tokens", type=arg.integer(2), default=None, help="perplexity tokens (default: its own)")
+    parser.add_argument("--seed", type=arg.integer(0), default=0)
+    parser.add_output_folder("--out", "the runs and the results", required=True, help="folder of the runs and results")
     return parser
 
 
@@ -48,15 +58,13 @@ def slimkit_run(recipe: str, out: Path, args: argparse.Namespace, overrides: lis
     """``slimkit recipe run`` in its own process (skipped when ``out/report.json`` exists); the report as a dict."""
     report = out / "report.json"
     if not report.is_file():
-        command = [sys.executable, "-m", "slimkit.cli.main", "recipe", "run", recipe, "--out", str(out)]
-        command += ["--device", args.device] + (["--dtype", args.dtype] if args.dtype else [])
-        for override in overrides:
-            command += ["--set", override]
+        flags = ["--device", args.device] + (["--dtype", args.dtype] if args.dtype else [])
+        command = recipe_run(recipe, out, flags, overrides)
         print(" ".join(command), flush=True)
-        done = subprocess.run(command, cwd=REPO.parent)
+        done = subprocess.run(command, cwd=REPO.parent, env={**os.environ, **OFFLINE_ENV})
         if done.returncode != 0:
-            raise SystemExit(f"error: {' '.join(command)} exited with {done.returncode}")
-    return json.loads(report.read_text())
+            raise BenchError(f"{' '.join(command)} exited with {done.returncode}")
+    return read_json_file(report, "a run report")
 
 
 def eval_overrides(args: argparse.Namespace) -> list[str]:
@@ -124,7 +132,7 @@ def write_results(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (args.out / "curve.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+    write_text(args.out / "curve.json", json_text({"settings": settings, "rows": rows}), "--out")
     lines = [
         f"# Recovery curve: quality at {args.ratio:.0%} on {args.model}, distillation on {args.dataset}",
         "",
@@ -149,7 +157,7 @@ def write_results(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     if best is not None:
         verdict = "met" if best <= GOAL else f"missed by {best - GOAL:.2f}x"
         lines += ["", f"Goal: at most {GOAL}x dense WikiText-2 perplexity: {verdict} (best {best:.3f}x)."]
-    (args.out / "curve.md").write_text("\n".join(lines) + "\n")
+    write_text(args.out / "curve.md", "\n".join(lines) + "\n", "--out")
     points = [(max(r["tokens"], 1), r["wikitext2_x_dense"]) for r in rows if r["wikitext2_x_dense"]]
     figure, axis = plt.subplots(figsize=(6, 4))
     axis.plot([p[0] for p in points], [p[1] for p in points], "o-", label="quality + distillation")
@@ -169,24 +177,28 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    budgets = [int(t) for t in args.tokens.split(",") if t.strip()]
-    args.out.mkdir(parents=True, exist_ok=True)
+def main_body(argv: list[str]) -> None:
+    from slimkit.recipes.loading import load_recipe
+
+    args = build_parser().parse(argv)
     overrides = [f"model.source={args.model}", f"target.ratio={args.ratio}", f"seed={args.seed}"]
     if args.calibration_samples:
         overrides.append(f"calibration.samples={args.calibration_samples}")
+    load_recipe("quality", overrides + eval_overrides(args))  # a setting the recipe refuses: one line, before any run
+    args.out.mkdir(parents=True, exist_ok=True)
     quality = slimkit_run("quality", args.out / "quality", args, overrides + eval_overrides(args))
-    recipe_text = (args.out / "quality" / "model" / "recipe.yaml").read_text()
-    quality_recipe = yaml.safe_load(recipe_text)
+    quality_recipe = read_yaml_file(args.out / "quality" / "model" / "recipe.yaml", "quality's saved recipe")
     rows = [row(0, quality)]
-    for tokens in budgets:
+    for tokens in args.tokens:
         recipe = distill_recipe(args, args.out / "quality" / "model", tokens, quality_recipe)
         path = args.out / f"distill-{tokens}.yaml"
-        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        write_text(path, yaml.safe_dump(recipe, sort_keys=False), "--out")
         rows.append(row(tokens, slimkit_run(str(path), args.out / f"distill-{tokens}", args, eval_overrides(args))))
     write_results(rows, args)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
+from typing import Any
 
 import torch
 
-SHAPES = {
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.engine_calls import join_processes, memory_plan
+from benchmarks.core.errors import BenchError
+from benchmarks.core.outputs import emit_json
+
+SHAPES: dict[str, dict[str, Any]] = {
     "8b": dict(
         vocab_size=128256,
         hidden_size=4096,
@@ -47,7 +53,7 @@ class CodeTokenizer:
         return {"input_ids": [1 + ord(c) % (self.vocab - 1) for c in text]}
 
 
-def build(shape: dict, mlp: float, device: str, dtype: torch.dtype, seed: int):
+def build(shape: dict[str, Any], mlp: float, device: str, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -63,77 +69,69 @@ def build(shape: dict, mlp: float, device: str, dtype: torch.dtype, seed: int):
     return teacher, student
 
 
-def planned_bytes(shape: dict, args: argparse.Namespace, dtype: torch.dtype, processes: int) -> dict[str, float]:
-    """The memory plan's parts (GiB) per device of this distillation on the teacher's shape, for ``processes``
-    launched processes (distill's plan reads the launched world: the student's training state divided among them
-    under ``--sharding fsdp``); ``released``: the weights the training state replaces; ``total``: the plan's peak."""
-    import os
+def distill_recipe(args: argparse.Namespace) -> Any:
+    """The one-stage distillation recipe of these settings (validated: a bad setting is one line)."""
+    from pydantic import ValidationError
 
-    from transformers import LlamaConfig
-
-    from slimkit.engine.memory_check import recipe_memory_plan
+    from slimkit.primitives.errors import format_validation_error
     from slimkit.recipes.schema import Recipe
 
-    distill: dict = {"tokens": 1, "batch_size": args.batch_size, "seq_len": args.seq_len}
+    distill: dict[str, Any] = {"tokens": 1, "batch_size": args.batch_size, "seq_len": args.seq_len}
     if args.adapter == "lora":
         distill["rank"] = args.rank
     else:
         distill.update(adapter="none", sharding=args.sharding)
     if args.micro_batch_size:
         distill["micro_batch_size"] = args.micro_batch_size
-    recipe = Recipe(
-        name="recovery-step",
-        model="unused",
-        target={"ratio": 0},
-        stages=[{"stage": "distill", "args": distill}],
-        eval={"perplexity": None},
-    )
-    launched = os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(processes)
+    raw = {"name": "recovery-step", "model": "unused", "target": {"ratio": 0}, "eval": {"perplexity": None}}
     try:
-        plan = recipe_memory_plan(recipe, LlamaConfig(**shape), dtype)
-    finally:
-        if launched is None:
-            os.environ.pop("WORLD_SIZE", None)
-        else:
-            os.environ["WORLD_SIZE"] = launched
+        return Recipe.model_validate(raw | {"stages": [{"stage": "distill", "args": distill}]})
+    except ValidationError as error:
+        raise BenchError(format_validation_error(error)) from None
+
+
+def planned_bytes(
+    shape: dict[str, Any], args: argparse.Namespace, dtype: torch.dtype, processes: int
+) -> dict[str, float]:
+    """The memory plan's parts (GiB) per device of this distillation on the teacher's shape, for ``processes``
+    launched processes (distill's plan reads the launched world: the student's training state divided among them
+    under ``--sharding fsdp``); ``released``: the weights the training state replaces; ``total``: the plan's peak."""
+    from transformers import LlamaConfig
+
+    plan = memory_plan(distill_recipe(args), LlamaConfig(**shape), dtype, processes=processes)
     stage = plan.stages[0]
     parts = {"weights": plan.weights, **stage.parts}
     gib = {name: value / 2**30 for name, value in parts.items()}
     return gib | {"released": stage.released / 2**30, "total": plan.peak / 2**30}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from benchmarks.inputs import OneLineParser
-
-    parser = OneLineParser(prog="python -m benchmarks.recovery_step", description=__doc__.split("\n\n")[0])
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.recovery_step", __doc__)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--student-mlp", type=float, default=0.8, help="the student's MLP width / the teacher's")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--student-mlp", type=arg.share, default=0.8, help="the student's MLP width / the teacher's, in (0, 1]"
+    )
+    parser.add_argument("--device", type=arg.device, default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--micro-batch-size", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--batch-size", type=arg.integer(1), default=4)
+    parser.add_argument("--micro-batch-size", type=arg.integer(1), default=None)
+    parser.add_argument("--seq-len", type=arg.integer(2), default=128)
+    parser.add_argument("--rank", type=arg.integer(1), default=8)
     parser.add_argument("--adapter", choices=["lora", "none"], default="lora", help="none: every weight trains")
     parser.add_argument("--sharding", choices=["none", "fsdp"], default="none", help="fsdp: under torchrun, N > 1")
-    parser.add_argument("--plan-processes", default="", help="also the plan for these process counts, e.g. 8,16")
-    parser.add_argument("--steps", type=int, default=3, help="steps run (the first is not timed)")
-    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument(
+        "--plan-processes", type=arg.integers(1), default=[], help="also the plan for these process counts, e.g. 8,16"
+    )
+    parser.add_argument("--steps", type=arg.integer(1), default=3, help="steps run (the first is not timed)")
+    parser.add_output_file("--out", help="write the result as JSON here")
     return parser
 
 
-def _main(argv: list[str]) -> None:
-    from benchmarks.grid import BenchError
-    from benchmarks.inputs import check_file_option, emit_json
-
-    args = build_parser().parse_args(argv)
+def main_body(argv: list[str]) -> None:
+    args = build_parser().parse(argv)
     if args.sharding == "fsdp" and args.adapter != "none":
         raise BenchError("--sharding fsdp trains every weight: give --adapter none")
-    if args.out is not None:
-        check_file_option("--out", args.out)
 
-    from slimkit.engine.processes import join_processes
     from slimkit.primitives.arch.view import ModelView
     from slimkit.primitives.finetune import LoraConfig
     from slimkit.primitives.finetune.full_recovery import recover_all_weights
@@ -143,10 +141,12 @@ def _main(argv: list[str]) -> None:
     from slimkit.primitives.finetune.token_stream import TextSource
 
     processes = join_processes()  # torchrun's processes (one outside a launcher)
-    if processes.world > 1 and args.device.startswith("cuda"):
-        args.device = f"cuda:{torch.cuda.current_device()}"
     dtype = getattr(torch, args.dtype)
     shape = SHAPES[args.shape]
+    planned = planned_bytes(shape, args, dtype, processes.world)  # a setting the recipe refuses: before any work
+    planned_for = {str(n): planned_bytes(shape, args, dtype, n) for n in args.plan_processes}
+    if processes.world > 1 and args.device.startswith("cuda"):
+        args.device = f"cuda:{torch.cuda.current_device()}"
     teacher, student = build(shape, args.student_mlp, args.device, dtype, 0)
     cuda = args.device.startswith("cuda")
     if cuda:
@@ -165,7 +165,7 @@ def _main(argv: list[str]) -> None:
     times: list[float] = []
     last = [time.perf_counter()]
 
-    def progress(_step, _tokens, _result) -> None:
+    def progress(_step: Any, _tokens: Any, _result: Any) -> None:
         if cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
@@ -176,7 +176,7 @@ def _main(argv: list[str]) -> None:
     source = TextSource("c4", seed=0)
     tokenizer = CodeTokenizer(shape["vocab_size"])
     if args.adapter == "none":
-        units = ModelView(student).layer_list if args.sharding == "fsdp" else None
+        units = list(ModelView(student).layer_list) if args.sharding == "fsdp" else None
         _model, report = recover_all_weights(student, tokenizer, config, source, objective, None, progress, units)
     else:
         _model, report = recover_in_tokens(
@@ -199,10 +199,8 @@ def _main(argv: list[str]) -> None:
         "tokens_per_second": step_tokens * len(timed) / sum(timed),  # global batch tokens: all processes
         "step_seconds": timed,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "planned_gib": planned_bytes(shape, args, dtype, processes.world),
-        "planned_gib_for": {
-            n: planned_bytes(shape, args, dtype, int(n)) for n in filter(None, args.plan_processes.split(","))
-        },
+        "planned_gib": planned,
+        "planned_gib_for": planned_for,
         "losses": report["losses"],
     }
     if processes.main:
@@ -210,9 +208,7 @@ def _main(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.run import bench_main
-
-    return bench_main(argv, _main)
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

@@ -10,35 +10,17 @@ Method note: docs/methods/search.md.
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama-3.1-8b": {
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-    },
-    "smollm2-135m": {
-        "hidden_size": 576,
-        "intermediate_size": 1536,
-        "num_hidden_layers": 30,
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "head_dim": 64,
-        "vocab_size": 49152,
-        "tie_word_embeddings": True,
-    },
-}
-"""Llama-shaped configs by name (smollm2-135m's is its own config's)."""
+from benchmarks.core.arguments import OneLineParser, bench_main, integer
+from benchmarks.core.engine_calls import memory_plan
+from benchmarks.core.outputs import json_text, write_text
+from benchmarks.scale_shapes import REAL
+
+SHAPES = ("llama-3.1-8b", "smollm2-135m")
+"""The real shapes (``benchmarks/scale_shapes.py``) the plan is offered for."""
 
 
 def layer_library(model: torch.nn.Module, dtype_bytes: int) -> list[dict[str, Any]]:
@@ -61,27 +43,28 @@ def layer_library(model: torch.nn.Module, dtype_bytes: int) -> list[dict[str, An
 
 
 def plan(shape: str, dtype_bytes: int, samples: int, seq_len: int, batch: int, holdout: int) -> dict[str, Any]:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from slimkit.engine.stage_memory import MemoryInputs
     from slimkit.primitives.device.memory_model import ModelShape
-    from slimkit.recipes.schema import CalibrationConfig
-    from slimkit.stages.search_args import SearchArgs
+    from slimkit.recipes.loading import load_recipe, validate
 
-    config = LlamaConfig(**SHAPES[shape])
+    config = REAL[shape].config("bfloat16" if dtype_bytes == 2 else "float32")
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     rows = layer_library(model, dtype_bytes)
+    _, raw = load_recipe("search")
+    raw["calibration"].update(samples=samples, seq_len=seq_len, batch_size=batch)
+    raw["stages"] = [{"stage": "search", "args": {"holdout": holdout}}]
+    dtype = torch.bfloat16 if dtype_bytes == 2 else torch.float32
+    stage_plan = memory_plan(validate(raw, "search"), config, dtype).peak_stage
+    memory = {} if stage_plan is None else dict(stage_plan.parts)
     layers = config.num_hidden_layers
-    calibration = CalibrationConfig(samples=samples, seq_len=seq_len, batch_size=batch)
-    inputs = MemoryInputs(ModelShape.from_config(config), calibration, dtype_bytes)
-    memory = SearchArgs(holdout=holdout).memory("search", inputs)
     per_layer = len(rows)
     # a candidate of layer l runs layers l..L-1 and the head on the held-out tokens: on average about half a forward
     forwards = per_layer * sum((layers - index) / layers for index in range(layers))
     return {
         "shape": shape,
-        "config": SHAPES[shape],
+        "config": {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, bool))},
         "dtype_bytes": dtype_bytes,
         "calibration": {"samples": samples, "seq_len": seq_len, "batch": batch, "holdout_batches": holdout},
         "candidates_per_layer": per_layer,
@@ -91,7 +74,7 @@ def plan(shape: str, dtype_bytes: int, samples: int, seq_len: int, batch: int, h
         "model_bytes": ModelShape.from_config(config).total_params() * dtype_bytes,
         "scoring_forwards_of_the_held_out_tokens": round(forwards, 1),
         "statistics_forwards_of_the_calibration": 1,
-        "memory_plan_bytes": dict(memory.parts),
+        "memory_plan_bytes": memory,
         "rows": rows,
     }
 
@@ -112,25 +95,24 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks.inputs import OneLineParser, check_file_option
-
-    parser = OneLineParser(prog="python -m benchmarks.search_cost", description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
-    parser.add_argument("--dtype-bytes", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=256)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--holdout", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None, help="also write the plan here")
-    args = parser.parse_args(argv)
-    if args.json is not None:
-        check_file_option("--json", args.json)
+def main_body(argv: list[str]) -> None:
+    parser = OneLineParser("benchmarks.search_cost", __doc__)
+    parser.add_argument("--shape", choices=SHAPES, default="llama-3.1-8b")
+    parser.add_argument("--dtype-bytes", type=int, choices=(2, 4), default=2)
+    parser.add_argument("--samples", type=integer(), default=256)
+    parser.add_argument("--seq-len", type=integer(), default=128)
+    parser.add_argument("--batch", type=integer(), default=8)
+    parser.add_argument("--holdout", type=integer(), default=1)
+    parser.add_output_file("--json", default=None, help="also write the plan here")
+    args = parser.parse(argv)
     result = plan(args.shape, args.dtype_bytes, args.samples, args.seq_len, args.batch, args.holdout)
     print(markdown(result), end="")
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+        write_text(args.json, json_text(result), "--json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import Any, cast
 
 NORM_MEAN = "zeroshot_mean_acc_norm"
 _SIZE_FIELDS = ("of", "params", "macs", "layers", "structure", "achieved", "target_met", "recipe_source")
@@ -25,6 +25,12 @@ def add_norm_mean(metrics: dict[str, Any]) -> None:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _draws(members: list[dict[str, Any]], part: str, key: str) -> list[float] | None:
+    """``member[part][key]`` of every member, or None unless every one is a finite number."""
+    values = [(m.get(part) or {}).get(key) for m in members]
+    return cast(list[float], values) if all(_finite(v) for v in values) else None
 
 
 def aggregate(group: str, members: list[dict[str, Any]]) -> dict[str, Any]:
@@ -53,25 +59,24 @@ def aggregate(group: str, members: list[dict[str, Any]]) -> dict[str, Any]:
     spread: dict[str, dict[str, Any]] = {}
     names = dict.fromkeys(k for m in ok for k in (m.get("metrics") or {}))
     for name in names:
-        values = [(m.get("metrics") or {}).get(name) for m in ok]
-        if all(_finite(v) for v in values):
+        values = _draws(ok, "metrics", name)
+        if values is not None:
             metrics[name] = statistics.fmean(values)
             spread[name] = {"min": min(values), "max": max(values), "values": values}
     row["metrics"], row["spread"] = metrics, spread
-    removed = [(m.get("params") or {}).get("removed_ratio") for m in ok]
-    if all(_finite(v) for v in removed):
+    removed = _draws(ok, "params", "removed_ratio")
+    if removed is not None:
         row["params"] = {**(row.get("params") or {}), "removed_ratio": statistics.fmean(removed)}
     speed = {}
     for key in ("prefill_ratio", "decode_ratio"):
-        values = [(m.get("speed") or {}).get(key) for m in ok]
-        if all(_finite(v) for v in values):
+        values = _draws(ok, "speed", key)
+        if values is not None:
             speed[key] = statistics.fmean(values)
     row["speed"] = speed
-    compress = [(m.get("cost") or {}).get("compress_s") for m in ok]
-    peak = [(m.get("cost") or {}).get("peak_rss_mb") for m in ok]
+    compress, peak = _draws(ok, "cost", "compress_s"), _draws(ok, "cost", "peak_rss_mb")
     row["cost"] = {
-        "compress_s": statistics.fmean(compress) if all(_finite(v) for v in compress) else None,
-        "peak_rss_mb": max(peak) if all(_finite(v) for v in peak) else None,
+        "compress_s": statistics.fmean(compress) if compress is not None else None,
+        "peak_rss_mb": max(peak) if peak is not None else None,
     }
     return row
 
@@ -112,4 +117,4 @@ def values_of(row: dict[str, Any], metric: str) -> list[float] | None:
     if spread is not None:
         return [float(v) for v in spread["values"]]
     value = (row.get("metrics") or {}).get(metric)
-    return [float(value)] if _finite(value) else None
+    return [float(value)] if value is not None and _finite(value) else None

@@ -12,15 +12,18 @@ import json
 import math
 import statistics
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import slimkit
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.outputs import write_text
 from slimkit.primitives.evaluate.counting import count_macs, count_params
 from slimkit.primitives.evaluate.speed import throughput
-from slimkit.primitives.files.guard import write_text_file
 
 # Decode time is generate time minus prefill time (slimkit.primitives.evaluate.speed); on a machine
 # that other jobs share, a slow prefill can exceed the whole generate call and the difference is
@@ -29,15 +32,16 @@ IMPLAUSIBLE_TOKENS_PER_S = 1e6
 ATTEMPTS = 3
 
 
-def _sample(model, vocab_size: int, batch: int, prompt_len: int, new_tokens: int) -> tuple[float, float]:
+def _sample(model: Any, vocab_size: int, batch: int, prompt_len: int, new_tokens: int) -> tuple[float, float]:
+    result = None
     for _ in range(ATTEMPTS):
         result = throughput(model, vocab_size, batch, prompt_len, new_tokens, repeats=1)
         if result.decode_tokens_per_s < IMPLAUSIBLE_TOKENS_PER_S:
             return result.prefill_tokens_per_s, result.decode_tokens_per_s
-    return result.prefill_tokens_per_s, math.nan
+    return (math.nan if result is None else result.prefill_tokens_per_s), math.nan
 
 
-def _median(values) -> float:
+def _median(values: Iterable[float]) -> float:
     finite = [v for v in values if math.isfinite(v)]
     return statistics.median(finite) if finite else math.nan
 
@@ -48,7 +52,7 @@ def measure(
     prompt_len: int,
     new_tokens: int,
     batch: int = 1,
-    sample: Any = None,
+    sample: Callable[[Any], tuple[float, float]] | None = None,
 ) -> list[dict[str, Any]]:
     """Interleaved throughput of ``(name, model, vocab_size)`` triples (names unique): ``rounds`` rounds,
     each measuring every model once in an order rotated by one per round; per model the medians and
@@ -63,7 +67,7 @@ def measure(
                 samples[name].append(_sample(model, vocab_size, batch, prompt_len, new_tokens))
             else:
                 samples[name].append(sample(model))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, _model, _vocab in models:
         rows.append(
             {
@@ -87,13 +91,15 @@ def _llamacpp_models(
     """Export every model to GGUF and load it in llama.cpp; ``(name, llama, vocab)`` and the export results."""
     from slimkit.primitives.errors import SlimkitError
     from slimkit.primitives.evaluate.llamacpp import load_gguf
-    from slimkit.primitives.export import export
+    from slimkit.primitives.export import GgufResult, export
 
-    handles, exports = [], {}
+    handles: list[tuple[str, Any, int]] = []
+    exports: dict[str, dict[str, Any]] = {}
     for index, (name, model, tokenizer) in enumerate(loaded):
         path = folder / f"{index}-{Path(name).parent.name or name}-{args.type}.gguf"
         try:
             result = export(model, path, "gguf", args.type, tokenizer=tokenizer, force=True)
+            assert isinstance(result, GgufResult)
         except SlimkitError as error:
             print(f"{name}: not exported: {error}")
             exports[name] = {"error": str(error)}
@@ -122,38 +128,34 @@ def _window_perplexities(loaded: list[tuple[str, Any, Any]], exports: dict[str, 
         record["ppl_tokens"] = tokens
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from benchmarks.inputs import OneLineParser
-
-    parser = OneLineParser(prog="python -m benchmarks.speed", description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="+", help="model sources or folders; the first is the baseline")
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+def build_parser() -> OneLineParser:
+    parser = OneLineParser("benchmarks.speed", __doc__)
+    parser.add_argument(
+        "models", nargs="+", type=arg.model_source, help="model sources or folders; the first is the baseline"
+    )
+    parser.add_argument("--prompt-len", type=arg.integer(1), default=128)
+    parser.add_argument("--new-tokens", type=arg.integer(1), default=32)
+    parser.add_argument("--batch", type=arg.integer(1), default=1)
+    parser.add_argument("--rounds", type=arg.integer(1), default=5)
+    parser.add_argument("--threads", type=arg.integer(1), default=torch.get_num_threads())
     parser.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch")
-    parser.add_argument("--type", default="f16", help="GGUF type for --backend llama.cpp (f32, f16, bf16, q8_0)")
-    parser.add_argument("--gguf-dir", type=Path, default=None, help="keep the exported GGUF files here")
+    parser.add_argument(
+        "--type", type=arg.gguf_type, default="f16", help="GGUF type for --backend llama.cpp (f32, f16, bf16, q8_0)"
+    )
+    parser.add_output_folder("--gguf-dir", "the exported GGUF files", help="keep the exported GGUF files here")
     parser.add_argument(
         "--ppl-tokens",
-        type=int,
+        type=arg.integer(0),
         default=0,
         help="llama.cpp: also the perplexity of each GGUF and of the PyTorch model on one window of this many "
         "WikiText-2 tokens (same token ids)",
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the settings and rows here")
+    parser.add_output_file("--json", help="also write the settings and rows here")
     return parser
 
 
-def _main(argv: list[str]) -> None:
-    from benchmarks.inputs import check_file_option, check_folder_option
-
-    args = build_parser().parse_args(argv)
-    if args.gguf_dir is not None:
-        check_folder_option("--gguf-dir", args.gguf_dir, "the exported GGUF files")
-    if args.json is not None:
-        check_file_option("--json", args.json)
+def main_body(argv: list[str]) -> None:
+    args = build_parser().parse(argv)
     torch.set_num_threads(args.threads)
 
     loaded = [(name, *slimkit.load_source(name)[:2]) for name in args.models]
@@ -209,13 +211,11 @@ def _main(argv: list[str]) -> None:
             settings["type"] = args.type
         failed = {name: item["error"] for name, item in exports.items() if "error" in item}
         text = json.dumps({"settings": settings, "rows": rows, "not_exported": failed}, indent=2) + "\n"
-        write_text_file(args.json, text, "--json")
+        write_text(args.json, text, "--json")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.run import bench_main
-
-    return bench_main(argv, _main)
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

@@ -10,40 +10,43 @@ in memory (calibration 8 x 128 tokens, recovery stages and evaluation dropped), 
 tensor bytes (``primitives/evaluate/tensor_bytes.py``: every storage a torch operation creates, exact on any
 device, blind to allocator caching) are read when each stage starts and at its peak. A row: the stage's peak above
 what was live when it started (the largest over its calls: a layer stage runs once per layer), and the plan's part
-for that stage (``StageArgs.memory``; a layer-wise block's plan stands for each of its stages). Cost only, no quality.
+for that stage (``PlansMemory.memory``; a layer-wise block's plan stands for each of its stages). Cost only, no quality.
 Method note: docs/methods/devices-offload.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.inputs import OneLineParser, check_file_option, emit_json
-from benchmarks.run import bench_main
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.engine_calls import memory_plan, wrapped_stages
+from benchmarks.core.errors import BenchError
+from benchmarks.core.outputs import emit_json
+from benchmarks.core.recipes import RECOVERY_STAGES
 
 MIB = 2**20
 VOCAB = 49152
 """smollm2-135m's tokenizer's vocabulary: the model's, so that every calibration token has an embedding."""
-RECOVERY_STAGES = ("lora", "distill")
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m benchmarks.stage_memory", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("recipes", nargs="+", help="bundled recipe names")
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--intermediate", type=int, default=1792)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=8, help="calibration samples of 128 tokens, one batch")
+    parser = OneLineParser("benchmarks.stage_memory", __doc__)
+    parser.add_argument("recipes", nargs="+", type=arg.recipe, help="bundled recipe names")
+    for option, default in (("--hidden", 512), ("--intermediate", 1792), ("--layers", 8), ("--heads", 8)):
+        parser.add_argument(option, type=arg.integer(1), default=default)
+    parser.add_argument("--kv-heads", type=arg.integer(1), default=2)
+    parser.add_argument(
+        "--samples", type=arg.integer(1), default=8, help="calibration samples of 128 tokens, one batch"
+    )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override for every recipe"
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_output_file("--json", help="also write the rows here")
     return parser
 
 
@@ -68,7 +71,7 @@ def build_model(args: argparse.Namespace, folder: Path) -> None:
         eos_token_id=2,
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    LlamaForCausalLM(config).bfloat16().save_pretrained(folder)
     tokenizer_folder, _info = resolve_source("smollm2-135m")
     AutoTokenizer.from_pretrained(tokenizer_folder).save_pretrained(folder)
 
@@ -78,9 +81,7 @@ def measure(recipe_name: str, folder: Path, samples: int, overrides: list[str]) 
     import torch
 
     import slimkit
-    from slimkit.engine.memory_check import recipe_memory_plan
     from slimkit.primitives.evaluate.tensor_bytes import LiveTensorBytes
-    from slimkit.recipes import catalogue
     from slimkit.recipes.loading import load_recipe, validate
 
     _recipe, raw = load_recipe(recipe_name, overrides)
@@ -89,16 +90,15 @@ def measure(recipe_name: str, folder: Path, samples: int, overrides: list[str]) 
     raw["stages"] = [s for s in raw["stages"] if not (isinstance(s, dict) and s.get("stage") in RECOVERY_STAGES)]
     raw["target"] = {**raw["target"], "strict": False}  # a small shape's coarse widths may miss it: cost only
     model, tokenizer, _info = slimkit.load_source(str(folder), device="cpu", dtype="bfloat16")
-    plan = recipe_memory_plan(validate(raw, recipe_name), model.config, torch.bfloat16, torch.device("cpu"))
+    plan = memory_plan(validate(raw, recipe_name), model.config, torch.bfloat16, torch.device("cpu"))
     planned = {memory.stage: memory for memory in plan.stages}
     for memory in plan.stages:  # a layer-wise block's plan stands for each of its stages
         if memory.stage.startswith("sequential["):
             planned.update({name: memory for name in memory.stage.removeprefix("sequential[")[:-1].split(",")})
     rows: list[dict[str, Any]] = []
     live = LiveTensorBytes()
-    original = dict(catalogue.STAGES)
 
-    def wrapped(name: str, fn: Any) -> Any:
+    def wrapped(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             start = live.now
             live.peak = live.now  # the peak from here on
@@ -123,47 +123,19 @@ def measure(recipe_name: str, folder: Path, samples: int, overrides: list[str]) 
 
         return run
 
-    try:
-        for name, definition in original.items():
-            measured = Measured(definition.stage, lambda fn, name=name: wrapped(name, fn))
-            catalogue.STAGES[name] = dataclasses.replace(definition, stage=measured)
-        with live:
-            slimkit.run(raw, None, model=model, tokenizer=tokenizer, evaluate=False, compare_dense=False)
-    finally:
-        catalogue.STAGES.clear()
-        catalogue.STAGES.update(original)
+    with wrapped_stages(wrapped), live:
+        slimkit.run(raw, None, model=model, tokenizer=tokenizer, evaluate=False, compare_dense=False)
     return rows
 
 
-class Measured:
-    """A stage whose work (``run_model``, ``run_layer``) is measured: ``wrap(method)`` gives the measuring call; every
-    other attribute is the stage's own (so it offers the same protocols)."""
-
-    def __init__(self, stage: Any, wrap: Any) -> None:
-        self._stage, self._wrap = stage, wrap
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._stage, name)
-        return self._wrap(value) if name in ("run_model", "run_layer") else value
-
-
-def _main(argv: list[str]) -> None:
-    import slimkit.stages  # noqa: F401  (registers the stages before they are wrapped)
-    from benchmarks.grid import BenchError
-    from slimkit.recipes.loading import bundled_recipes
-
-    args = build_parser().parse_args(argv)
-    unknown = [name for name in args.recipes if name not in bundled_recipes()]
-    if unknown:
-        raise BenchError(f"unknown recipe(s) {', '.join(unknown)}; give bundled recipe names")
-    if args.hidden % args.heads or args.heads % args.kv_heads:
-        raise BenchError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
+def main_body(argv: list[str]) -> None:
     from slimkit.recipes.loading import load_recipe
 
+    args = build_parser().parse(argv)
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        raise BenchError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
     for name in args.recipes:  # a bad override is one line before any model is built
         load_recipe(name, args.set)
-    if args.json is not None:
-        check_file_option("--json", args.json)
     with tempfile.TemporaryDirectory(prefix="slimkit-stage-memory-") as scratch:
         build_model(args, Path(scratch))
         rows = [row for name in args.recipes for row in measure(name, Path(scratch), args.samples, args.set)]
@@ -175,7 +147,7 @@ def _main(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return bench_main(argv, _main)
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ one-line error instead.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -22,6 +21,12 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.outputs import write_text
+from benchmarks.core.recipes import is_moe_recipe, llm_recipes
+from benchmarks.exportable import shrink, tiny_model_dir
 
 RECORD = Path(__file__).resolve().parent.parent / "tests" / "contracts" / "state_hashes.json"
 """The hashes recorded on the tree before a behaviour-preserving change."""
@@ -45,22 +50,17 @@ def state_hash(folder: Path) -> str:
 def causal_lm_recipes() -> list[str]:
     """The bundled recipes that compress a dense causal LM (GLUE task models, encoders and the mixture-of-experts
     recipes left out)."""
-    from benchmarks.exportable import is_moe_recipe, llm_recipes
-
     return [name for name, why_not in llm_recipes().items() if why_not is None and not is_moe_recipe(name)]
 
 
 def moe_recipes() -> list[str]:
     """The bundled mixture-of-experts recipes (hashed on the tiny Qwen3-MoE)."""
-    from benchmarks.exportable import is_moe_recipe, llm_recipes
-
     return [name for name, why_not in llm_recipes().items() if why_not is None and is_moe_recipe(name)]
 
 
 def recipe_hash(name: str, model_dir: Path, work: Path) -> str:
     """The state hash of ``name`` shrunk and run on the tiny model in ``model_dir`` (``error: ...`` if refused)."""
     import slimkit
-    from benchmarks.exportable import shrink
     from slimkit.primitives.errors import SlimkitError
     from slimkit.recipes.loading import load_recipe, validate
 
@@ -81,8 +81,6 @@ def recipe_hash(name: str, model_dir: Path, work: Path) -> str:
 
 
 def all_hashes(names: list[str]) -> dict[str, str]:
-    from benchmarks.exportable import is_moe_recipe, tiny_model_dir
-
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
@@ -98,18 +96,20 @@ def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=None, help="comma-separated recipe names (default: every causal-LM one)")
-    parser.add_argument("--write", default=None, help="write the hashes as JSON here")
-    options = parser.parse_args(argv)
-    names = options.only.split(",") if options.only else causal_lm_recipes() + moe_recipes()
-    hashes = all_hashes(names)
+def main_body(argv: list[str]) -> None:
+    parser = OneLineParser("benchmarks.state_hashes", __doc__)
+    parser.add_argument("--only", type=arg.recipes, help="comma-separated recipe names (default: every causal-LM one)")
+    parser.add_output_file("--write", help="write the hashes as JSON here")
+    options = parser.parse(argv)
+    hashes = all_hashes(options.only or causal_lm_recipes() + moe_recipes())
     text = json.dumps({"versions": versions(), "hashes": hashes}, indent=1, sort_keys=True) + "\n"
     if options.write:
-        Path(options.write).write_text(text)
+        write_text(options.write, text, "--write")
     sys.stdout.write(text)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":

@@ -1,42 +1,31 @@
-"""The benchmark's Markdown tables and PNG plots, written from the result dictionary alone.
+"""The grid's Markdown tables (its plots: ``benchmarks/grid_plots.py``), written from the result dictionary alone
+(what ``benchmarks.run`` writes as JSON; missing fields tolerated, so a partial run has tables too);
+``python -m benchmarks.tables RESULT.json`` prints the compact ones (for the README).
 
-``result`` is what ``benchmarks.run`` writes as JSON: ``name``, ``date``, ``command``, ``machine``,
-``versions``, ``settings``, ``wall_s``, ``rows`` (dense first; every row has ``id``, ``recipe``,
-``status`` and, when ``status == "ok"``, the numbers) and ``claims``. Everything tolerates missing
-fields, so a table can be written from a partial run.
+Seeded rows (:mod:`benchmarks.seeds`): the summary, quality and pivot tables and the plots show one line per row as
+the claims see it, a seeded row as ``mean [min-max]`` with its number of draws; the "Seeds" section lists every
+seed's value; the size, cost and speed tables list every compression (each seed its own line). Zero-shot cells are
+``acc_norm`` where lm-eval defines it (else ``acc``), and the mean column is ``zeroshot_mean_acc_norm``
+(``zeroshot_mean_acc`` for rows without it).
 
-Seeded rows (:mod:`benchmarks.seeds`): the summary, quality and pivot tables and the plots show one
-line per row as the claims see it, a seeded row as ``mean [min-max]`` with its number of draws; the
-"Seeds" section lists every seed's value; the size, cost and speed tables list every compression
-(each seed its own line). Zero-shot cells are ``acc_norm`` where lm-eval defines it (else ``acc``),
-and the mean column is ``zeroshot_mean_acc_norm`` (``zeroshot_mean_acc`` for rows without it).
+Method note: docs/methods/benchmark-harness.md.
 """
 
 from __future__ import annotations
 
-import math
+import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.inputs import read_json_file
+from benchmarks.core.tables import MISSING, cell, percent
 from benchmarks.seeds import NORM_MEAN, decision_rows
 
-_MISSING = "-"
-_PARAMS_KEY = "layer params (% of dense)"
 
-
-def _num(value: Any, spec: str = ".4g") -> str:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return _MISSING
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return format(value, spec)
-
-
-def _pct(value: Any, digits: int = 2) -> str:
-    return _num(value * 100, f".{digits}f") + "%" if isinstance(value, int | float) else _MISSING
-
-
-def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ok_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows that ran (``status: ok``)."""
     return [r for r in rows if r.get("status") == "ok"]
 
 
@@ -46,8 +35,13 @@ def _label(row: dict[str, Any]) -> str:
 
 def _target(row: dict[str, Any]) -> str:
     if row.get("ratio") is None:
-        return _MISSING
+        return MISSING
     return f"{row['ratio']:.0%} of {row.get('of') or '?'}"
+
+
+def series_name(row: dict[str, Any]) -> str:
+    """A row's line in the pivot table and the quality plot: its recipe, ``+ LoRA`` with recovery."""
+    return f"{row['recipe']} + LoRA" if row.get("recovery") else row["recipe"]
 
 
 def placement_text(settings: dict[str, Any], machine: dict[str, Any]) -> str:
@@ -115,7 +109,7 @@ def settings_text(result: dict[str, Any]) -> list[str]:
         'plus the recipe\'s stages (not loading or saving); "process wall s" is the whole process.',
         f"- Machine{' that assembled the rows (measured where the first line says)' if reused else ''}: "
         f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
-        f"{_num(machine.get('memory_gb'), '.0f')} GB; {machine.get('platform', '')}; "
+        f"{cell(machine.get('memory_gb'), '.0f')} GB; {machine.get('platform', '')}; "
         f"Python {machine.get('python', '')}"
         + (
             f"; GPU {machine['gpu']['gpu']} ({machine['gpu'].get('gpu_memory_gib')} GiB, CUDA "
@@ -124,8 +118,8 @@ def settings_text(result: dict[str, Any]) -> list[str]:
             else "."
         ),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()) + ".",
-        f"- Benchmark wall time: {_num(result.get('wall_s'), '.0f')} s{_load_text(machine)}; peak RSS of the "
-        f"benchmark process (evaluation and speed) {_num(result.get('bench_peak_rss_mb'), '.0f')} MB.",
+        f"- Benchmark wall time: {cell(result.get('wall_s'), '.0f')} s{_load_text(machine)}; peak RSS of the "
+        f"benchmark process (evaluation and speed) {cell(result.get('bench_peak_rss_mb'), '.0f')} MB.",
     ]
     rows = result.get("rows", [])
     seeded = [r for r in decision_rows(rows) if "draws" in r]
@@ -144,11 +138,11 @@ def settings_text(result: dict[str, Any]) -> list[str]:
         "otherwise; between two single draws it is decided by their one pairing. A claim does not hold if "
         "any of its comparisons does not, is within noise if any is, and holds otherwise."
     )
-    reused = [r for r in rows if r.get("evaluation_reused")]
-    if reused:
+    reused_rows = [r for r in rows if r.get("evaluation_reused")]
+    if reused_rows:
         lines.append(
-            f"- {len(reused)} of {len(rows)} rows were measured by earlier `--resume` runs under the same settings "
-            "and kept folder (`bench-row.json`); their evaluation, speed and cost numbers are those runs'."
+            f"- {len(reused_rows)} of {len(rows)} rows were measured by earlier `--resume` runs under the same "
+            "settings and kept folder (`bench-row.json`); their evaluation, speed and cost numbers are those runs'."
         )
     return lines
 
@@ -177,11 +171,11 @@ def _mean_metric(row: dict[str, Any]) -> str:
 
 def _cell(row: dict[str, Any], metric: str, spec: str = ".4g") -> str:
     """The metric, as ``mean [min-max]`` for a seeded row."""
-    value = _num(row.get("metrics", {}).get(metric), spec)
+    value = cell(row.get("metrics", {}).get(metric), spec)
     spread = (row.get("spread") or {}).get(metric)
     if spread is None or len(spread.get("values", [])) < 2:
         return value
-    return f"{value} [{_num(spread['min'], spec)}-{_num(spread['max'], spec)}]"
+    return f"{value} [{cell(spread['min'], spec)}-{cell(spread['max'], spec)}]"
 
 
 def _draws(row: dict[str, Any]) -> str:
@@ -202,8 +196,8 @@ def quality_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[
     if tasks:
         head.append("mean acc")
     lines = ["| " + " | ".join(head) + " |", "| --- | --- | --- |" + " ---: |" * (len(head) - 3)]
-    for row in _ok(decision_rows(rows)):
-        cells = [_label(row), _target(row), _draws(row), _pct(row.get("params", {}).get("removed_ratio"))]
+    for row in ok_rows(decision_rows(rows)):
+        cells = [_label(row), _target(row), _draws(row), percent(row.get("params", {}).get("removed_ratio"))]
         cells += [_cell(row, f"{d}_ppl") for d in datasets]
         cells += [_cell(row, _task_metric(row, t), ".3f") for t in tasks]
         if tasks:
@@ -227,10 +221,10 @@ def seeds_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[st
         metrics = [f"{d}_ppl" for d in datasets] + [_mean_metric(row)]
         for metric in (m for m in metrics if m in row.get("spread", {})):
             spread, spec = row["spread"][metric], ".3f" if "_acc" in metric else ".4g"
-            values = ", ".join(_num(v, spec) for v in spread["values"])
+            values = ", ".join(cell(v, spec) for v in spread["values"])
             lines.append(
-                f"| {_label(row)} | {seeds} | {metric} | {_num(row['metrics'][metric], spec)} | "
-                f"{_num(spread['min'], spec)}-{_num(spread['max'], spec)} | {values} |"
+                f"| {_label(row)} | {seeds} | {metric} | {cell(row['metrics'][metric], spec)} | "
+                f"{cell(spread['min'], spec)}-{cell(spread['max'], spec)} | {values} |"
             )
     return lines
 
@@ -242,15 +236,15 @@ def summary_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[
     head = ["row", "params removed", *(f"{d} ppl" for d in datasets), *(["mean acc"] if zeroshot else [])]
     head += ["MACs kept", "prefill vs dense", "decode vs dense", "compress s", "peak MB"]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-    for row in _ok(decision_rows(rows)):
+    for row in ok_rows(decision_rows(rows)):
         macs, speed, cost = row.get("macs", {}), row.get("speed", {}), row.get("cost", {})
         kept = macs["after"] / macs["before"] if macs.get("before") and macs.get("after") is not None else None
         label = _label(row) + (f" ({_draws(row)})" if "draws" in row else "")
-        cells = [label, _pct(row.get("params", {}).get("removed_ratio"))]
+        cells = [label, percent(row.get("params", {}).get("removed_ratio"))]
         cells += [_cell(row, f"{d}_ppl") for d in datasets]
         cells += [_cell(row, _mean_metric(row), ".3f")] if zeroshot else []
-        cells += [_pct(kept, 1), _num(speed.get("prefill_ratio"), ".2f"), _num(speed.get("decode_ratio"), ".2f")]
-        cells += [_num(cost.get("compress_s"), ".0f"), _num(cost.get("peak_rss_mb"), ".0f")]
+        cells += [percent(kept, 1), cell(speed.get("prefill_ratio"), ".2f"), cell(speed.get("decode_ratio"), ".2f")]
+        cells += [cell(cost.get("compress_s"), ".0f"), cell(cost.get("peak_rss_mb"), ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -258,18 +252,18 @@ def summary_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> list[
 def pivot_table(rows: list[dict[str, Any]], metric: str, spec: str = ".4g") -> list[str]:
     """``metric`` with one line per recipe and recovery setting and one column per target ratio (a seeded
     row as ``mean [min-max]``)."""
-    ok = [r for r in _ok(decision_rows(rows)) if r.get("ratio") is not None]
+    ok = [r for r in ok_rows(decision_rows(rows)) if r.get("ratio") is not None]
     ratios = sorted({r["ratio"] for r in ok})
     table: dict[str, dict[float, Any]] = {}
     for row in ok:
-        table.setdefault(_series_name(row), {})[row["ratio"]] = _cell(row, metric, spec)
-    dense = next((r for r in _ok(rows) if r["id"] == "dense"), None)
+        table.setdefault(series_name(row), {})[row["ratio"]] = _cell(row, metric, spec)
+    dense = next((r for r in ok_rows(rows) if r["id"] == "dense"), None)
     lines = [f"| recipe | {' | '.join(f'{x:.0%}' for x in ratios)} |", "| --- |" + " ---: |" * len(ratios)]
     if dense:
-        value = _num(dense.get("metrics", {}).get(metric), spec)
+        value = cell(dense.get("metrics", {}).get(metric), spec)
         lines.append("| dense | " + " | ".join(value if i == 0 else "" for i in range(len(ratios))) + " |")
     for name, values in table.items():
-        lines.append(f"| `{name}` | " + " | ".join(values.get(x, _MISSING) for x in ratios) + " |")
+        lines.append(f"| `{name}` | " + " | ".join(values.get(x, MISSING) for x in ratios) + " |")
     return lines
 
 
@@ -279,20 +273,20 @@ def size_table(rows: list[dict[str, Any]]) -> list[str]:
         "MACs kept | residual params | low-rank params |",
         "| --- |" + " ---: |" * 9,
     ]
-    for row in _ok(rows):
+    for row in ok_rows(rows):
         p, m, s = row.get("params", {}), row.get("macs", {}), row.get("structure", {})
         kept = m["after"] / m["before"] if m.get("before") and m.get("after") is not None else None
         lines.append(
-            f"| {_label(row)} | {_num(p.get('before'), ',')} | {_num(p.get('after'), ',')} | "
-            f"{_pct(p.get('removed_ratio'))} | {_pct(row.get('achieved'))} | {_num(m.get('before'), '.4g')} | "
-            f"{_num(m.get('after'), '.4g')} | {_pct(kept, 1)} | {_num(s.get('residual_params'), ',')} | "
-            f"{_num(s.get('lowrank_params'), ',')} |"
+            f"| {_label(row)} | {cell(p.get('before'), ',')} | {cell(p.get('after'), ',')} | "
+            f"{percent(p.get('removed_ratio'))} | {percent(row.get('achieved'))} | {cell(m.get('before'), '.4g')} | "
+            f"{cell(m.get('after'), '.4g')} | {percent(kept, 1)} | {cell(s.get('residual_params'), ',')} | "
+            f"{cell(s.get('lowrank_params'), ',')} |"
         )
     return lines
 
 
 def _stages_text(stages: dict[str, float]) -> str:
-    return "; ".join(f"{k} {v:.0f}" for k, v in stages.items()) or _MISSING
+    return "; ".join(f"{k} {v:.0f}" for k, v in stages.items()) or MISSING
 
 
 def cost_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -300,22 +294,22 @@ def cost_table(rows: list[dict[str, Any]]) -> list[str]:
         "| row | compress s | per stage s | process wall s | peak RSS MB | calibration | recovery tokens |",
         "| --- | ---: | --- | ---: | ---: | --- | ---: |",
     ]
-    for row in _ok(rows):
+    for row in ok_rows(rows):
         c = row.get("cost")
         if not c:
             continue
         cal = c.get("calibration") or {}
         if cal.get("samples"):
-            calibration = f"{cal['samples']} x {cal.get('seq_len', '?')} = {_num(cal.get('tokens'), ',')} tokens"
+            calibration = f"{cal['samples']} x {cal.get('seq_len', '?')} = {cell(cal.get('tokens'), ',')} tokens"
             calibration += f" of {cal['dataset']}" if cal.get("dataset") else ""
         else:
             calibration = "none"
         if c.get("extra_calibration_tokens"):
             calibration += f" (+{c['extra_calibration_tokens']:,} in stages)"
         lines.append(
-            f"| {_label(row)} | {_num(c.get('compress_s'), '.1f')} | {_stages_text(c.get('stages_s', {}))} | "
-            f"{_num(c.get('process_wall_s'), '.0f')} | {_num(c.get('peak_rss_mb'), '.0f')} | {calibration} | "
-            f"{_num(c.get('recovery_tokens'), ',')} |"
+            f"| {_label(row)} | {cell(c.get('compress_s'), '.1f')} | {_stages_text(c.get('stages_s', {}))} | "
+            f"{cell(c.get('process_wall_s'), '.0f')} | {cell(c.get('peak_rss_mb'), '.0f')} | {calibration} | "
+            f"{cell(c.get('recovery_tokens'), ',')} |"
         )
     return lines
 
@@ -326,15 +320,15 @@ def speed_table(rows: list[dict[str, Any]]) -> list[str]:
         "decode vs dense |",
         "| --- |" + " ---: |" * 6,
     ]
-    for row in _ok(rows):
+    for row in ok_rows(rows):
         s = row.get("speed")
         if not s:
             continue
         lines.append(
-            f"| {_label(row)} | {_num(s.get('prefill_tokens_per_s'), '.1f')} | "
-            f"{_num(s.get('decode_tokens_per_s'), '.1f')} | {_num(s.get('dense_prefill_tokens_per_s'), '.1f')} | "
-            f"{_num(s.get('dense_decode_tokens_per_s'), '.1f')} | "
-            f"{_num(s.get('prefill_ratio'), '.2f')} | {_num(s.get('decode_ratio'), '.2f')} |"
+            f"| {_label(row)} | {cell(s.get('prefill_tokens_per_s'), '.1f')} | "
+            f"{cell(s.get('decode_tokens_per_s'), '.1f')} | {cell(s.get('dense_prefill_tokens_per_s'), '.1f')} | "
+            f"{cell(s.get('dense_decode_tokens_per_s'), '.1f')} | "
+            f"{cell(s.get('prefill_ratio'), '.2f')} | {cell(s.get('decode_ratio'), '.2f')} |"
         )
     return lines
 
@@ -346,7 +340,7 @@ def cause_text(claim: dict[str, Any]) -> str:
         parts.append(claim["cause"])
     if claim.get("note"):
         parts.append(f"Note: {claim['note']}")
-    return " ".join(parts).replace("|", "/") or _MISSING
+    return " ".join(parts).replace("|", "/") or MISSING
 
 
 def claims_table(claims: list[dict[str, Any]]) -> list[str]:
@@ -360,7 +354,7 @@ def claims_table(claims: list[dict[str, Any]]) -> list[str]:
         checks = "; ".join(f"`{x}`" for x in c.get("checks", [])) + f" ({metrics})"
         verdict = f"**{c['verdict']}**" if c["verdict"] != "not run" else c["verdict"]
         lines.append(
-            f"| {c['claim']} | {c['source']} | {checks} | {verdict} | {cause_text(c)} | {evidence or _MISSING} |"
+            f"| {c['claim']} | {c['source']} | {checks} | {verdict} | {cause_text(c)} | {evidence or MISSING} |"
         )
     return lines
 
@@ -395,155 +389,38 @@ def markdown(result: dict[str, Any], plots: list[str]) -> str:
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------------------------- plots
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def series_color(plt, index: int):
-    """Ten distinct hues first (tab20's dark shades), then their light shades."""
-    return plt.get_cmap("tab20")((2 * index) % 20 + (index // 10) % 2)
-
-
-def _series_name(row: dict[str, Any]) -> str:
-    return f"{row['recipe']} + LoRA" if row.get("recovery") else row["recipe"]
-
-
-def plot_quality(rows: list[dict[str, Any]], path: Path) -> Path | None:
-    """Perplexity (and mean zero-shot accuracy) against the fraction of parameters removed, one line per
-    recipe and recovery setting; dense is the star at 0."""
-    ok = _ok(decision_rows(rows))
-    mean = NORM_MEAN if any(NORM_MEAN in r.get("metrics", {}) for r in ok) else "zeroshot_mean_acc"
-    metrics = [m for m in ("wikitext2_ppl", "ptb_ppl", mean) if any(m in r.get("metrics", {}) for r in ok)]
-    compressed = [r for r in ok if r["id"] != "dense" and r.get("params", {}).get("removed_ratio") is not None]
-    if not metrics or not compressed:
-        return None
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.8), squeeze=False)
-    series: dict[str, list[dict[str, Any]]] = {}
-    for row in compressed:
-        series.setdefault(_series_name(row), []).append(row)
-    dense = next((r for r in ok if r["id"] == "dense"), None)
-    for axis, metric in zip(axes[0], metrics, strict=True):
-        for index, (name, members) in enumerate(series.items()):
-            points = sorted(
-                (100 * r["params"]["removed_ratio"], r["metrics"][metric])
-                for r in members
-                if isinstance(r.get("metrics", {}).get(metric), int | float) and math.isfinite(r["metrics"][metric])
-            )
-            if points:
-                style = "--" if name.endswith("+ LoRA") else "-"
-                axis.plot(*zip(*points, strict=True), style, marker="o", color=series_color(plt, index), label=name)
-        if dense and isinstance(dense.get("metrics", {}).get(metric), int | float):
-            axis.plot([0], [dense["metrics"][metric]], "k*", markersize=12, label="dense")
-        if metric.endswith("_ppl"):
-            axis.set_yscale("log")
-        axis.set_xlabel("parameters removed (%)")
-        axis.set_ylabel(metric.replace("_", " "))
-        axis.grid(alpha=0.3)
-    # One legend for every series: a series missing from the last panel (no zero-shot there) is still named.
-    handles: dict[str, object] = {}
-    for axis in axes[0]:
-        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
-            handles.setdefault(label, handle)
-    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("quality against parameters removed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def _layer_series(row: dict[str, Any]) -> dict[str, list[float]]:
-    layers = row.get("layers") or {}
-    widths = layers.get("widths") or []
-    keys = [k for k in (widths[0] if widths else {}) if all(isinstance(w.get(k), int | float) for w in widths)]
-    series = {k: [w[k] for w in widths] for k in keys}
-    params, dense = layers.get("params"), layers.get("dense_params")
-    if params and dense and len(params) == len(dense):
-        series[_PARAMS_KEY] = [100 * a / b if b else 0.0 for a, b in zip(params, dense, strict=True)]
-    return series
-
-
-def plot_widths(rows: list[dict[str, Any]], base: Path) -> list[Path]:
-    """Per-layer widths of every compressed model, one figure per target ratio (``BASE-widths-rPCT.png``):
-    a panel per width (heads, KV heads, MLP width, ...) and per-layer
-    parameters as a percentage of the dense layer's, one line per row, dense dashed. Widths no model
-    changes are left out. A seeded row is drawn once (its first seed's widths)."""
-    ok = _ok(decision_rows(rows))
-    dense = next((r for r in ok if r["id"] == "dense"), None)
-    by_ratio: dict[float, list[dict[str, Any]]] = {}
-    for row in ok:
-        if row["id"] != "dense" and _layer_series(row):
-            by_ratio.setdefault(row["ratio"], []).append(row)
-    paths = []
-    plt = pyplot() if by_ratio else None
-    dense_series = _layer_series(dense) if dense else {}
-    for ratio, members in sorted(by_ratio.items()):
-        all_series = [_layer_series(r) for r in members]
-        # Only the widths some model changes (heads, MLP width, ...), and always the per-layer parameters.
-        keys = list(dict.fromkeys(k for s in all_series for k in s))
-        keys = [k for k in keys if k == _PARAMS_KEY or any(s.get(k) != dense_series.get(k) for s in all_series)]
-        fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.3 * len(keys) + 0.6), sharex=True, squeeze=False)
-        for axis, key in zip(axes[:, 0], keys, strict=True):
-            if key in dense_series:
-                axis.plot(dense_series[key], "k--", linewidth=1, label="dense")
-            for index, (row, series) in enumerate(zip(members, all_series, strict=True)):
-                if key in series:
-                    axis.plot(series[key], drawstyle="steps-mid", color=series_color(plt, index), label=row["id"])
-            axis.set_ylabel(key.replace("_", " "), fontsize=8)
-            axis.grid(alpha=0.3)
-        axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        axes[-1, 0].set_xlabel("layer")
-        fig.suptitle(f"per-layer widths, target ratio {ratio:.0%}")
-        fig.tight_layout()
-        path = base.parent / f"{base.name}-widths-r{round(ratio * 100, 6):g}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
 def _add_mean_without(rows: list[dict[str, Any]], tasks: list[str], left_out: str) -> None:
     """Each row's mean zero-shot accuracy over ``tasks`` without ``left_out`` (a task whose answers a
     pruned model can flip to the majority class wholesale, e.g. BoolQ), as ``zeroshot_mean_acc_without_X``."""
     kept = [t for t in tasks if t != left_out]
     if left_out not in tasks or not kept:
         return
-    for row in _ok(rows):
+    for row in ok_rows(rows):
         metrics = row.setdefault("metrics", {})
         values = [metrics.get(f"{t}_acc") for t in kept]
         if all(isinstance(v, int | float) for v in values):
             metrics[f"zeroshot_mean_acc_without_{left_out}"] = sum(values) / len(values)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.tables RESULT.json``: the compact tables of a result (for the README)."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("result", type=Path)
-    args = parser.parse_args(argv)
-    result = json.loads(args.result.read_text())
+def main_body(argv: list[str]) -> None:
+    parser = OneLineParser("benchmarks.tables", "The compact tables of a grid result (for the README).")
+    parser.add_argument("result", type=arg.input_file, help="a grid result (benchmarks.run's JSON)")
+    result = read_json_file(parser.parse(argv).result, "RESULT")
     rows, settings = result.get("rows", []), result.get("settings", {})
     out = [*summary_table(rows, settings), ""]
     _add_mean_without(rows, settings.get("zeroshot_tasks", []), "boolq")
     for metric in ("wikitext2_ppl", NORM_MEAN, "zeroshot_mean_acc", "zeroshot_mean_acc_without_boolq"):
-        if any(metric in r.get("metrics", {}) for r in _ok(decision_rows(rows))):
+        if any(metric in r.get("metrics", {}) for r in ok_rows(decision_rows(rows))):
             out += [f"{metric}:", "", *pivot_table(rows, metric, ".3f" if "_acc" in metric else ".4g"), ""]
     out += ["| claim | source | verdict | cause when it does not hold |", "| --- | --- | --- | --- |"]
     out += [f"| {c['claim']} | {c['source']} | {c['verdict']} | {cause_text(c)} |" for c in result.get("claims", [])]
     print("\n".join(out))
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.tables RESULT.json``: the compact tables of a result (for the README)."""
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -17,17 +17,21 @@ prefill and decode x dense) and ``OUT.png`` (perplexity x dense against prefill 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.core import arguments as arg
+from benchmarks.core.arguments import OneLineParser, bench_main
+from benchmarks.core.errors import BenchError
+from benchmarks.core.inputs import read_json_file
+from benchmarks.core.outputs import write_text
+from benchmarks.core.tables import pyplot, series_color
 from benchmarks.seeds import decision_rows
 
 
-class TradeoffError(ValueError):
+class TradeoffError(BenchError):
     """A speed file that cannot be joined with the grid (the message is the one line to print)."""
 
 
@@ -138,8 +142,6 @@ def plot_tradeoff(points: list[TradeoffPoint], path: Path, title: str) -> Path |
     shown = [p for p in points if p.wikitext2_x is not None]
     if not shown:
         return None
-    from benchmarks.tables import pyplot, series_color
-
     plt = pyplot()
     recipes = list(dict.fromkeys(p.recipe for p in shown))
     markers = dict(zip(dict.fromkeys(p.gguf_type for p in shown), "os^Dv", strict=False))
@@ -174,20 +176,19 @@ def plot_tradeoff(points: list[TradeoffPoint], path: Path, title: str) -> Path |
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("grid", type=Path, help="a grid result (benchmarks.run's JSON)")
-    parser.add_argument("speed", type=Path, nargs="+", help="benchmarks.speed --backend llama.cpp --json files")
-    parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.png")
-    args = parser.parse_args(argv)
+def main_body(argv: list[str]) -> None:
+    parser = OneLineParser("benchmarks.tradeoff", __doc__)
+    parser.add_argument("grid", type=arg.input_file, help="a grid result (benchmarks.run's JSON)")
+    parser.add_argument("speed", type=arg.input_file, nargs="+", help="benchmarks.speed --backend llama.cpp --json")
+    parser.add_output_base("--out", (".md", ".png"), required=True, help="writes OUT.md and OUT.png")
+    args = parser.parse(argv)
+    grid = read_json_file(args.grid, "GRID")
+    runs = [read_json_file(path, "SPEED") for path in args.speed]
     try:
-        grid = json.loads(args.grid.read_text())
-        runs = [json.loads(p.read_text()) for p in args.speed]
         points = tradeoff_points(grid, runs)
-    except (OSError, json.JSONDecodeError, TradeoffError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    settings = [r["settings"] for r in runs]
+        settings = [dict(r["settings"]) for r in runs]
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise BenchError(f"GRID or SPEED is not what benchmarks.run / benchmarks.speed write ({error!r})") from None
     lines = [
         f"# Perplexity against llama.cpp speed: {args.grid.name}",
         "",
@@ -205,10 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     plot = plot_tradeoff(points, args.out.with_suffix(".png"), "perplexity against llama.cpp speed-up")
     if plot is not None:
         lines.append(f"![perplexity against llama.cpp speed]({plot.name})")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_text(args.out.with_suffix(".md"), "\n".join(lines) + "\n", "--out")
     print("\n".join(lines))
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, main_body)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -6,8 +6,10 @@ Method note: docs/methods/engine.md.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
+import os
 import re
 import sys
 import types
@@ -452,6 +454,7 @@ def eval_command(
     )
     from slimkit.primitives.files.guard import check_file_target, check_not_input, write_text_file
     from slimkit.primitives.io.finite import check_finite_weights
+    from slimkit.primitives.io.folder import check_tokenizer_files
     from slimkit.primitives.io.model_sources import check_source, load_source
 
     if json_out is not None:
@@ -469,6 +472,7 @@ def eval_command(
     if source.task == "encoder":
         remedy = "evaluate it on a GLUE task with --glue TASK (sst2, mrpc, rte, stsb)"
         check_lm_evaluations(eval_config, model, remedy)
+    check_tokenizer_files(folder, "evaluation")
     preflight_eval_data(eval_config)
     loaded, tokenizer, info = load_source(
         model, device=device or "auto", dtype=dtype or "auto", max_memory=max_memory, purpose="evaluate"
@@ -590,6 +594,22 @@ def _describe_usage_error(error: Any) -> str:
     return f"{message[:1].lower()}{message[1:]}{command}"
 
 
+OUT_OF_MEMORY = (
+    "slimkit ran out of host memory (the machine's, or the process's limit: ulimit -v); free memory, raise the "
+    "limit or use a smaller model or fewer tokens"
+)
+"""The line printed for a MemoryError no step translated (made before it is needed: printing must not allocate much)."""
+
+
+def _out_of_memory() -> typing.NoReturn:
+    """Print :data:`OUT_OF_MEMORY` and exit 2 at once: exit handlers (torch's among them) would fail again for want of
+    memory and print their own tracebacks. The command's own clean-up already ran as the error left it."""
+    print(f"error: {OUT_OF_MEMORY}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(2)
+
+
 def main() -> None:
     """Entry point: runs the Typer app, turning input and usage errors into one line and exit status 2."""
     exceptions = _click_exceptions()
@@ -598,11 +618,18 @@ def main() -> None:
         # Without standalone mode Typer returns the exit code of an interrupted command (130).
         code = app(prog_name="slimkit", standalone_mode=False)
     except SlimkitError as error:
-        print(f"error: {error}", file=sys.stderr)
+        if getattr(error, "shown", True):  # launched processes refusing together: the main one says it
+            print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except MemoryError:  # outside the steps that name themselves (a run's load, stages, save, export)
+        _out_of_memory()
+    except OSError as error:  # the kernel refusing memory to a system call (a thread, a mapping)
+        if error.errno != errno.ENOMEM:
+            raise
+        _out_of_memory()
     except no_args_is_help as error:
         # A group called without a command: its help (rich help is already printed by now). Status 2.
         text = error.format_message().strip()

@@ -18,7 +18,7 @@ from slimkit.primitives.files.atomic import remove_leftovers, swap_in
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import claim_output
 from slimkit.primitives.files.marker import check_only_listed, read_marker, write_marker
-from slimkit.primitives.files.removal import discard, remove_owned
+from slimkit.primitives.files.removal import remove_owned
 from slimkit.primitives.files.writable import check_writable
 
 RUN_MARKER = ".slimkit-run.json"
@@ -136,9 +136,16 @@ def checkpoint_root(out: Path) -> Path:
     return out.parent / f".{out.name}.checkpoints"
 
 
-def remove_checkpoints(out: Path) -> None:
-    """Delete ``out``'s checkpoint root (after the output was published)."""
-    discard(checkpoint_root(out))
+def remove_checkpoints(out: Path) -> list[str]:
+    """Delete ``out``'s checkpoint root (after the output was published) when slimkit created it, and the checkpoints
+    slimkit wrote in it (:func:`~slimkit.primitives.finetune.checkpoint.remove_checkpoint_root`); one line per thing
+    kept."""
+    from slimkit.primitives.finetune.checkpoint import remove_checkpoint_root
+
+    try:
+        return remove_checkpoint_root(checkpoint_root(out))
+    except OSError as error:
+        return [f"kept {checkpoint_root(out)}: deleting it failed ({error.strerror or error})"]
 
 
 def publish(staging: Path, out: Path, force: bool) -> list[str]:

@@ -17,6 +17,7 @@ from slimkit.engine.dispatch import block_children, start_item
 from slimkit.primitives.device.offload import check_stage_fits, is_offloaded
 from slimkit.primitives.device.placement import DTYPES, Placement, resolve_device
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.finetune.glue_task_model import task_head
 from slimkit.primitives.io.paths import check_path_length
 from slimkit.recipes.catalogue import stage_def
 from slimkit.recipes.schema import CalibrationConfig, Recipe, SequentialSpec
@@ -26,17 +27,10 @@ from slimkit.recipes.stage_args import ChangesProjections, ReadsData, offered
 def preflight_calibration_data(calibration: CalibrationConfig | None) -> None:
     """Read the calibration data file now, so a missing one (or an unusable cache folder the datasets library
     writes to) fails before any compute."""
-    from slimkit.primitives.datasets import gluedata, textdata
-    from slimkit.primitives.datasets.data_paths import cache_root
+    from slimkit.primitives.calibration.batches import check_calibration_source
 
-    if calibration is None:
-        return
-    task = gluedata.calibration_task(calibration.dataset)
-    if task is not None:
-        gluedata.read_split(task, "train")
-    else:
-        cache_root()  # usable: checked even when the corpus was read earlier in this process
-        textdata.documents(calibration.dataset)
+    if calibration is not None:
+        check_calibration_source(calibration.dataset)
 
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
@@ -137,12 +131,13 @@ def check_export_model(recipe: Recipe, model: Any) -> None:
     from slimkit.primitives.export import EXPORTABLE_MODEL_TYPES, HF_MODEL_TYPES
 
     model_type = getattr(model.config, "model_type", None)
+    head = task_head(recipe.task)
     for index, item in enumerate(recipe.export):
         allowed = EXPORTABLE_MODEL_TYPES if item.format == "gguf" else HF_MODEL_TYPES
-        if model_type not in allowed or recipe.task is not None:
+        if model_type not in allowed or head is not None:
             raise SlimkitError(
                 f"export.{index}: format {item.format} writes {', '.join(allowed)} language models; "
-                f"this run's model is {'a GLUE task model' if recipe.task else repr(model_type)}"
+                f"this run's model is {head.what if head is not None else repr(model_type)}"
             )
 
 
@@ -205,18 +200,11 @@ def check_calibration_length(recipe: Recipe, model: Any) -> None:
 
 
 def check_eval_model(recipe: Recipe, model: Any) -> None:
-    """Refuse, before any compression, perplexity or zero-shot evaluation of an encoder (no language-model head),
-    and perplexity windows longer than the model's positions."""
-    from slimkit.primitives.arch.support import task_of
-    from slimkit.primitives.evaluate.run import check_eval_length, check_lm_evaluations, check_lm_head
+    """Refuse, before any compression, an evaluation the run's model cannot take
+    (:func:`~slimkit.primitives.evaluate.run.check_eval_model`)."""
+    from slimkit.primitives.evaluate.run import check_eval_model as check_evaluations
 
-    check_eval_length(recipe.eval, model, "eval.perplexity.seq_len")
-    if recipe.task is None and task_of(model.config) != "encoder":
-        check_lm_head(recipe.eval, model, "the recipe's model")
-    if recipe.task is not None or task_of(model.config) != "encoder":
-        return
-    remedy = "set {field}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
-    check_lm_evaluations(recipe.eval, "this run's model", remedy, field_prefix="eval.")
+    check_evaluations(recipe.eval, model, task_head(recipe.task) is not None)
 
 
 def check_offloaded_stages(recipe: Recipe, model: Any) -> None:

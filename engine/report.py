@@ -101,11 +101,12 @@ class StageReport(ReportModel):
 
 class LayerStats(Record):
     """One decoder layer's widths (``ModelView.layer_widths``); the MLP width is kept under the architecture's
-    config name (``intermediate_size``, ``ffn_dim``, ...), so it is an extra field."""
+    config name (``intermediate_size``, ``ffn_dim``, ...), so it is an extra field, as are a hybrid's mixer widths
+    (whose layers without attention give no head counts: 0 here)."""
 
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
 
     @property
     def mlp_width(self) -> int | None:

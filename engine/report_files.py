@@ -42,15 +42,15 @@ def plot_widths(
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    keys = [k for k in before[0] if k != "head_dim"]
+    keys = [k for k in dict.fromkeys(k for w in before for k in w) if k != "head_dim"]  # a hybrid's layers differ
     has_ranks = structure is not None and bool(structure.ranks)
     panels = len(keys) + int(has_ranks)
     fig, axes = plt.subplots(panels, 1, figsize=(8, 2.2 * panels), sharex=True, squeeze=False)
     axes = axes[:, 0]
     layers = list(range(len(before)))
     for axis, key in zip(axes, keys, strict=False):
-        axis.bar(layers, [w[key] for w in before], color="#d0d0d0", label="before")
-        axis.bar(layers, [w[key] for w in after], color="#3b75af", label="after")
+        axis.bar(layers, [w.get(key, 0) for w in before], color="#d0d0d0", label="before")
+        axis.bar(layers, [w.get(key, 0) for w in after], color="#3b75af", label="after")
         axis.set_ylabel(key.replace("_", " "), fontsize=8)
     if structure is not None and has_ranks:
         axis = axes[-1]

@@ -19,24 +19,26 @@ import torch
 
 from slimkit.engine import finish, output_safety, preflight
 from slimkit.engine.context import Context
+from slimkit.engine.dense_comparison import dense_content_at_load
 from slimkit.engine.dispatch import run_stages
 from slimkit.engine.error_translation import run_errors
 from slimkit.engine.memory_check import check_memory_plan
-from slimkit.engine.processes import join_processes
+from slimkit.engine.processes import agree_on_inputs, collective_errors, join_processes
 from slimkit.engine.progress import Timings, Tracker
 from slimkit.engine.report import MACS_SEQ_LEN
 from slimkit.engine.run_result import Result, RunOptions
-from slimkit.primitives.calibration import CalibrationSpec, calibration_batches
+from slimkit.primitives.calibration import calibration_batches
 from slimkit.primitives.device.memory_model import MemoryPlan
 from slimkit.primitives.device.placement import Placement, dtype_name, reset_peak_memory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import count_macs, params_by_part
 from slimkit.primitives.evaluate.run import preflight_eval_data
 from slimkit.primitives.files.guard import terminate_as_interrupt
+from slimkit.primitives.finetune.glue_task_model import task_head
 from slimkit.primitives.io.finite import check_finite_weights
 from slimkit.primitives.io.model_sources import dense_origin, load_source
 from slimkit.primitives.io.paths import as_path
-from slimkit.recipes.schema import Recipe, is_glue_dataset
+from slimkit.recipes.schema import Recipe
 
 
 def run(
@@ -58,6 +60,7 @@ def run(
     tracker = tracker or Tracker()
     options = options or RunOptions()
     processes = join_processes()
+    agree_on_inputs(processes, recipe, model)  # launched processes refuse together when their inputs differ
     if not processes.main:  # launched processes beside the main one: compute, never write (see engine/processes.py)
         others = RunOptions(evaluate=False, compare_dense=False)
         checkpoints = output_safety.checkpoint_root(as_path(out, "out")) if out is not None else None
@@ -82,7 +85,8 @@ def _execute(
     ``checkpoints``: where training stages keep checkpoints when there is no ``out_path`` (a non-main process)."""
     placement, memory_plan = _preflight(recipe, model, options)
     timings = Timings()
-    with run_errors(timings):  # an out-of-memory error in a step becomes one line naming it
+    # an out-of-memory error in a step, a failed collective among launched processes: one line naming it
+    with run_errors(timings), collective_errors(join_processes()):
         reset_peak_memory(placement.device)
         with timings.stage("load"):
             ctx = _load(recipe, placement, model, tokenizer, tracker, notes, options)
@@ -100,7 +104,8 @@ def _execute(
         start = finish.RunStart(placement, widths_before, macs_before, calibration, memory_plan)
         result = finish.finish(ctx, start, stages, save_dtype, out_path, force, options, timings)
     if out_path is not None:  # published: nothing is left to resume
-        output_safety.remove_checkpoints(out_path)
+        for line in output_safety.remove_checkpoints(out_path):
+            tracker.log(line)
     return result
 
 
@@ -139,13 +144,13 @@ def _load(recipe, placement, model, tokenizer, tracker, notes, options: RunOptio
                 f"teacher and a top-level reconstruct use {origin['name']}; the target counts this model's "
                 f"{sum(p.numel() for p in model.parameters()):,} parameters"
             )
+        dense_content_at_load(recipe, source, options)  # what the dense comparison must measure
     else:
         source = {"name": "in-memory model", "path": None}
     check_finite_weights(model, f"model {source['name']}")  # before any compute reads a NaN weight
-    if recipe.task is not None:
-        from slimkit.primitives.finetune.glue_task_model import task_model
-
-        model = task_model(model, recipe.task, seed=recipe.seed)
+    head = task_head(recipe.task)
+    if head is not None:
+        model = head.wrap(model, recipe.seed)
     if tokenizer is None:
         raise SlimkitError(f"model source '{source['name']}' has no tokenizer")
     preflight.check_dense_reachable(recipe, source)
@@ -163,7 +168,6 @@ def _calibrate(ctx: Context) -> dict[str, Any] | None:
     config = ctx.recipe.calibration_config()
     if config is None:
         return None
-    examples = config.examples if is_glue_dataset(config.dataset) else None
-    spec = CalibrationSpec(config.dataset, config.samples, config.seq_len, ctx.recipe.seed, examples=examples)
+    spec = config.spec(ctx.recipe.seed)
     ctx.calibration = calibration_batches(ctx.tokenizer, spec)
     return spec.describe()

@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from slimkit.primitives.calibration.batches import CalibrationSpec
 from slimkit.primitives.datasets.textdata import CORPORA
 from slimkit.primitives.device.placement import check_device_name, check_dtype_name, parse_size
 from slimkit.primitives.errors import SlimkitError, format_validation_error, unknown
@@ -92,6 +93,11 @@ class CalibrationConfig(Strict):
         if "examples" in self.model_fields_set and not is_glue_dataset(self.dataset):
             raise ValueError("examples: applies to GLUE calibration datasets only (glue, glue-<task>)")
         return self
+
+    def spec(self, seed: int) -> CalibrationSpec:
+        """The calibration set these settings draw with ``seed`` (``examples`` only for a GLUE dataset)."""
+        examples = self.examples if is_glue_dataset(self.dataset) else None
+        return CalibrationSpec(self.dataset, self.samples, self.seq_len, seed, examples=examples)
 
 
 ALIGN_KINDS: tuple[str, ...] = ("mlp_channel", "attention_head", "kv_group")

@@ -162,6 +162,7 @@ class DistillArgs(LoraArgs, ReadsData):
         return self.trains()  # the teacher is loaded only to train against
 
     def check_source(self, recipe: Recipe, source: dict[str, Any]) -> None:
+        super().check_source(recipe, source)  # the training data (recovery_settings)
         check_hidden_term(recipe, source, self)
 
     def memory(self, stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -358,6 +359,8 @@ def distill_offline(ctx: Context, args: DistillArgs, config: LoraConfig) -> Stag
     finally:
         cache.release()
         release_memory(cuda)
+    if (note := cache.note("distill")) is not None:
+        ctx.notes.append(note)
     teacher: dict[str, Any] = {"teacher": "dense", "top_k": args.top_k, "cached_windows_read": cache.hits}
     teacher.update(windows_computed=cache.misses, teacher_load_seconds=loaded.get("teacher_load_seconds", 0.0))
     return StageResult({**report, **teacher}, artifacts=artifacts)

@@ -26,11 +26,20 @@ from slimkit.primitives.device.memory_model import StageMemory
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.masks.encoder import check_encoder_masks, train_encoder_masks
 from slimkit.primitives.masks.mask_settings import EncoderMaskSettings
-from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, ChangesProjections, ReadsData, SharesTarget, StageArgs
+from slimkit.recipes.schema import Recipe
+from slimkit.recipes.stage_args import (
+    ALL_ROLES,
+    BudgetMode,
+    ChangesProjections,
+    ChecksRecipe,
+    ReadsData,
+    SharesTarget,
+    StageArgs,
+)
 
 
 class MaskTrainEncoderArgs(
-    EncoderMaskSettings, StageArgs, SharesTarget, ChangesProjections, ReadsData, PlansMemory, ChecksModel
+    EncoderMaskSettings, StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksRecipe, PlansMemory, ChecksModel
 ):
     """The mask settings (:class:`~slimkit.primitives.masks.mask_settings.EncoderMaskSettings`) and the task data."""
 
@@ -42,6 +51,14 @@ class MaskTrainEncoderArgs(
     """Tokens per example; longer examples are truncated."""
     check_examples: int | None = Field(None, ge=0)
     """Dev examples for the masked-vs-fused comparison (None: the whole dev split; 0: none)."""
+
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """Eq. 30 counts the layers' block and residual matrices."""
+        if recipe.target.of != "layers":
+            raise ValueError(
+                f"{where}: mask_train_encoder counts Eq. 30 (block matrices and residual matrices); set "
+                f"target.of: layers (got {recipe.target.of})"
+            )
 
     def needs_task(self) -> bool:
         return True

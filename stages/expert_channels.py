@@ -16,6 +16,7 @@ not yet pruned and the result does not depend on the grouping. Method note: ``do
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,7 +51,8 @@ REFIT_ONLY = ("refit_memory", "damping")
 
 def channel_params(block: MoEBlock) -> int:
     """Parameters one channel holds across a layer's experts (a gate row, an up row and a down column each)."""
-    return block.num_experts * 3 * int(block.router.weight.shape[1])
+    biases = 2 if getattr(block.experts, "gate_up_proj_bias", None) is not None else 0  # GPT-OSS's gate and up
+    return block.num_experts * (3 * int(block.router.weight.shape[1]) + biases)
 
 
 def gram_bytes(experts: int, width: int) -> int:
@@ -191,7 +193,7 @@ def prune_expert_channels(ctx: Context, args: ExpertChannelArgs) -> StageResult:
         channel_sq = stats[block.index].channel_sq
         if channel_sq is None:
             raise SlimkitError(f"prune_expert_channels: layer {block.index}: no channel statistics were gathered")
-        scores = channel_scores(block.experts.down_proj.detach(), channel_sq)
+        scores = channel_scores(block.rows().down, channel_sq)
         kept[block.index] = kept_channels(scores, keep, args.shared)
         layers[block.index] = {"layer": block.index, "width_before": block.width, "width": keep}
     if not args.refit:
@@ -223,10 +225,11 @@ def _refit_layer(
     """Slice ``block``'s experts to channels ``index`` with their down projections refitted; what the refit did."""
     if routing.gram is None:
         raise SlimkitError(f"prune_expert_channels: layer {block.index}: no Grams were gathered for the refit")
-    fitted = refit_expert_down(block.experts.down_proj.detach(), routing.gram, index, damping=args.damping)
+    fitted = refit_expert_down(block.rows().down, routing.gram, index, damping=args.damping)
     routing.gram = None
     keep_expert_channels(block, index)
-    block.experts.down_proj.data.copy_(fitted.down)
+    rows = block.rows()
+    block.set_rows(replace(rows, down=fitted.down.to(rows.down.dtype)))
     used = [d for d in fitted.damping if d is not None]
     counts = [int(c) for c in routing.counts.tolist() if c > 0]
     return {

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from torch import nn
 
-from slimkit.engine.capabilities import ChecksModel, PlansMemory, PlansRemoval
+from slimkit.engine.capabilities import ChecksModel, ChecksReach, PlansMemory, PlansRemoval
 from slimkit.engine.context import Context
 from slimkit.engine.registry import register_stage
 from slimkit.engine.stage import StageResult
@@ -27,6 +27,7 @@ from slimkit.primitives.calibration.routing import ExpertRouting, collect_routin
 from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, forward_activation_bytes
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.experts.merge import assign_dropped, merged_weights, set_expert_weights
+from slimkit.primitives.experts.reach import expert_reach
 from slimkit.primitives.experts.routed import ExpertWeights
 from slimkit.primitives.experts.scores import (
     ExpertScorer,
@@ -42,7 +43,7 @@ from slimkit.recipes.stage_args import BudgetMode, ReadsData, SharesTarget, Stag
 ExpertAllocation = Literal["uniform", "global"]
 
 
-class ExpertPruneArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMemory, ChecksModel):
+class ExpertPruneArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMemory, ChecksModel, ChecksReach):
     scorer: ExpertScorer = "naee"
     """How a layer's kept experts are chosen: naee (least reconstruction loss of the routed output over candidate
     kept sets), frequency (the experts most tokens pick), weight (the largest mean top-k routing weight)."""
@@ -75,8 +76,9 @@ class ExpertPruneArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMem
         """Experts ``block`` loses by ``keep`` or ``ratio`` (None: solved from the target)."""
         if self.keep is not None:
             return block.num_experts - self.keep
-        if self.ratio is not None:
-            return round(self.ratio * block.num_experts)
+        if self.ratio is not None:  # a group-limited router loses the same number from every group
+            groups = block.router_groups
+            return round(self.ratio * block.num_experts / groups) * groups
         return None
 
     def plan(self, ctx: Context) -> int:
@@ -118,11 +120,60 @@ class ExpertPruneArgs(StageArgs, SharesTarget, PlansRemoval, ReadsData, PlansMem
                         f"prune_experts: keep {self.keep} is outside layer {block.index}'s {block.top_k}-"
                         f"{block.num_experts} (at least the router's top-k, at most the experts it has)"
                     )
+        grouped = [b.index for b in blocks if b.router_groups > 1]
+        if grouped and self.allocation == "global" and self.budget() == "solve":
+            raise SlimkitError(
+                f"prune_experts: allocation global removes experts one at a time, and layer {grouped[0]}'s router "
+                "picks among groups of experts (n_group) that must keep equal counts; use allocation: uniform"
+            )
         if self.allocation == "uniform" and len({b.num_experts for b in blocks}) > 1 and self.budget() == "solve":
             raise SlimkitError(
                 "prune_experts: allocation uniform needs the same expert count in every layer to solve the target; "
                 "give keep, or use allocation: global"
             )
+
+    def reach_check(self, ctx: Context, stage: str) -> None:
+        """A target solved with whole experts is checked reachable on the shapes, before calibration."""
+        if self.budget() == "solve":
+            check_expert_reach(ctx, self, stage)
+
+
+def check_expert_reach(ctx: Context, args: ExpertPruneArgs, name: str) -> None:
+    """Refuse, in one line and before any compute, a strict target whole experts cannot land on within its
+    tolerance, or one that needs more experts than the layers can lose (:func:`expert_reach`)."""
+    blocks = moe_blocks(ctx.model)
+    if not blocks:
+        return
+    target = ctx.recipe.target
+    dense = ctx.params_before[target.part]
+    uniform = args.allocation == "uniform"
+    removable = [b.num_experts - b.top_k for b in blocks]
+    reach = expert_reach(
+        ctx.params_to_remove(), blocks[0].expert_params(), removable, uniform, round(target.tolerance * dense)
+    )
+    where = "from every layer" if uniform else "in all"
+    if reach.too_many:
+        most = (
+            f"the {reach.most} a layer can lose (it keeps"
+            if uniform
+            else f"the {reach.most} the layers can lose (each keeps"
+        )
+        raise SlimkitError(
+            f"{name}: the target needs {reach.count} experts removed {where}, more than {most} its top-k); lower "
+            "target.ratio"
+        )
+    if reach.lands or not target.strict:
+        return
+
+    def ratio(removed: int) -> str:
+        return f"{max(0.0, target.ratio + (removed - reach.wanted) / dense):.2%}"
+
+    raise SlimkitError(
+        f"{name}: whole experts cannot remove {target.ratio:.1%} of {target.of} within target.tolerance "
+        f"{target.tolerance:.1%}: {reach.count} expert(s) {where} remove {ratio(reach.removed)}, the nearest counts "
+        f"{' or '.join(ratio(r) for r in reach.nearest())}; set a target.ratio whole experts reach, widen "
+        "target.tolerance" + (", or use allocation: global (one expert at a time)" if uniform else "")
+    )
 
 
 class ExpertMergeArgs(ExpertPruneArgs):
@@ -143,7 +194,8 @@ def _removals(
     wanted = ctx.params_to_remove()
     most = {b.index: b.num_experts - b.top_k for b in blocks}
     if args.allocation == "uniform":
-        per_layer = round(wanted / (cost * len(blocks)))
+        groups = blocks[0].router_groups  # a group-limited router loses the same number from every group
+        per_layer = round(wanted / (cost * len(blocks) * groups)) * groups
         if per_layer > min(most.values()):
             raise SlimkitError(
                 f"prune_experts: the target needs {per_layer} experts removed from every layer, more than the "
@@ -170,6 +222,8 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> StageResult:
     merge = isinstance(args, ExpertMergeArgs)
     name = "merge_experts" if merge else "prune_experts"
     args.check_model(ctx.model)
+    if args.budget() == "solve":
+        check_expert_reach(ctx, args, name)  # before the calibration pass (a later block's stage included)
     start = time.perf_counter()
     batches = ctx.calibration_batches()[: args.batches] if args.batches else ctx.calibration_batches()
     sample = args.tokens if (args.scorer == "naee" or merge) else 0
@@ -198,7 +252,7 @@ def run_expert_stage(ctx: Context, args: ExpertPruneArgs) -> StageResult:
                 kept = found.kept
                 entry.update(loss=round(found.loss, 6), candidates=found.candidates, exhaustive=found.exhaustive)
             else:
-                kept = keep_top(router_scores(layer_stats, args.scorer), keep)
+                kept = keep_top(router_scores(layer_stats, args.scorer), keep, block.router_groups)
             if isinstance(args, ExpertMergeArgs) and keep < block.num_experts:
                 x = inputs(block)
                 plan = assign_dropped(weights, kept, x)

@@ -98,8 +98,11 @@ def default_lora_targets(ctx: Context) -> tuple[str, ...]:
     dense: dict[str, list[str]] = {}
     lowrank: set[str] = set()
     view = ctx.view
+    # A routed-expert family's MLP projections share their names with fused expert tensors, which peft re-targets
+    # as parameters (its transformers-v5 MoE conversion); such a model is adapted in its attention only.
+    skipped = {"gate", "up", "down"} if view.spec.experts is not None else set()
     for layer in view.layers:
-        for role in layer.roles:
+        for role in (r for r in layer.roles if r not in skipped):
             path = view.path_of(layer.linear(role))
             suffix = path.rsplit(".", 1)[-1]
             if isinstance(layer.linear(role), LowRankLinear):

@@ -178,6 +178,8 @@ def layer_shapes(layer: LayerView, roles: list[LinearRole]) -> dict[str, tuple[i
     """``role -> (d_out, d_in)`` of the chosen projections of ``layer``, refusing one that is already low-rank."""
     shapes: dict[str, tuple[int, int]] = {}
     for role in roles:
+        if role not in layer.roles:  # a hybrid's layer without this block (or a removed block)
+            continue
         module = layer.linear(role)
         if isinstance(module, LowRankLinear):
             raise SlimkitError(f"layer {layer.index}: {role} is already low-rank")
@@ -195,8 +197,10 @@ def _layer_ranks(
             raise SlimkitError(
                 "lowrank: allocation global is decided in the pre-pass of a layer-wise block; run it through a recipe"
             )
-        return allocation.ranks[layer.index]
+        return allocation.ranks.get(layer.index, {})  # a hybrid's layer holding none of the roles has no ranks
     shapes = layer_shapes(layer, list(args.roles))
+    if not shapes:  # a hybrid's layer holding none of the roles (LoRAP's attention in a DeltaNet or Mamba layer)
+        return {}
     if args.allocation == "lorap":
         budget = int((1.0 - fraction) * sum(dense_params(d_in, d_out) for d_out, d_in in shapes.values()))
         return allocate_attention(shapes, budget, args.qk_share, args.mac_fraction)
@@ -225,7 +229,7 @@ def planned_removal(ctx: Context, args: LowRankArgs) -> int:
     removed = 0
     for layer in ctx.view.layers:
         ranks = _layer_ranks(layer, args, fraction)
-        for role in args.roles:
+        for role in (r for r in args.roles if r in ranks):  # a hybrid's layer holds some of the roles
             rank = ranks[role]
             weight = layer.linear(role).weight
             if rank is not None and counted(ctx, weight, parts):
@@ -241,7 +245,7 @@ def global_wanted(ctx: Context, args: LowRankArgs, fraction: float) -> int:
     total = 0
     for layer in ctx.view.layers:
         layer_shapes(layer, list(args.roles))  # refuses a projection that is already low-rank
-        for role in args.roles:
+        for role in (r for r in args.roles if r in layer.roles):
             weight = layer.linear(role).weight
             if not counted(ctx, weight, parts):
                 raise SlimkitError(
@@ -287,7 +291,7 @@ class LowRank:
     def run_layer(self, state: LowRankState, layer: LayerView, stats: LayerStats) -> None:
         args, view = state.args, state.ctx.view
         ranks = _layer_ranks(layer, args, state.fraction, state.allocation)
-        for role in args.roles:
+        for role in (r for r in args.roles if r in ranks):  # a hybrid's layer holds some of the roles
             rank = ranks[role]
             if rank is None:
                 continue

@@ -67,7 +67,7 @@ def check_rank_reachable(ctx: Context, args: LowRankArgs) -> None:
     wanted = global_wanted(ctx, args, lowrank_fraction(ctx, args))
     most = 0
     for layer in ctx.view.layers:
-        for role in args.roles:
+        for role in (r for r in args.roles if r in layer.roles):
             d_out, d_in = layer.linear(role).weight.shape
             most += most_saved(d_out, d_in, *_bounds(args, (d_out, d_in), settings.max_fraction))
     if wanted > most:
@@ -99,7 +99,7 @@ class RankSpectra:
         self.spectra: list[MatrixSpectrum] = []
 
     def visit(self, layer: LayerView, stats: LayerStats) -> None:
-        for role in self.args.roles:
+        for role in (r for r in self.args.roles if r in layer.roles):  # a hybrid's layers hold some
             d_out, d_in = layer.linear(role).weight.shape
             high, low = _bounds(self.args, (d_out, d_in), self.max_fraction)
             energies = _energies(self.ctx, self.args, layer, role, stats)

@@ -30,10 +30,13 @@ from slimkit.primitives.evaluate.eval_settings import check_corpus
 from slimkit.primitives.masks.mask_settings import StreamMaskSettings
 from slimkit.primitives.masks.stream import train_stream_masks
 from slimkit.primitives.masks.training import MaskTarget
-from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, ChangesProjections, SharesTarget, StageArgs
+from slimkit.recipes.schema import Recipe
+from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, ChangesProjections, ChecksRecipe, SharesTarget, StageArgs
 
 
-class MaskTrainArgs(StreamMaskSettings, StageArgs, SharesTarget, ChangesProjections, PlansMemory, ChecksModel):
+class MaskTrainArgs(
+    StreamMaskSettings, StageArgs, SharesTarget, ChangesProjections, ChecksRecipe, PlansMemory, ChecksModel
+):
     """The mask settings (:class:`~slimkit.primitives.masks.mask_settings.StreamMaskSettings`) and the training data."""
 
     batch_size: int = Field(4, ge=1)
@@ -44,6 +47,13 @@ class MaskTrainArgs(StreamMaskSettings, StageArgs, SharesTarget, ChangesProjecti
     """Local corpus the training windows are drawn from: wikitext2, ptb, c4 or alpaca."""
 
     _dataset = field_validator("dataset")(check_corpus)
+
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """The masks' Lagrangian counts the whole model (its expected sparsity is of every parameter)."""
+        if recipe.target.of != "model":
+            raise ValueError(
+                f"{where}: mask_train counts the whole model; set target.of: model (got {recipe.target.of})"
+            )
 
     def budget(self) -> BudgetMode:
         return "solve"

@@ -30,7 +30,16 @@ from slimkit.primitives.device.memory_model import FLOAT32, StageMemory, layer_i
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.projection import ProjectionSettings, project_hidden_dimension
 from slimkit.primitives.projection.norms import BLOCK_ROWS
-from slimkit.recipes.stage_args import ALL_ROLES, BudgetMode, ChangesProjections, ReadsData, SharesTarget, StageArgs
+from slimkit.recipes.schema import Recipe
+from slimkit.recipes.stage_args import (
+    ALL_ROLES,
+    BudgetMode,
+    ChangesProjections,
+    ChecksRecipe,
+    ReadsData,
+    SharesTarget,
+    StageArgs,
+)
 
 
 def projection_memory(stage: str, inputs: MemoryInputs) -> StageMemory:
@@ -46,7 +55,7 @@ def projection_memory(stage: str, inputs: MemoryInputs) -> StageMemory:
     return memory
 
 
-class PCAProjectArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, PlansMemory, ChecksModel):
+class PCAProjectArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksRecipe, PlansMemory, ChecksModel):
     group_size: int | Literal["all"] = 4
     """Decoder layers sharing one basis (4 = the paper's gs = 8 sub-layer blocks), or ``all``."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0)
@@ -77,6 +86,15 @@ class PCAProjectArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, Pla
         if isinstance(value, int) and value < 1:
             raise ValueError("group_size must be >= 1 or 'all'")
         return value
+
+    def check_recipe(self, recipe: Recipe, where: str) -> None:
+        """Without ``ratio`` the hidden widths are solved from a target of the whole model."""
+        if self.ratio is None and recipe.target.of != "model":
+            raise ValueError(
+                f"{where}: pca_project without ratio solves the hidden widths from the whole model's target; set "
+                f"target.of: model (got {recipe.target.of}), or give args.ratio (the fraction of hidden dimensions "
+                "removed)"
+            )
 
     def needs_calibration(self) -> bool:
         return True

@@ -67,7 +67,20 @@ from slimkit.stages.scoring import (
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 from slimkit.stages.selection_prepass import UnitScores
 
-GroupKind = Literal["mlp_channel", "attention_head", "kv_group", "hidden_feature"]
+GroupKind = Literal[
+    "mlp_channel",
+    "attention_head",
+    "kv_group",
+    "hidden_feature",
+    "q_latent",
+    "kv_latent",
+    "linear_head",
+    "linear_kv_group",
+    "mamba_head",
+    "mamba_channel",
+]
+EXCLUSIVE_KINDS = (("attention_head", "kv_group"), ("linear_head", "linear_kv_group"), ("mamba_head", "mamba_channel"))
+"""Kinds whose units share parameters: one stage prunes one of each pair."""
 
 
 class PruneArgs(SelectionArgs[GroupKind], ScoringArgs, ChangesProjections, PlansMemory):
@@ -78,8 +91,9 @@ class PruneArgs(SelectionArgs[GroupKind], ScoringArgs, ChangesProjections, Plans
 
     @model_validator(mode="after")
     def _compatible(self) -> PruneArgs:
-        if "attention_head" in self.groups and "kv_group" in self.groups:
-            raise ValueError("groups: choose attention_head or kv_group, not both")
+        for first, second in EXCLUSIVE_KINDS:
+            if first in self.groups and second in self.groups:
+                raise ValueError(f"groups: choose {first} or {second}, not both")
         self.check_kinds(self.groups)
         return self
 

@@ -97,7 +97,7 @@ class PruneNetArgs(StageArgs, SharesTarget, ChangesProjections, PlansMemory, Che
         return "explicit" if self.ratio is not None else "solve"
 
     def operations(self) -> frozenset[str]:
-        return frozenset({"mlp_channel"})
+        return frozenset({"mlp_channel", "mlp_policy"})
 
     def touches(self) -> frozenset[LinearRole]:
         return frozenset({"gate", "up", "down"})

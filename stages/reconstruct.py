@@ -94,7 +94,7 @@ def check_bias(ctx: Context, args: ReconstructArgs, layer: LayerView) -> None:
     """Refuse ``bias: mean`` on a consumer the architecture or an offloaded model cannot give a bias."""
     if args.bias != "mean":
         return
-    for role in args.consumers:
+    for role in (r for r in args.consumers if r in layer.roles):
         reason = bias_refusal(ctx.model, layer, role)
         if reason is not None:
             raise SlimkitError(f"reconstruct: bias: mean needs a bias on {role}, but {reason}")

@@ -117,7 +117,7 @@ def _check_recipe_placement(ctx: Context, args: ReconstructArgs, index: int) -> 
 def _check_compressed(ctx: Context, args: ReconstructArgs, roles: list[LinearRole]) -> None:
     """Refusals on the compressed model, before the dense one is loaded: low-rank pairs, a bias it cannot carry."""
     for layer in ctx.view.layers:
-        for role in roles:
+        for role in (r for r in roles if r in layer.roles):
             if isinstance(layer.linear(role), LowRankLinear):
                 raise SlimkitError(
                     f"reconstruct: layer {layer.index} {role} is a low-rank pair, which the top-level form does not "
@@ -148,7 +148,7 @@ def refit_plan(view: ModelView, dense: ModelView, roles: list[LinearRole], args:
                 f"reconstruct: layer {layer.index}'s head size is {layer.head_dim} and its source's "
                 f"{dense_layer.head_dim}; the dense attention cannot run on the compressed model's position tables"
             )
-        for role in roles:
+        for role in (r for r in roles if r in layer.roles):  # a hybrid's layer holds some roles
             narrower = layer.linear(role).weight.shape[1] != dense_layer.linear(role).weight.shape[1]
             if narrower:
                 plan.refit.setdefault(layer.index, []).append(role)

@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 from torch import nn
 
+from slimkit.engine.capabilities import ChecksModel
 from slimkit.engine.context import Context
 from slimkit.engine.stage import ArtifactWriter
 from slimkit.primitives.finetune import LoraConfig
+from slimkit.primitives.finetune.checkpoint import model_content_key
 from slimkit.primitives.finetune.full_recovery import recover_all_weights
 from slimkit.primitives.finetune.process_group import world
 from slimkit.primitives.finetune.recovery import RecoveryConfig, RecoveryResult, TokenObjective
 from slimkit.primitives.finetune.token_recovery import recover_in_tokens
-from slimkit.primitives.finetune.token_stream import TextSource, folder_files
+from slimkit.primitives.finetune.token_stream import TextSource, check_data_files, check_windows, folder_files
+from slimkit.recipes.schema import Recipe
 from slimkit.recipes.stage_args import StageArgs
 
 TOKEN_ONLY = (
@@ -42,7 +45,7 @@ TOKEN_ONLY = (
 """Fields that only the token-budgeted loop reads (refused without ``tokens``)."""
 
 
-class RecoveryArgs(StageArgs):
+class RecoveryArgs(StageArgs, ChecksModel):
     if TYPE_CHECKING:  # declared by the arguments that derive from this base (lora, distill)
         batch_size: int
         seq_len: int
@@ -86,6 +89,22 @@ class RecoveryArgs(StageArgs):
             folder_files(self.data_folder)  # a missing or empty folder is refused with the recipe
         return self
 
+    def check_source(self, recipe: Recipe, source: dict[str, Any]) -> None:
+        """Before any compute: every data file reads as its ending says, and the data gives the validation windows
+        and one to train on (tokenised with the source's tokenizer; a model given in memory: the files only)."""
+        super().check_source(recipe, source)
+        if self.tokens is None:
+            return
+        if self.data_folder is not None:
+            check_data_files(self.data_folder)
+        if source.get("path") is not None:
+            from slimkit.primitives.io.load import folder_tokenizer
+
+            tokenizer = folder_tokenizer(source["path"])
+            if tokenizer is not None:
+                data = TextSource(self.dataset, self.data_folder, recipe.seed)
+                check_windows(tokenizer, data, self.seq_len, self.validation_windows)
+
 
 def recovery_config(args: RecoveryArgs, seed: int) -> RecoveryConfig:
     """The loop's settings from a stage's arguments (``tokens`` set)."""
@@ -111,12 +130,23 @@ def recovery_config(args: RecoveryArgs, seed: int) -> RecoveryConfig:
 
 def checkpoint_folder(ctx: Context, label: str, args: RecoveryArgs) -> Path | None:
     """This stage's checkpoint folder under the run's checkpoint root, named by a hash of the recipe (everything
-    before and in the stage decides what is trained), so a changed recipe never resumes another's checkpoint."""
+    before and in the stage decides what is trained) and of the input model's content, so a changed recipe or model
+    never resumes another's checkpoint: training starts over, with a note naming the checkpoint not resumed."""
     if ctx.checkpoints is None:
         return None
     recipe = ctx.recipe.model_dump(mode="json")
-    key = json.dumps({"recipe": recipe, "stage": label, "args": args.model_dump(mode="json")}, sort_keys=True)
-    return ctx.checkpoints / f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    model = model_content_key(ctx.source.get("path"), ctx.model)
+    key = json.dumps(
+        {"recipe": recipe, "stage": label, "args": args.model_dump(mode="json"), "model": model}, sort_keys=True
+    )
+    folder = ctx.checkpoints / f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    others = sorted(p.name for p in ctx.checkpoints.glob(f"{label}-*") if p.is_dir() and p.name != folder.name)
+    if others and not folder.exists():
+        ctx.notes.append(
+            f"{label}: the checkpoint {ctx.checkpoints / others[0]} was written for another recipe or input model "
+            "(its weights' content differs), so it is not resumed; training starts over"
+        )
+    return folder
 
 
 def run_token_budget(

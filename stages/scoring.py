@@ -43,6 +43,12 @@ KIND_ROLES: dict[str, frozenset[LinearRole]] = {
     "kv_group": frozenset({"q", "k", "v", "o"}),
     "mlp_channel": frozenset({"gate", "up", "down"}),
     "hidden_feature": ALL_ROLES,
+    "q_latent": frozenset({"q"}),  # MLA: q_b's columns (and q_a's rows, not a role)
+    "kv_latent": frozenset({"k"}),  # MLA: kv_b's columns (and kv_a's rows)
+    "linear_head": frozenset(),  # a hybrid's mixer projections, which no role names
+    "linear_kv_group": frozenset(),
+    "mamba_head": frozenset(),
+    "mamba_channel": frozenset(),
 }
 
 
@@ -137,7 +143,7 @@ def scored_params(shape: ModelShape, kinds: Sequence[str], layers: int) -> int:
     if "hidden_feature" in kinds:
         return shape.total_params()
     per_layer = 0
-    if {"attention_head", "kv_group"} & set(kinds):
+    if {"attention_head", "kv_group", "q_latent", "kv_latent"} & set(kinds):
         per_layer += shape.attention_params()
     if "mlp_channel" in kinds:
         per_layer += shape.mlp_params()

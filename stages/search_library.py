@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,9 +29,11 @@ from slimkit.engine.context import Context
 from slimkit.engine.layerwise import layer_statistics
 from slimkit.primitives.allocate.fitness import dense_log_probs
 from slimkit.primitives.arch import ModelView
-from slimkit.primitives.arch.moe import moe_blocks, moe_spec
+from slimkit.primitives.arch.moe import MoEBlock, moe_blocks, moe_spec
 from slimkit.primitives.calibration import capture_layer_inputs, run_layer
 from slimkit.primitives.device.offload import resident
+from slimkit.primitives.experts.routed import ExpertWeights
+from slimkit.primitives.experts.routers import route
 from slimkit.primitives.search.build import BuildSettings, LayerEvidence, apply_record, build_candidate
 from slimkit.primitives.search.candidates import CandidateSpec, Part, layer_specs, refused_kinds
 from slimkit.primitives.search.costs import MemoryAt, memory_removed
@@ -81,14 +84,18 @@ def expert_counts(model: nn.Module) -> Iterator[dict[int, torch.Tensor]]:
     counts: dict[int, torch.Tensor] = {}
     blocks = moe_blocks(model) if moe_spec(model) is not None else []
 
-    def hook(index: int, experts: int) -> Callable[[nn.Module, tuple, tuple], None]:
-        def count(_module: nn.Module, _args: tuple, output: tuple) -> None:
-            picked = output[2].reshape(-1).to("cpu")
+    def hook(block: MoEBlock) -> Callable[[nn.Module, tuple, Any], None]:
+        index, experts = block.index, block.num_experts
+
+        def count(_module: nn.Module, args: tuple, _output: Any) -> None:
+            # recomputed from the router's input by the family's rule (routers return different tuples)
+            x = args[0].reshape(-1, args[0].shape[-1])
+            picked = route(ExpertWeights.of(block).rule, x).index.reshape(-1).to("cpu")
             counts[index] = counts.get(index, torch.zeros(experts)) + torch.bincount(picked, minlength=experts)
 
         return count
 
-    handles = [b.router.register_forward_hook(hook(b.index, b.num_experts)) for b in blocks]
+    handles = [b.router.register_forward_hook(hook(b)) for b in blocks]
     try:
         yield counts
     finally:

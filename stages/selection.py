@@ -28,7 +28,8 @@ class SelectionArgs(
     groups: list[K] = Field(default_factory=lambda: default_groups(), min_length=1)
     """Unit kinds to prune, each once: mlp_channel (MLP channels, read by down_proj), attention_head (query heads,
     evenly per KV group; read by o_proj), kv_group (a KV head with its query heads; prune, prune_layer),
-    hidden_feature (one residual-stream dimension everywhere; prune only)."""
+    hidden_feature (one residual-stream dimension everywhere; prune only), q_latent / kv_latent (a query or key-value
+    latent channel of multi-head latent attention: choosing the rank of its low-rank pair; prune, prune_layer)."""
     ratio: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)
     """Fraction of units removed from every group; None: set by ratio_rule from the recipe target."""
     ratio_rule: Literal["solve", "layer"] = "solve"

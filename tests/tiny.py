@@ -225,6 +225,90 @@ NEW_FAMILIES = {
 """The decoder families beyond Llama's (each ``factory(vocab_size=..., layers=...)``)."""
 
 
+def tiny_olmo3(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> torch.nn.Module:
+    """OLMo 3: OLMo 2's modules with sliding-window layers (window 4, shorter than the test inputs), every fourth layer
+    attending to the whole context as in the released models."""
+    from transformers import Olmo3Config, Olmo3ForCausalLM
+
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "head_dim"}  # derived: 48 / 6 = 8
+    config = Olmo3Config(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        sliding_window=4,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)],
+        **widths,
+    )
+    return _randomise_norms(Olmo3ForCausalLM(config))
+
+
+def tiny_glm4(
+    vocab_size: int = 300, layers: int = 3, tie: bool = False, partial_rotary_factor: float = 0.5
+) -> torch.nn.Module:
+    """GLM-4 (dense): fused gate_up_proj (seen as its parts), q/k/v biases, four norms a layer, RoPE over half of
+    each head in adjacent pairs."""
+    from transformers import Glm4Config, Glm4ForCausalLM
+
+    from slimkit.primitives.arch.fused import split_fused
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary_factor}
+    config = Glm4Config(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        rope_parameters=rope,
+        attention_bias=True,
+        **_widths(),
+    )
+    return split_fused(_randomise_norms(_randomise_attention_biases(Glm4ForCausalLM(config))))
+
+
+DENSE_2026 = {"olmo3": tiny_olmo3, "glm4": tiny_glm4}
+"""Dense decoder families added as architecture data only (each ``factory(vocab_size=..., layers=...)``)."""
+
+
+def tiny_gemma3_vlm(vocab_size: int = 300, layers: int = 2) -> torch.nn.Module:
+    """Gemma 3 as a vision-language model (``Gemma3ForConditionalGeneration``): the tiny Gemma 3 text model (one
+    sliding, one full layer), a one-layer SigLIP vision tower on 28 x 28 images of 7 x 7 patches and the projector
+    pooling them to 4 image tokens. The last three ids are the image's begin, end and placeholder tokens
+    (:func:`gemma3_vlm_inputs`); the projector's matrix starts at zero and is random here, so the image matters."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    text = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        sliding_window=4,
+        layer_types=_gemma_windows(layers),
+        query_pre_attn_scalar=12,
+        **_widths(head_dim=12),
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=7
+    )
+    config = Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        boi_token_index=vocab_size - 3,
+        eoi_token_index=vocab_size - 2,
+        image_token_index=vocab_size - 1,
+        architectures=["Gemma3ForConditionalGeneration"],
+    )
+    model = _randomise_norms(Gemma3ForConditionalGeneration(config))
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.3)
+    return model
+
+
+def gemma3_vlm_inputs(vocab_size: int, prompt: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
+    """``input_ids`` (begin-of-image, 4 placeholders, end-of-image, then ``prompt``), ``token_type_ids`` (1 on the
+    placeholders) and ``pixel_values`` of one random 28 x 28 image, for :func:`tiny_gemma3_vlm`."""
+    image = vocab_size - 1
+    ids = torch.tensor([[vocab_size - 3, *[image] * 4, vocab_size - 2, *prompt]])
+    pixels = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "token_type_ids": (ids == image).long(), "pixel_values": pixels}
+
+
 def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
     config = OPTConfig(
         vocab_size=vocab_size,
@@ -239,7 +323,7 @@ def tiny_opt(vocab_size: int = 300, layers: int = 2) -> OPTForCausalLM:
     return _randomise_norms(OPTForCausalLM(config))
 
 
-DECODERS = {**FAMILIES, **NEW_FAMILIES, "opt": tiny_opt}
+DECODERS = {**FAMILIES, **NEW_FAMILIES, **DENSE_2026, "opt": tiny_opt}
 """Every dense decoder family with its own tiny factory, for the architecture x recipe matrix."""
 
 
@@ -403,6 +487,153 @@ def tiny_olmoe(
     return _randomise_norms(_randomise_routers(OlmoeForCausalLM(config)))
 
 
+def _randomise_moe_2026(model: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:
+    # Routers, router biases and choice corrections, expert biases and attention sinks start at zero (or ones):
+    # random values make routing and every sliced vector visible in equality tests.
+    suffixes = (
+        "mlp.gate.weight",
+        "mlp.router.weight",
+        "feed_forward.router.weight",
+        "router.bias",
+        "e_score_correction_bias",
+        "gate_up_proj_bias",
+        "down_proj_bias",
+        "self_attn.sinks",
+    )
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(suffixes):
+                tensor.copy_(torch.randn_like(tensor) * (0.1 if name.endswith("correction_bias") else std))
+    return model
+
+
+def tiny_deepseek_v3(
+    vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False, groups: int = 2
+):
+    """DeepSeek-V3 / Kimi K2: multi-head latent attention (query rank 24, key-value rank 16, heads of 8 + 4 rotary
+    dimensions, values of 8), one dense first layer, ``experts`` routed experts in ``groups`` groups (one picked per
+    token; DeepSeek-V3 has 8, Kimi K2 1) beside two shared experts (one MLP of twice the width), sigmoid routing with
+    a correction bias and a scaling factor."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        n_routed_experts=experts,
+        n_shared_experts=2,
+        n_group=groups,
+        topk_group=1,
+        num_experts_per_tok=top_k,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return _randomise_norms(_randomise_moe_2026(DeepseekV3ForCausalLM(config)))
+
+
+def tiny_glm4_moe(
+    vocab_size: int = 300, layers: int = 3, experts: int = 8, top_k: int = 2, tie: bool = False, groups: int = 2
+):
+    """GLM-4.5: per-head q/k norms, RoPE over half of each head, one dense first layer, ``experts`` routed experts
+    in ``groups`` groups (GLM-4.5 has 1) beside two shared experts (DeepSeek-V3's router)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=128,
+        moe_intermediate_size=16,
+        head_dim=8,
+        n_routed_experts=experts,
+        n_shared_experts=2,
+        n_group=groups,
+        topk_group=1,
+        num_experts_per_tok=top_k,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.5,
+        use_qk_norm=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_moe_2026(Glm4MoeForCausalLM(config)))
+
+
+def tiny_gpt_oss(vocab_size: int = 300, layers: int = 2, experts: int = 8, top_k: int = 2, tie: bool = False):
+    """GPT-OSS: biased attention with a learned sink per query head (8 heads over 2 KV heads), sliding (window 4) and
+    full layers alternating, ``experts`` experts with biases and the interleaved, clamped gate/up (limit 1.0, reached
+    by these weights)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=16,
+        head_dim=8,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        sliding_window=4,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        swiglu_limit=1.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=tie,
+        **{**_MOE_WIDTHS, "num_attention_heads": 8},
+    )
+    model = GptOssForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                param.normal_(0.0, 0.3)
+    return _randomise_norms(_randomise_attention_biases(_randomise_moe_2026(model)))
+
+
+def tiny_llama4_text(vocab_size: int = 300, layers: int = 4, experts: int = 4, top_k: int = 1, tie: bool = False):
+    """Llama 4 (text): dense and routed layers interleaved (layers 1 and 3 route, with a shared expert), top-1
+    routing scaling each expert's input, no RoPE in every 4th layer, chunked attention (4 tokens), L2 q/k norms."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    config = Llama4TextConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        intermediate_size=16,
+        intermediate_size_mlp=48,
+        head_dim=8,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        interleave_moe_layer_step=2,
+        attention_chunk_size=4,
+        floor_scale=4,
+        tie_word_embeddings=tie,
+        **_MOE_WIDTHS,
+    )
+    return _randomise_norms(_randomise_moe_2026(Llama4ForCausalLM(config)))
+
+
+MOE_2026 = {
+    "deepseek_v3": tiny_deepseek_v3,
+    "glm4_moe": tiny_glm4_moe,
+    "gpt_oss": tiny_gpt_oss,
+    "llama4_text": tiny_llama4_text,
+}
+"""The mixture-of-experts families added since (each ``factory(vocab_size=..., layers=..., experts=..., top_k=...)``);
+not in :data:`MOE_FAMILIES`, whose tests assume every layer routes by a softmax."""
+
+
 MOE_FAMILIES = {
     "mixtral": tiny_mixtral,
     "qwen2_moe": tiny_qwen2_moe,
@@ -443,3 +674,143 @@ def shrink_encoder_recipe(raw: dict, model_dir) -> dict:
                 check_examples=16,
             )
     return raw
+
+
+# -- hybrids: decoder layers of several kinds (gated DeltaNet or Mamba-2 beside attention) --------------------------
+def _alternating(layers: int, pattern: tuple[str, ...]) -> list[str]:
+    return [pattern[i % len(pattern)] for i in range(layers)]
+
+
+def _randomise_mixers(model: torch.nn.Module) -> torch.nn.Module:
+    # Mamba-2's D starts at 1 and dt_bias at 1; random values make the per-head bookkeeping visible.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith((".D", ".dt_bias")):
+                param.copy_(torch.rand_like(param) + 0.5)
+            elif name.endswith("conv1d.bias"):
+                param.copy_(torch.randn_like(param) * 0.2)
+    return model
+
+
+def tiny_qwen3_5_text(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Qwen 3.5 (text): gated DeltaNet layers (2 key heads, 6 value heads of 8) alternating with gated attention
+    (6/2 heads of 8, query and output gate per head, RoPE over a quarter of each head), (1 + w) RMSNorms."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        layer_types=_alternating(layers, ("linear_attention", "full_attention")),
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        **_FAMILY_WIDTHS,
+    )
+    return _randomise_norms(Qwen3_5ForCausalLM(config))
+
+
+def tiny_nemotron_h(vocab_size: int = 300, layers: int = 3, tie: bool = False) -> torch.nn.Module:
+    """Nemotron-H: one block per layer, Mamba-2 (8 heads of 6 in 2 SSM groups, state 8), attention (6/2 heads of 8)
+    or a plain relu^2 MLP, each under one RMSNorm; chunks of 4 tokens so the scan crosses chunks."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "max_position_embeddings"}
+    config = NemotronHConfig(
+        vocab_size=vocab_size,
+        layers_block_type=_alternating(layers, ("linear_attention", "mlp", "full_attention", "mlp")),
+        tie_word_embeddings=tie,
+        mamba_num_heads=8,
+        mamba_head_dim=6,
+        n_groups=2,
+        ssm_state_size=8,
+        conv_kernel=4,
+        chunk_size=4,
+        layer_norm_epsilon=1e-6,
+        **widths,
+    )
+    return _randomise_mixers(_randomise_norms(NemotronHForCausalLM(config)))
+
+
+def tiny_granitemoehybrid(vocab_size: int = 300, layers: int = 3, tie: bool = True) -> torch.nn.Module:
+    """Granite 4.0-H (dense, as H-Micro): Mamba-2 (8 heads of 12 = 2 x hidden, 2 SSM groups) alternating with
+    attention (no position embeddings), each followed by a fused gated shared MLP; Granite's multipliers (none 1)."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    widths = {k: v for k, v in _FAMILY_WIDTHS.items() if k != "head_dim"}  # intermediate_size: the experts' (none)
+    config = GraniteMoeHybridConfig(
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tie,
+        layer_types=_alternating(layers, ("linear_attention", "full_attention")),
+        num_local_experts=0,
+        shared_intermediate_size=64,
+        mamba_n_heads=8,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        mamba_expand=2,
+        mamba_chunk_size=4,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.2,
+        residual_multiplier=0.5,
+        logits_scaling=2.0,
+        **widths,
+    )
+    from slimkit.primitives.arch.fused import split_fused
+
+    return split_fused(_randomise_mixers(_randomise_norms(GraniteMoeHybridForCausalLM(config))))
+
+
+HYBRID_FAMILIES = {
+    "qwen3_5_text": tiny_qwen3_5_text,
+    "nemotron_h": tiny_nemotron_h,
+    "granitemoehybrid": tiny_granitemoehybrid,
+}
+"""Dense hybrids by model_type (each ``factory(vocab_size=..., layers=...)``)."""
+
+
+def _hybrid_moe_widths(layers: int, experts: int, top_k: int) -> dict:
+    return dict(
+        num_hidden_layers=layers,
+        layer_types=_alternating(layers, ("linear_attention", "full_attention")),
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        head_dim=8,
+        **_MOE_WIDTHS,
+    )
+
+
+def tiny_qwen3_5_moe_text(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """Qwen 3.5 MoE (text): Qwen 3.5's layers (gated DeltaNet of 2 key / 4 value heads, gated attention 4/2 heads)
+    with routed experts of ``moe_intermediate_size`` (top-k always renormalised) beside a gated shared expert."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=vocab_size, tie_word_embeddings=tie, **_hybrid_moe_widths(layers, experts, top_k)
+    )
+    return _randomise_norms(_randomise_routers(Qwen3_5MoeForCausalLM(config)))
+
+
+def tiny_qwen3_next(vocab_size: int = 300, layers: int = 2, experts: int = 6, top_k: int = 2, tie: bool = False):
+    """Qwen3-Next: Qwen 3.5 MoE's layout with q/k/v/z and b/a fused per key head, top-k renormalised."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        vocab_size=vocab_size,
+        tie_word_embeddings=tie,
+        norm_topk_prob=True,
+        intermediate_size=40,
+        **_hybrid_moe_widths(layers, experts, top_k),
+    )
+    return _randomise_norms(_randomise_routers(Qwen3NextForCausalLM(config)))
+
+
+HYBRID_MOE_FAMILIES = {"qwen3_5_moe_text": tiny_qwen3_5_moe_text, "qwen3_next": tiny_qwen3_next}
+"""Hybrids whose MLP is routed experts (each ``factory(vocab_size=..., layers=..., experts=..., top_k=...)``)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from slimkit.primitives.arch.layer_kinds import MIXER_LABELS
 from slimkit.primitives.arch.spec import ARCH_SPECS, ArchSpec, removable_blocks
 from slimkit.primitives.errors import SlimkitError
 
@@ -30,6 +31,13 @@ OPERATIONS: dict[str, str] = {
     "blocks": "whole-block removal",
     "expert": "expert units",
     "expert_channel": "expert_channel units",
+    "q_latent": "q_latent groups",
+    "kv_latent": "kv_latent groups",
+    "mlp_policy": "a policy over every layer's MLP",
+    "linear_head": "linear_head groups",
+    "linear_kv_group": "linear_kv_group groups",
+    "mamba_head": "mamba_head groups",
+    "mamba_channel": "mamba_channel groups",
 }
 """Each operation and how a refusal names it."""
 
@@ -124,8 +132,64 @@ def _routed_experts(spec: ArchSpec) -> str | None:
     )
 
 
+def _latent_heads(spec: ArchSpec, operation: str) -> str | None:
+    """Why MLA refuses a head-internal or KV-group operation."""
+    if spec.latent_attention is None:
+        return None
+    if operation == "kv_group":
+        return (
+            "its latent attention expands one key and value per head from the latent (no KV groups); prune "
+            "attention_head"
+        )
+    return (
+        "its latent attention's head widths (qk_nope_head_dim, qk_rope_head_dim, v_head_dim) are one config value for "
+        "every layer; prune attention_head, q_latent or kv_latent"
+    )
+
+
+def _mixed_mlps(spec: ArchSpec) -> str | None:
+    return (
+        f"its MLP projections are a dense MLP in some layers and a shared expert ({spec.shared_mlp}) beside routed "
+        "experts in others, of different widths, and a policy learner scores one weight shape; prune mlp_channel"
+    )
+
+
+def _no_latent(spec: ArchSpec) -> str | None:
+    return "it has no latent attention (MLA)" if spec.latent_attention is None else None
+
+
 def _dense_mlp(spec: ArchSpec) -> str | None:
     return "it has no routed experts (its MLP is dense)" if spec.experts is None else None
+
+
+def _no_mixer(spec: ArchSpec, mixer: str) -> str | None:
+    """Why units of ``mixer`` layers do not exist in ``spec``'s architecture (None where some layer holds one)."""
+    kinds = spec.layer_kinds
+    mixers = ("attention",) if kinds is None else kinds.mixers()
+    if mixer in mixers:
+        return None
+    held = ", ".join(MIXER_LABELS[m] for m in mixers)
+    return f"it has no {MIXER_LABELS[mixer]} layers (its layers hold {held})"
+
+
+def _gated_queries(spec: ArchSpec) -> str | None:
+    if not spec.q_gate:
+        return None
+    return (
+        "its query projection holds each head's output gate beside its query, and the gate multiplies the value "
+        "dimensions, so removing dimensions inside a head is not done; prune attention_head or kv_group"
+    )
+
+
+def _mixers_on_stream(spec: ArchSpec) -> str | None:
+    kinds = spec.layer_kinds
+    others = [m for m in (kinds.mixers() if kinds else ()) if m != "attention"]
+    if not others:
+        return None
+    return (
+        f"its {' and '.join(MIXER_LABELS[m] for m in others)} layers read and write the residual stream through "
+        "projections the PCA rotation and the stream masks do not cover (hidden_feature groups do)"
+    )
 
 
 def _encoder(spec: ArchSpec) -> str | None:
@@ -140,14 +204,31 @@ def refusal(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
     if operation not in OPERATIONS:
         raise ValueError(f"unknown operation '{operation}'; allowed: {', '.join(OPERATIONS)}")
     reasons: list[str | None]
-    if operation in ("attention_head", "kv_group"):
-        reasons = [_qk_norms(spec, inside_heads=False)]
+    if operation == "attention_head":
+        reasons = [_no_mixer(spec, "attention"), _qk_norms(spec, inside_heads=False)]
+    elif operation == "kv_group":
+        reasons = [_no_mixer(spec, "attention"), _latent_heads(spec, operation), _qk_norms(spec, inside_heads=False)]
     elif operation == "qk_dim":
-        reasons = [_qk_norms(spec, inside_heads=True), _partial_rotary(spec, config)]
+        reasons = [
+            _no_mixer(spec, "attention"),
+            _latent_heads(spec, operation),
+            _gated_queries(spec),
+            _qk_norms(spec, inside_heads=True),
+            _partial_rotary(spec, config),
+        ]
+    elif operation in ("q_latent", "kv_latent"):
+        reasons = [_no_latent(spec)]
+    elif operation == "mlp_policy":
+        reasons = [_routed_experts(spec) if spec.shared_mlp is None else _mixed_mlps(spec)]
     elif operation == "hidden_feature":
         reasons = [_routed_experts(spec), _embed_scale(spec)]
+    elif operation in ("linear_head", "linear_kv_group"):
+        reasons = [_no_mixer(spec, "gated_deltanet")]
+    elif operation in ("mamba_head", "mamba_channel"):
+        reasons = [_no_mixer(spec, "mamba2")]
     elif operation in ("hidden_projection", "hidden_masks"):
         reasons = [
+            _mixers_on_stream(spec),
             _routed_experts(spec),
             _encoder(spec),
             _post_norms(spec),
@@ -155,14 +236,14 @@ def refusal(spec: ArchSpec, operation: str, config: Any = None) -> str | None:
             _offset_norms(spec),
             _branch_scale(spec),
         ]
-    elif operation == "mlp_channel":
-        reasons = [_routed_experts(spec)]
+    elif operation == "mlp_channel":  # a routed layer's shared expert (and a dense layer) has MLP channels
+        reasons = [_routed_experts(spec) if spec.shared_mlp is None else None]
     elif operation in ("expert", "expert_channel"):
         reasons = [_dense_mlp(spec)]
     elif operation == "blocks":
         reasons = [removable_blocks(spec)]
     else:  # vo_dim: the V/O widths pass no norm
-        reasons = []
+        reasons = [_no_mixer(spec, "attention"), _latent_heads(spec, operation), _gated_queries(spec)]
     return next((reason for reason in reasons if reason is not None), None)
 
 

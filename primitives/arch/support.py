@@ -22,6 +22,10 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 """Supported ``model_type`` s per task (decoders and encoders, by :attr:`ArchSpec.encoder`)."""
 
 
+VISION_LANGUAGE_TYPES: dict[str, str] = {"gemma3": "gemma3_text"}
+"""Vision-language ``model_type`` s whose language model slimkit compresses (the vision tower and projector kept), and
+the language model's type, which the support checks read (:mod:`slimkit.primitives.io.vision_language`)."""
+
 NOT_YET: dict[str, str] = {}
 """Decoders transformers runs that slimkit does not compress yet, and the architectural reason (in the refusal)."""
 
@@ -40,8 +44,8 @@ def _model_type(config: Any) -> str | None:
     from slimkit.primitives.io.compat import BASE_MODEL_TYPE_KEY, SLIMKIT_MODEL_TYPE  # io imports arch
 
     if model_type == SLIMKIT_MODEL_TYPE:
-        return _field(config, BASE_MODEL_TYPE_KEY)
-    return model_type
+        model_type = _field(config, BASE_MODEL_TYPE_KEY)
+    return VISION_LANGUAGE_TYPES.get(model_type, model_type) if isinstance(model_type, str) else model_type
 
 
 def _supported_for(task: str | None) -> tuple[str, ...]:
@@ -183,6 +187,7 @@ __all__ = [
     "CODE_CONFIG_FILES",
     "NOT_YET",
     "SUPPORTED",
+    "VISION_LANGUAGE_TYPES",
     "builtin_causal_lm",
     "check_evaluable",
     "check_no_custom_code",

@@ -28,6 +28,7 @@ from slimkit.primitives.arch import (
     RemovedMLP,
     removable_blocks,
 )
+from slimkit.primitives.arch.moe import MOE_SPECS
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.evaluate.counting import param_parts
 
@@ -165,10 +166,14 @@ def restore_removed_blocks(model: nn.Module, per_layer: Mapping[str, Mapping[str
     heads: the attention block; a zero MLP width: the MLP block); returns them."""
     view = ModelView(model)
     found: list[Block] = []
+    moe = MOE_SPECS.get(view.spec.model_type)
     for index, widths in per_layer.items():
+        mlp_key = view.spec.intermediate_size_key
+        if moe is not None and moe.dense_width_key is not None and not moe.routes(model.config, int(index)):
+            mlp_key = moe.dense_width_key  # a dense layer of a family that mixes dense and routed MLPs
         if widths.get("num_attention_heads") == 0:
             found.append(Block(int(index), "attention"))
-        if widths.get(view.spec.intermediate_size_key) == 0:
+        if widths.get(mlp_key) == 0:
             found.append(Block(int(index), "mlp"))
     if found:
         check_removable(model)

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from slimkit.primitives.arch import BlockKind, ModelView
+from slimkit.primitives.arch.output_logits import output_logits, output_steps
 from slimkit.primitives.blocks.remove import (
     Block,
     block_params,
@@ -32,8 +33,9 @@ class LayerLoss:
     """Mean next-token loss of ``model`` on ``batches``, computable from any layer on.
 
     ``inputs[i]`` holds layer ``i``'s input for every batch in the model as it is now; :meth:`refresh` recomputes
-    them after layer ``i`` changed; :meth:`from_layer` runs layers ``i`` onward, the final norm and the head (the
-    vocabulary projection ``chunk_tokens`` rows at a time, so full logits are never held)."""
+    them after layer ``i`` changed; :meth:`from_layer` runs layers ``i`` onward, the final norm and the head with the
+    family's output transform (the vocabulary projection ``chunk_tokens`` rows at a time, so full logits are never
+    held)."""
 
     def __init__(self, model: nn.Module, batches: Sequence[torch.Tensor], chunk_tokens: int = 512) -> None:
         if not batches:
@@ -42,6 +44,8 @@ class LayerLoss:
         if self.view.head is None:
             raise SlimkitError("the block search measures next-token loss and needs a model with an LM head")
         self.chunk_tokens = chunk_tokens
+        self.model = model
+        self.steps = output_steps(model)
         with torch.no_grad():
             first = capture_layer_inputs(model, self.view.layer_list[0], batches)
         self.kwargs = first.kwargs
@@ -74,7 +78,7 @@ class LayerLoss:
         targets = targets.to(hidden.device)
         total = 0.0
         for start in range(0, hidden.shape[0], self.chunk_tokens):
-            logits = self.view.head(hidden[start : start + self.chunk_tokens]).float()
+            logits = output_logits(self.model, hidden[start : start + self.chunk_tokens], self.steps).float()
             total += F.cross_entropy(logits, targets[start : start + self.chunk_tokens], reduction="sum").item()
         return total
 

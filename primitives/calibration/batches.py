@@ -62,6 +62,19 @@ def _document_windows(docs: tuple[str, ...], tokenizer, spec: CalibrationSpec, g
     return torch.stack(rows)
 
 
+def check_calibration_source(dataset: str) -> None:
+    """Read ``dataset``'s file now (a GLUE task's train split, or a corpus), so a missing one, or an unusable cache
+    folder the datasets library writes to, fails before any compute."""
+    from slimkit.primitives.datasets.data_paths import cache_root
+
+    task = gluedata.calibration_task(dataset)
+    if task is not None:
+        gluedata.read_split(task, "train")
+        return
+    cache_root()  # usable: checked even when the corpus was read earlier in this process
+    textdata.documents(dataset)
+
+
 def calibration_batches(tokenizer, spec: CalibrationSpec) -> torch.Tensor:
     """Token ids ``[samples, seq_len]`` drawn from ``spec.dataset`` with ``spec.seed``."""
     if spec.samples < 1 or spec.seq_len < 2:

@@ -18,12 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from slimkit.primitives.arch.moe import MoEBlock, moe_blocks
 from slimkit.primitives.device.moves import to_input_device
+from slimkit.primitives.experts.routed import ExpertWeights, expert_intermediate
+from slimkit.primitives.experts.routers import probabilities, route
 
 
 @dataclass
@@ -37,7 +40,8 @@ class ExpertRouting:
     mass: torch.Tensor
     """``(experts,)``: the summed top-k routing weight each expert received."""
     probability: torch.Tensor
-    """``(experts,)``: the router's softmax probability of each expert summed over every token."""
+    """``(experts,)``: the router's softmax probability (a sigmoid router's score) of each expert summed over every
+    token."""
     input_sq: torch.Tensor | None = None
     """``(experts, hidden)``: sum of squares of each input channel over the tokens routed to each expert."""
     channel_sq: torch.Tensor | None = None
@@ -106,23 +110,26 @@ class _RouterHook:
         )
 
     @torch.no_grad()
-    def __call__(self, module: nn.Module, args: tuple, output: tuple) -> None:
+    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
+        # The routing is recomputed from the router's input by the family's rule (routers return different tuples).
         x = args[0].reshape(-1, args[0].shape[-1])
-        logits, scores, index = output[0], output[1], output[2]
+        weights = ExpertWeights.of(self.block)
+        chosen = route(weights.rule, x)
+        index, scores = chosen.index, chosen.weight
         stats = self.stats = self.stats or self._init(x.shape[1], x.device)
         where = stats.counts.device
         stats.tokens += x.shape[0]
         flat = index.reshape(-1).to(where)
         stats.counts += torch.bincount(flat, minlength=stats.counts.numel()).to(torch.float64)
         stats.mass.index_add_(0, flat, scores.reshape(-1).float().to(where))
-        stats.probability += torch.softmax(logits.float(), dim=-1).sum(dim=0).to(where)
+        stats.probability += probabilities(weights.rule, x).sum(dim=0).to(where)
         if self.channels or self.grams:
-            experts = self.block.experts
             for expert in index.unique().tolist():
                 token, slot = torch.where(index == expert)
                 routed = x[token]
-                gate, up = nn.functional.linear(routed, experts.gate_up_proj[expert]).chunk(2, dim=-1)
-                act = (experts.act_fn(gate) * up).float()
+                if chosen.input_scale is not None:  # Llama 4: the expert reads its input scaled
+                    routed = routed * chosen.input_scale[token, slot, None].to(routed.dtype)
+                act = expert_intermediate(weights, expert, routed).float()
                 if stats.input_sq is not None and stats.channel_sq is not None:
                     stats.input_sq[expert] += routed.float().pow(2).sum(dim=0).to(where)
                     stats.channel_sq[expert] += act.pow(2).sum(dim=0).to(where)

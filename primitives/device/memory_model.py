@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimkit.primitives.arch.mixers import hybrid_part_params
+
 GIB = 2**30
 FLOAT32 = 4
 FLOAT64 = 8
@@ -30,6 +32,19 @@ class ModelShape:
     MLP of ``intermediate`` channels (the expert width) with a router row."""
     shared_expert: int = 0
     """Width of a shared expert beside the routed ones (Qwen2-MoE; 0: none)."""
+    dense_layers: int = 0
+    """Layers of a mixture-of-experts model built with a dense MLP of ``dense_intermediate`` channels instead
+    (DeepSeek-V3's first layers, Llama 4's interleaved dense layers)."""
+    dense_intermediate: int = 0
+    latent_attention: int = 0
+    """Weights of one multi-head latent attention (DeepSeek-V3: q_a, q_b, kv_a, kv_b, o and the two latent norms);
+    0: q, k, v and o of ``heads`` and ``kv_heads``."""
+    expert_biases: bool = False
+    """Each expert has gate/up and down biases and the router a bias (GPT-OSS)."""
+    layer_totals: tuple[int, int, int] | None = None
+    """A hybrid's parameters of token mixing (attention and its gated DeltaNet / Mamba-2 mixers), of the feed-forward
+    blocks and of the norms, summed over its layers and counted exactly (its layers differ:
+    :func:`~slimkit.primitives.arch.mixers.hybrid_part_params`); None: every layer holds q/k/v/o and the MLP above."""
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
@@ -39,17 +54,20 @@ class ModelShape:
         head_dim = getattr(config, "head_dim", None) or hidden // heads
         experts = int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 0)
         width = getattr(config, "moe_intermediate_size", None) if experts else None
+        extra = _moe_layout(config, experts, int(width or config.intermediate_size), hidden)
         return cls(
             hidden=hidden,
             intermediate=int(width or config.intermediate_size),
             experts=experts,
-            shared_expert=int(getattr(config, "shared_expert_intermediate_size", None) or 0) if experts else 0,
+            **{"shared_expert": int(getattr(config, "shared_expert_intermediate_size", None) or 0) if experts else 0}
+            | extra,
             layers=int(config.num_hidden_layers),
             heads=heads,
             kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
             head_dim=int(head_dim),
             vocab=int(config.vocab_size),
             tied=bool(getattr(config, "tie_word_embeddings", True)),
+            layer_totals=hybrid_part_params(config),
         )
 
     @property
@@ -61,18 +79,28 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     def attention_params(self) -> int:
-        """q, k, v, o weights of one layer."""
+        """q, k, v, o weights of one layer (a latent attention's weights where the model has one; a hybrid's mean
+        token-mixing parameters per layer)."""
+        if self.layer_totals is not None:
+            return self.layer_totals[0] // self.layers
+        if self.latent_attention:
+            return self.latent_attention
         return self.hidden * (2 * self.q_width + 2 * self.kv_width)
 
     def mlp_params(self) -> int:
         """gate, up, down weights of one layer (of every expert, with the router and a shared expert and its gate,
-        in a MoE layer)."""
+        in a MoE layer; a hybrid's mean per layer)."""
+        if self.layer_totals is not None:
+            return self.layer_totals[1] // self.layers
         if self.experts:
             shared = (3 * self.shared_expert + 1) * self.hidden if self.shared_expert else 0
-            return self.experts * (3 * self.intermediate + 1) * self.hidden + shared
+            biases = self.experts * (2 * self.intermediate + self.hidden + 1) if self.expert_biases else 0
+            return self.experts * (3 * self.intermediate + 1) * self.hidden + shared + biases
         return 3 * self.hidden * self.intermediate
 
     def layer_params(self) -> int:
+        if self.layer_totals is not None:
+            return sum(self.layer_totals) // self.layers
         return self.attention_params() + self.mlp_params() + 2 * self.hidden
 
     def embedding_params(self) -> int:
@@ -80,7 +108,39 @@ class ModelShape:
 
     def total_params(self) -> int:
         head = 0 if self.tied else self.embedding_params()
-        return self.embedding_params() + head + self.layers * self.layer_params() + self.hidden
+        if self.layer_totals is not None:
+            return self.embedding_params() + head + sum(self.layer_totals) + self.hidden
+        dense = self.dense_layers * (self.mlp_params() - 3 * self.hidden * self.dense_intermediate)
+        return self.embedding_params() + head + self.layers * self.layer_params() - dense + self.hidden
+
+
+def _moe_layout(config: Any, experts: int, width: int, hidden: int) -> dict[str, Any]:
+    """What the families released since add to a shape: dense layers among the routed ones, shared experts whose width
+    the config gives as a count, latent attention, expert biases (read from the config's own keys)."""
+    extra: dict[str, Any] = {}
+    if experts:
+        layers = int(config.num_hidden_layers)
+        dense_first = int(getattr(config, "first_k_dense_replace", None) or 0)
+        routed = getattr(config, "moe_layers", None)
+        extra["dense_layers"] = dense_first or (layers - len(routed) if isinstance(routed, list | tuple) else 0)
+        if extra["dense_layers"]:
+            extra["dense_intermediate"] = int(
+                getattr(config, "intermediate_size_mlp", None) or getattr(config, "intermediate_size", None) or 0
+            )
+        shared = getattr(config, "n_shared_experts", None)
+        if shared:
+            extra["shared_expert"] = int(shared) * width
+        elif getattr(config, "model_type", None) == "llama4_text":  # Llama 4: one shared expert of the expert width
+            extra["shared_expert"] = width
+        extra["expert_biases"] = getattr(config, "model_type", None) == "gpt_oss"
+    q_rank, kv_rank = getattr(config, "q_lora_rank", None), getattr(config, "kv_lora_rank", None)
+    if kv_rank:
+        heads = int(config.num_attention_heads)
+        nope, rope, value = (int(getattr(config, k)) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+        query = hidden * heads * (nope + rope) if not q_rank else q_rank * (hidden + 1 + heads * (nope + rope))
+        keys = hidden * (kv_rank + rope) + kv_rank * (1 + heads * (nope + value))
+        extra["latent_attention"] = query + keys + heads * value * hidden
+    return extra
 
 
 def weights_bytes(shape: ModelShape, dtype_bytes: int) -> int:

@@ -1,7 +1,7 @@
 """Parameter and MAC counts, overall and per part of the model.
 
-Parts: ``embeddings`` (token/position embeddings), ``attention`` (q, k, v, o), ``mlp``
-(gate/up/down or fc1/fc2), ``norms``, ``head`` (an untied output head), ``other``. ``layers`` is
+Parts: ``embeddings`` (token/position embeddings), ``attention`` (q, k, v, o; a hybrid's gated DeltaNet and Mamba-2
+mixers), ``mlp`` (gate/up/down or fc1/fc2), ``norms``, ``head`` (an untied output head), ``other``. ``layers`` is
 attention + mlp + norms inside the decoder/encoder layers. Tied weights count once.
 
 MACs are counted for one forward pass over one sequence of ``seq_len`` tokens: every Linear in
@@ -33,7 +33,10 @@ def param_parts(model: nn.Module) -> dict[int, tuple[str, bool]]:
     for layer in view.layers:
         for role in layer.roles:
             claim(layer.linear(role).parameters(), "attention" if role in ("q", "k", "v", "o") else "mlp", True)
-        if layer.spec.experts is not None and layer.spec.mlp is not None and not layer.mlp_removed:
+        mixer = layer.mixer  # a hybrid's gated DeltaNet or Mamba-2 mixer: the layer's token mixing, as attention is
+        if mixer is not None:
+            claim(mixer.module.parameters(), "attention", True)
+        if layer.spec.experts is not None and layer.spec.mlp is not None and layer.has_mlp:
             claim(layer.module.get_submodule(layer.spec.mlp).parameters(), "mlp", True)  # router, experts, shared
         for norm in layer.norms:  # input norms and branch post-norms
             claim(norm.parameters(), "norms", True)
@@ -74,8 +77,10 @@ def count_macs(model: nn.Module, seq_len: int = 128) -> int:
     per_token = 0
     attention = 0
     for layer in view.layers:
-        for role in layer.roles:
-            linear = layer.linear(role)
+        for linear in [*(layer.linear(role) for role in layer.roles), *layer.extra_linears()]:
+            per_token += sum(p.numel() for name, p in linear.named_parameters() if name.endswith("weight"))
+        mixer = layer.mixer
+        for linear in mixer.linears().values() if mixer is not None else ():
             per_token += sum(p.numel() for name, p in linear.named_parameters() if name.endswith("weight"))
         attention += 2 * layer.num_heads * layer.head_dim * seq_len
     if view.head is not None:
@@ -96,7 +101,7 @@ def _routed_weights_per_token(model: nn.Module) -> int:
     for block in moe_blocks(model):
         hidden = int(block.router.weight.shape[1])
         total += block.router.weight.numel() + block.top_k * 3 * hidden * block.width
-        if block.shared_expert is not None:
+        if block.shared_expert is not None and block.spec.arch.shared_mlp is None:  # else counted as the MLP roles
             total += sum(p.numel() for p in block.shared_expert.parameters())
             gate = block.spec.shared_expert_gate
             if gate is not None:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.nn import functional as F
 
-from slimkit.primitives.arch import ModelView
+from slimkit.primitives.arch.output_logits import HeadPath, head_path
 from slimkit.primitives.datasets import textdata
 from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
@@ -63,21 +63,22 @@ def windows_of(ids: torch.Tensor, seq_len: int, max_tokens: int | None, bos: int
     return torch.cat([torch.full((count, 1), bos, dtype=windows.dtype), windows], dim=1)
 
 
-def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
+CHECK_TOKENS = 8
+"""Tokens of the first window the head path is checked on against the model's own forward."""
+
+
+def _summed_nll(model, path: HeadPath | None, batch: torch.Tensor, chunk_tokens: int) -> float:
     """Sum of next-token NLL over ``batch``; the vocabulary projection runs ``chunk_tokens`` at a time.
 
     Full logits of a batch (tokens x vocabulary floats, 400 MB for 4 x 512 tokens of a 49k vocabulary)
-    would dominate peak memory, so for models with a ModelView the base model's hidden states go
-    through the head in chunks. A model slimkit has no adapter for (evaluated, not compressed) runs
-    whole through its own forward, as few windows at a time as hold ``chunk_tokens`` (at least one).
+    would dominate peak memory, so the base model's hidden states go through the output head and the family's output
+    transform (:func:`~slimkit.primitives.arch.output_logits.output_logits`) in chunks. Without a ``path`` (a model
+    whose base and head do not reproduce its forward) the model runs whole through its own forward, as few windows at
+    a time as hold ``chunk_tokens`` (at least one).
     """
     batch = to_input_device(model, batch)
     targets = batch[:, 1:].reshape(-1)
-    try:
-        view = ModelView(model)
-    except SlimkitError:
-        view = None
-    if view is None or view.head is None:
+    if path is None:
         rows = max(1, chunk_tokens // batch.shape[1])
         total = 0.0
         for start in range(0, batch.shape[0], rows):
@@ -86,13 +87,20 @@ def _summed_nll(model, batch: torch.Tensor, chunk_tokens: int) -> float:
             flat = logits.reshape(-1, logits.shape[-1])
             total += F.cross_entropy(flat, part[:, 1:].reshape(-1), reduction="sum").item()
         return total
-    hidden = view.base(batch, use_cache=False)[0][:, :-1]
+    hidden = path.hidden(batch)[:, :-1]
     hidden = hidden.reshape(-1, hidden.shape[-1])  # the head's width (may differ from the embeddings')
     total = 0.0
     for start in range(0, hidden.shape[0], chunk_tokens):
-        logits = view.head(hidden[start : start + chunk_tokens]).float()
+        logits = path.logits(hidden[start : start + chunk_tokens]).float()
         total += F.cross_entropy(logits, targets[start : start + chunk_tokens], reduction="sum").item()
     return total
+
+
+def evaluation_path(model, windows: torch.Tensor) -> HeadPath | None:
+    """How ``model``'s logits are computed for ``windows``: through its base and output transform when they give its
+    forward's logits on the first window's first :data:`CHECK_TOKENS` tokens, else None (its whole forward)."""
+    with torch.no_grad():
+        return head_path(model, to_input_device(model, windows[:1, :CHECK_TOKENS]))
 
 
 def perplexity_of_windows(
@@ -101,9 +109,10 @@ def perplexity_of_windows(
     nll, count = 0.0, 0
     model.eval()
     with torch.no_grad():
+        path = evaluation_path(model, windows)
         for start in range(0, windows.shape[0], batch_size):
             batch = windows[start : start + batch_size]
-            nll += _summed_nll(model, batch, chunk_tokens)
+            nll += _summed_nll(model, path, batch, chunk_tokens)
             count += batch[:, 1:].numel()
             if progress is not None:
                 progress(batch.shape[0])

@@ -107,6 +107,12 @@ def content_fingerprint(folder: str | os.PathLike | None) -> list[list[Any]]:
     return entries
 
 
+def content_key(folder: str | os.PathLike) -> str:
+    """A hex key of ``folder``'s content: the SHA-256 of its :func:`content_fingerprint` (every regular file directly
+    in it, by name, size and SHA-256). What every cache and checkpoint keyed by a model is keyed by."""
+    return hashlib.sha256(json.dumps(content_fingerprint(folder)).encode()).hexdigest()[:32]
+
+
 MEASURE_VERSION = 2
 """Bumped when the same settings measure differently (2: perplexity windows start with the tokenizer's BOS where it
 adds one), so no metric measured the old way is read back."""

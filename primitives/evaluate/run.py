@@ -89,6 +89,21 @@ def check_eval_length(config: EvalConfig, model: Any, setting: str = "--seq-len"
     )
 
 
+def check_eval_model(settings: EvalConfig, model: Any, task_head: bool) -> None:
+    """Refuse perplexity or zero-shot evaluation of an encoder (no language-model head) unless the recipe gives it a
+    task head, and perplexity windows longer than the model's positions (``eval.`` fields named)."""
+    from slimkit.primitives.arch.support import task_of
+
+    check_eval_length(settings, model, "eval.perplexity.seq_len")
+    encoder = task_of(model.config) == "encoder"
+    if not task_head and not encoder:
+        check_lm_head(settings, model, "the recipe's model")
+    if task_head or not encoder:
+        return
+    remedy = "set {field}: null, or give the recipe a GLUE task (task: sst2) and eval.glue"
+    check_lm_evaluations(settings, "this run's model", remedy, field_prefix="eval.")
+
+
 def check_lm_head(config: EvalConfig, model: Any, what: str = "the model") -> None:
     """Refuse perplexity and zero-shot evaluation of a model built without a language-model head (a config whose
     ``architectures`` names the bare ``LlamaModel`` class, say): it gives hidden states, not next-token logits."""
@@ -125,8 +140,21 @@ def check_lm_evaluations(config: EvalConfig, model: str, remedy: str, field_pref
     raise SlimkitError(f"{subject} a causal language model, and {model} is an encoder; {remedy.format(field=field)}")
 
 
+def check_tokenizer(config: EvalConfig, tokenizer: Any, what: str = "the model") -> None:
+    """Refuse, before any compute, evaluations without the model's tokenizer (every one reads text or its size)."""
+    wanted = [name for name in ("perplexity", "zeroshot", "glue") if getattr(config, name)] + (
+        ["speed"] if config.speed else []
+    )
+    if wanted and tokenizer is None:
+        raise SlimkitError(
+            f"{what} has no tokenizer, and {', '.join(wanted)} evaluation tokenises text with it: give the model's "
+            "tokenizer (a model folder holds tokenizer.json or tokenizer_config.json)"
+        )
+
+
 def evaluate_model(model, tokenizer, config: EvalConfig, progress: ProgressTasks | None = None) -> Evaluation:
     """Run the configured evaluations of ``model``."""
+    check_tokenizer(config, tokenizer)
     progress = progress or NoProgress()
     result = Evaluation()
     if config.perplexity is not None:

@@ -16,8 +16,8 @@ implementation) needs each row of the fused tensors to be a multiple of 16 bytes
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from slimkit.primitives.arch.expert_layout import RowExperts
 from slimkit.primitives.arch.moe import MoEBlock
 
 WIDTH_MULTIPLE = 8
@@ -51,15 +51,33 @@ def slice_channels(gate_up: torch.Tensor, down: torch.Tensor, index: torch.Tenso
 
 
 def keep_expert_channels(block: MoEBlock, index: torch.Tensor) -> None:
-    """Keep channels ``index`` ``(experts, keep)`` of every routed expert of ``block``."""
-    experts = block.experts
+    """Keep channels ``index`` ``(experts, keep)`` of every routed expert of ``block`` (their gate and up biases
+    too, where the family has them)."""
     if index.shape[0] != block.num_experts or index.shape[1] < 1:
         raise ValueError(f"layer {block.index}: need (experts, keep >= 1) channel indices, got {tuple(index.shape)}")
-    gate_up, down = slice_channels(experts.gate_up_proj.data, experts.down_proj.data, index)
-    experts.gate_up_proj = nn.Parameter(gate_up, requires_grad=experts.gate_up_proj.requires_grad)
-    experts.down_proj = nn.Parameter(down, requires_grad=experts.down_proj.requires_grad)
-    if hasattr(experts, "intermediate_dim"):
-        experts.intermediate_dim = int(index.shape[1])  # type: ignore[assignment]  # an int attribute
+    rows = block.rows()
+    at = index.to(rows.down.device)
+
+    def keep_rows(tensor: torch.Tensor | None) -> torch.Tensor | None:  # (E, width, ...) -> (E, keep, ...)
+        if tensor is None:
+            return None
+        gather = at.reshape(*at.shape, *([1] * (tensor.dim() - 2))).expand(-1, -1, *tensor.shape[2:])
+        return torch.gather(tensor, 1, gather.to(tensor.device)).clone()
+
+    down = torch.gather(rows.down, 2, at[:, None, :].expand(-1, rows.down.shape[1], -1)).clone()
+    block.set_rows(
+        RowExperts(
+            keep_rows(rows.gate),  # type: ignore[arg-type]
+            keep_rows(rows.up),  # type: ignore[arg-type]
+            down,
+            keep_rows(rows.gate_bias),
+            keep_rows(rows.up_bias),
+            rows.down_bias,
+        )
+    )
+    for name in ("intermediate_dim", "intermediate_size", "expert_dim"):  # widths the experts keep as attributes
+        if isinstance(getattr(block.experts, name, None), int):
+            setattr(block.experts, name, int(index.shape[1]))
 
 
 __all__ = ["WIDTH_MULTIPLE", "channel_scores", "keep_expert_channels", "kept_channels", "slice_channels"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from slimkit.primitives.arch.expert_layout import RowExperts
 from slimkit.primitives.arch.moe import MoEBlock
 from slimkit.primitives.experts.routed import ExpertWeights, expert_outputs
 
@@ -47,17 +48,32 @@ def assign_dropped(weights: ExpertWeights, kept: Sequence[int], x: torch.Tensor 
 def merged_weights(
     weights: ExpertWeights, plan: MergePlan, mass: torch.Tensor, x: torch.Tensor | None, damp: float = 1e-6
 ) -> ExpertWeights:
-    """The kept experts' mass-weighted averages, and the router refit on ``x`` (kept rows unchanged without ``x``)."""
-    gate_up, down, router = [], [], []
-    for k in plan.kept:
-        members = plan.clusters[k]
-        m = mass[members].double().clamp_min(0)
-        share = m / m.sum() if float(m.sum()) > 0 else torch.eye(len(members), dtype=torch.float64)[0]
-        share = share.to(weights.gate_up.device)
-        gate_up.append(torch.einsum("m,mij->ij", share, weights.gate_up[members].double()).to(weights.gate_up.dtype))
-        down.append(torch.einsum("m,mij->ij", share.to(weights.down.device), weights.down[members].double()))
+    """The kept experts' mass-weighted averages (biases too), and the router refit on ``x`` (kept rows unchanged
+    without ``x``, and under a router whose rule is not a softmax over the logits: a log-sum-exp target has no
+    meaning there)."""
+    experts = weights.experts
+
+    def average(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is None:
+            return None
+        rows = []
+        for k in plan.kept:
+            members = plan.clusters[k]
+            m = mass[members].double().clamp_min(0)
+            share = m / m.sum() if float(m.sum()) > 0 else torch.eye(len(members), dtype=torch.float64)[0]
+            rows.append(torch.einsum("m,m...->...", share.to(tensor.device), tensor[members].double()))
+        return torch.stack(rows).to(tensor.dtype)
+
+    merged = RowExperts(
+        average(experts.gate),  # type: ignore[arg-type]
+        average(experts.up),  # type: ignore[arg-type]
+        average(experts.down),  # type: ignore[arg-type]
+        average(experts.gate_bias),
+        average(experts.up_bias),
+        average(experts.down_bias),
+    )
     router_rows = weights.router[plan.kept].double()
-    if x is not None and x.numel():
+    if x is not None and x.numel() and weights.rule.kind == "softmax":
         inputs = x.double()
         logits = inputs @ weights.router.double().T
         targets = torch.stack([torch.logsumexp(logits[:, plan.clusters[k]], dim=1) for k in plan.kept], dim=1)
@@ -67,22 +83,24 @@ def merged_weights(
         router_rows = torch.linalg.solve(gram, inputs.T @ targets).T
         singles = [i for i, k in enumerate(plan.kept) if len(plan.clusters[k]) == 1]
         router_rows[singles] = weights.router[[plan.kept[i] for i in singles]].double()
-    router.append(router_rows)
-    return replace(
-        weights,
-        router=router[0].to(weights.router.dtype),
-        gate_up=torch.stack(gate_up),
-        down=torch.stack(down).to(weights.down.dtype),
-    )
+    bias, correction = (None if v is None else v[plan.kept] for v in (weights.rule.bias, weights.rule.correction))
+    return replace(weights.with_router(router_rows.to(weights.router.dtype), bias, correction), experts=merged)
 
 
 def set_expert_weights(block: MoEBlock, weights: ExpertWeights) -> None:
-    """Put ``weights`` (router rows and fused experts, any count) into ``block`` and sync its counts."""
+    """Put ``weights`` (router rows and vectors, routed experts, any count) into ``block`` and sync its counts."""
+    vectors = {"bias": weights.rule.bias, "e_score_correction_bias": weights.rule.correction}
     like = block.router.weight
     block.router.weight = nn.Parameter(weights.router.to(like.device, like.dtype), requires_grad=like.requires_grad)
-    for name, value in (("gate_up_proj", weights.gate_up), ("down_proj", weights.down)):
-        old = getattr(block.experts, name)
-        setattr(block.experts, name, nn.Parameter(value.to(old.device, old.dtype), requires_grad=old.requires_grad))
+    for name in block.spec.router_vectors:
+        old, value = getattr(block.router, name), vectors[name]
+        assert value is not None
+        value = value.to(old.device, old.dtype)
+        if name in block.router._parameters:
+            setattr(block.router, name, nn.Parameter(value, requires_grad=old.requires_grad))
+        else:
+            setattr(block.router, name, value)
+    block.set_rows(weights.experts)
     block.sync_counts()
 
 

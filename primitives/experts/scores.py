@@ -25,7 +25,9 @@ from typing import Literal
 import torch
 
 from slimkit.primitives.calibration.routing import ExpertRouting
+from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.experts.routed import ExpertWeights, combine, expert_outputs, routing
+from slimkit.primitives.experts.routers import balanced_keep_top, check_groups
 
 ExpertScorer = Literal["frequency", "weight", "naee"]
 EXPERT_SCORERS: tuple[ExpertScorer, ...] = ("frequency", "weight", "naee")
@@ -40,8 +42,11 @@ def router_scores(stats: ExpertRouting, scorer: ExpertScorer) -> torch.Tensor:
     raise ValueError(f"{scorer} is not a router-statistics scorer")
 
 
-def keep_top(scores: torch.Tensor, keep: int) -> list[int]:
-    """The ``keep`` highest-scoring experts, sorted by index (ties: the lower index)."""
+def keep_top(scores: torch.Tensor, keep: int, groups: int = 1) -> list[int]:
+    """The ``keep`` highest-scoring experts, sorted by index (ties: the lower index); ``groups`` > 1: the same number
+    in each of that many equal groups (a group-limited router)."""
+    if groups > 1:
+        return balanced_keep_top(scores, keep, groups)
     order = sorted(range(scores.numel()), key=lambda e: (-float(scores[e]), e))
     return sorted(order[:keep])
 
@@ -87,12 +92,25 @@ class KeptSetLoss:
         return float((combine(self.outputs, index, top) - self.dense).pow(2).sum()) / self.norm
 
 
+def _droppable(kept: list[int], experts: int, groups: int) -> list[int]:
+    """The experts one greedy step may drop: under a group-limited router only from the groups that keep the most,
+    so every ``groups`` removals leave each group the same count."""
+    if groups <= 1:
+        return kept
+    size = experts // groups
+    counts = {g: sum(1 for e in kept if e // size == g) for g in range(groups)}
+    most = max(counts.values())
+    return [e for e in kept if counts[e // size] == most]
+
+
 def greedy_curve(loss: KeptSetLoss, down_to: int) -> tuple[list[list[int]], list[float]]:
-    """Kept sets and losses after 0, 1, ... greedy removals, down to ``down_to`` experts."""
+    """Kept sets and losses after 0, 1, ... greedy removals, down to ``down_to`` experts (under a group-limited
+    router, removals taken from the fullest groups)."""
     kept = list(range(loss.weights.num_experts))
+    groups = loss.weights.rule.groups
     sets, curve = [list(kept)], [0.0]
     while len(kept) > down_to:
-        trials = [(loss([e for e in kept if e != drop]), drop) for drop in kept]
+        trials = [(loss([e for e in kept if e != drop]), drop) for drop in _droppable(kept, len(sets[0]), groups)]
         best, drop = min(trials)
         kept.remove(drop)
         sets.append(list(kept))
@@ -111,7 +129,15 @@ def naee_search(
     exhaustive = math.comb(experts, keep) <= max_candidates
     sets, curve = greedy_curve(loss, down_to) if curve_to is not None or not exhaustive else ([], [])
     if exhaustive:
-        best = min((loss(list(s)), list(s)) for s in itertools.combinations(range(experts), keep))
+        candidates = [list(s) for s in itertools.combinations(range(experts), keep)]
+        if weights.rule.groups > 1:  # a group-limited router keeps the same count in every group
+            candidates = [c for c in candidates if check_groups(weights.rule, c) is None]
+            if not candidates:
+                raise SlimkitError(
+                    f"{keep} of {experts} experts cannot be kept by a router over {weights.rule.groups} groups "
+                    f"(n_group): every group keeps the same number, at least 2"
+                )
+        best = min((loss(c), c) for c in candidates)
         return KeptSearch(best[1], best[0], loss.measured, True, curve)
     chosen = sets[experts - keep]
     return KeptSearch(sorted(chosen), curve[experts - keep], loss.measured, False, curve)

@@ -14,6 +14,7 @@ from torch import nn
 
 from slimkit.primitives.arch.moe import MoEBlock
 from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.experts.routers import check_groups
 
 
 def check_kept(kept: Sequence[int], num_experts: int, top_k: int, where: str) -> list[int]:
@@ -39,14 +40,22 @@ def kept_weights(
 
 def keep_experts(block: MoEBlock, kept: Sequence[int]) -> list[int]:
     """Keep only the ``kept`` experts of ``block`` (sorted); returns them. The layer's output for a token whose
-    top-k stays inside ``kept`` is unchanged."""
+    top-k stays inside ``kept`` is unchanged. Every expert tensor (biases included) and the router's rows and
+    per-expert vectors are sliced; a group-limited router must keep the same number in every group."""
     order = check_kept(kept, block.num_experts, block.top_k, f"layer {block.index}")
-    router, gate_up, down = kept_weights(
-        block.router.weight.data, block.experts.gate_up_proj.data, block.experts.down_proj.data, order
-    )
-    block.router.weight = nn.Parameter(router, requires_grad=block.router.weight.requires_grad)
-    block.experts.gate_up_proj = nn.Parameter(gate_up, requires_grad=block.experts.gate_up_proj.requires_grad)
-    block.experts.down_proj = nn.Parameter(down, requires_grad=block.experts.down_proj.requires_grad)
+    reason = check_groups(block.router_rule(), order)
+    if reason is not None:
+        raise SlimkitError(f"layer {block.index}: {reason}")
+    index = torch.as_tensor(order, dtype=torch.long)
+    named = [(block.router, "weight"), *((block.router, name) for name in block.spec.router_vectors)]
+    named += [(block.experts, name) for name, _ in block.experts.named_parameters(recurse=False)]
+    for module, name in named:
+        tensor = getattr(module, name)
+        sliced = tensor.detach()[index.to(tensor.device)].clone()
+        if name in module._parameters:
+            setattr(module, name, nn.Parameter(sliced, requires_grad=tensor.requires_grad))
+        else:  # a buffer (the router's choice correction)
+            setattr(module, name, sliced)
     block.sync_counts()
     return order
 

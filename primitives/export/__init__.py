@@ -5,7 +5,6 @@ Method note: docs/methods/export-gguf.md.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +28,7 @@ from slimkit.primitives.files.guard import check_output_location, terminate_as_i
 from slimkit.primitives.files.lock import claim_output
 from slimkit.primitives.files.writable import check_writable
 from slimkit.primitives.io.finite import check_finite_weights
+from slimkit.primitives.io.folder import read_json_object
 from slimkit.primitives.io.model_sources import load_source, resolve_source
 from slimkit.primitives.io.paths import as_path, check_path_length, path_text
 
@@ -90,10 +90,9 @@ def check_export_target(
 def saved_dtype(source: str | os.PathLike) -> str:
     """The dtype a folder's weights were saved in (its config's ``dtype``), so an export loads a bf16 model
     as bf16 instead of doubling it to float32; ``auto`` when unknown (a named source)."""
-    config = Path(source) / "config.json"
     try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
+        data = read_json_object(Path(source) / "config.json")
+    except SlimkitError:  # a named source, or a config the load that follows refuses in one line
         return "auto"
     name = str(data.get("dtype") or data.get("torch_dtype") or "auto")
     return name if name in ("float32", "bfloat16", "float16") else "auto"
@@ -128,6 +127,11 @@ def export(
         raise write_failure(f"--out {target}", error) from None
     except SafetensorError as error:  # the same, met while safetensors wrote the weights
         raise SlimkitError(f"--out {target}: cannot write the weights ({error}); nothing was replaced") from None
+    except MemoryError:
+        raise SlimkitError(
+            f"--out {target}: the export ran out of host memory (the machine's, or the process's limit: ulimit -v); "
+            "nothing was replaced: free memory or raise the limit"
+        ) from None
     finally:
         lock.release()
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.fused import fuse_tensors
+from slimkit.primitives.arch.layer_kinds import merged_widths
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.save import layer_hidden_size
 from slimkit.primitives.lowrank.module import LowRankLinear
@@ -35,8 +36,14 @@ class DenseModel:
     """Parameters of the dense result minus the model's own (merges make the dense form larger)."""
 
     @property
+    def uniform_widths(self) -> dict[str, int] | None:
+        """The widths one config holds (each key as every layer that has it agrees; a hybrid's layers give the keys of
+        the kinds they hold), or None when they vary across layers."""
+        return merged_widths(self.layer_widths)
+
+    @property
     def uniform(self) -> bool:
-        return all(widths == self.layer_widths[0] for widths in self.layer_widths)
+        return self.uniform_widths is not None
 
 
 def _product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

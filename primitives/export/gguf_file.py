@@ -28,9 +28,10 @@ from torch import nn
 
 from slimkit.primitives.arch.capabilities import rotary_fraction
 from slimkit.primitives.arch.moe import MOE_SPECS, check_all_sparse, moe_spec
-from slimkit.primitives.arch.spec import ARCH_SPECS
+from slimkit.primitives.arch.spec import ARCH_SPECS, gguf_model_types
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
+from slimkit.primitives.export.gguf_arch import FAMILIES, ROPE_THETA, not_written
 from slimkit.primitives.export.gguf_vocab import vocabulary
 from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.files.atomic import staging_file
@@ -48,22 +49,8 @@ _FILE_TYPES = {
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 FALLBACK_TYPE = "f16"
-EXPORTABLE_MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "granite",
-    "olmo2",
-    "phi3",
-    "mixtral",
-    "qwen2_moe",
-    "qwen3_moe",
-    "olmoe",
-)
+EXPORTABLE_MODEL_TYPES = gguf_model_types()
+"""Model types slimkit writes GGUF files of (:attr:`~slimkit.primitives.arch.spec.ArchSpec.gguf`)."""
 
 
 _LAYER_TENSORS = {
@@ -120,6 +107,7 @@ _PHI3_LAYER_TENSORS = {
 }
 """Phi-3's names: q/k/v fused (``attn_qkv``), gate and up fused (``ffn_up``, gate first)."""
 _LAYER_MAPS = {
+    **{ARCH_SPECS[model_type].gguf: family.layer_tensors for model_type, family in FAMILIES.items()},
     "gemma2": _GEMMA3_LAYER_TENSORS,
     "gemma3": _GEMMA3_LAYER_TENSORS,
     "olmo2": _OLMO2_LAYER_TENSORS,
@@ -128,7 +116,13 @@ _LAYER_MAPS = {
 GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 """llama.cpp's Gemma architectures: norms written as ``1 + w`` (Hugging Face scales by ``1 + w``, llama.cpp by
 ``w``)."""
-PADDED_ARCHITECTURES = (*GEMMA_ARCHITECTURES, "granite", "olmo2", "phi3")
+PADDED_ARCHITECTURES = (
+    *GEMMA_ARCHITECTURES,
+    "granite",
+    "olmo2",
+    "phi3",
+    *(ARCH_SPECS[model_type].gguf for model_type, family in FAMILIES.items() if family.padded),
+)
 """llama.cpp architectures whose tensors are all built from one head count and feed-forward length: per-layer
 widths are padded to one (:mod:`slimkit.primitives.export.padding`), removed blocks refused."""
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6}
@@ -196,34 +190,36 @@ def rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def gguf_architecture(model_type: str, uniform: bool) -> str:
-    """llama.cpp's architecture for a model type and width pattern (one line when there is none)."""
-    if model_type in ("llama", "mistral"):
-        return "llama" if uniform else "deci"
-    if model_type == "gemma3_text":
-        return "gemma3"  # per-layer widths are padded to one (primitives/export/padding.py)
-    if model_type in ("gemma", "gemma2"):
-        return model_type
-    if model_type in ("granite", "olmo2", "phi3"):
-        return model_type
-    if model_type in ("qwen2", "qwen3"):
-        if not uniform:
-            raise SlimkitError(
-                f"per-layer widths of a {model_type} model: llama.cpp's deci architecture (the one with per-layer "
-                f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
-            )
-        return model_type
-    moe = MOE_SPECS.get(model_type)
-    if moe is not None and moe.gguf_arch is not None:
-        if not uniform:
-            raise SlimkitError(
-                f"per-layer expert counts or widths of a {model_type} model: llama.cpp reads one expert count and one "
-                "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
-            )
-        return moe.gguf_arch
-    raise SlimkitError(
-        f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
-        + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
-    )
+    """llama.cpp's architecture for a model type and width pattern (one line when there is none): the family's own
+    (:attr:`~slimkit.primitives.arch.spec.ArchSpec.gguf`) at uniform widths; with per-layer widths llama's ``deci``,
+    the family's own when slimkit pads them to one width (:mod:`slimkit.primitives.export.padding`) or llama.cpp reads
+    them per layer (the Mamba hybrids); refused for per-layer widths llama.cpp cannot read (Qwen2/3's, experts')."""
+    from slimkit.primitives.export.gguf_hybrid import MAMBA_HYBRIDS, hybrid_refusal  # it imports this module
+
+    spec = ARCH_SPECS.get(model_type)
+    architecture = spec.gguf if spec is not None else None
+    if spec is None or architecture is None:
+        raise SlimkitError(
+            not_written(model_type)
+            or hybrid_refusal(model_type)
+            or f"GGUF export supports model types {', '.join(EXPORTABLE_MODEL_TYPES)}; this model is '{model_type}'"
+            + (" (an encoder: llama.cpp runs decoders)" if model_type == "bert" else "")
+        )
+    if uniform or model_type in MAMBA_HYBRIDS:  # llama.cpp's hybrids read per-layer arrays
+        return architecture
+    if spec.experts is not None:
+        raise SlimkitError(
+            f"per-layer expert counts or widths of a {model_type} model: llama.cpp reads one expert count and one "
+            "expert width for every layer; prune with allocation: uniform, or serve it with slimkit.load"
+        )
+    if architecture == "llama":
+        return "deci"
+    if architecture in ("qwen2", "qwen3"):
+        raise SlimkitError(
+            f"per-layer widths of a {model_type} model: llama.cpp's deci architecture (the one with per-layer "
+            f"widths) has no {'q/k/v biases' if model_type == 'qwen2' else 'q/k norms'}; serve it with slimkit.load"
+        )
+    return architecture  # per-layer widths padded to one (primitives/export/padding.py)
 
 
 def check_exportable(model: nn.Module) -> list[str]:
@@ -234,6 +230,12 @@ def check_exportable(model: nn.Module) -> list[str]:
     gguf_architecture(model_type, uniform=True)
     if model_type in ("gemma", "gemma2", "gemma3_text"):
         return check_gemma(config, gguf_architecture(model_type, uniform=True))
+    if model_type in FAMILIES:
+        family = FAMILIES[model_type]
+        unread = [k for k in ("attention_bias", "mlp_bias") if getattr(config, k, False) and k not in family.biases]
+        if unread:
+            raise SlimkitError(f"{', '.join(unread)}: llama.cpp's {ARCH_SPECS[model_type].gguf} reads no such biases")
+        return family.check(config)
     warnings = []
     window = getattr(config, "sliding_window", None)
     use_window = getattr(config, "use_sliding_window", True)
@@ -262,19 +264,21 @@ QUERY_SPANS_HIDDEN = ("qwen2moe", "olmoe")
 def check_moe(config: Any) -> None:
     """One line where llama.cpp's MoE graph would route otherwise than the Hugging Face model: the top-k weights
     renormalised or not, dense MLP layers among the MoE ones, OLMoE's clipped q/k/v."""
-    moe = MOE_SPECS.get(getattr(config, "model_type", None) or "")
-    if moe is None or moe.gguf_arch is None:
+    model_type = getattr(config, "model_type", None) or ""
+    moe, spec = MOE_SPECS.get(model_type), ARCH_SPECS.get(model_type)
+    if moe is None or spec is None or spec.gguf is None:
         return
+    architecture = spec.gguf
     check_all_sparse(config)
-    renormalises = LLAMACPP_RENORMALISES[moe.gguf_arch]
+    renormalises = LLAMACPP_RENORMALISES[architecture]
     if moe.renormalises(config) != renormalises:
         raise SlimkitError(
-            f"norm_topk_prob {str(not renormalises).lower()}: llama.cpp's {moe.gguf_arch} "
+            f"norm_topk_prob {str(not renormalises).lower()}: llama.cpp's {architecture} "
             f"{'always' if renormalises else 'never'} renormalises the top-k routing weights, so its outputs would "
             "differ; serve it with slimkit.load or transformers"
         )
     if getattr(config, "clip_qkv", None) is not None:
-        raise SlimkitError(f"clip_qkv {config.clip_qkv}: llama.cpp's {moe.gguf_arch} does not clip q/k/v")
+        raise SlimkitError(f"clip_qkv {config.clip_qkv}: llama.cpp's {architecture} does not clip q/k/v")
 
 
 def query_width_refusal(widths: list[dict[str, int]], hidden_size: int, architecture: str) -> str | None:
@@ -362,6 +366,8 @@ def _rope_scaling(config: Any) -> dict[str, Any]:
 
 
 def _rope_theta(config: Any) -> float:
+    if config.model_type in ROPE_THETA:
+        return ROPE_THETA[config.model_type](config)
     return float(_rope_scaling(config).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
@@ -418,10 +424,13 @@ def unfuse_phi3(dense: DenseModel) -> None:
                     dense.tensors[f"model.layers.{index}.{part}.weight"] = piece
 
 
-def fuse_phi3(dense: DenseModel) -> None:
-    """The inverse of :func:`unfuse_phi3`: Llama's names stacked back into ``qkv_proj`` and ``gate_up_proj``."""
+def fuse_phi3(dense: DenseModel, only: tuple[str, ...] = tuple(_PHI3_FUSED)) -> None:
+    """The inverse of :func:`unfuse_phi3`: Llama's names stacked back into ``qkv_proj`` and ``gate_up_proj`` (``only``
+    those named: GLM-4 fuses gate and up alone)."""
     for index in range(len(dense.layer_widths)):
         for fused, parts in _PHI3_FUSED.items():
+            if fused not in only:
+                continue
             names = [f"model.layers.{index}.{part}.weight" for part in parts]
             if all(name in dense.tensors for name in names):
                 dense.tensors[f"model.layers.{index}.{fused}.weight"] = torch.cat([dense.tensors.pop(n) for n in names])
@@ -539,6 +548,8 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     writer.add_rope_freq_base(_rope_theta(config))
     if architecture == "phi3":  # llama.cpp's phi3 reads the key (0: no window)
         writer.add_sliding_window(int(getattr(config, "sliding_window", None) or 0))
+    if config.model_type in FAMILIES:
+        FAMILIES[config.model_type].metadata(writer, config)
     scaling = _rope_scaling(config)
     if scaling.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -681,6 +692,13 @@ def write_gguf(
     """
     if type not in GGUF_TYPES:
         raise SlimkitError(f"GGUF type '{type}' is not one of {', '.join(GGUF_TYPES)}")
+    from slimkit.primitives.export.gguf_hybrid import MAMBA_HYBRIDS, hybrid_refusal, write_hybrid_gguf
+
+    hybrid = hybrid_refusal(model.config.model_type)  # hybrids: their own writer, or one line
+    if hybrid is not None:
+        raise SlimkitError(hybrid)
+    if model.config.model_type in MAMBA_HYBRIDS:
+        return write_hybrid_gguf(model, tokenizer, path, type, name, replace)
     warnings = check_exportable(model)
     dense = dense_tensors(model)
     widths = dense.layer_widths
@@ -702,8 +720,10 @@ def write_gguf(
         if dense.tied:
             dense.tensors["lm_head.weight"] = dense.tensors["model.embed_tokens.weight"]
             dense.tied = False
+    fused_mlp = model.config.model_type in FAMILIES and FAMILIES[model.config.model_type].fused_mlp
     if architecture == "phi3":
         heads = check_phi3_heads(dense)  # the query heads must span the hidden size
+    if architecture == "phi3" or fused_mlp:
         unfuse_phi3(dense)  # Llama's names, which the padding reads
     if architecture in PADDED_ARCHITECTURES:
         note = pad_to_uniform(dense, heads)  # llama.cpp builds every layer's tensors from one width
@@ -711,6 +731,9 @@ def write_gguf(
             warnings.append(note)
     if architecture == "phi3":
         fuse_phi3(dense)
+    elif fused_mlp:
+        fuse_phi3(dense, only=("mlp.gate_up_proj",))
+    if architecture == "phi3":
         if heads is not None and heads[0] > kept_heads:
             warnings.append(
                 f"query heads padded back to {heads[0]} (hidden size / head_dim), which llama.cpp's phi3 graph needs: "
@@ -782,14 +805,22 @@ def write_gguf(
     )
 
 
+FILE_TYPES = _FILE_TYPES
+"""GGUF's file type of each ``--type`` (for the writers beside this one)."""
+encode_tensor = _encode
+"""A tensor in the file's type (for the writers beside this one: :mod:`.gguf_hybrid`)."""
+
+
 __all__ = [
     "EXPORTABLE_MODEL_TYPES",
+    "FILE_TYPES",
     "GGUF_TYPES",
     "GgufResult",
     "check_exportable",
     "check_moe",
     "check_phi3_heads",
     "check_shared_experts",
+    "encode_tensor",
     "fuse_phi3",
     "gguf_architecture",
     "llama3_rope_factors",

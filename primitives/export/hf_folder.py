@@ -15,7 +15,7 @@ import transformers
 from torch import nn
 
 from slimkit.primitives.arch.moe import moe_spec
-from slimkit.primitives.arch.spec import SAME_AS_LLAMA
+from slimkit.primitives.arch.spec import hf_model_types
 from slimkit.primitives.blocks.remove import removed_blocks
 from slimkit.primitives.device.moves import input_device
 from slimkit.primitives.errors import SlimkitError
@@ -25,24 +25,9 @@ from slimkit.primitives.files.atomic import staging_dir, swap_in
 from slimkit.primitives.files.removal import discard, remove_owned
 from slimkit.primitives.io.compat import removed_blocks_phrase
 
-HF_MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "granite",
-    "olmo2",
-    "phi3",
-    *SAME_AS_LLAMA,
-    "mixtral",
-    "qwen2_moe",
-    "qwen3_moe",
-    "olmoe",
-)
-"""Model types ``--format hf`` writes (MoE ones in the hub's per-expert layout, as transformers saves them)."""
+HF_MODEL_TYPES = hf_model_types()
+"""Model types ``--format hf`` writes (:attr:`~slimkit.primitives.arch.spec.ArchSpec.hf_export`; MoE ones in the hub's
+per-expert layout, as transformers saves them)."""
 EXPORT_MARKER = ".slimkit-export.json"
 """The file an hf export writes last into its folder: which files it wrote (``files``)."""
 
@@ -110,7 +95,7 @@ class HfResult:
 
 def plain_config(model: nn.Module, dense: Any) -> transformers.PretrainedConfig:
     """The model's config with the dense result's uniform widths, hidden size and tie."""
-    widths = dense.layer_widths[0]
+    widths = dense.uniform_widths or dense.layer_widths[0]
     values = model.config.to_dict()
     for key in ("per_layer_config", "transformers_version", "_name_or_path"):
         values.pop(key, None)
@@ -153,7 +138,9 @@ def write_hf(
         raise SlimkitError(removed_blocks_refusal(removed))
     dense = dense_tensors(model)
     if not dense.uniform:
-        varying = sorted({k for w in dense.layer_widths for k in w if w[k] != dense.layer_widths[0][k]})
+        varying = sorted(
+            {k for w in dense.layer_widths for k in w if any(o.get(k, w[k]) != w[k] for o in dense.layer_widths)}
+        )
         if moe_spec(model) is not None:
             raise SlimkitError(
                 f"per-layer widths ({', '.join(varying)} vary across layers): neither a Hugging Face config nor "
@@ -173,6 +160,13 @@ def write_hf(
         raise SlimkitError(
             f"the dense weights do not fit a plain {type(model).__name__}: missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(extra)[:3]}"
+        )
+    built = {name: tuple(t.shape) for name, t in plain.state_dict().items()}
+    unfit = [n for n, t in dense.tensors.items() if n in built and built[n] != tuple(t.shape)]
+    if unfit:  # a width the config has no key for (a shared expert pruned apart from the routed ones)
+        raise SlimkitError(
+            f"{unfit[0]} has shape {list(dense.tensors[unfit[0]].shape)}, but the {type(model).__name__} its config "
+            f"builds holds {list(built[unfit[0]])}: no Hugging Face config key gives that width; use slimkit.load"
         )
     plain.load_state_dict({k: v.detach().to("cpu") for k, v in dense.tensors.items()}, strict=False, assign=True)
     if dense.tied:

@@ -50,7 +50,7 @@ def pad_to_uniform(dense: DenseModel, at_least: tuple[int, int] | None = None) -
     for index, w in enumerate(widths):
         prefix = f"model.layers.{index}."
         t = dense.tensors
-        before = sum(t[prefix + n].numel() for n in _names())
+        before = sum(t[prefix + n].numel() for n in _names() if prefix + n in t)
         width = w["intermediate_size"]
         if width < ffn:
             kept = list(range(width))
@@ -63,10 +63,14 @@ def pad_to_uniform(dense: DenseModel, at_least: tuple[int, int] | None = None) -
             q_kept = [j * group + i for j in range(kv) for i in range(g)]
             t[f"{prefix}{_ATTENTION}.q_proj.weight"] = _rows(t[f"{prefix}{_ATTENTION}.q_proj.weight"], heads, d, q_kept)
             t[f"{prefix}{_ATTENTION}.o_proj.weight"] = _cols(t[f"{prefix}{_ATTENTION}.o_proj.weight"], heads, d, q_kept)
+            if f"{prefix}{_ATTENTION}.q_proj.bias" in t:  # a padded head's bias is zero too (GLM-4's q/k/v biases)
+                t[f"{prefix}{_ATTENTION}.q_proj.bias"] = _rows(t[f"{prefix}{_ATTENTION}.q_proj.bias"], heads, d, q_kept)
             for role in ("k_proj", "v_proj"):
-                name = f"{prefix}{_ATTENTION}.{role}.weight"
-                t[name] = _rows(t[name], kv_max, d, list(range(kv)))
-        added += sum(t[prefix + n].numel() for n in _names()) - before
+                for param in ("weight", "bias"):
+                    name = f"{prefix}{_ATTENTION}.{role}.{param}"
+                    if name in t:
+                        t[name] = _rows(t[name], kv_max, d, list(range(kv)))
+        added += sum(t[prefix + n].numel() for n in _names() if prefix + n in t) - before
         widths[index] = {**w, "intermediate_size": ffn, "num_attention_heads": heads, "num_key_value_heads": kv_max}
     dense.added_params += added
     return (
@@ -77,8 +81,10 @@ def pad_to_uniform(dense: DenseModel, at_least: tuple[int, int] | None = None) -
 
 
 def _names() -> tuple[str, ...]:
-    return tuple(f"{_ATTENTION}.{r}.weight" for r in ("q_proj", "k_proj", "v_proj", "o_proj")) + tuple(
-        f"mlp.{r}.weight" for r in ("gate_proj", "up_proj", "down_proj")
+    return (
+        tuple(f"{_ATTENTION}.{r}.weight" for r in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        + tuple(f"mlp.{r}.weight" for r in ("gate_proj", "up_proj", "down_proj"))
+        + tuple(f"{_ATTENTION}.{r}.bias" for r in ("q_proj", "k_proj", "v_proj"))
     )
 
 

@@ -68,11 +68,12 @@ def remove_owned(
 
 
 def discard(folder: str | os.PathLike) -> list[Blocker]:
-    """:func:`remove_owned` for clean-up on the way out (a staging folder): an error while deleting leaves the rest
-    in place instead of masking what the caller raises."""
+    """:func:`remove_owned` for clean-up on the way out (a staging folder): an error while deleting (memory running
+    out included) leaves the rest in place, for the next run's leftover clean-up, instead of masking what the caller
+    raises."""
     try:
         return remove_owned(folder)
-    except OSError:
+    except (OSError, MemoryError):
         return []
 
 

@@ -5,24 +5,31 @@ A checkpoint is a folder holding ``state.pt`` (``torch.save`` of plain tensors, 
 the random states (CPU, every CUDA device, Python's) and the curves so far. A replicated run's ``state.pt`` also holds
 the trained tensors and the optimizer's state; a sharded run's holds only the trained tensors' names and shapes, and
 every process writes its own shards of the weights and optimizer state beside it with ``torch.distributed.checkpoint``
-(nothing is gathered). The folder is built in a hidden sibling and swapped in whole
-(:mod:`slimkit.primitives.files.atomic`), so a run killed while writing leaves the previous checkpoint intact.
+(nothing is gathered). The folder is built in a hidden sibling, marked as slimkit's (:data:`CHECKPOINT_MARKER`
+lists what it holds) and swapped in whole (:mod:`slimkit.primitives.files.atomic`), so a run killed while writing
+leaves the previous checkpoint intact; only marked folders are deleted, only what their marker lists, never across a
+mount (:mod:`slimkit.primitives.files.removal`).
 
 Method note: docs/methods/recovery-loop.md.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import random
-import shutil
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir, swap_in
+from slimkit.primitives.files.marker import read_marker, write_marker
+from slimkit.primitives.files.removal import NOT_LISTED, Blocker, discard, remove_owned, survey
 from slimkit.primitives.finetune.process_group import world
 
 STATE_FILE = "state.pt"
@@ -31,7 +38,102 @@ SHARDS_DIR = "shards"
 SHARDED_KEY = "sharded"
 """The key of a sharded checkpoint's ``state.pt`` holding the trained tensors' shapes by name."""
 
+CHECKPOINT_MARKER = ".slimkit-checkpoint.json"
+"""The marker in every checkpoint folder slimkit writes, listing what it holds (what may be deleted)."""
+ROOT_MARKER = ".slimkit-checkpoints.json"
+"""The marker in a folder of checkpoints slimkit created (a run's ``.OUT.checkpoints``): only such a folder is
+deleted when the run is done."""
+
 Shapes = Mapping[str, tuple[int, ...]]
+
+
+def _claim_parent(folder: Path) -> None:
+    """Create ``folder``'s parent, marked as slimkit's, when it does not exist (an existing one is left as it is)."""
+    parent = folder.parent
+    if os.path.lexists(parent):
+        return
+    parent.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir()
+    except FileExistsError:
+        return
+    write_marker(parent, ROOT_MARKER, {"written_by": "slimkit", "holds": "recovery checkpoints"})
+
+
+def _mark(staging: Path) -> None:
+    write_marker(staging, CHECKPOINT_MARKER, {"written_by": "slimkit recovery checkpoint"})
+
+
+def _marked_listing(folder: Path) -> set[str]:
+    """What ``folder``'s :data:`CHECKPOINT_MARKER` lists; nothing when it has no readable marker (kept whole)."""
+    try:
+        return read_marker(folder, CHECKPOINT_MARKER)
+    except SlimkitError:
+        return set()
+
+
+def remove_checkpoint(folder: Path) -> list[Blocker]:
+    """Delete the checkpoint folder at ``folder``: only what its marker lists, never across a mount (a folder
+    without a readable marker, or anything but a folder, is left whole); returns what was left."""
+    if not os.path.lexists(folder):
+        return []
+    if folder.is_symlink() or not folder.is_dir():
+        return [Blocker(".", NOT_LISTED)]
+    return remove_owned(folder, _marked_listing(folder))
+
+
+_LEFTOVER = re.compile(r"^\.(.+)\.(?:partial|replaced)-[1-9]\d*-")
+
+
+def remove_checkpoint_root(root: Path) -> list[str]:
+    """Delete the checkpoints slimkit wrote in ``root`` (marked folders, only what their markers list, and what killed
+    writers left beside them), then ``root`` itself when slimkit created it (it holds :data:`ROOT_MARKER`) and nothing
+    else is left; one line per thing kept (``root`` when slimkit did not create it, anything slimkit did not write)."""
+    if not os.path.lexists(root):
+        return []
+    if root.is_symlink() or not root.is_dir():
+        return [f"kept {root}: it is not a folder slimkit made for checkpoints"]
+    names = {match[1] if (match := _LEFTOVER.match(entry.name)) else entry.name for entry in root.iterdir()}
+    for name in sorted(names - {ROOT_MARKER}):  # what killed writers left beside each checkpoint
+        remove_leftovers(root / name, marker=CHECKPOINT_MARKER)
+    kept: list[str] = []
+    for entry in sorted(root.iterdir()):
+        if entry.name == ROOT_MARKER:
+            continue
+        folder = entry.is_dir() and not entry.is_symlink()
+        if folder and (entry / CHECKPOINT_MARKER).is_file():
+            left = remove_checkpoint(entry)
+        else:  # named by the first thing in it slimkit does not delete (a user's file, a mount point)
+            left = (survey(entry, set()) if folder else []) or [Blocker(".", NOT_LISTED)]
+        if left:
+            kept.append(f"kept {left[0].phrase(entry)}: slimkit did not write it")
+    marker = root / ROOT_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return [f"kept {root}: slimkit did not create it (no {ROOT_MARKER}); delete it yourself if it is not needed"]
+    if kept:
+        return kept
+    return [f"kept {left[0].phrase(root)}" for left in [remove_owned(root, {ROOT_MARKER})] if left]
+
+
+def tensors_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A hex key of named tensors' content (names, shapes, dtypes and bytes; one tensor on the CPU at a time)."""
+    digest = hashlib.sha256()
+    for name, tensor in tensors:
+        digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\0".encode())
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()[:32]
+
+
+def model_content_key(folder: str | os.PathLike | None, model: nn.Module) -> str:
+    """The content key a checkpoint is written for: the input model folder's
+    (:func:`~slimkit.primitives.evaluate.reference.content_key`: every file's SHA-256, large ones remembered by their
+    stamp), or for a model given in memory its weights' (:func:`tensors_digest`)."""
+    from slimkit.primitives.evaluate.reference import content_key
+
+    if folder is not None:
+        return content_key(folder)
+    return tensors_digest(model.state_dict().items())
 
 
 def random_state() -> dict[str, Any]:
@@ -57,16 +159,18 @@ def _python_state(saved: Any) -> tuple:
 
 def save_checkpoint(folder: Path, state: dict[str, Any]) -> None:
     """Write ``state`` as the checkpoint at ``folder``, replacing the previous one in one step."""
-    remove_leftovers(folder)
+    _claim_parent(folder)
+    remove_leftovers(folder, marker=CHECKPOINT_MARKER)
     staging = staging_dir(folder)
     try:
         torch.save(state, staging / STATE_FILE)
+        _mark(staging)
         aside = swap_in(staging, folder)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        discard(staging)
         raise
     if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+        remove_checkpoint(aside)
 
 
 def _shared(value: str | None) -> str | None:
@@ -91,7 +195,8 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
     problem: str | None = None
     if rank == 0:
         try:
-            remove_leftovers(folder)
+            _claim_parent(folder)
+            remove_leftovers(folder, marker=CHECKPOINT_MARKER)
             staging = staging_dir(folder)
         except Exception as error:
             problem = f"cannot write the recovery checkpoint {folder} ({_reason(error)})"
@@ -103,7 +208,7 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
         dcp.save(shards, checkpoint_id=staging / SHARDS_DIR)  # raises on every process when one fails
     except BaseException as error:
         if rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
+            discard(staging)
         if isinstance(error, (Exception, CheckpointException)):  # a failed write (not an interrupt) is one line
             raise SlimkitError(f"cannot write the recovery checkpoint {folder} ({_reason(error)})") from error
         raise
@@ -111,18 +216,19 @@ def save_sharded_checkpoint(folder: Path, state: dict[str, Any] | None, shards: 
     if rank == 0:
         try:
             torch.save(state, staging / STATE_FILE)
+            _mark(staging)
             aside = swap_in(staging, folder)
         except Exception as error:
-            shutil.rmtree(staging, ignore_errors=True)
+            discard(staging)
             problem = f"cannot write the recovery checkpoint {folder} ({_reason(error)})"
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            discard(staging)
             raise
     problem = _shared(problem)  # every process learns whether the main one swapped the folder in
     if problem is not None:
         raise SlimkitError(problem)
     if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+        remove_checkpoint(aside)
 
 
 def load_checkpoint(folder: Path) -> dict[str, Any] | None:
@@ -130,7 +236,7 @@ def load_checkpoint(folder: Path) -> dict[str, Any] | None:
     line. Every launched process calls it: the main one cleans what a killed writer left, then all read."""
     rank, size = world()
     if rank == 0:
-        remove_leftovers(folder)
+        remove_leftovers(folder, marker=CHECKPOINT_MARKER)
     if size > 1:
         import torch.distributed as dist
 
@@ -202,25 +308,22 @@ def resume_problem(folder: Path, state: Mapping[str, Any], shapes: Shapes, shard
     )
 
 
-def remove_checkpoint(folder: Path) -> None:
-    """Delete the checkpoint at ``folder`` (a finished run's) and its parent when that is left empty."""
-    shutil.rmtree(folder, ignore_errors=True)
-    parent = folder.parent
-    if parent.is_dir() and not any(parent.iterdir()):
-        parent.rmdir()
-
-
 __all__ = [
+    "CHECKPOINT_MARKER",
+    "ROOT_MARKER",
     "SHARDED_KEY",
     "SHARDS_DIR",
     "STATE_FILE",
     "load_checkpoint",
     "load_sharded",
+    "model_content_key",
     "random_state",
     "remove_checkpoint",
+    "remove_checkpoint_root",
     "restore_random_state",
     "resume_problem",
     "save_checkpoint",
     "save_sharded_checkpoint",
     "shapes_of",
+    "tensors_digest",
 ]

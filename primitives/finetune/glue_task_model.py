@@ -33,6 +33,33 @@ from slimkit.primitives.finetune.loop import (
 )
 
 
+@dataclass(frozen=True)
+class TaskHead:
+    """What a recipe's ``task`` makes of the loaded encoder, and what such a model cannot do: the run builds it with
+    :meth:`wrap` right after loading, and names it in the refusals of what it cannot take."""
+
+    task: str
+
+    @property
+    def what(self) -> str:
+        """The model, as refusals name it."""
+        return f"a GLUE {self.task} task model"
+
+    @property
+    def no_dense_comparison(self) -> str:
+        """Why the run compares no dense metrics beside its own."""
+        return "a GLUE task model's dense head is untrained"
+
+    def wrap(self, model: nn.Module, seed: int) -> nn.Module:
+        """The task model around ``model`` (:func:`task_model`)."""
+        return task_model(model, self.task, seed=seed)
+
+
+def task_head(task: str | None) -> TaskHead | None:
+    """The task head of a recipe's ``task`` (None: the model is used as it is loaded)."""
+    return TaskHead(task) if task is not None else None
+
+
 def is_task_model(model: nn.Module) -> bool:
     return type(model).__name__.endswith("ForSequenceClassification")
 

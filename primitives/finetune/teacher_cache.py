@@ -2,14 +2,12 @@
 every later run that trains on the same windows from the same teacher (another budget, a resumed run, another
 student).
 
-* :func:`teacher_fingerprint`: a key of the teacher's weights by content, read cheaply: for each weight file (and
-  ``config.json``) its name, size and its first and last MiB.
-* :class:`TopKCache`: ``folder/<fingerprint>/<k>/<sha256 of the windows' ids>.pt`` holding the top-k logits
-  (the teacher's dtype) and their token ids (int32) of one micro-batch; written atomically. The teacher itself is
-  loaded only on the first miss (``load_teacher``), so a run whose windows are all cached never loads it.
-* :func:`topk_kl`: KL(teacher || student) over the teacher's top-k tokens: the teacher's top-k logits renormalised at
-  temperature T, the student's full log-softmax at T read at those tokens, times T**2 (the sparse distillation loss
-  of offline-logit pipelines; k = vocabulary size gives the full KL).
+* :func:`teacher_fingerprint`: the teacher folder's content key (as the dense comparison's cache keys it).
+* :class:`TopKCache`: ``folder/<fingerprint>/<k>/<sha256 of the windows' ids>.pt``: one micro-batch's top-k logits
+  and int32 token ids, written atomically, checked when read (a damaged entry is computed again, with a note); the
+  teacher is loaded only on the first miss.
+* :func:`topk_kl`: KL(teacher || student) over the teacher's top-k tokens at temperature T, times T**2 (k =
+  vocabulary size gives the full KL).
 
 Method note: docs/methods/recovery-loop.md.
 """
@@ -18,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,29 +29,20 @@ from slimkit.primitives.device.moves import to_input_device
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import staging_file
 
-SAMPLE_BYTES = 1 << 20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+ENTRY_OVERHEAD = 1 << 20
+"""Bytes an entry may hold beyond its tensors' (the ``torch.save`` container); a larger file is not read."""
 
 
 def teacher_fingerprint(folder: str | Path) -> str:
-    """A hex key of the model folder's weights: names, sizes, and the first and last MiB of every weight file and of
-    ``config.json`` (a changed file changes its header, size or ends)."""
+    """The key of the teacher's cached logits: its folder's content key (every file's SHA-256; large files' digests
+    remembered by their stamp, :func:`~slimkit.primitives.evaluate.reference.remembered_digest`)."""
+    from slimkit.primitives.evaluate.reference import content_key
+
     root = Path(folder)
-    files = sorted(
-        p for p in root.iterdir() if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
-    )
-    if not any(p.suffix in WEIGHT_SUFFIXES for p in files):
+    if not any(p.is_file() and p.suffix in WEIGHT_SUFFIXES for p in root.iterdir()):
         raise SlimkitError(f"offline teacher: {root} holds no weight file to key its cached logits by")
-    digest = hashlib.sha256()
-    for path in files:
-        size = path.stat().st_size
-        digest.update(f"{path.name}\0{size}\0".encode())
-        with path.open("rb") as handle:
-            digest.update(handle.read(SAMPLE_BYTES))
-            if size > SAMPLE_BYTES:
-                handle.seek(max(SAMPLE_BYTES, size - SAMPLE_BYTES))
-                digest.update(handle.read(SAMPLE_BYTES))
-    return digest.hexdigest()[:32]
+    return content_key(root)
 
 
 def topk_kl(
@@ -76,6 +66,27 @@ def topk_kl(
     return (per_token * weight).sum() / weight.sum().clamp_min(1) * temperature**2
 
 
+def entry_problem(saved: object, shape: tuple[int, ...], k: int, vocab: int | None) -> str | None:
+    """Why a cache entry read back is not the top-``k`` logits of a micro-batch of ``shape`` (None: it is): a dict of
+    ``values`` (floating, finite) and ``indices`` (int32, each below ``vocab`` when known) of
+    ``[*shape, k]`` (``k`` at most the vocabulary)."""
+    if not isinstance(saved, dict) or not all(
+        isinstance(saved.get(key), torch.Tensor) for key in ("values", "indices")
+    ):
+        return "it is not a dict of values and indices tensors"
+    values, indices = saved["values"], saved["indices"]
+    wanted = min(k, vocab) if vocab is not None else k
+    if tuple(values.shape) != (*shape, wanted) or tuple(indices.shape) != (*shape, wanted):
+        return f"shapes {list(values.shape)} and {list(indices.shape)}, not {[*shape, wanted]} (another k or windows)"
+    if not values.is_floating_point() or not bool(torch.isfinite(values).all()):
+        return "its logits are not finite floating-point numbers"
+    if indices.dtype != torch.int32:
+        return f"its token ids are {indices.dtype}, not int32"
+    if indices.numel() and (int(indices.min()) < 0 or (vocab is not None and int(indices.max()) >= vocab)):
+        return f"token ids from {int(indices.min())} to {int(indices.max())}, outside the vocabulary of {vocab}"
+    return None
+
+
 @dataclass
 class TopKCache:
     """Top-k teacher logits per micro-batch, on disk under ``folder/<fingerprint>/<k>/``."""
@@ -87,6 +98,8 @@ class TopKCache:
     teacher: nn.Module | None = None
     hits: int = 0
     misses: int = field(default=0)
+    damaged: list[str] = field(default_factory=list)
+    """``"<entry>: <why>"`` for each entry that could not be used and was computed again."""
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -97,14 +110,43 @@ class TopKCache:
         key.update(str(tuple(ids.shape)).encode())
         return self.folder / self.fingerprint / str(self.k) / f"{key.hexdigest()[:40]}.pt"
 
-    def topk(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(values, indices)`` ``[b, s, k]`` of the teacher's logits on ``ids`` (read from the cache, or computed
-        with the teacher, loaded on the first miss, and written)."""
-        path = self.path_of(ids)
-        if path.is_file():
-            self.hits += 1
+    def _read(self, path: Path, ids: torch.Tensor, vocab: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The entry at ``path`` when it is usable; None when there is none (or it is not a plain file: left as it
+        is), with the reason in :attr:`damaged` when there was one."""
+        try:
+            status = path.lstat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as error:
+            self.damaged.append(f"{path}: cannot read it ({error.strerror or error})")
+            return None
+        if not stat.S_ISREG(status.st_mode):
+            self.damaged.append(f"{path}: not a regular file")
+            return None
+        limit = ids.numel() * self.k * 16 + ENTRY_OVERHEAD
+        if status.st_size > limit:
+            self.damaged.append(f"{path}: {status.st_size:,} bytes, more than an entry of this size holds")
+            return None
+        try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
-            return saved["values"], saved["indices"]
+        except Exception as error:  # a truncated or foreign file: whatever torch.load raises
+            self.damaged.append(f"{path}: not a readable entry ({type(error).__name__})")
+            return None
+        problem = entry_problem(saved, tuple(ids.shape), self.k, vocab)
+        if problem is not None:
+            self.damaged.append(f"{path}: {problem}")
+            return None
+        return saved["values"], saved["indices"]
+
+    def topk(self, ids: torch.Tensor, vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, indices)`` ``[b, s, k]`` of the teacher's logits on ``ids`` (read from the cache, or computed
+        with the teacher, loaded on the first miss, and written). ``vocab``: the vocabulary size the entry's token
+        ids must stay below (the student's), checked when an entry is read; a damaged entry is computed again."""
+        path = self.path_of(ids)
+        cached = self._read(path, ids, vocab)
+        if cached is not None:
+            self.hits += 1
+            return cached
         self.misses += 1
         if self.teacher is None:
             self.teacher = self.load_teacher()
@@ -114,6 +156,8 @@ class TopKCache:
             logits = self.teacher(input_ids=to_input_device(self.teacher, ids), use_cache=False).logits
             values, indices = logits.topk(min(self.k, logits.shape[-1]), dim=-1)
         values, indices = values.cpu(), indices.to(torch.int32).cpu()
+        if os.path.lexists(path) and not stat.S_ISREG(path.lstat().st_mode):
+            return values, indices  # a planted link, FIFO or folder is left alone (and not written through)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = staging_file(path)
         try:
@@ -123,6 +167,16 @@ class TopKCache:
             staging.unlink(missing_ok=True)
             raise
         return values, indices
+
+    def note(self, label: str) -> str | None:
+        """One line for the report when entries were damaged (None otherwise)."""
+        if not self.damaged:
+            return None
+        count = len(self.damaged)
+        return (
+            f"{label}: {count} cached teacher entr{'y was' if count == 1 else 'ies were'} unusable and computed again "
+            f"(first: {self.damaged[0]})"
+        )
 
     def release(self) -> None:
         self.teacher = None
@@ -139,12 +193,12 @@ class TopKDistillationObjective:
         return int(mask.sum())
 
     def loss_sum(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        values, indices = self.cache.topk(ids)
         logits = model(input_ids=ids, use_cache=False).logits
+        values, indices = self.cache.topk(ids, logits.shape[-1])
         device = logits.device
         counted = mask.to(device)
         loss = topk_kl(logits, values.to(device), indices.to(device), self.temperature, counted)
         return loss * counted.sum()
 
 
-__all__ = ["TopKCache", "TopKDistillationObjective", "teacher_fingerprint", "topk_kl"]
+__all__ = ["TopKCache", "TopKDistillationObjective", "entry_problem", "teacher_fingerprint", "topk_kl"]

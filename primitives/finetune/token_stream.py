@@ -6,6 +6,7 @@ Method note: docs/methods/recovery-loop.md.
 
 from __future__ import annotations
 
+import codecs
 import math
 import random
 from collections.abc import Iterator
@@ -44,6 +45,74 @@ def folder_files(folder: str | Path) -> list[Path]:
         allowed = ", ".join(FOLDER_SUFFIXES)
         raise SlimkitError(f"data folder {root} holds no data file (allowed endings: {allowed})")
     return files
+
+
+TEXT_PROBE_BYTES = 64 << 10
+"""Bytes of a ``.txt`` file read to tell text from binary data."""
+
+
+def _text_file_problem(path: Path) -> str | None:
+    """Why ``path`` (a ``.txt`` data file) is not UTF-8 text, judged on its first :data:`TEXT_PROBE_BYTES`."""
+    with path.open("rb") as handle:
+        head = handle.read(TEXT_PROBE_BYTES)
+    if b"\0" in head:
+        return "holds binary data (a NUL byte), not text"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < TEXT_PROBE_BYTES)
+    except UnicodeDecodeError as error:
+        return f"is not UTF-8 text ({error.reason} at byte {error.start})"
+    return None
+
+
+def check_data_files(folder: str | Path) -> None:
+    """Refuse, in one line and before any compute, a data folder a training stage could not read to its end: every
+    data file must read as its ending says (``.txt``: UTF-8 text; ``.jsonl`` / ``.json`` / ``.parquet``: records
+    whose first has a text field or instruction/output fields)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    for path in folder_files(folder):
+        builder = FOLDER_SUFFIXES[path.suffix]
+        if builder == "text":
+            problem = _text_file_problem(path)
+            if problem is not None:
+                raise SlimkitError(f"data file {path} {problem}; a .txt data file holds UTF-8 text")
+            continue
+        try:
+            first = next(
+                iter(datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)), None
+            )
+        except Exception as error:
+            reason = " ".join(str(error).split())[:200]
+            raise SlimkitError(
+                f"cannot read data file {path} as {builder} ({type(error).__name__}: {reason})"
+            ) from None
+        if first is not None:
+            record_text(first, str(path))
+
+
+def count_windows(tokenizer, source: TextSource, seq_len: int, needed: int) -> int:
+    """How many windows of ``seq_len`` tokens ``source`` gives, counted up to ``needed`` (the tokenizing stops
+    there)."""
+    count = 0
+    for _window in packed_windows(tokenizer, source_documents(source), seq_len):
+        count += 1
+        if count >= needed:
+            break
+    return count
+
+
+def check_windows(tokenizer, source: TextSource, seq_len: int, validation: int) -> None:
+    """Refuse, in one line and before any compute, a source that cannot give its ``validation`` held-out windows of
+    ``seq_len`` tokens and at least one window to train on."""
+    found = count_windows(tokenizer, source, seq_len, validation + 1)
+    if found <= validation:
+        what = f"data_folder {source.folder}" if source.folder else f"dataset {source.name}"
+        raise SlimkitError(
+            f"{what} gives {found} window{'' if found == 1 else 's'} of {seq_len} tokens; training needs "
+            f"{validation + 1} (validation_windows {validation} held out, then at least one to train on): add data, "
+            "lower validation_windows or seq_len"
+        )
 
 
 def record_text(record: dict, where: str) -> str:
@@ -185,6 +254,9 @@ __all__ = [
     "TextSource",
     "TokenBudget",
     "budget_batches",
+    "check_data_files",
+    "check_windows",
+    "count_windows",
     "folder_files",
     "packed_windows",
     "record_text",

@@ -8,6 +8,7 @@ Method note: docs/methods/groups.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -15,11 +16,25 @@ from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.arch.capabilities import check_operation
+from slimkit.primitives.arch.layer_kinds import ATTENTION_AND_MLP, MIXER_LABELS
 from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.lowrank.module import member_target
 
-GROUP_KINDS = ("mlp_channel", "attention_head", "kv_group", "qk_dim", "vo_dim", "hidden_feature")
+GROUP_KINDS = (
+    "mlp_channel",
+    "attention_head",
+    "kv_group",
+    "qk_dim",
+    "vo_dim",
+    "hidden_feature",
+    "q_latent",
+    "kv_latent",
+    "linear_head",
+    "linear_kv_group",
+    "mamba_head",
+    "mamba_channel",
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +63,11 @@ class Group:
     members: tuple[Member, ...]
     extra: dict = field(default_factory=dict)
     """Kind-specific facts selection needs (e.g. ``kv_groups`` for attention heads)."""
+    renormalise: tuple[str, ...] = ()
+    """Norms (module paths) whose statistic averages over the units' channels in groups the removal shrinks evenly
+    (Mamba-2's gated RMSNorm, MLA's latent norms): removal multiplies each one's weight by ``sqrt(width before /
+    width after)``, so the kept channels see the statistic they had with the removed ones zero
+    (:mod:`slimkit.primitives.groups.mamba`, :mod:`slimkit.primitives.groups.latent`)."""
 
     @property
     def size(self) -> int:
@@ -102,12 +122,25 @@ def _linear_members(path: str, module: nn.Module, dim: int, indices: torch.Tenso
     return members
 
 
+blocks = _blocks
+linear_members = _linear_members
+
+
+def _head_param_members(view: ModelView, layer: LayerView, units: torch.Tensor) -> list[Member]:
+    """Parameters with one entry per query head (GPT-OSS's sinks), ``units`` ``[units, heads per unit]``."""
+    base = view.path_of(layer.module)
+    return [
+        Member(f"{base}.{path.rpartition('.')[0]}", path.rpartition(".")[2], 0, units)
+        for path in layer.spec.head_params
+    ]
+
+
 def _layer_path(view: ModelView, layer: LayerView, role: LinearRole) -> str:
     return f"{view.path_of(layer.module)}.{layer.linear_path(role)}"
 
 
 def mlp_channel_group(view: ModelView, layer: LayerView) -> Group:
-    units = _blocks(layer.mlp_width, 1)
+    units = _blocks(int(layer.linear("up").out_features), 1)  # a routed layer's shared expert has its own width
     members: list[Member] = []
     for role in layer.mlp_input_roles:
         members += _linear_members(_layer_path(view, layer, role), layer.linear(role), 0, units)
@@ -116,11 +149,17 @@ def mlp_channel_group(view: ModelView, layer: LayerView) -> Group:
 
 
 def attention_head_group(view: ModelView, layer: LayerView) -> Group:
+    if view.spec.latent_attention is not None:
+        from slimkit.primitives.groups.latent import latent_head_group  # it builds on this module
+
+        return latent_head_group(view, layer)
     if layer.num_kv_heads == layer.num_heads:  # no GQA: a head owns its key and value too
         return Group("attention_head", layer.index, kv_group_group(view, layer).members, {"kv_groups": 1})
     units = _blocks(layer.num_heads, layer.head_dim)
-    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, units)
+    q_units = _blocks(layer.num_heads, layer.head_dim * layer.spec.q_rows_per_head)  # a gated query: query and gate
+    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, q_units)
     members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, units)
+    members += _head_param_members(view, layer, _blocks(layer.num_heads, 1))
     return Group("attention_head", layer.index, tuple(members), {"kv_groups": layer.num_kv_heads})
 
 
@@ -128,10 +167,12 @@ def kv_group_group(view: ModelView, layer: LayerView) -> Group:
     d, kv = layer.head_dim, layer.num_kv_heads
     per_group = layer.num_heads // kv
     q_units, kv_units = _blocks(kv, per_group * d), _blocks(kv, d)
-    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, q_units)
+    gated_q = _blocks(kv, per_group * d * layer.spec.q_rows_per_head)  # a gated query: query and gate per head
+    members = _linear_members(_layer_path(view, layer, "q"), layer.linear("q"), 0, gated_q)
     members += _linear_members(_layer_path(view, layer, "k"), layer.linear("k"), 0, kv_units)
     members += _linear_members(_layer_path(view, layer, "v"), layer.linear("v"), 0, kv_units)
     members += _linear_members(_layer_path(view, layer, "o"), layer.linear("o"), 1, q_units)
+    members += _head_param_members(view, layer, _blocks(kv, per_group))
     return Group("kv_group", layer.index, tuple(members))
 
 
@@ -144,7 +185,9 @@ def _dims_across_heads(heads: int, head_dim: int, dims: torch.Tensor) -> torch.T
 def qk_dim_group(view: ModelView, layer: LayerView) -> Group:
     check_operation(layer.spec, "qk_dim", view.config)
     d = layer.head_dim
-    if layer.rope:  # rotate_half pairs dimension j with j + d/2
+    if layer.rope and layer.spec.rope_pairs == "adjacent":  # interleaved RoPE rotates 2j with 2j + 1
+        dims = torch.arange(d).reshape(d // 2, 2)
+    elif layer.rope:  # rotate_half pairs dimension j with j + d/2
         dims = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1)
     else:
         dims = torch.arange(d)[:, None]
@@ -179,6 +222,10 @@ def hidden_feature_group(view: ModelView) -> Group:
             members += _linear_members(
                 _layer_path(view, layer, role), layer.linear(role), 1 if reads_stream else 0, units
             )
+        mixer = layer.mixer  # a hybrid's gated DeltaNet / Mamba-2 mixer: in_proj* read the stream, out_proj writes it
+        if mixer is not None:
+            for name, linear in mixer.linears().items():
+                members += _linear_members(view.path_of(linear), linear, 0 if name == mixer.writer else 1, units)
         norms += layer.norms
     if view.final_norm is not None:
         norms.append(view.final_norm.module)
@@ -191,13 +238,35 @@ def hidden_feature_group(view: ModelView) -> Group:
     return Group("hidden_feature", None, tuple(members))
 
 
-_LAYER_BUILDERS = {
-    "mlp_channel": mlp_channel_group,
-    "attention_head": attention_head_group,
-    "kv_group": kv_group_group,
-    "qk_dim": qk_dim_group,
-    "vo_dim": vo_dim_group,
-}
+def _q_latent(view: ModelView, layer: LayerView) -> Group:
+    from slimkit.primitives.groups.latent import q_latent_group
+
+    return q_latent_group(view, layer)
+
+
+def _kv_latent(view: ModelView, layer: LayerView) -> Group:
+    from slimkit.primitives.groups.latent import kv_latent_group
+
+    return kv_latent_group(view, layer)
+
+
+def _layer_builders() -> dict[str, Callable[[ModelView, LayerView], Group]]:
+    from slimkit.primitives.groups.linear_attention import linear_head_group, linear_kv_group_group
+    from slimkit.primitives.groups.mamba import mamba_channel_group, mamba_head_group
+
+    return {
+        "mlp_channel": mlp_channel_group,
+        "attention_head": attention_head_group,
+        "kv_group": kv_group_group,
+        "qk_dim": qk_dim_group,
+        "vo_dim": vo_dim_group,
+        "q_latent": _q_latent,
+        "kv_latent": _kv_latent,
+        "linear_head": linear_head_group,
+        "linear_kv_group": linear_kv_group_group,
+        "mamba_head": mamba_head_group,
+        "mamba_channel": mamba_channel_group,
+    }
 
 
 GROUP_BLOCK = {
@@ -206,8 +275,24 @@ GROUP_BLOCK = {
     "kv_group": "attention",
     "qk_dim": "attention",
     "vo_dim": "attention",
+    "q_latent": "attention",
+    "kv_latent": "attention",
+    "linear_head": "gated_deltanet",
+    "linear_kv_group": "gated_deltanet",
+    "mamba_head": "mamba2",
+    "mamba_channel": "mamba2",
 }
-"""The sub-block each layer group kind lives in: a layer whose block was removed has no groups of that kind."""
+"""The sub-block (or token mixer) each layer group kind lives in: a layer without it (a removed block, a hybrid's layer
+of another kind) has no groups of that kind."""
+
+
+def holds(layer: LayerView, block: str) -> bool:
+    """Whether ``layer`` holds ``block`` now (``attention``, ``mlp`` or a mixer kind of :data:`GROUP_BLOCK`)."""
+    if block == "attention":
+        return layer.has_attention
+    if block == "mlp":
+        return layer.has_mlp
+    return layer.kind.mixer == block
 
 
 def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -> list[Group]:
@@ -230,14 +315,31 @@ def build_groups(model: nn.Module, kind: str, layers: list[int] | None = None) -
                 f"{kind} groups need heads of one width; layer(s) {', '.join(map(str, uneven))} keep per-head widths "
                 "(SP3's MHA-intermediate masks), so their attention units cannot be pruned further"
             )
-    return [_LAYER_BUILDERS[kind](view, layer) for layer in chosen if GROUP_BLOCK[kind] not in layer.removed_blocks]
+    builder = _layer_builders()[kind]
+    return [builder(view, layer) for layer in chosen if holds(layer, GROUP_BLOCK[kind])]
 
 
 def layer_group(model: nn.Module, kind: str, layer: int) -> Group:
     groups = build_groups(model, kind, [layer])
     if not groups:
-        raise SlimkitError(f"layer {layer} has no {kind} units: its {GROUP_BLOCK[kind]} block was removed")
+        view = ModelView(model)
+        block = GROUP_BLOCK[kind]
+        if block in ("attention", "mlp") and view.layer(layer).kind == ATTENTION_AND_MLP:
+            raise SlimkitError(f"layer {layer} has no {kind} units: its {block} block was removed")
+        raise SlimkitError(f"layer {layer} has no {kind} units: it holds no {MIXER_LABELS.get(block, block)}")
     return groups[0]
 
 
-__all__ = ["GROUP_BLOCK", "GROUP_KINDS", "Group", "Member", "build_groups", "layer_group"]
+__all__ = [
+    "GROUP_BLOCK",
+    "GROUP_KINDS",
+    "Group",
+    "Member",
+    "blocks",
+    "build_groups",
+    "hidden_feature_group",
+    "holds",
+    "layer_group",
+    "linear_members",
+    "mlp_channel_group",
+]

@@ -285,6 +285,17 @@ def layer_attention(
     key = (layer, feature_scope)
     if key not in cache:
         view = ModelView(model).layer(layer)
+        if view.spec.latent_attention is not None:
+            raise SlimkitError(
+                f"the coupled (CCE) head score is not supported for {view.spec.model_type}: it reads each head's q, k, "
+                "v and o, and latent attention has no per-head key or value projection (kv_b_proj expands a shared "
+                "latent); score attention_head with another scorer"
+            )
+        if view.spec.q_gate:
+            raise SlimkitError(
+                f"coupled scorer: {view.spec.model_type}'s gated attention (an output gate beside each head's query) "
+                "is not one of CCE's QK/VO products; score attention heads with activation, magnitude or taylor"
+            )
         gradients = stats["gradients"]
         w = {role: _weight(view, role) for role in ("q", "k", "v", "o")}
         g = {role: _grad(gradients, weight) for role, weight in w.items()}
@@ -325,7 +336,14 @@ def coupled_scores(
     if feature_scope not in FEATURE_SCOPES:
         raise ValueError(f"unknown feature_scope '{feature_scope}'; allowed: {', '.join(FEATURE_SCOPES)}")
     if group.kind == "hidden_feature":
-        layers = range(ModelView(model).num_layers)
+        view = ModelView(model)
+        if any(layer.mixer is not None for layer in view.layers):
+            raise SlimkitError(
+                f"coupled scorer: {view.spec.model_type}'s gated DeltaNet / Mamba-2 layers read the stream through "
+                "projections CCE's feature score (from attention products) does not model; score hidden features "
+                "with activation, magnitude or taylor"
+            )
+        layers = range(view.num_layers)
         return cast(torch.Tensor, sum(layer_attention(model, i, stats, feature_scope)[1] for i in layers))
     if group.kind == "mlp_channel":
         return layer_mlp(model, group.layer, stats)

@@ -6,6 +6,7 @@ Method note: docs/methods/saved-folders.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -49,6 +50,33 @@ SIZE_FIELDS = (
 """Config fields that size a model: each must be a positive integer (``num_key_value_heads`` and ``head_dim`` may
 be null)."""
 _NULLABLE = ("num_key_value_heads", "head_dim")
+REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+"""Fields every architecture slimkit compresses reads its widths from: without one transformers would build its
+default width, not the saved one."""
+FIELD_GIVEN_BY = {"num_hidden_layers": ("layers_block_type", "hybrid_override_pattern")}
+"""Other keys a config gives a required field by (Nemotron-H's depth is the length of its layer list)."""
+POSITIVE_SCALARS = (
+    "logits_scaling",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "logit_scale",
+    "lm_head_multiplier",
+    "logits_soft_cap",
+    "output_logit_soft_cap",
+    "embedding_multiplier",
+    "attention_multiplier",
+    "residual_multiplier",
+    "query_pre_attn_scalar",
+)
+"""Config scalars the forward divides by, caps at or multiplies into the stream or the logits: a finite positive
+number or null (a negative cap is a cap at its magnitude, a zero one divides by zero)."""
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""Config keys of a mixture-of-experts model's routed expert count (the first one present)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+"""Files a model folder's tokenizer is loaded from (one of them is enough)."""
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+"""Stored dtypes a weight (a ``.weight`` or ``.bias`` tensor) may have: integer, boolean and 8-bit float tensors are
+a quantised checkpoint, which transformers would cast to float without their scales."""
 _NOT_WIDTHS = ("num_hidden_layers", "max_position_embeddings")
 _FILE_KINDS = {
     stat.S_IFIFO: "a FIFO (named pipe)",
@@ -128,8 +156,10 @@ def read_json_object(
             raise SlimkitError(
                 f"{path} is {_kind(status.st_mode)}, not a regular file; slimkit reads regular files only"
             )
-        with os.fdopen(handle, "rb", closefd=False) as stream:
-            raw = stream.read(max_bytes + 1)
+        with os.fdopen(handle, "rb", closefd=False) as stream:  # a buffer the file's size, not the limit's
+            raw = stream.read(min(max_bytes, status.st_size) + 1)
+            if len(raw) > status.st_size:  # it grew since it was measured: read on, to the limit
+                raw += stream.read(max_bytes + 1 - len(raw))
     except OSError as error:
         raise SlimkitError(f"cannot read {path}: {error.strerror or error}") from None
     finally:
@@ -243,8 +273,16 @@ def _read_headers(files: list[Path]) -> tuple[dict[str, tuple[int, ...]], dict[s
                             f"{file} holds {key}, which {where[key]} holds too; each tensor must be in one weight "
                             "file (a stray copy would replace the real one): remove the stray file"
                         )
-                    shapes[key] = tuple(handle.get_slice(key).get_shape())
+                    tensor = handle.get_slice(key)
+                    shapes[key] = tuple(tensor.get_shape())
                     where[key] = file.name
+                    dtype = str(tensor.get_dtype())
+                    if key.endswith((".weight", ".bias")) and dtype not in FLOAT_DTYPES:
+                        raise SlimkitError(
+                            f"{file}: {key} is stored as {dtype}, not a floating-point type; slimkit reads "
+                            "unquantised floating-point weights (a quantised checkpoint needs its scales): give the "
+                            "unquantised model"
+                        )
         except (SafetensorError, OSError) as error:
             reason = " ".join(str(error).split()) or type(error).__name__
             raise SlimkitError(
@@ -290,6 +328,41 @@ def _check_config_fields(config: dict[str, Any], path: Path) -> None:
         value = config[name]
         if type(value) is not int or value < 1:
             raise SlimkitError(f"{path}: {name} must be a positive integer, got {json.dumps(value)}")
+    if model_type in ARCH_SPECS:
+        missing = [
+            name
+            for name in REQUIRED_FIELDS
+            if name not in config and not any(key in config for key in FIELD_GIVEN_BY.get(name, ()))
+        ]
+        if missing:
+            raise SlimkitError(
+                f"{path}: no {missing[0]}; transformers would build the model with its default {missing[0]}, not "
+                "the saved weights' (a saved config names every width)"
+            )
+    for name in POSITIVE_SCALARS:
+        value = config.get(name)
+        if value is None:
+            continue
+        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+            raise SlimkitError(f"{path}: {name} must be a finite positive number or null, got {json.dumps(value)}")
+    _check_routing(config, path)
+
+
+def _check_routing(config: dict[str, Any], path: Path) -> None:
+    """A mixture-of-experts config routes each token to at most the experts it has (a count of 0: no routed experts,
+    as in Granite 4.0-H's dense variant, whose config keeps a default top-k)."""
+    top_k = config.get("num_experts_per_tok")
+    count_key = next((key for key in EXPERT_COUNT_KEYS if isinstance(config.get(key), int)), None)
+    if top_k is None or count_key is None or config[count_key] == 0:
+        return
+    count = config[count_key]
+    if type(top_k) is not int or top_k < 1:
+        raise SlimkitError(f"{path}: num_experts_per_tok must be a positive integer, got {json.dumps(top_k)}")
+    if count < 1 or top_k > count:
+        raise SlimkitError(
+            f"{path}: num_experts_per_tok {top_k} is more than the {count} experts a layer has ({count_key}); the "
+            "router picks at most every expert"
+        )
 
 
 def _is_model_class(name: str, model_type: Any) -> bool:
@@ -333,6 +406,40 @@ def _check_sizes(folder: ModelFolder, config: dict[str, Any]) -> None:
             f"{path}: num_hidden_layers {layers} disagrees with the weights, which hold {what} "
             f"({len(held)} layer{'' if len(held) == 1 else 's'})"
         )
+
+
+def check_tokenizer_files(directory: str | os.PathLike, needed_for: str) -> None:
+    """Refuse, in one line, a model folder with none of :data:`TOKENIZER_FILES` when ``needed_for`` (e.g.
+    ``perplexity``) tokenises text with the model's own tokenizer."""
+    folder = Path(directory)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise SlimkitError(
+            f"model folder {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); {needed_for} needs the "
+            "model's own tokenizer: copy its tokenizer files into the folder"
+        )
+
+
+def _mentioned_fields(text: str, config: dict[str, Any]) -> list[str]:
+    """The config's keys a message names, as ``hidden_size`` or as words (``the hidden size``, ``attention heads``)."""
+    words = re.sub(r"[^a-z0-9]+", " ", text.lower())
+    found = []
+    for key in config:
+        parts = [part for part in key.lower().split("_") if part not in ("num", "n", "of")]
+        if key.lower() in text.lower() or (parts and f" {' '.join(parts)} " in f" {words} "):
+            found.append(key)
+    return found
+
+
+def config_error_line(path: Path, error: BaseException, config: dict[str, Any]) -> str:
+    """transformers' refusal of ``config`` (a config validation error) as one line naming the field(s) it is about."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    text = " ".join(str(cause).split()) or type(cause).__name__
+    text = re.sub(r"<class '([\w.]+)'>", r"\1", text.split(". Errors:")[0]).rstrip(".")
+    field = getattr(error, "field", None) or re.match(r"Validation error for field '(\w+)'", str(error))
+    names = [field[1]] if isinstance(field, re.Match) else [field] if isinstance(field, str) else []
+    names = names or _mentioned_fields(text, config)
+    subject = ", ".join(f"{name} {json.dumps(config[name])[:40]}" if name in config else name for name in names)
+    return f"{path}: {subject or 'the config'}: transformers refuses it ({text[:300]})"
 
 
 def check_model_folder(
@@ -396,15 +503,22 @@ def _fused_files(fused: dict[str, tuple[int, ...]], where: dict[str, str]) -> di
 
 
 __all__ = [
+    "EXPERT_COUNT_KEYS",
+    "FLOAT_DTYPES",
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "PICKLE_PATTERNS",
+    "POSITIVE_SCALARS",
+    "REQUIRED_FIELDS",
     "SIZE_FIELDS",
+    "TOKENIZER_FILES",
     "ModelFolder",
     "Purpose",
     "check_folder_entries",
     "check_model_folder",
     "check_regular_file",
+    "check_tokenizer_files",
+    "config_error_line",
     "json_depth",
     "read_json_object",
 ]

@@ -20,14 +20,23 @@ from slimkit.primitives.arch.derived_head_dim import build_values, saved_head_di
 from slimkit.primitives.arch.fused import split_fused
 from slimkit.primitives.arch.head_widths import KIND as HEAD_WIDTHS_KIND
 from slimkit.primitives.arch.head_widths import materialise_head_widths
+from slimkit.primitives.arch.mixers import materialise_mixers
 from slimkit.primitives.arch.moe import materialise_experts
 from slimkit.primitives.arch.spec import ARCH_SPECS
 from slimkit.primitives.blocks.remove import restore_removed_blocks
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.io.compat import is_marked, unmark_config
-from slimkit.primitives.io.folder import ModelFolder, Purpose, check_model_folder, read_json_object
+from slimkit.primitives.io.folder import (
+    TOKENIZER_FILES,
+    ModelFolder,
+    Purpose,
+    check_model_folder,
+    config_error_line,
+    read_json_object,
+)
 from slimkit.primitives.io.paths import as_path
 from slimkit.primitives.io.save import MANIFEST_NAME, layer_hidden_size
+from slimkit.primitives.io.vision_language import TEXT_PREFIX, language_model, text_names, vision_language_of
 from slimkit.primitives.lowrank.module import KIND as LOW_RANK_KIND
 from slimkit.primitives.lowrank.module import materialise_lowrank
 from slimkit.primitives.projection.adapters import KIND as BASIS_CHANGE_KIND
@@ -58,11 +67,26 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     return manifest
 
 
+_SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def json_floats(value: Any) -> Any:
+    """``value`` with the floats JSON cannot hold decoded as transformers writes them in config.json
+    (``{"__float__": "Infinity"}``: Mamba-2's ``time_step_limit``), for a config built from the parsed file."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"} and value["__float__"] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[value["__float__"]]
+        return {key: json_floats(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [json_floats(inner) for inner in value]
+    return value
+
+
 def folder_config(directory: str | os.PathLike) -> transformers.PretrainedConfig:
     """The checked folder's config as transformers builds it, for a slimkit output too (its mark removed, its
     global widths: the widest layer's, an upper bound for plans); no weights are read."""
     folder = check_model_folder(directory)
-    config_dict = unmark_config(folder.config)
+    config_dict = json_floats(unmark_config(folder.config))
     config_dict.pop("per_layer_config", None)
     model_type = config_dict.pop("model_type")
     config_dict.pop("transformers_version", None)
@@ -93,9 +117,14 @@ def _first_line(error: BaseException) -> str:
 
 
 def _from_config_file(folder: ModelFolder, build: Any) -> Any:
-    """``build()`` (a transformers config or model from config.json), its errors as one line naming the file."""
+    """``build()`` (a transformers config or model from config.json), its errors as one line naming the file (and,
+    for transformers' config validation, the field)."""
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         return build()
+    except StrictDataclassError as error:
+        raise SlimkitError(config_error_line(folder.config_path, error, unmark_config(folder.config))) from None
     except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError) as error:
         raise SlimkitError(
             f"{folder.config_path}: transformers cannot build a model from it ({_first_line(error)})"
@@ -317,11 +346,31 @@ def materialise_shapes(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> N
         setattr(parent, child, _resized(module, shapes))
 
 
+def materialise_head_params(model: nn.Module, saved: dict[str, tuple[int, ...]]) -> None:
+    """Give each attention's per-head parameters (:attr:`ArchSpec.head_params`) their saved shapes."""
+    view = ModelView(model)
+    if not view.spec.head_params:
+        return
+    names = {id(module): name for name, module in model.named_modules()}
+    for layer in view.layers:
+        for path in view.spec.head_params:
+            owner_path, _, leaf = path.rpartition(".")
+            try:
+                owner = layer.module.get_submodule(owner_path)
+            except AttributeError:  # a removed attention block
+                continue
+            shape = saved.get(f"{names[id(owner)]}.{leaf}")
+            current = getattr(owner, leaf, None)
+            if shape is not None and isinstance(current, torch.Tensor) and tuple(current.shape) != tuple(shape):
+                setattr(owner, leaf, nn.Parameter(torch.empty(shape, dtype=current.dtype)))
+
+
 def _check_widths(folder: ModelFolder, model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
     view = ModelView(model)
+    every = view.layer_widths()
     for index, expected in per_layer.items():
         layer = view.layer(int(index))
-        actual = {**layer.widths(), "hidden_size": layer_hidden_size(layer, view.hidden_size)}
+        actual = {**every[int(index)], "hidden_size": layer_hidden_size(layer, view.hidden_size)}
         wrong = [f"{k} {v} (the weights give {actual.get(k)})" for k, v in expected.items() if actual.get(k) != v]
         if wrong:
             raise SlimkitError(
@@ -366,14 +415,33 @@ def load(
     ``modules`` and ``layer_widths`` are compared with the saved tensor shapes; any disagreement is one
     :class:`SlimkitError` line naming the file and the entry. transformers never runs the folder's code.
     """
+    directory = as_path(directory, "directory")
+    try:
+        return _load(directory, task, device, dtype, max_memory, offload_folder, purpose)
+    except MemoryError:
+        raise SlimkitError(
+            f"{directory}: loading the model ran out of host memory (the machine's, or the process's limit: "
+            "ulimit -v); free memory, raise the limit, or load it offloaded with max_memory"
+        ) from None
+
+
+def _load(
+    directory: Path,
+    task: str | None,
+    device: str,
+    dtype: str,
+    max_memory: str | int | None,
+    offload_folder: str | os.PathLike | None,
+    purpose: Purpose,
+) -> tuple[nn.Module, Any]:
+    """The body of :func:`load`."""
     from slimkit.primitives.device.placement import Placement
 
     placement = Placement.resolve(device, dtype, max_memory)
-    directory = as_path(directory, "directory")
     folder = check_model_folder(directory, task, purpose=purpose)
     task = folder.task
     marked = is_marked(folder.config)
-    config_dict = unmark_config(folder.config)
+    config_dict = json_floats(unmark_config(folder.config))
     per_layer = config_dict.pop("per_layer_config", None)
     manifest = read_manifest(directory) or {}
     modules = manifest.get("modules") or []
@@ -395,7 +463,7 @@ def load(
         loaded = _as_loaded(folder, skeleton)
         _check_shapes(loaded, skeleton, config_dict, prefix, _SHAPE_HINT)
         _check_all_saved(loaded, skeleton, prefix)
-        _check_layer_widths(folder, split_fused(skeleton), manifest)
+        _check_layer_widths(folder, language_model(split_fused(skeleton)), manifest)
         del skeleton
         tokenizer = _load_tokenizer(directory, config)  # before the weights: its ids are checked against the rows
         if placement.max_memory is not None:
@@ -435,6 +503,18 @@ def load(
     model = _from_config_file(folder, lambda: _instantiate(_model_class(config, task), config, dtype=placement.dtype))
     for key in build:  # the config says what was saved; the modules get the saved widths below
         setattr(model.config, key, config_dict[key])
+    whole = model
+    vision = vision_language_of(config_dict)
+    if vision is not None:  # the widths are the language model's: materialised on it, under its own names
+        model = language_model(whole)
+        folder = replace(
+            folder,
+            shapes=text_names(folder.shapes, vision),
+            files={
+                TEXT_PREFIX + k[len(vision.prefix) :] if k.startswith(vision.prefix) else k: v
+                for k, v in folder.files.items()
+            },
+        )
     split_fused(model)  # a saved folder holds fused projections as their parts
     saved = folder.shapes
     _check_module_entries(folder, model, modules)
@@ -453,6 +533,8 @@ def load(
     except SlimkitError as error:
         raise SlimkitError(f"{folder.path / MANIFEST_NAME}: {error}") from None
     materialise_experts(model, saved)  # per-layer expert counts: router rows and fused expert tensors
+    materialise_head_params(model, saved)  # per-head vectors of an attention (GPT-OSS's sinks)
+    materialise_mixers(model, saved)  # a hybrid's per-layer mixer widths: gated DeltaNet and Mamba-2 heads
     materialise_shapes(model, saved)
     materialise_basis_changes(model, modules)
     _check_module_shapes(folder, model, modules, (BASIS_CHANGE_KIND,))
@@ -463,6 +545,7 @@ def load(
         _check_widths(folder, model, per_layer)
     _check_layer_widths(folder, model, manifest)
     # Materialised modules are built in float32; the whole model takes the requested dtype at once.
+    model = whole  # a vision-language model: the vision tower and projector as built, the weights below
     model.to(dtype=placement.dtype)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
@@ -511,10 +594,16 @@ def _load_offloaded(cls: type, directory: Path, config: Any, placement: Any, off
     return load_offloaded(cls, directory, config, placement, Path(offload_folder))
 
 
+def folder_tokenizer(directory: str | os.PathLike) -> Any:
+    """The tokenizer of a checked model folder (None when it has none), as :func:`load` gives it, without reading any
+    weight: for checks that tokenise data before compute."""
+    return _load_tokenizer(Path(directory), folder_config(directory))
+
+
 def _load_tokenizer(directory: Path, config: transformers.PretrainedConfig) -> Any:
     """The folder's tokenizer (None when it has none), loaded before the weights and refused in one line when
     it can produce an id the model's embedding has no row for (:func:`check_token_ids`)."""
-    if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         return None
     # The config is passed so the tokenizer never parses config.json (whose per_layer_config
     # transformers would turn into a heterogeneous config, and whose marked model_type it does not know).

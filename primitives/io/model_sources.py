@@ -291,6 +291,7 @@ def load_source(
     """
     folder, info = resolve_source(path_text(source, "source"))
     from slimkit.primitives.io import load
+    from slimkit.primitives.io.vision_language import language_model
 
     model, tokenizer = load(
         folder,
@@ -303,7 +304,8 @@ def load_source(
     )
     if info.task is None:
         info.task = task_of(model.config)
-    return model, tokenizer, info
+    # a vision-language model is compressed as its language model (the whole model travels with it and is saved)
+    return language_model(model), tokenizer, info
 
 
 def dense_of(source: dict[str, Any]) -> dict[str, Any]:

@@ -21,15 +21,18 @@ from torch import nn
 from slimkit.primitives.arch import LayerView, ModelView
 from slimkit.primitives.arch.fused import fused_for_save, split_fused
 from slimkit.primitives.arch.head_widths import head_width_entries
+from slimkit.primitives.arch.layer_kinds import merged_widths
 from slimkit.primitives.arch.moe import moe_spec
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.files.atomic import remove_leftovers, staging_dir
 from slimkit.primitives.files.guard import check_output_location
 from slimkit.primitives.files.lock import acquire_lock
 from slimkit.primitives.files.removal import discard
+from slimkit.primitives.files.writable import check_writable
 from slimkit.primitives.io.compat import mark_config, structure_reasons, unmark_config
 from slimkit.primitives.io.finite import non_finite_tensors
-from slimkit.primitives.io.paths import as_path
+from slimkit.primitives.io.paths import as_path, check_path_length
+from slimkit.primitives.io.vision_language import attached
 from slimkit.primitives.lowrank.module import lowrank_entries
 from slimkit.primitives.projection.manifest import projection_entries
 
@@ -61,6 +64,8 @@ def layer_hidden_size(layer: LayerView, stream: int) -> int:
     stream (q, or up once its attention block was removed); ``stream`` (the residual stream's width) for a layer
     whose attention and MLP blocks were both removed (it passes the stream on unchanged)."""
     for role in ("q", "up"):
+        if role == "q" and layer.spec.latent_attention is not None and not layer.attention_removed:
+            return int(layer.extra_linears()[0].in_features)  # MLA's q reads the latent; q_a reads the stream
         if role in layer.roles:
             return int(layer.linear(role).in_features)
     return stream
@@ -98,12 +103,13 @@ def width_config(model: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, 
     hidden_sizes = [layer_hidden_size(layer, view.hidden_size) for layer in view.layers]
     config_dict = model.config.to_dict()
     hidden = {"hidden_size": view.hidden_size}
-    if all(w == widths[0] for w in widths) and all(h == view.hidden_size for h in hidden_sizes):
-        candidate = {**config_dict, **widths[0], **hidden}
+    uniform = merged_widths(widths)  # a hybrid's layers give the widths of the kinds they hold
+    if uniform is not None and all(h == view.hidden_size for h in hidden_sizes):
+        candidate = {**config_dict, **uniform, **hidden}
         candidate.pop("model_type", None)
         candidate.pop("transformers_version", None)
         if config_accepts(type(model.config), candidate) and _rebuilds(model, candidate):
-            return {**widths[0], **hidden}, None
+            return {**uniform, **hidden}, None
     per_layer = {str(i): dict(w) for i, w in enumerate(widths)}
     if any(h != view.hidden_size for h in hidden_sizes) or view.hidden_size != model.config.hidden_size:
         for index, size in enumerate(hidden_sizes):
@@ -168,13 +174,23 @@ def save(
     """
     target = as_path(directory, "directory")
     check_output_location("slimkit.save", target, (), "slimkit.save")
+    check_path_length("slimkit.save", target)
+    check_writable("slimkit.save", target)
+    if target.exists() and not target.is_dir():
+        raise SlimkitError(f"slimkit.save {target}: exists and is not a folder")
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
     check_finite(model)
     global_widths, per_layer = width_config(model)
     view = ModelView(model)
 
-    held = acquire_lock(target)
+    try:
+        held = acquire_lock(target)
+    except OSError as error:  # a file system that takes no new file there (/proc, /sys), a full disk
+        raise SlimkitError(
+            f"slimkit.save {target}: cannot create the lock file beside it ({error.strerror or error}); save into a "
+            "folder on a writable file system"
+        ) from None
     try:
         _write_folder(model, tokenizer, target, view, global_widths, per_layer, manifest)
     finally:
@@ -210,19 +226,24 @@ def _write_folder(
             **(manifest or {}),
         }
         reasons = structure_reasons(per_layer, record.get("modules"))
+        whole = attached(model)  # a vision-language model's language model: the whole model is written
+        if whole is not None:
+            record["vision_language_model"] = type(whole).__name__
         # A plain folder holds fused projections as the stock model does; a slimkit-only one holds their parts.
         with nullcontext() if reasons else fused_for_save(model):
-            model.save_pretrained(
+            (whole or model).save_pretrained(
                 tmp,
                 safe_serialization=True,
                 max_shard_size="1GB" if offloaded else "5GB",
-                save_original_format=moe_spec(model) is None,
+                # a slimkit-only folder is read by slimkit's loader, under the names the model holds (Nemotron-H's
+                # original format renames model.* to backbone.*); a vision-language model is written as it is
+                save_original_format=moe_spec(model) is None and whole is None and not reasons,
             )
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"
         config = unmark_config(json.loads(config_path.read_text()))
-        config.update(global_widths)
+        (config["text_config"] if whole is not None else config).update(global_widths)
         if per_layer is not None:
             config["per_layer_config"] = per_layer
         if reasons:

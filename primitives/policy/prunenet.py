@@ -451,6 +451,8 @@ def ffn_weights(model: nn.Module, source: str = "up") -> list[torch.Tensor]:
     view = ModelView(model)
     out = []
     for layer in view.layers:
+        if not layer.has_mlp:  # a hybrid's layer without the MLP (as build_groups gives no group for it)
+            continue
         if source == "gate" and "gate" not in layer.mlp_input_roles:
             raise SlimkitError(f"{view.spec.model_type} MLPs have no gate projection; use source 'up' or 'down'")
         weight = layer.linear(source).weight.detach()

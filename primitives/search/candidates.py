@@ -189,24 +189,29 @@ def layer_specs(
     rules = SelectionRules(round_to=dict(align))
     specs: list[CandidateSpec] = []
     moe = moe_spec(model) is not None and any(block.index == index for block in moe_blocks(model))
-    if "attention" not in layer.removed_blocks:
+    roles = set(layer.roles)
+
+    def units(kind: Kind, levels: Levels) -> list[CandidateSpec]:
+        return [] if kind in skip else _unit_specs(model, index, kind, levels, rules)
+
+    if layer.has_attention:  # softmax attention (a hybrid's linear-attention and Mamba layers keep theirs)
         specs.append(CandidateSpec("attention", "dense"))
-        specs += _unit_specs(model, index, "heads", ladder.heads, rules)
-        specs += _unit_specs(model, index, "kv_groups", ladder.kv_groups, rules)
-        specs += [CandidateSpec("attention", "lowrank", level) for level in ladder.attention_lowrank]
+        specs += units("heads", ladder.heads)
+        if layer.num_heads != layer.num_kv_heads:  # without GQA a KV group is one query head
+            specs += units("kv_groups", ladder.kv_groups)
+        if {"q", "k", "v", "o"} <= roles:  # low-rank factors of the four projections (not a latent attention's)
+            specs += [CandidateSpec("attention", "lowrank", level) for level in ladder.attention_lowrank]
         if ladder.remove_attention:
             specs.append(CandidateSpec("attention", "removed"))
-    if "mlp" not in layer.removed_blocks:
+    if layer.has_mlp:
         specs.append(CandidateSpec("mlp", "dense"))
         if moe:
-            specs += _expert_specs(model, index, ladder.experts)
-        else:
-            specs += _unit_specs(model, index, "channels", ladder.channels, rules)
+            specs += [] if "experts" in skip else _expert_specs(model, index, ladder.experts)
+        elif {"gate", "up", "down"} <= roles or {"up", "down"} <= roles:
+            specs += units("channels", ladder.channels)
             specs += [CandidateSpec("mlp", "lowrank", level) for level in ladder.mlp_lowrank]
         if ladder.remove_mlp:
             specs.append(CandidateSpec("mlp", "removed"))
-    if layer.num_heads and layer.num_heads == layer.num_kv_heads:  # no GQA: a KV group is one query head
-        specs = [spec for spec in specs if spec.kind != "kv_groups"]
     return [spec for spec in specs if spec.kind not in skip]
 
 

@@ -28,8 +28,12 @@ from slimkit.primitives.device.moves import to_input_device
 class _HandOn(nn.Module):
     """A skipped layer: the last one returns the next recorded batch of hidden states, the others their input."""
 
-    def __init__(self, queue: list[torch.Tensor] | None) -> None:
+    def __init__(self, queue: list[torch.Tensor] | None, layer: nn.Module) -> None:
         super().__init__()
+        # the plain attributes a decoder loop may read off its layers (a hybrid's block or attention type)
+        for name, value in vars(layer).items():
+            if not name.startswith("_") and isinstance(value, (str, int, float, bool)) and name != "training":
+                setattr(self, name, value)
         self.queue = queue
         self.position = 0
 
@@ -53,7 +57,7 @@ def cached_prefix(model: nn.Module, start: int, hidden: Sequence[torch.Tensor]) 
     layers = ModelView(model).layer_list
     originals = [layers[i] for i in range(start)]
     for i in range(start):
-        layers[i] = _HandOn(list(hidden) if i == start - 1 else None)
+        layers[i] = _HandOn(list(hidden) if i == start - 1 else None, originals[i])
     try:
         yield
     finally:

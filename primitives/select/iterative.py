@@ -192,7 +192,10 @@ def plan_schedule(
             raise ValueError("give final or wanted")
         final = solve_uniform_fraction(model, groups, rules, part, wanted, floors)
     if step is None and iterations is None:
-        step = 1.0 / ModelView(model).layer(0).num_heads
+        heads = [
+            layer.num_heads for layer in ModelView(model).layers if layer.num_heads
+        ]  # a hybrid's first may hold none
+        step = 1.0 / (heads[0] if heads else 1)
     fractions = effective_fractions(iteration_fractions(final, step, iterations), widths, rules)
     return Schedule(tuple(kinds), tuple(widths), tuple(rules), tuple(fractions), final, step)
 

@@ -5,16 +5,30 @@ Method note: docs/methods/groups.md.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from slimkit.primitives.arch import LayerView, ModelView
+from slimkit.primitives.arch.layer_kinds import merged_widths
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.groups import Group, Member
 from slimkit.primitives.io.save import config_accepts
 from slimkit.primitives.lowrank.module import member_target
 
-REMOVABLE_KINDS = ("mlp_channel", "attention_head", "kv_group", "hidden_feature")
+REMOVABLE_KINDS = (
+    "mlp_channel",
+    "attention_head",
+    "kv_group",
+    "hidden_feature",
+    "q_latent",
+    "kv_latent",
+    "linear_head",
+    "linear_kv_group",
+    "mamba_head",
+    "mamba_channel",
+)
 
 
 class SurgeryError(SlimkitError, ValueError):
@@ -39,10 +53,10 @@ def _sync_module_attributes(module: nn.Module) -> None:
 def sync_config(model: nn.Module) -> None:
     """Write uniform per-layer widths (and the hidden size) into the config when it accepts them."""
     view = ModelView(model)
-    widths = view.layer_widths()
-    if any(w != widths[0] for w in widths):
+    merged = merged_widths(view.layer_widths())
+    if merged is None:
         return
-    values = {**widths[0], "hidden_size": view.hidden_size}
+    values = {**merged, "hidden_size": view.hidden_size}
     if view.spec.model_type == "opt":
         values["word_embed_proj_dim"] = view.hidden_size
     candidate = {**model.config.to_dict(), **values}
@@ -80,15 +94,16 @@ def _keep_indices(group: Group, keep: torch.Tensor | list[int]) -> torch.Tensor:
     values, counts = torch.unique(tensor, return_counts=True)
     if (counts > 1).any():
         raise SurgeryError(f"{where}: the keep set repeats units {values[counts > 1].tolist()[:8]}")
-    blocks = int(group.extra.get("kv_groups", 1)) if group.kind == "attention_head" else 1
+    blocks = int(group.extra.get("kv_groups", 1))  # query heads per KV group, value heads per key head, ...
     if blocks > 1:
+        heads = "query heads" if group.kind == "attention_head" else "heads"
         if group.size % blocks:
-            raise SurgeryError(f"{where}: {group.size} query heads do not split evenly over {blocks} KV groups")
+            raise SurgeryError(f"{where}: {group.size} {heads} do not split evenly over {blocks} KV groups")
         per_block = torch.bincount(tensor // (group.size // blocks), minlength=blocks).tolist()
         if len(set(per_block)) > 1:
             raise SurgeryError(
-                f"{where}: the keep set keeps {per_block} query heads in the {blocks} KV groups; grouped-query "
-                "attention needs the same number in every KV group (see select.keep_top_per_block)"
+                f"{where}: the keep set keeps {per_block} {heads} in the {blocks} KV groups; grouped heads need the "
+                "same number in every group (see select.keep_top_per_block)"
             )
     return tensor
 
@@ -135,15 +150,25 @@ def _check_heads(group: Group, view: ModelView, new_shapes: dict[int, tuple[int,
     """Whole heads and an integer number of query heads per KV head after the planned slicing."""
     layers = view.layers if group.layer is None else [view.layer(group.layer)]
     for layer in layers:
-        if layer.spec.q is None or layer.spec.k is None or layer.attention_removed or layer.head_widths is not None:
+        if layer.spec.q is None or layer.spec.k is None or not layer.has_attention or layer.head_widths is not None:
             continue  # per-head widths are checked by their module (HeadWidthAttention.check)
+        if layer.spec.latent_attention is not None:
+            continue  # latent attention's head groups hold whole heads of q_b, kv_b and o (groups/latent.py)
         d = layer.head_dim
         q, k = _planned_rows(layer, "q", new_shapes), _planned_rows(layer, "k", new_shapes)
+        q //= layer.spec.q_rows_per_head  # a gated query holds query and gate rows per head
         if d <= 0 or q % d or k % d or k == 0 or (q // d) % (k // d):
             raise SurgeryError(
                 f"layer {layer.index} {group.kind}: the keep set would leave q with {q} and k with {k} output rows, "
                 f"which are not whole heads of {d} with an integer number of query heads per KV head"
             )
+
+
+def _norm_weight(model: nn.Module, group: Group, path: str) -> torch.Tensor:
+    weight = getattr(model.get_submodule(path), "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        raise SurgeryError(f"{_where(group)}: {path} has no 1-D weight to renormalise")
+    return weight
 
 
 def remove_units(model: nn.Module, group: Group, keep: torch.Tensor | list[int]) -> None:
@@ -175,6 +200,7 @@ def remove_units(model: nn.Module, group: Group, keep: torch.Tensor | list[int])
         new_shapes[id(tensor)] = tuple(shape)
         planned.append((module, member, positions))
     _check_heads(group, view, new_shapes)
+    norm_widths = [(path, _norm_weight(model, group, path).shape[0]) for path in group.renormalise]
 
     # Nothing above changed the model; from here on every step is a plain slice that cannot fail.
     tied = view.tied
@@ -188,6 +214,10 @@ def remove_units(model: nn.Module, group: Group, keep: torch.Tensor | list[int])
         touched[id(module)] = module
     for module in touched.values():
         _sync_module_attributes(module)
+    for path, before in norm_widths:
+        weight = _norm_weight(model, group, path)
+        with torch.no_grad():  # the kept channels see the statistic they had beside zeroed ones (groups/mamba.py)
+            weight.mul_(math.sqrt(before / weight.shape[0]))
     if tied:
         view.head.weight = view.embed_tokens.weight
         _sync_module_attributes(view.head)

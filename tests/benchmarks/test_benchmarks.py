@@ -13,8 +13,9 @@ import pytest
 from torch import nn
 
 from benchmarks.claims import FAILS, HOLDS, NOISE, NOT_RUN, compare, evaluate_claims, parse_check
+from benchmarks.core.errors import BenchError
+from benchmarks.core.processes import via_launcher
 from benchmarks.grid import (
-    BenchError,
     Claim,
     Entry,
     Settings,
@@ -25,15 +26,11 @@ from benchmarks.grid import (
     row_id,
     select_entries,
 )
-from benchmarks.run import (
-    Bench,
-    finite_numbers,
-    lowrank_params,
-    residual_params_in_model,
-    via_launcher,
-)
+from benchmarks.grid_plots import plot_quality, plot_widths
+from benchmarks.grid_rows import Bench
+from benchmarks.model_counts import finite_numbers, lowrank_params, residual_params_in_model
 from benchmarks.speed import measure
-from benchmarks.tables import markdown, plot_quality, plot_widths
+from benchmarks.tables import markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -253,7 +250,7 @@ def test_every_grid_file_loads_names_bundled_recipes_and_rows_its_claims_read(pa
 
     recipes = set(bundled_recipes())
     if path.name == "grid-glue.yaml":  # benchmarks.glue_grid's own format (its loader checks claims name rows)
-        from benchmarks.glue_grid import load_glue_grid
+        from benchmarks.glue_rows import load_glue_grid
 
         rows = load_glue_grid(path).rows
         assert {row.recipe for row in rows} <= recipes
@@ -401,11 +398,12 @@ def test_bad_grid_file_is_one_line(tmp_path):
         (["--bogus"], "error: unrecognized arguments: --bogus"),
         (["--only", "nope", "--list"], "error: --only: unknown recipe 'nope'"),
         (["--ratios", "x", "--list"], "error: --ratios: 'x' is not a number"),
+        (["--ppl-tokens", "1", "--list"], "error: argument --ppl-tokens: must be at least 2, got 1"),
         (["--zeroshot-tasks", "squad", "--list"], "unknown zero-shot task 'squad'"),
         (["--ppl-tokens", "100", "--list"], "below one window of 512"),
         (["--resume", "--list"], "--resume needs --keep"),
         (["--reuse-only", "--keep", "x", "--list"], "--reuse-only needs --resume"),
-        (["--threads", "0", "--list"], "--threads must be at least 1"),
+        (["--threads", "0", "--list"], "argument --threads: must be at least 1, got 0"),
         (["--device", "gpu", "--list"], "unknown device 'gpu'"),
         (["--dtype", "fp8", "--list"], "unknown dtype 'fp8'"),
     ],
@@ -439,7 +437,7 @@ def test_missing_recipe_and_recovery_variants_are_rows_not_crashes():
 def test_resume_reuses_a_row_measured_under_the_same_settings(tmp_path):
     import yaml
 
-    from benchmarks.run import ROW_FILE
+    from benchmarks.grid_rows import ROW_FILE
 
     bench = Bench.__new__(Bench)
     bench.settings, bench.runs, bench.resume = Settings(), tmp_path, True
@@ -679,7 +677,9 @@ def test_quick_benchmark_smoke(tmp_path):
 
 
 def test_glue_grid_claims_over_seeds_and_table(tmp_path):
-    from benchmarks.glue_grid import GlueGrid, decide_claims, main, markdown, trace_summary
+    from benchmarks.glue_grid import main
+    from benchmarks.glue_report import decide_claims, markdown
+    from benchmarks.glue_rows import GlueGrid, trace_summary
 
     grid = GlueGrid.model_validate(
         {
@@ -752,7 +752,8 @@ def test_glue_grid_claims_over_seeds_and_table(tmp_path):
 
 
 def test_glue_grid_job_orders():
-    from benchmarks.glue_grid import GlueGrid, job_list
+    from benchmarks.glue_grid import job_list
+    from benchmarks.glue_rows import GlueGrid
 
     grid = GlueGrid.model_validate(
         {
@@ -828,8 +829,10 @@ def test_glue_grid_reuses_finished_rows_of_an_earlier_run(tmp_path):
 
 
 def test_scale_power_fit_and_recipe_without_recovery():
-    from benchmarks.scale import REAL, fit_power, scale_recipe, target_of
-    from benchmarks.scale import markdown as scale_markdown
+    from benchmarks.scale_recipes import scale_recipe, target_of
+    from benchmarks.scale_report import fit_power
+    from benchmarks.scale_report import markdown as scale_markdown
+    from benchmarks.scale_shapes import REAL
 
     fit = fit_power([8, 16, 32], [3.0 * 8**1.5, 3.0 * 16**1.5, 3.0 * 32**1.5])
     assert fit["exponent"] == pytest.approx(1.5) and fit["r2"] == pytest.approx(1.0) and fit["points"] == 3
@@ -862,7 +865,8 @@ def test_scale_power_fit_and_recipe_without_recovery():
 
 def test_scale_recipe_variants_apply_set_overrides(tmp_path):
     # NAME@KEY=VALUE: the bundled recipe with slimkit --set overrides, its own row; the cost run's target stays
-    from benchmarks.scale import build_parser, plan, recipe_weight, scale_recipe, split_variant
+    from benchmarks.scale import build_parser, plan
+    from benchmarks.scale_recipes import recipe_weight, scale_recipe, split_variant
 
     variant = "sp3-llm@stages.1.args.learning_rate=0@stages.1.args.mask_steps=300"
     assert split_variant(variant) == ("sp3-llm", ["stages.1.args.learning_rate=0", "stages.1.args.mask_steps=300"])
@@ -914,7 +918,7 @@ def test_scale_benchmark_quick_smoke(tmp_path):
 def test_device_and_dtype_go_into_the_recipe_so_resumed_rows_match():
     # the run folder's recipe.yaml carries model.device/dtype, so --resume recognises a row compressed on a GPU; a
     # row stored before the settings had device/dtype reads as measured under the defaults (auto)
-    from benchmarks.run import _normalised
+    from benchmarks.grid_rows import normalised_settings
 
     bench = Bench.__new__(Bench)
     bench.settings = Settings(device="cuda", dtype="float32")
@@ -925,8 +929,8 @@ def test_device_and_dtype_go_into_the_recipe_so_resumed_rows_match():
     _row, overrides, raw = bench.prepare(expand([Entry(recipe="lorap")], bench.settings, [0.2])[0])
     assert not any(o.startswith(("model.device", "model.dtype")) for o in overrides)
     old = {k: v for k, v in Settings().model_dump().items() if k not in ("device", "dtype")}
-    assert _normalised(old) == Settings().model_dump()
-    assert _normalised(old) != Settings(device="cuda").model_dump()
+    assert normalised_settings(old) == Settings().model_dump()
+    assert normalised_settings(old) != Settings(device="cuda").model_dump()
 
 
 def test_results_say_where_rows_were_measured():

@@ -41,6 +41,6 @@ def test_cli_row_on_wikitext_windows(tmp_path, capsys):
 def test_an_out_that_is_a_file_is_one_line_before_any_work(tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.write_text("not slimkit's")
-    assert main(["no-such-model", "--out", str(taken)]) == 2
+    assert main(["smollm2-135m", "--out", str(taken)]) == 2
     assert capsys.readouterr().err.startswith("error: --out")
     assert taken.read_text() == "not slimkit's"

@@ -10,21 +10,16 @@ import time
 
 import pytest
 
-from benchmarks.scale import (
-    RECOVERY_STAGES,
-    llm_recipes,
-    markdown,
-    out_of_memory,
-    recipe_weight,
-    sample_memory,
-    scale_recipe,
-    skipped_row,
-    synthetic_shape,
-)
+from benchmarks.core.errors import BenchError
+from benchmarks.core.recipes import RECOVERY_STAGES, causal_lm_recipes
+from benchmarks.scale_process import out_of_memory, sample_memory, skipped_row
+from benchmarks.scale_recipes import recipe_weight, scale_recipe
+from benchmarks.scale_report import markdown
+from benchmarks.scale_shapes import synthetic_shape
 
 
 def test_all_recipes_are_the_causal_lm_ones_without_recovery():
-    names = llm_recipes()
+    names = causal_lm_recipes()
     assert "llm-pruner" in names and "cce" in names and "lorap+reconstruct+distill" in names
     assert not {"cofi-bert", "sp3-bert", "glue-finetune"} & set(names)
     raw, dropped = scale_recipe("lorap+reconstruct+distill", 8, 64)
@@ -76,6 +71,7 @@ def test_jobs_run_rows_side_by_side_and_one_short_of_memory_again_alone(tmp_path
     # a fake runner: the first two rows meet at a barrier (so they certainly ran beside each other); the wanda row
     # runs out of memory whenever another row runs, so it is run again, alone, at the end, and says so
     import benchmarks.scale as scale
+    import benchmarks.scale_queue as scale_queue
 
     barrier, lock, active, calls = threading.Barrier(2, timeout=20), threading.Lock(), set(), []
 
@@ -96,7 +92,7 @@ def test_jobs_run_rows_side_by_side_and_one_short_of_memory_again_alone(tmp_path
             return row | {"status": "oom", "reason": "exit 1: torch.OutOfMemoryError: CUDA out of memory"}
         return _ok_row(shape, sweeps, recipe, max_memory, dtype)
 
-    monkeypatch.setattr(scale, "run_one", fake_run_one)
+    monkeypatch.setattr(scale_queue, "run_one", fake_run_one)
     monkeypatch.setattr(scale, "model_folder", lambda *a, **k: (tmp_path, None))
     argv = ["--configs", "w64-L2", "--recipes", "wanda-channels,magnitude", "--no-sweeps", "--offload-memory", "none"]
     argv += ["--no-baseline", "--jobs", "2", "--out", str(tmp_path / "out"), "--name", "jobs"]
@@ -124,25 +120,28 @@ def test_jobs_run_rows_side_by_side_and_one_short_of_memory_again_alone(tmp_path
 
 
 def test_jobs_options_are_checked_before_any_work(tmp_path):
-    from benchmarks.grid import BenchError
     from benchmarks.scale import build_parser, plan
 
     common = ["--no-sweeps", "--offload-memory", "none", "--configs", "w64-L2", "--out", str(tmp_path)]
-    with pytest.raises(BenchError, match="--jobs must be at least 1, got 0"):
-        plan(build_parser().parse_args([*common, "--jobs", "0"]))
-    with pytest.raises(BenchError, match=r"--memory-fraction must be above 0 and at most 1, got 1\.5"):
-        plan(build_parser().parse_args([*common, "--memory-fraction", "1.5"]))
+    with pytest.raises(BenchError, match="argument --jobs: must be at least 1, got 0"):
+        build_parser().parse_args([*common, "--jobs", "0"])
+    with pytest.raises(BenchError, match=r"argument --memory-fraction: must be in \(0, 1\], got '1\.5'"):
+        build_parser().parse_args([*common, "--memory-fraction", "1.5"])
     variant = "sp3-llm@stages.1.args.learning_rate=0"
     _shapes, recipes, _offload = plan(build_parser().parse_args([*common, "--recipes", f"all,cce,{variant}"]))
-    assert recipes == [*llm_recipes(), variant]  # 'all' and more: each recipe once, the variant after them
+    assert recipes == [*causal_lm_recipes(), variant]  # 'all' and more: each recipe once, the variant after them
     with pytest.raises(BenchError, match="--known-peaks"):
-        plan(build_parser().parse_args([*common, "--known-peaks", str(tmp_path / "missing.json")]))
+        build_parser().parse_args([*common, "--known-peaks", str(tmp_path / "missing.json")])
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BenchError, match=r"--known-peaks: .* nested more than"):
+        plan(build_parser().parse_args([*common, "--known-peaks", str(tmp_path / "deep.json")]))
 
 
 def test_resume_from_an_earlier_days_file_keeps_its_ok_rows(tmp_path, monkeypatch):
     """A second GPU session on another day: --resume-from names the earlier results file; its ok rows are kept
     (not run again), the others run, and the results go under today's name."""
     import benchmarks.scale as scale
+    import benchmarks.scale_queue as scale_queue
 
     calls = []
 
@@ -150,7 +149,7 @@ def test_resume_from_an_earlier_days_file_keeps_its_ok_rows(tmp_path, monkeypatc
         calls.append(recipe)
         return _ok_row(shape, sweeps, recipe, max_memory, dtype)
 
-    monkeypatch.setattr(scale, "run_one", fake_run_one)
+    monkeypatch.setattr(scale_queue, "run_one", fake_run_one)
     monkeypatch.setattr(scale, "model_folder", lambda *a, **k: (tmp_path, None))
     shape = scale.synthetic_shape("w64-L2")
     failed = _ok_row(shape, ["real"], "wanda-channels", None, "float32") | {"status": "oom", "reason": "exit 1"}
@@ -163,7 +162,6 @@ def test_resume_from_an_earlier_days_file_keeps_its_ok_rows(tmp_path, monkeypatc
     assert calls == ["wanda-channels"]  # magnitude's ok row kept, the oom row run again
     assert {r["recipe"] for r in result["rows"]} == {"magnitude", "wanda-channels"}
     assert result["resumed_from"].endswith("2026-11-01-gpu.json") and result["resumed_wall_s"] == 100.0
-    from benchmarks.grid import BenchError
 
     with pytest.raises(BenchError, match="--resume-from"):
         scale.plan(scale.build_parser().parse_args([*argv[:-1], str(tmp_path / "missing.json")]))

@@ -58,7 +58,8 @@ def test_recipes_refuse_what_they_cannot_compress_in_one_line(monkeypatch, capsy
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(json.dumps(tiny_recipe(str(folder))))
     code, _out, err = run_cli(monkeypatch, capsys, "recipe", "run", str(recipe), "--out", str(tmp_path / "out"))
-    assert_one_line_error(code, err, "model_type 'gpt2' is not supported for causal-lm recipes; supported: gemma")
+    refusal = "model_type 'gpt2' is not supported for causal-lm recipes; supported: deepseek_v3, gemma"
+    assert_one_line_error(code, err, refusal)
     assert not (tmp_path / "out").exists()
 
 

@@ -347,8 +347,9 @@ def test_qk_norm_models_refuse_qk_dim_groups_and_qk_projections():
 
 def test_unsupported_architectures_fail_with_one_line():
     causal = (
-        "gemma, gemma2, gemma3_text, granite, helium, llama, ministral, mistral, mixtral, olmo2, olmoe, opt, phi3, "
-        "qwen2, qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3"
+        "deepseek_v3, gemma, gemma2, gemma3_text, glm4, glm4_moe, gpt_oss, granite, granitemoehybrid, helium, "
+        "llama, llama4_text, ministral, mistral, mixtral, nemotron_h, olmo2, olmo3, olmoe, opt, phi3, qwen2, "
+        "qwen2_moe, qwen3, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, seed_oss, smollm3"
     )
     message = f"model_type 'gpt2' is not supported for causal-lm recipes; supported: {causal}"
     with pytest.raises(SlimkitError) as error:
@@ -370,7 +371,8 @@ def test_unsupported_architectures_fail_with_one_line():
     class Fake(torch.nn.Module):
         config = GPT2Config()
 
-    with pytest.raises(SlimkitError, match=r"^model_type 'gpt2' is not supported; supported: bert, gemma, "):
+    refused = r"^model_type 'gpt2' is not supported; supported: bert, deepseek_v3, gemma, "
+    with pytest.raises(SlimkitError, match=refused):
         ModelView(Fake())
 
 

@@ -29,7 +29,7 @@ def test_what_is_not_a_causal_lm_is_refused_in_one_line():
     text = str(error.value)
     assert "\n" not in text
     assert text.startswith("model_type 't5' is not a causal language model transformers builds")
-    assert "llama, ministral, mistral" in text  # and names what slimkit compresses
+    assert "llama, llama4_text, ministral, mistral" in text  # and names what slimkit compresses
     with pytest.raises(SlimkitError, match=r"^a config without a model_type is not a causal language model"):
         check_evaluable({})
 

@@ -13,6 +13,9 @@ from slimkit.primitives.finetune.token_stream import (
     TextSource,
     TokenBudget,
     budget_batches,
+    check_data_files,
+    check_windows,
+    count_windows,
     packed_windows,
     source_documents,
     validation_windows,
@@ -76,3 +79,42 @@ def test_a_folder_without_data_and_a_source_too_short_are_one_line(tmp_path, tok
     (tmp_path / "a.txt").write_text("short")
     with pytest.raises(SlimkitError, match="validation set needs 2"):
         validation_windows(tokenizer, TextSource(folder=str(tmp_path)), 64, 2)
+
+
+def test_windows_are_counted_by_hand_up_to_what_is_needed(tmp_path):
+    # 25 characters + <eos> = 26 tokens: 6 windows of 4 (the last 2 tokens dropped)
+    (tmp_path / "a.txt").write_text("x" * 25)
+    source = TextSource(folder=str(tmp_path))
+    assert count_windows(_CharTokenizer(), source, 4, 100) == 6
+    assert count_windows(_CharTokenizer(), source, 4, 3) == 3  # stops once it has what is needed
+    check_windows(_CharTokenizer(), source, 4, 5)  # 5 held out, 1 to train on
+    with pytest.raises(SlimkitError, match=r"^data_folder .* gives 6 windows of 4 tokens; training needs 7 \(vali"):
+        check_windows(_CharTokenizer(), source, 4, 6)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "fragment"),
+    [
+        ("a.txt", bytes(range(256)), "holds binary data (a NUL byte), not text"),
+        ("a.txt", b"caf\xe9 au lait", "is not UTF-8 text (invalid continuation byte at byte 3)"),
+        ("a.jsonl", b'{"body": "no text field"}\n', "a record has neither a text field nor instruction/output"),
+        ("a.jsonl", b"not json at all\n", "cannot read data file"),
+    ],
+)
+def test_data_files_that_cannot_give_text_are_refused(tmp_path, name, data, fragment):
+    (tmp_path / "good.txt").write_text("plain text")
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(SlimkitError) as raised:
+        check_data_files(tmp_path)
+    assert fragment in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_parquet_file_without_a_text_column_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["fine"]}), tmp_path / "a.parquet")
+    check_data_files(tmp_path)
+    pq.write_table(pa.table({"body": ["no text column"]}), tmp_path / "b.parquet")
+    with pytest.raises(SlimkitError, match=r"b\.parquet: a record has neither a text field"):
+        check_data_files(tmp_path)
