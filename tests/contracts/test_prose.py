@@ -7,6 +7,7 @@
 * No docstring (module, class, function or attribute) and no comment names an issue or a session number: they go
   stale in code; the history lives in docs/ and the tracker.
 * A ``Method note: docs/methods/<note>.md`` line names a note that exists.
+* The README stays short: at most :data:`README_BYTES` (archives belong in docs/ and benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ PACKAGE = ("primitives", "engine", "stages", "cli", "benchmarks")
 """Folders scanned at every depth; ``recipes/`` is scanned at its top level only."""
 
 MODULE_DOCSTRING_LINES = 14
+README_BYTES = 12 * 1024
 
 LONGER = {
     "recipes/schema.py": (22, "its YAML example is parsed by tests/recipes/test_recipes.py"),
@@ -100,3 +102,8 @@ def test_the_history_pattern_catches_what_it_should():
         assert NUMBERED_HISTORY.search(text), text
     for text in ("an issue with the input", "the session's budget", "issues a warning"):
         assert not NUMBERED_HISTORY.search(text), text
+
+
+def test_the_readme_stays_short():
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_BYTES, f"README.md is {size:,} bytes (at most {README_BYTES:,}): move detail to docs/"
