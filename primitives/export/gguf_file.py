@@ -648,6 +648,16 @@ def zero_feed_forwards(dense: DenseModel, layers: list[int]) -> str:
     )
 
 
+def finish_file(writer: gguf.GGUFWriter, staging: Path, target: Path, replace: bool) -> None:
+    """Write ``writer``'s header, metadata and tensors to ``staging``, close it and put it at ``target``
+    (:func:`place_file`)."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    place_file(staging, target, replace)
+
+
 def place_file(staging: Path, target: Path, replace: bool) -> None:
     """Put the finished ``staging`` file at ``target`` in one step; without ``replace`` never over an existing
     name (one :class:`SlimkitError` line then, ``staging`` left for the caller to delete)."""
@@ -783,11 +793,7 @@ def write_gguf(
             data, qtype = _encode(weight.numpy(), gguf_name, type, fallbacks)
             writer.add_tensor(gguf_name, data, raw_dtype=qtype)
             count += 1
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        place_file(staging, target, replace)
+        finish_file(writer, staging, target, replace)
     finally:
         writer.close()
         staging.unlink(missing_ok=True)

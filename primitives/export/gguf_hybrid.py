@@ -23,7 +23,7 @@ from slimkit.primitives.arch import ModelView
 from slimkit.primitives.arch.mixers import Mamba2View
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
-from slimkit.primitives.export.gguf_file import FILE_TYPES, GgufResult, encode_tensor, place_file
+from slimkit.primitives.export.gguf_file import FILE_TYPES, GgufResult, encode_tensor, finish_file
 from slimkit.primitives.export.gguf_vocab import vocabulary
 from slimkit.primitives.files.atomic import staging_file
 
@@ -206,11 +206,7 @@ def write_hybrid_gguf(
         for gguf_name, tensor in mapped:
             data, qtype = encode_tensor(tensor.numpy(), gguf_name, type, fallbacks)
             writer.add_tensor(gguf_name, data, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        place_file(staging, target, replace)
+        finish_file(writer, staging, target, replace)
     finally:
         writer.close()
         staging.unlink(missing_ok=True)
