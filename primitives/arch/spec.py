@@ -388,7 +388,7 @@ _DEEPSEEK_V3 = replace(
 _GLM4_MOE = replace(
     _LLAMA,
     model_type="glm4_moe",
-    gguf=None,  # llama.cpp has it; slimkit does not write its layout (primitives/export/gguf_arch.py)
+    gguf="glm4moe",
     experts="mlp.experts",
     shared_mlp="mlp.shared_experts",
     intermediate_size_key="moe_intermediate_size",

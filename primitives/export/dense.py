@@ -130,7 +130,8 @@ def dense_tensors(model: nn.Module) -> DenseModel:
         merged.append(f"the final norm's output map {tuple(norm_map.weight.shape)} into the head (untied)")
         tied = False
     fuse_tensors(tensors, model)  # fused projections under their stock names (Phi-3's qkv_proj, gate_up_proj)
-    own = sum(p.numel() for p in model.parameters())
+    saved = set(model.state_dict())  # persistent buffers are weights too (DeepSeek-V3's e_score_correction_bias)
+    own = sum(p.numel() for p in model.parameters()) + sum(b.numel() for n, b in model.named_buffers() if n in saved)
     added = sum(t.numel() for t in tensors.values()) - own
     return DenseModel(
         tensors=tensors,

@@ -549,7 +549,7 @@ def _metadata(writer: gguf.GGUFWriter, model: nn.Module, dense: DenseModel, name
     if architecture == "phi3":  # llama.cpp's phi3 reads the key (0: no window)
         writer.add_sliding_window(int(getattr(config, "sliding_window", None) or 0))
     if config.model_type in FAMILIES:
-        FAMILIES[config.model_type].metadata(writer, config)
+        FAMILIES[config.model_type].metadata(writer, config, dense.tensors)
     scaling = _rope_scaling(config)
     if scaling.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -711,6 +711,10 @@ def write_gguf(
         return write_hybrid_gguf(model, tokenizer, path, type, name, replace)
     warnings = check_exportable(model)
     dense = dense_tensors(model)
+    if model.config.model_type in FAMILIES:  # widths llama.cpp reads otherwise: padded, or one line before writing
+        note = FAMILIES[model.config.model_type].fit_tensors(dense, model.config)
+        if note is not None:
+            warnings.append(note)
     widths = dense.layer_widths
     # A removed block is a zero in deci's per-layer head / feed-forward arrays, which llama.cpp's deci graph skips.
     ffn = ARCH_SPECS[model.config.model_type].intermediate_size_key  # a MoE model's: the expert width

@@ -1,7 +1,7 @@
 """The families added as data, end to end on tiny random models: a width recipe and, for mixture-of-experts
 families, moe-expert-prune land on target, the saved folder reloads with equal logits, and the export the family
 allows passes its logit check (a plain Hugging Face folder read by stock transformers; GGUF in llama.cpp for the
-dense families within the existing tolerance)."""
+dense families and GLM-4.5 within the existing tolerance)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ WIDTH_RECIPE["olmo3"] = (
 (the sinks sliced with them). OLMo 3's q/k norms span the whole projections (no head can go alone): its width recipe
 is the recipe's MLP-channel form (its own comment's ``--set``)."""
 IDS = torch.randint(3, 250, (2, 11), generator=torch.Generator().manual_seed(0))
+GGUF_MOE = {"glm4_moe": "glm4moe"}
+"""The MoE families added as data whose GGUF layout slimkit writes (llama.cpp's architecture of each)."""
 
 
 def _folder(family: str, tmp_path: Path) -> Path:
@@ -75,7 +77,7 @@ def test_the_width_recipe_lands_reloads_and_exports(family, tmp_path):
     recipe, overrides = WIDTH_RECIPE[family]
     result = _run(recipe, _folder(family, tmp_path), overrides)
     _lands_and_reloads(result, tmp_path / f"run-{recipe}" / "model")
-    if family in DENSE_2026:  # per-layer widths padded exactly for llama.cpp
+    if family in DENSE_2026 or family in GGUF_MOE:  # per-layer / shared-expert widths padded exactly for llama.cpp
         pytest.importorskip("llama_cpp")
         from slimkit.primitives.evaluate.llamacpp import gguf_logits
 
@@ -83,7 +85,7 @@ def test_the_width_recipe_lands_reloads_and_exports(family, tmp_path):
         ids = IDS[0].tolist()
         expected = model_output(result.model, IDS[:1])[0].float()
         actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", ids, threads=2, f32_cache=True))
-        assert written.architecture in ("olmo2", "glm4")
+        assert written.architecture in ("olmo2", "glm4", *GGUF_MOE.values())
         assert float((actual - expected).abs().max()) / max(1.0, float(expected.abs().max())) <= 1e-5
     if family == "gpt_oss":  # heads pruned alike in every layer: a config transformers builds
         written = export(result.model, tmp_path / "hf", "hf", tokenizer=bpe_tokenizer())
@@ -97,6 +99,16 @@ def test_moe_expert_prune_lands_reloads_and_exports(family, tmp_path):
     _lands_and_reloads(result, tmp_path / "run-moe-expert-prune" / "model")
     written = export(result.model, tmp_path / "hf", "hf", tokenizer=bpe_tokenizer())
     assert written.max_abs_logit_diff is not None and written.max_abs_logit_diff < 1e-4
+    if family in GGUF_MOE:  # the experts kept alike in every layer: llama.cpp's one expert count
+        pytest.importorskip("llama_cpp")
+        from slimkit.primitives.evaluate.llamacpp import gguf_logits
+
+        written = export(result.model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+        ids = IDS[0].tolist()
+        expected = model_output(result.model, IDS[:1])[0].float()
+        actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", ids, threads=2, f32_cache=True))
+        assert written.architecture == GGUF_MOE[family]
+        assert float((actual - expected).abs().max()) / max(1.0, float(expected.abs().max())) <= 1e-5
 
 
 @pytest.mark.slow

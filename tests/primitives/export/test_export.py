@@ -285,7 +285,7 @@ def test_bad_arguments_and_outputs_are_one_line_before_any_work(tmp_path, bpe):
     with pytest.raises(
         SlimkitError,
         match="model types llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, granite, olmo2, olmo3, glm4, "
-        "phi3, mixtral, qwen2_moe, qwen3_moe, olmoe, nemotron_h, granitemoehybrid; this model is 'bert'",
+        "phi3, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, nemotron_h, granitemoehybrid; this model is 'bert'",
     ):
         export(tiny_bert(), tmp_path / "b.gguf", "gguf", tokenizer=bpe)
     (tmp_path / "notes.txt").write_text("mine")

@@ -104,15 +104,20 @@ def test_uniform_widths_export_as_a_plain_hugging_face_folder(tmp_path, bpe, fam
 
 
 @pytest.mark.parametrize("family", sorted(MOE_2026))
-def test_moe_families_export_as_plain_folders_and_refuse_gguf_in_one_line(tmp_path, bpe, family):
+def test_moe_families_export_as_plain_folders_and_gguf_or_refuse_in_one_line(tmp_path, bpe, family):
     """The same experts removed in every routed layer (the same count in every router group): stock transformers
-    reads the folder (logits checked by the export); GGUF names llama.cpp's architecture and refuses in one line."""
+    reads the folder (logits checked by the export); GGUF is written for GLM-4.5 (llama.cpp's glm4moe, its router
+    groups as llama.cpp's expert groups) and names llama.cpp's architecture in a one-line refusal for the others."""
     model = MOE_2026[family](vocab_size=len(bpe), layers=4)
     for block in moe_blocks(model):
         size = block.num_experts // block.router_groups
         keep_experts(block, [e for e in range(block.num_experts) if e % size != size - 1])
     result = export(model, tmp_path / "hf", "hf", tokenizer=bpe)
     assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
+    if family == "glm4_moe":
+        assert export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe).architecture == "glm4moe"
+        assert _diff(model, tmp_path / "m.gguf") <= 1e-5
+        return
     with pytest.raises(SlimkitError, match=rf"^GGUF export of {family}: llama.cpp runs it as ") as refused:
         export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe)
     assert "\n" not in str(refused.value) and not (tmp_path / "m.gguf").exists()

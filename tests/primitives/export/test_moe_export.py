@@ -1,6 +1,6 @@
 """Exports of MoE models with removed experts: GGUF (llama.cpp's qwen3moe, qwen2moe with its shared expert, olmoe,
-and llama with experts for Mixtral) and plain Hugging Face folders when every layer keeps the same count; one-line
-refusals otherwise."""
+llama with experts for Mixtral, glm4moe for GLM-4.5) and plain Hugging Face folders when every layer keeps the same
+count; one-line refusals otherwise."""
 
 import gguf
 import pytest
@@ -162,3 +162,97 @@ def test_export_verdicts_apply_llamacpps_query_and_key_widths():
     assert (gguf_ok.format, gguf_ok.ok) == ("gguf olmoe", True)
     grouped, _ = export_verdicts("olmoe", None, None, {"hidden_size": 32, **full, "num_key_value_heads": 2})
     assert not grouped.ok and "normalises keys over the hidden size" in grouped.detail
+
+
+def _glm4_moe(groups: int = 1, prune: bool = False):
+    from tests.tiny import tiny_glm4_moe
+
+    torch.manual_seed(0)
+    model = tiny_glm4_moe(vocab_size=270, groups=groups)
+    if prune:
+        for block in moe_blocks(model):
+            keep_experts(block, [0, 2, 4, 5])
+    return model
+
+
+@pytest.mark.parametrize(("groups", "prune"), [(1, False), (1, True), (2, True)])
+def test_glm4_moe_gguf_logits_match_in_llamacpp(tmp_path, groups, prune):
+    """GLM-4.5 as llama.cpp's glm4moe: a dense first layer, sigmoid routing with the choice bias, shared experts,
+    q/k norms and RoPE over half of each head; with experts removed, and with group-limited routing (2 groups, 1
+    picked) written as llama.cpp's expert groups."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
+    from slimkit.primitives.evaluate.llamacpp import gguf_logits
+
+    model = _glm4_moe(groups, prune)
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+    assert result.architecture == "glm4moe"
+    assert any("multi-token-prediction layer is not written" in warning for warning in result.warnings)
+    expected = model_output(model, torch.tensor([IDS]))[0].float()
+    actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", IDS, threads=1))
+    assert actual.shape == expected.shape
+    assert float((actual - expected).abs().max()) <= 1e-3 * max(float(expected.abs().max()), 1.0)
+    exact = torch.tensor(gguf_logits(tmp_path / "m.gguf", IDS, threads=1, f32_cache=True))
+    assert float((exact - expected).abs().max()) <= 1e-5 * max(float(expected.abs().max()), 1.0)
+
+
+def test_the_glm4moe_gguf_holds_llamacpps_names_and_keys(tmp_path):
+    export(_glm4_moe(groups=2, prune=True), tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    shapes = {t.name: t.shape.tolist() for t in reader.tensors}
+    assert shapes["blk.0.ffn_gate.weight"] == [32, 128] and "blk.0.ffn_gate_inp.weight" not in shapes  # dense
+    assert shapes["blk.0.post_attention_norm.weight"] == [32] and shapes["blk.0.attn_q_norm.weight"] == [8]
+    assert shapes["blk.1.ffn_gate_exps.weight"] == [32, 16, 4] and shapes["blk.1.ffn_down_exps.weight"] == [16, 32, 4]
+    assert shapes["blk.1.ffn_gate_inp.weight"] == [32, 4] and shapes["blk.1.exp_probs_b.bias"] == [4]
+    assert shapes["blk.2.ffn_up_shexp.weight"] == [32, 32]  # two shared experts of the expert width 16
+    keys = {name.removeprefix("glm4moe."): field.contents() for name, field in reader.fields.items()}
+    assert keys["block_count"] == 3 and keys["nextn_predict_layers"] == 0  # no MTP layer in the model
+    assert (keys["expert_count"], keys["expert_used_count"], keys["expert_feed_forward_length"]) == (4, 2, 16)
+    assert (keys["expert_shared_count"], keys["leading_dense_block_count"], keys["feed_forward_length"]) == (2, 1, 128)
+    assert keys["expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
+    assert (keys["expert_weights_scale"], keys["expert_weights_norm"]) == (1.5, True)
+    assert (keys["expert_group_count"], keys["expert_group_used_count"]) == (2, 1)
+    assert keys["rope.dimension_count"] == 4  # partial_rotary_factor 0.5 of head_dim 8
+
+
+def _with_shared_widths(model, widths: list[int]):
+    """Layer i + 1's shared experts cut to their first ``widths[i]`` channels, or extended by random ones."""
+    torch.manual_seed(1)
+    for layer, width in zip(model.model.layers[1:], widths, strict=True):
+        shared = layer.mlp.shared_experts
+        for role in ("gate_proj", "up_proj", "down_proj"):
+            old = getattr(shared, role).weight.detach()
+            old = old if role != "down_proj" else old.T  # channels as rows
+            grown = torch.randn(width, old.shape[1]) * 0.2
+            kept = min(width, old.shape[0])
+            grown[:kept] = old[:kept]
+            linear = nn.Linear(32, width, bias=False) if role != "down_proj" else nn.Linear(width, 32, bias=False)
+            linear.weight.data = grown if role != "down_proj" else grown.T.contiguous()
+            setattr(shared, role, linear)
+    return model
+
+
+def test_glm4moe_shared_experts_of_other_widths_are_padded_exactly(tmp_path):
+    """llama.cpp's glm4moe builds the shared experts as expert_shared_count experts of the routed width: widths 24 and
+    40 (expert width 16) are padded with zero channels to 48, written as 3 shared experts; the logits still match."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by make install")
+    from slimkit.primitives.evaluate.llamacpp import gguf_logits
+
+    model = _with_shared_widths(_glm4_moe(), [24, 40])
+    result = export(model, tmp_path / "m.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+    assert any("padded with zero channels to 48" in warning for warning in result.warnings)
+    assert result.added_params == (24 + 8) * 3 * 32
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert reader.fields["glm4moe.expert_shared_count"].contents() == 3
+    assert {t.name: t.shape.tolist() for t in reader.tensors}["blk.1.ffn_down_shexp.weight"] == [48, 32]
+    expected = model_output(model, torch.tensor([IDS]))[0].float()
+    actual = torch.tensor(gguf_logits(tmp_path / "m.gguf", IDS, threads=1, f32_cache=True))
+    assert float((actual - expected).abs().max()) <= 1e-5 * max(float(expected.abs().max()), 1.0)
+
+
+def test_glm4moe_expert_counts_that_differ_per_layer_are_refused_in_one_line(tmp_path):
+    uneven = _glm4_moe()
+    keep_experts(moe_blocks(uneven)[0], [0, 1, 2, 3])
+    with pytest.raises(SlimkitError, match="routed experts of shapes") as error:
+        export(uneven, tmp_path / "x.gguf", "gguf", "f32", tokenizer=bpe_tokenizer())
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "x.gguf").exists()
