@@ -3,7 +3,8 @@
 A candidate of layer ``l`` is computed from layer ``l``'s weights and its dense inputs, which depend on every earlier
 layer, the embeddings and the calibration tokens: :class:`RollingDigest` folds those in order (``prefix``, then one
 layer at a time), so ``layer_key(l)`` changes whenever anything a candidate of layer ``l`` reads changes. A score
-also depends on the later layers, the head and the held-out tokens: ``model_key`` covers the whole model.
+also depends on the later layers, the head and the held-out tokens: ``model_key`` covers the whole model. Every key
+covers the model's config too (the same tensors under another architecture compute other outputs).
 Tensors are hashed by name, dtype, shape and bytes (one tensor copied to the host at a time).
 
 Method note: docs/methods/search.md.
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-FORMAT = 1
+FORMAT = 2
 """Bumped when what a key covers, or how a cached entry is computed, changes."""
 
 
@@ -34,6 +35,18 @@ def update_with_tensors(digest: Any, named: Iterable[tuple[str, torch.Tensor]]) 
     for name, tensor in named:
         digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode())
         digest.update(tensor_bytes(tensor))
+
+
+CONFIG_IGNORED = frozenset({"_name_or_path", "transformers_version", "torch_dtype", "dtype"})
+"""Config entries that do not change what the model computes (the tensors' dtype is hashed with them)."""
+
+
+def config_bytes(config: Any) -> bytes:
+    """The model's config as canonical JSON, without :data:`CONFIG_IGNORED`: two models with the same tensors but
+    another architecture or setting (RoPE, windows, norms) compute other outputs, so every key covers it."""
+    values = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
+    kept = {key: value for key, value in values.items() if key not in CONFIG_IGNORED}
+    return json.dumps(kept, sort_keys=True, default=str).encode()
 
 
 def settings_key(settings: Any) -> str:
@@ -62,6 +75,7 @@ class RollingDigest:
             self._seen.update(id(t) for t in [*layer.parameters(), *layer.buffers()])
         outside = [(n, t) for n, t in _unique(model, set()) if id(t) not in self._seen]
         self._digest = hashlib.sha256(f"format {FORMAT}".encode())
+        self._digest.update(config_bytes(getattr(model, "config", None)))
         self._digest.update(tensor_bytes(tokens.to(torch.int64)))
         # everything outside the layers (embeddings, final norm, head): the embeddings feed every layer
         update_with_tensors(self._digest, outside)

@@ -71,3 +71,18 @@ def test_a_layers_key_covers_it_and_what_comes_before_it_only():
     assert after.model_key() == after.layer_key(2)
     other_tokens = RollingDigest(model, layers, tokens + 1)
     assert other_tokens.layer_key(0) != after.layer_key(0)
+
+
+def test_the_same_tensors_under_another_config_key_differently():
+    """A Mistral and a Llama with equal tensors compute other outputs (here: another RoPE base); a key that saw the
+    tensors only would hand one the other's candidates."""
+    model = tiny_llama(layers=2)
+    tokens = torch.randint(3, 300, (2, 8))
+    layers = list(model.model.layers)
+    key = RollingDigest(model, layers, tokens).layer_key(0)
+    model.config.rope_theta = model.config.to_dict().get("rope_theta", 10000.0) * 2
+    model.config.rope_parameters = {**(model.config.rope_parameters or {}), "rope_theta": 123.0}
+    changed = RollingDigest(model, layers, tokens).layer_key(0)
+    assert changed != key
+    model.config._name_or_path = "elsewhere"  # where it was read from does not change what it computes
+    assert RollingDigest(model, layers, tokens).layer_key(0) == changed
