@@ -51,7 +51,7 @@ from slimkit.primitives.select.plan import (
     solve_fraction,
     solve_target,
 )
-from slimkit.primitives.surgery import remove_units
+from slimkit.primitives.surgery.units import RemovableKind, remove_units
 from slimkit.recipes.stage_args import ChangesProjections
 from slimkit.stages.allocation_results import LayerAllocation, allocated_fraction
 from slimkit.stages.layer_rule import layer_rule_ratio
@@ -67,18 +67,7 @@ from slimkit.stages.scoring import (
 from slimkit.stages.selection import SelectionArgs, nearest_ratios, out_of_reach
 from slimkit.stages.selection_prepass import UnitScores
 
-GroupKind = Literal[
-    "mlp_channel",
-    "attention_head",
-    "kv_group",
-    "hidden_feature",
-    "q_latent",
-    "kv_latent",
-    "linear_head",
-    "linear_kv_group",
-    "mamba_head",
-    "mamba_channel",
-]
+GroupKind = RemovableKind
 EXCLUSIVE_KINDS = (("attention_head", "kv_group"), ("linear_head", "linear_kv_group"), ("mamba_head", "mamba_channel"))
 """Kinds whose units share parameters: one stage prunes one of each pair."""
 

@@ -6,6 +6,7 @@ Method note: docs/methods/groups.md.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -17,7 +18,7 @@ from slimkit.primitives.groups import Group, Member
 from slimkit.primitives.io.save import config_accepts
 from slimkit.primitives.lowrank.module import member_target
 
-REMOVABLE_KINDS = (
+RemovableKind = Literal[
     "mlp_channel",
     "attention_head",
     "kv_group",
@@ -28,7 +29,9 @@ REMOVABLE_KINDS = (
     "linear_kv_group",
     "mamba_head",
     "mamba_channel",
-)
+]
+"""The group kinds whose units :func:`remove_units` takes out of Hugging Face modules."""
+REMOVABLE_KINDS: tuple[str, ...] = get_args(RemovableKind)
 
 
 class SurgeryError(SlimkitError, ValueError):
