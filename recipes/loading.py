@@ -4,7 +4,8 @@ A recipe argument is a bundled name (``wanda-channels``) or a path to a YAML fil
 :data:`MAX_RECIPE_BYTES`). YAML is read with :func:`~slimkit.recipes.safe_yaml.load_yaml` only: PyYAML's safe
 loader with bounded alias expansion and nesting, string keys, no repeated keys and plain values. Overrides are
 ``dotted.path=value`` pairs whose value is parsed the same way (``target.ratio=0.3``,
-``stages.0.args.scorer=magnitude``, ``eval.zeroshot=null``); a list index is ASCII digits.
+``stages.0.args.scorer=magnitude``, ``eval.zeroshot=null``); a list index is ASCII digits, and the index one past
+the end of a list appends (``stages.1={stage: distill, args: {steps: 50}}`` adds recovery to a one-stage recipe).
 """
 
 from __future__ import annotations
@@ -92,9 +93,15 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
-            if not (part.isascii() and part.isdigit()) or int(part) >= len(node):
-                raise SlimkitError(f"--set {key}: '{part}' is not an index of a list of {len(node)}")
-            if last:
+            appends = last and part.isascii() and part.isdigit() and int(part) == len(node)
+            if not (part.isascii() and part.isdigit()) or (int(part) >= len(node) and not appends):
+                raise SlimkitError(
+                    f"--set {key}: '{part}' is not an index of a list of {len(node)}"
+                    + (f" (index {len(node)} appends)" if last else "")
+                )
+            if appends:
+                node.append(value)
+            elif last:
                 node[int(part)] = value
             else:
                 node = node[int(part)]

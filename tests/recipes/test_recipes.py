@@ -48,6 +48,18 @@ def test_overrides_by_dotted_path():
         apply_override(data, "stages.4.args.scorer=x")
 
 
+def test_an_override_one_past_the_end_of_a_list_appends():
+    data = {"stages": [{"stage": "search"}]}
+    apply_override(data, "stages.1={stage: distill, args: {steps: 50}}")
+    assert data["stages"] == [{"stage": "search"}, {"stage": "distill", "args": {"steps": 50}}]
+    with pytest.raises(SlimkitError, match=r"'3' is not an index of a list of 2 \(index 2 appends\)"):
+        apply_override(data, "stages.3={stage: lora}")
+    with pytest.raises(SlimkitError, match=r"'2' is not an index of a list of 2$"):
+        apply_override(data, "stages.2.args.steps=1")  # only the last part of the path may append
+    recipe, _ = load_recipe("search", ["stages.1={stage: distill, args: {steps: 50}}"])
+    assert [stage.stage for stage in recipe.stages] == ["search", "distill"]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
