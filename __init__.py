@@ -95,6 +95,7 @@ def compress(
     batch: int = 1,
     speedup: float | None = None,
     runtime: str = "llama.cpp",
+    uniform: Sequence[str] = (),
     time_limit: float | None = None,
     compare: Sequence[str] = (),
     force: bool = False,
@@ -107,8 +108,10 @@ def compress(
     ``compared`` (each bundled recipe of ``compare`` run at the same parameter ratio, in memory) and ``rows`` (the
     comparison). Budgets (at least one): ``params`` (fraction of the parameters kept), ``memory`` (weights plus the
     KV cache at ``context`` x ``batch``, e.g. ``"2GiB"``), ``speedup`` (over dense in ``runtime``: ``llama.cpp`` or
-    ``pytorch``). ``time_limit``: seconds for the search. With ``out``: the run's folder (``out/search/recipe.yaml``
-    reproduces the model without searching) and, with ``compare``, ``out/compare.md`` and ``out/compare.json``."""
+    ``pytorch``). ``uniform``: sub-blocks (``attention``, ``mlp``) replaced alike in every layer of one shape, for
+    runtimes that read one width for every layer. ``time_limit``: seconds for the search. With ``out``: the run's
+    folder (``out/search/recipe.yaml`` reproduces the model without searching) and, with ``compare``,
+    ``out/compare.md`` and ``out/compare.json``."""
     from pydantic import ValidationError
 
     from slimkit.primitives.errors import SlimkitError, format_validation_error
@@ -124,6 +127,7 @@ def compress(
             batch=batch,
             speedup=speedup,
             runtime=runtime,
+            uniform=as_names(uniform, "uniform") or [],
             time_limit=time_limit,
             compare=as_names(compare, "compare") or [],
         )

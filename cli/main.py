@@ -142,6 +142,10 @@ def compress_command(
     runtime: Annotated[str, typer.Option("--runtime", help="Where it will be served: llama.cpp or pytorch.")] = (
         "llama.cpp"
     ),
+    uniform: Annotated[
+        str | None,
+        typer.Option("--uniform", help="Sub-blocks replaced alike in every layer (attention,mlp): one width for all."),
+    ] = None,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds for the search.")] = None,
     compare: Annotated[
         str | None, typer.Option("--compare", help="Bundled recipes to run at the same budget (quality,deploy).")
@@ -175,6 +179,7 @@ def compress_command(
         batch=batch,
         speedup=speedup,
         runtime=runtime,
+        uniform=_split_csv(uniform),
         time_limit=time_limit,
         compare=_split_csv(compare),
         force=force,

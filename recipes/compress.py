@@ -42,6 +42,9 @@ class CompressSettings(Strict):
     per-candidate times."""
     runtime: Literal["llama.cpp", "pytorch"] = "llama.cpp"
     """Where the model will be served (what the speed-up is measured in)."""
+    uniform: list[Literal["attention", "mlp"]] = Field(default_factory=list)
+    """Sub-blocks replaced alike in every layer of one shape (the search's ``uniform``: for runtimes that read one
+    width for every layer)."""
     time_limit: float | None = Field(None, gt=0.0)
     """Seconds for the search (candidates not scored by then are left out)."""
     compare: list[str] = Field(default_factory=list)
@@ -84,6 +87,8 @@ def compress_recipe(model: str | dict[str, Any], settings: CompressSettings) -> 
         args["memory_budget"] = {"limit": settings.memory, "context": settings.context, "batch": settings.batch}
     if settings.speedup is not None:
         args["latency_budget"] = {"speedup": settings.speedup, "runtime": settings.runtime}
+    if settings.uniform:
+        args["uniform"] = list(settings.uniform)
     if settings.time_limit is not None:
         args["time_limit"] = settings.time_limit
     raw["stages"] = [{"stage": "search", "args": args}]

@@ -41,6 +41,7 @@ from slimkit.stages.search_budgets import (
     latency_table,
     memory_budget,
     target_budgets,
+    uniform_budgets,
 )
 from slimkit.stages.search_library import (
     LibraryCost,
@@ -171,10 +172,12 @@ class Search:
             others.append(memory[0])
         if table is not None:
             others += latency_budgets(args, slots, table)
+        ties = uniform_budgets(args, slots)
         left = None if deadline is None else max(MIN_SOLVER_SECONDS, deadline - time.perf_counter())
         scores = [[entry.kl for entry in slot] for slot in slots]
         target = target_budgets(ctx, slots)
-        selection, budgets, notes = choose(scores, target, others, left, ctx.recipe.target.strict)
+        selection, budgets, notes = choose(scores, target, [*others, *ties], left, ctx.recipe.target.strict)
+        budgets = budgets[: len(budgets) - len(ties)]  # the equalities are reported as the uniform choice
         ctx.notes.extend(notes)
         choice: dict[tuple[int, str], CandidateSpec] = {
             (slot[i].layer, slot[i].spec.part): slot[i].spec for slot, i in zip(slots, selection.choice, strict=True)
@@ -187,6 +190,8 @@ class Search:
             chosen.setdefault(layer, {})[part] = spec.name
         details = _selection_entry(selection, budgets, slots, cost)
         details["kl_measured"] = measured
+        if args.uniform:
+            details["uniform"] = {"parts": list(args.uniform), "equalities": len(ties)}
         details["applied"] = applied
         details["seconds"] = round(time.perf_counter() - start, 2)
         details["library_seconds"] = round(library_seconds, 2)

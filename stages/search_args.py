@@ -17,7 +17,7 @@ from slimkit.primitives.arch.view import LinearRole
 from slimkit.primitives.device.memory_model import FLOAT64, StageMemory, forward_activation_bytes
 from slimkit.primitives.device.placement import parse_size
 from slimkit.primitives.errors import SlimkitError
-from slimkit.primitives.search.candidates import PARTS, CandidateLadder, CandidateSpec, refused_kinds
+from slimkit.primitives.search.candidates import PARTS, CandidateLadder, CandidateSpec, Part, refused_kinds
 from slimkit.primitives.search.latency import PHASES, Phase, Runtime
 from slimkit.primitives.settings import Strict
 from slimkit.recipes.schema import Recipe, SizeText
@@ -100,6 +100,11 @@ class SearchArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksR
     """A memory budget beside the recipe's target (weights plus KV cache at a context and batch)."""
     latency_budget: LatencyBudget | None = None
     """A speed-up budget beside the recipe's target, against measured per-candidate times."""
+    uniform: list[Part] = Field(default_factory=list)
+    """Sub-blocks that take the same replacement in every layer of one shape (layers offering the same candidates):
+    for runtimes that build every layer from one head count and MLP width (llama.cpp's Gemma, Granite and OLMo
+    graphs among them: slimkit's GGUF pads per-layer widths for those, which keeps the parameters but not the
+    speed). Empty: each layer chooses alone."""
     time_limit: float | None = Field(None, gt=0.0)
     """Seconds for the whole search: candidates not scored by then are left out (listed in the report), and the
     solver gets what is left (at least 10 s)."""
@@ -121,6 +126,13 @@ class SearchArgs(StageArgs, SharesTarget, ChangesProjections, ReadsData, ChecksR
                     CandidateSpec.parse(part, name)
                 except SlimkitError as error:
                     raise ValueError(f"layer {layer}: {error}") from None
+        return value
+
+    @field_validator("uniform")
+    @classmethod
+    def _each_part_once(cls, value: list[Part]) -> list[Part]:
+        if len(set(value)) != len(value):
+            raise ValueError("each sub-block once")
         return value
 
     @model_validator(mode="after")
@@ -226,8 +238,9 @@ def chosen_specs(chosen: Choice) -> dict[tuple[int, str], CandidateSpec]:
 
 
 def search_settings(args: SearchArgs) -> dict[str, Any]:
-    """The arguments a written recipe keeps (all but the budgets, which a fixed choice no longer reads)."""
-    return args.model_dump(mode="json", exclude={"memory_budget", "latency_budget", "time_limit", "chosen"})
+    """The arguments a written recipe keeps (all but the budgets and constraints, which a fixed choice no longer
+    reads)."""
+    return args.model_dump(mode="json", exclude={"memory_budget", "latency_budget", "uniform", "time_limit", "chosen"})
 
 
 __all__ = ["Choice", "LatencyBudget", "MemoryBudget", "SearchArgs", "chosen_specs", "search_settings"]

@@ -1,6 +1,7 @@
 """The ``search`` stage's budgets as linear constraints of the selection: the recipe's target (parameters of its part
-removed, within its tolerance), the rule that one attention and one MLP block stay, and the optional memory and
-latency budgets; the latency table measured once per model shape, runtime and machine (or given).
+removed, within its tolerance), the rule that one attention and one MLP block stay, the optional memory and latency
+budgets and the equalities of ``uniform``; the latency table measured once per model shape, runtime and machine (or
+given).
 
 Method note: docs/methods/search.md.
 """
@@ -24,7 +25,7 @@ from slimkit.primitives.search.latency import (
     measure_table,
     table_key,
 )
-from slimkit.primitives.search.selection import Budget, NoFeasibleChoice, Selection, select
+from slimkit.primitives.search.selection import Budget, NoFeasibleChoice, Selection, same_choice, select
 from slimkit.stages.search_args import LatencyBudget, SearchArgs
 from slimkit.stages.search_library import Scored
 
@@ -74,6 +75,12 @@ def kept_blocks_budgets(slots: Slots) -> list[Budget]:
         if present:
             budgets.append(Budget(f"{part} blocks removed", costs, upper=present - 1))
     return budgets
+
+
+def uniform_budgets(args: SearchArgs, slots: Slots) -> list[Budget]:
+    """The equalities that give every layer of one shape the same replacement of each sub-block in ``uniform``."""
+    names = [[entry.spec.name for entry in slot] for slot in slots]
+    return same_choice(names, [slot[0].spec.part in args.uniform for slot in slots])
 
 
 def memory_budget(ctx: Context, args: SearchArgs, slots: Slots) -> tuple[Budget, int] | None:
@@ -196,4 +203,5 @@ __all__ = [
     "nearest_target",
     "read_table",
     "target_budgets",
+    "uniform_budgets",
 ]

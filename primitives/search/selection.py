@@ -136,4 +136,29 @@ def select(scores: Table, budgets: Sequence[Budget], time_limit: float | None = 
     return Selection(chosen, value, totals, result.status == 0, seconds, gap, notes)
 
 
-__all__ = ["Budget", "NoFeasibleChoice", "Selection", "Table", "reachable", "select", "totals_of"]
+def same_choice(names: Sequence[Sequence[str]], tied: Sequence[bool]) -> list[Budget]:
+    """Budgets that make the tied slots with the same candidate names (in the same order) choose the same name.
+
+    ``names[slot]`` lists a slot's candidates; each group of tied slots with equal lists gets, for every later slot
+    and every name but the first, the equality ``[slot picks name] - [the group's first slot picks name] = 0`` (the
+    first name follows, since each slot picks exactly one). Slots not tied, or alone in their group, are free."""
+    if len(names) != len(tied):
+        raise SlimkitError("selection: same_choice needs one tied flag per slot")
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for slot, (slot_names, is_tied) in enumerate(zip(names, tied, strict=True)):
+        if is_tied:
+            groups.setdefault(tuple(slot_names), []).append(slot)
+    budgets = []
+    for group_names, members in groups.items():
+        first = members[0]
+        for other in members[1:]:
+            for position in range(1, len(group_names)):
+                costs = [[0.0] * len(slot_names) for slot_names in names]
+                costs[other][position] = 1.0
+                costs[first][position] = -1.0
+                name = f"same choice: slot {other} as slot {first} ({group_names[position]})"
+                budgets.append(Budget(name, costs, upper=0.0, lower=0.0))
+    return budgets
+
+
+__all__ = ["Budget", "NoFeasibleChoice", "Selection", "Table", "reachable", "same_choice", "select", "totals_of"]

@@ -32,6 +32,7 @@ from tests.cli.test_cli import assert_one_line_error, run_cli
         (["--runtime", "pytorch", "--params", "0.8"], "--runtime says where --speedup is measured"),
         (["--params", "0.8", "--compare", "qualiti"], "unknown bundled recipe 'qualiti'; did you mean 'quality'?"),
         (["--params", "0.8", "--time-limit", "-1"], "compress: time_limit: Input should be greater than 0"),
+        (["--params", "0.8", "--uniform", "ffn"], "compress: uniform.0: Input should be 'attention' or 'mlp'"),
     ],
 )
 def test_bad_budgets_are_one_line_before_any_compute(monkeypatch, capsys, tmp_path, args, fragment):
@@ -48,9 +49,11 @@ def test_a_missing_model_is_one_line(monkeypatch, capsys, tmp_path):
 
 
 def test_the_recipe_carries_the_budgets():
-    raw = compress_recipe("smollm2-135m", CompressSettings(params=0.8, memory="2GiB", context=512, speedup=1.3))
+    settings = CompressSettings(params=0.8, memory="2GiB", context=512, speedup=1.3, uniform=["mlp"])
+    raw = compress_recipe("smollm2-135m", settings)
     assert raw["target"] == {"ratio": 0.2, "of": "model"}
     args = raw["stages"][0]["args"]
+    assert args["uniform"] == ["mlp"]
     assert args["memory_budget"] == {"limit": "2GiB", "context": 512, "batch": 1}
     assert args["latency_budget"] == {"speedup": 1.3, "runtime": "llama.cpp"}
     validate(raw, "compress")

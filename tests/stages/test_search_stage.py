@@ -128,7 +128,27 @@ def test_a_memory_budget_is_honoured(tiny_llama_dir):
     assert entry["memory"]["dense_bytes"] > 200_000
 
 
+@pytest.mark.slow
+def test_uniform_sub_blocks_take_one_replacement_in_every_layer(tmp_path, tiny_llama_dir):
+    recipe = _recipe(tiny_llama_dir, 0.15, uniform=["attention", "mlp"])
+    recipe["target"]["strict"] = False  # one width for all layers may land beside the target (noted)
+    result = slimkit.run(recipe, tmp_path / "run", evaluate=False)
+    entry = result.report.as_json()["stages"]["search"]
+    assert entry["uniform"]["parts"] == ["attention", "mlp"] and entry["uniform"]["equalities"] > 0
+    assert not any(name.startswith("same choice") for name in entry["budgets"])
+    for part in ("attention", "mlp"):
+        assert len({row[part] for row in entry["layers"].values()}) == 1, entry["layers"]
+    (removed,) = [budget for name, budget in entry["budgets"].items() if name.startswith("parameters removed")]
+    assert removed["total"] > 0
+    written = yaml.safe_load((tmp_path / "run" / "search" / "recipe.yaml").read_text())
+    assert "uniform" not in written["stages"][0]["args"]  # a fixed choice reads no constraint
+
+
 def test_bad_arguments_are_refused_at_validation(tiny_llama_dir):
+    with pytest.raises(SlimkitError, match=r"args\.uniform: each sub-block once"):
+        validate(_recipe(tiny_llama_dir, uniform=["mlp", "mlp"]), "recipe")
+    with pytest.raises(SlimkitError, match=r"uniform\.0: Input should be 'attention' or 'mlp'"):
+        validate(_recipe(tiny_llama_dir, uniform=["ffn"]), "recipe")
     with pytest.raises(SlimkitError, match="layer 0: mlp candidate 'channels:x'"):
         validate(_recipe(tiny_llama_dir, chosen={0: {"mlp": "channels:x"}}), "recipe")
     with pytest.raises(SlimkitError, match="holdout 3 leaves no calibration batch"):

@@ -9,7 +9,15 @@ import random
 
 import pytest
 
-from slimkit.primitives.search.selection import Budget, NoFeasibleChoice, reachable, select, totals_of
+from slimkit.primitives.errors import SlimkitError
+from slimkit.primitives.search.selection import (
+    Budget,
+    NoFeasibleChoice,
+    reachable,
+    same_choice,
+    select,
+    totals_of,
+)
 
 # Three layers, three candidates each: dense (score 0, nothing removed), a half (score, removes 50), removed (score,
 # removes 100). Removing at least 120 of 300: the cheapest ways are {layer 2 removed, layer 1 half} at 0.7 or
@@ -67,6 +75,34 @@ def test_several_budgets_match_enumeration_on_random_tables():
         value, totals = totals_of(result.choice, scores, budgets)
         assert value == pytest.approx(expected[0], abs=1e-9)
         assert all(b.lower - 1e-6 <= totals[b.name] <= b.upper + 1e-6 for b in budgets)
+
+
+def test_tied_slots_choose_the_same_candidate_at_the_hand_computed_optimum():
+    # The three-layer toy with every layer tied (one width for all): removing at least 120 of 300 needs all three
+    # halves (150, score 1.7) or all removed (300, 5.5); free, it was layer 1 half + layer 2 removed (1.0).
+    names = [["dense", "half", "removed"]] * 3
+    budgets = [Budget("removed", REMOVED, lower=120.0), *same_choice(names, [True] * 3)]
+    result = select(SCORES, budgets)
+    assert result.choice == [1, 1, 1]
+    assert result.objective == pytest.approx(1.7)
+    assert _brute_force(SCORES, budgets) == (pytest.approx(1.7), [1, 1, 1])
+    # layer 0 free, layers 1 and 2 alike: the enumeration over the same budgets decides
+    untied = [Budget("removed", REMOVED, lower=120.0), *same_choice(names, [False, True, True])]
+    expected = _brute_force(SCORES, untied)
+    assert select(SCORES, untied).choice == expected[1] and expected[1][1] == expected[1][2]
+
+
+def test_only_slots_with_the_same_candidates_are_tied():
+    names = [["dense", "a", "b"], ["dense", "a", "b"], ["dense", "a"], ["dense", "a"]]
+    budgets = same_choice(names, [True, True, True, True])
+    # two groups: slots 0-1 (names a and b: 2 equalities), slots 2-3 (name a: 1 equality)
+    assert len(budgets) == 3
+    scores = [[1.0, 0.0, 0.5], [1.0, 0.5, 0.0], [1.0, 0.0], [0.0, 1.0]]
+    result = select(scores, budgets)
+    assert result.choice[0] == result.choice[1] and result.choice[2] == result.choice[3]
+    assert _brute_force(scores, budgets)[1] == result.choice
+    with pytest.raises(SlimkitError, match="one tied flag per slot"):
+        same_choice(names, [True])
 
 
 def test_a_budget_no_choice_reaches_is_refused_with_its_range():
