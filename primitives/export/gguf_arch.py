@@ -42,13 +42,28 @@ class GgufFamily:
     would not load; before anything is written."""
 
 
+ATTENTION_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+}
+"""The attention rows llama.cpp names alike in every architecture slimkit writes (its input norm, q/k/v with their
+biases, the output projection); each family's table adds its own."""
+QK_NORM_TENSORS = {"self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
+"""Per-head query and key norms (Qwen3, GLM-4.5, OLMo 2)."""
+
+
 OLMO2_LAYER_TENSORS = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    **QK_NORM_TENSORS,
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -94,14 +109,7 @@ def olmo3_rope_theta(config: Any) -> float:
 
 
 GLM4_LAYER_TENSORS = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
+    **ATTENTION_TENSORS,
     "post_self_attn_layernorm.weight": "post_attention_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
@@ -123,16 +131,8 @@ def check_glm4(config: Any) -> list[str]:
 
 
 GLM4_MOE_LAYER_TENSORS = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
+    **ATTENTION_TENSORS,
+    **QK_NORM_TENSORS,
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",

@@ -31,7 +31,13 @@ from slimkit.primitives.arch.moe import MOE_SPECS, check_all_sparse, moe_spec
 from slimkit.primitives.arch.spec import ARCH_SPECS, gguf_model_types
 from slimkit.primitives.errors import SlimkitError
 from slimkit.primitives.export.dense import DenseModel, dense_tensors
-from slimkit.primitives.export.gguf_arch import FAMILIES, ROPE_THETA, not_written
+from slimkit.primitives.export.gguf_arch import (
+    ATTENTION_TENSORS,
+    FAMILIES,
+    QK_NORM_TENSORS,
+    ROPE_THETA,
+    not_written,
+)
 from slimkit.primitives.export.gguf_vocab import vocabulary
 from slimkit.primitives.export.padding import pad_to_uniform
 from slimkit.primitives.files.atomic import staging_file
@@ -54,16 +60,8 @@ EXPORTABLE_MODEL_TYPES = gguf_model_types()
 
 
 _LAYER_TENSORS = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
+    **ATTENTION_TENSORS,
+    **QK_NORM_TENSORS,
     "self_attn.o_proj.bias": "attn_output.bias",
     "mlp.gate_proj.bias": "ffn_gate.bias",
     "mlp.up_proj.bias": "ffn_up.bias",
