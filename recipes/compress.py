@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from slimkit.primitives.errors import unknown
+from slimkit.primitives.search.candidates import Part
 from slimkit.primitives.settings import Strict
 from slimkit.recipes.loading import bundled_recipes, parse_yaml, read_recipe_text, recipe_path
 from slimkit.recipes.schema import SizeText
@@ -42,7 +43,7 @@ class CompressSettings(Strict):
     per-candidate times."""
     runtime: Literal["llama.cpp", "pytorch"] = "llama.cpp"
     """Where the model will be served (what the speed-up is measured in)."""
-    uniform: list[Literal["attention", "mlp"]] = Field(default_factory=list)
+    uniform: list[Part] = Field(default_factory=list)
     """Sub-blocks replaced alike in every layer of one shape (the search's ``uniform``: for runtimes that read one
     width for every layer)."""
     time_limit: float | None = Field(None, gt=0.0)
