@@ -42,6 +42,7 @@ from slimkit.primitives.search.prefix import record_layer_inputs
 from slimkit.primitives.search.record import CandidateRecord
 from slimkit.primitives.search.scores import candidate_kl
 from slimkit.primitives.search.store import LibraryStore
+from slimkit.primitives.search.target_levels import with_target_levels
 from slimkit.stages.search_args import SearchArgs
 
 
@@ -250,6 +251,9 @@ def library_pass(
         if kind in args.candidates.kinds():
             ctx.notes.append(f"search: no {kind} candidates ({reason})")
     specs = {i: layer_specs(model, i, args.candidates, align, refused) for i in range(view.num_layers)}
+    if args.uniform and args.candidates.target_levels:
+        wanted, part = ctx.params_to_remove(), ctx.recipe.target.part
+        specs = with_target_levels(model, specs, args.uniform, wanted, align, part, work.build)
     missing = [
         i
         for i, found in specs.items()

@@ -126,6 +126,9 @@ class CandidateLadder(Strict):
     """Try removing the whole attention sub-block (at least one stays in the model)."""
     remove_mlp: bool = True
     """Try removing the whole MLP sub-block (at least one stays in the model)."""
+    target_levels: bool = True
+    """With the search's ``uniform``: add to each tied layer, beside every level of one sub-block, the other's level
+    (MLP channels, a low-rank fraction) that lands the pair on the layer's share of the target."""
 
     @field_validator("heads", "kv_groups", "attention_lowrank", "channels", "mlp_lowrank", "experts")
     @classmethod

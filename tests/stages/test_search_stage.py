@@ -131,8 +131,8 @@ def test_a_memory_budget_is_honoured(tiny_llama_dir):
 @pytest.mark.slow
 def test_uniform_sub_blocks_take_one_replacement_in_every_layer(tmp_path, tiny_llama_dir):
     recipe = _recipe(tiny_llama_dir, 0.15, uniform=["attention", "mlp"])
-    recipe["target"]["strict"] = False  # one width for all layers may land beside the target (noted)
     result = slimkit.run(recipe, tmp_path / "run", evaluate=False)
+    assert result.report.target.met  # the levels solved from the target put a uniform pair in its window
     entry = result.report.as_json()["stages"]["search"]
     assert entry["uniform"]["parts"] == ["attention", "mlp"] and entry["uniform"]["equalities"] > 0
     assert not any(name.startswith("same choice") for name in entry["budgets"])
@@ -142,6 +142,13 @@ def test_uniform_sub_blocks_take_one_replacement_in_every_layer(tmp_path, tiny_l
     assert removed["total"] > 0
     written = yaml.safe_load((tmp_path / "run" / "search" / "recipe.yaml").read_text())
     assert "uniform" not in written["stages"][0]["args"]  # a fixed choice reads no constraint
+
+
+@pytest.mark.slow
+def test_without_the_solved_levels_one_uniform_pair_misses_the_target(tiny_llama_dir):
+    recipe = _recipe(tiny_llama_dir, 0.15, uniform=["attention", "mlp"], candidates={**SMALL, "target_levels": False})
+    with pytest.raises(SlimkitError, match="the nearest: "):
+        slimkit.run(recipe, evaluate=False)
 
 
 def test_bad_arguments_are_refused_at_validation(tiny_llama_dir):
