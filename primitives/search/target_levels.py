@@ -17,7 +17,7 @@ Method note: docs/methods/search.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from torch import nn
 
@@ -77,14 +77,18 @@ def block_params(model: nn.Module, index: int, sub_block: Part, part: str) -> in
     )
 
 
-def _channel_partners(
-    model: nn.Module, index: int, removal: float, align: Mapping[str, int], part: str, settings: BuildSettings
-) -> list[CandidateSpec]:
+def _channel_solver(
+    model: nn.Module, index: int, align: Mapping[str, int], part: str, settings: BuildSettings
+) -> Callable[[float], list[CandidateSpec]]:
+    """Layer ``index``'s MLP channel counts for a removal (its per-channel parameters probed once)."""
     group = layer_group(model, UNIT_KINDS["channels"], index)
-    probe = CandidateSpec("mlp", "channels", group.size - 1)
-    unit_params = shape_removal(model, index, probe, part, settings)
+    unit_params = shape_removal(model, index, CandidateSpec("mlp", "channels", group.size - 1), part, settings)
     multiple = multiple_for(group, SelectionRules(round_to=dict(align)))
-    return [CandidateSpec("mlp", "channels", c) for c in kept_units_for(removal, group.size, unit_params, multiple)]
+
+    def solve(removal: float) -> list[CandidateSpec]:
+        return [CandidateSpec("mlp", "channels", c) for c in kept_units_for(removal, group.size, unit_params, multiple)]
+
+    return solve
 
 
 def _lowrank_partner(
@@ -127,6 +131,7 @@ def partner_specs(
     that makes the pair remove ``share`` of ``part`` (each kind only where ``specs`` offers it)."""
     kinds = {(spec.part, spec.kind) for spec in specs}
     present = [p for p in PARTS if (p, "dense") in kinds]
+    channels = _channel_solver(model, index, align, part, settings) if ("mlp", "channels") in kinds else None
     added: list[CandidateSpec] = []
     for sub_block in present:
         others = [p for p in present if p != sub_block] or [sub_block]
@@ -135,8 +140,8 @@ def partner_specs(
                 continue  # a layer with one sub-block: the level is solved from dense alone
             rest = share - shape_removal(model, index, level, part, settings)
             for other in others:
-                if (other, "channels") in kinds:
-                    added += _channel_partners(model, index, rest, align, part, settings)
+                if other == "mlp" and channels is not None:
+                    added += channels(rest)
                 if (other, "lowrank") in kinds:
                     added += _lowrank_partner(model, index, other, rest, part, settings)
     known = set(specs)
