@@ -161,14 +161,29 @@ def with_target_levels(
     """Every layer's specs, with the partner levels (:func:`partner_specs`) added to the layers whose every present
     sub-block is in ``tied``; the others as they are."""
     shares = layer_shares(model, specs, wanted, part)
+    by_shape: dict[tuple[object, ...], list[CandidateSpec]] = {}
     solved: dict[int, list[CandidateSpec]] = {}
     for index, found in specs.items():
         parts = {spec.part for spec in found}
-        if found and parts <= set(tied) and index in shares:
-            solved[index] = partner_specs(model, index, found, shares[index], align, part, settings)
-        else:
+        if not (found and parts <= set(tied) and index in shares):
             solved[index] = list(found)
+            continue
+        # layers of one shape with the same specs and share get the same partners: probe the first of them only
+        key = (layer_shape(model, index), tuple(found), shares[index])
+        if key not in by_shape:
+            by_shape[key] = partner_specs(model, index, found, shares[index], align, part, settings)
+        solved[index] = list(by_shape[key])
     return solved
+
+
+def layer_shape(model: nn.Module, index: int) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """Layer ``index``'s modules and parameter shapes: equal for two layers whose candidates remove equal counts."""
+    layer = ModelView(model).layer(index).module
+    return tuple(
+        (f"{name}.{param_name}", type(module).__name__, tuple(param.shape))
+        for name, module in layer.named_modules()
+        for param_name, param in module.named_parameters(recurse=False)
+    )
 
 
 __all__ = [
@@ -176,6 +191,7 @@ __all__ = [
     "block_params",
     "kept_fraction_for",
     "kept_units_for",
+    "layer_shape",
     "layer_shares",
     "partner_specs",
     "shape_removal",

@@ -8,6 +8,7 @@ from slimkit.primitives.search.candidates import CandidateLadder, CandidateSpec,
 from slimkit.primitives.search.target_levels import (
     kept_fraction_for,
     kept_units_for,
+    layer_shape,
     layer_shares,
     partner_specs,
     shape_removal,
@@ -78,3 +79,20 @@ def test_layers_of_one_shape_get_the_same_names_and_untied_layers_none():
     assert names[0] == names[1] == names[2]
     assert {s.kept for s in solved[0] if s.kind == "channels"} == {32, 40, 48, 56}  # 43.2 and 53.8 at multiples of 8
     assert with_target_levels(model, specs, ["mlp"], 9000, {}, "total", SETTINGS) == specs  # attention is free
+
+
+def test_layers_of_one_shape_are_probed_once(monkeypatch):
+    import slimkit.primitives.search.target_levels as target_levels
+
+    model = tiny_llama(layers=3)
+    ladder = CandidateLadder(heads=[0.67], kv_groups=[], attention_lowrank=[], channels=[0.5])
+    specs = {i: layer_specs(model, i, ladder, {}) for i in range(3)}
+    expected = {i: partner_specs(model, i, specs[i], 3000, {}, "total", SETTINGS) for i in range(3)}
+    probed: list[int] = []
+    solve = target_levels.partner_specs
+    monkeypatch.setattr(target_levels, "partner_specs", lambda m, i, *rest: probed.append(i) or solve(m, i, *rest))
+    assert with_target_levels(model, specs, ["attention", "mlp"], 9000, {}, "total", SETTINGS) == expected
+    assert probed == [0]
+    # a narrower gate in layer 2 makes it another shape
+    model.model.layers[2].mlp.gate_proj.weight.data = model.model.layers[2].mlp.gate_proj.weight.data[:32]
+    assert layer_shape(model, 2) != layer_shape(model, 0) == layer_shape(model, 1)
